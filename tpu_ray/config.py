@@ -1,0 +1,295 @@
+"""One typed, validated description of a run: loadable from YAML, overridable with dotted keys.
+
+The CLI, `jobs/` entrypoints and the Python API all build this same object, so a notebook does
+exactly what `tpu-ray run` does. Every invalid value fails at load time with one line naming the
+field (pydantic does the checking; we only turn its report into that one line).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tpu_ray.errors import UserError
+
+BUILTIN_CORPUS = "builtin:python-docs"
+
+# Special tokens in the order that puts <pad> at id 1: TF RoBERTa hard-codes padding_idx=1 for its
+# position ids, so the reference order ([CLS] [SEP] <unk> <pad> [MASK]) made every [SEP] look like
+# padding. Same tokens as the reference workflow, RoBERTa's id layout (<s>=0 <pad>=1 </s>=2 <unk>=3).
+SPECIAL_TOKENS = ("[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]")
+CLS, PAD, SEP, UNK, MASK = SPECIAL_TOKENS
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CorpusConfig(_Section):
+    """Where the text comes from."""
+
+    # "builtin:python-docs", a local path or glob (.txt/.jsonl/.parquet), a gs:// URI or glob,
+    # or "hf:NAME" for a Hugging Face datasets name (hf_config picks its configuration).
+    source: str = BUILTIN_CORPUS
+    hf_config: Optional[str] = None
+    hf_split: str = "train"
+    text_field: str = "text"
+    # Validation text: a separate source, or else the last fraction of every work unit.
+    validation_source: Optional[str] = None
+    validation_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    # What to do with bytes that are not UTF-8: "replace" them (U+FFFD) or "fail" naming file+offset.
+    encoding_errors: Literal["replace", "fail"] = "replace"
+    # Read at most this many bytes (per source file): handy to shrink a corpus for a quick run.
+    max_bytes: Optional[int] = Field(None, gt=0)
+
+
+class TokenizerConfig(_Section):
+    kind: Literal["unigram", "bpe", "wordpiece"] = "unigram"
+    vocab_size: int = Field(8000, ge=64, le=1_000_000)
+    # Use an existing tokenizer directory instead of training one.
+    path: Optional[str] = None
+    # Train on at most this many bytes of the corpus (a deterministic prefix sample).
+    train_bytes: int = Field(200_000_000, gt=0)
+    lowercase: bool = False
+
+
+class ShardConfig(_Section):
+    seq_len: int = Field(128, ge=8)
+    # Work-unit size: one unit -> one train shard (+ one validation shard). Independent of actors.
+    unit_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    unit_rows: int = Field(50_000, ge=1)
+    num_actors: Optional[int] = Field(None, ge=1)
+    # Rust threads per tokenizer actor: actors x threads should not exceed cores.
+    tokenizer_threads: int = Field(1, ge=1)
+    # Read/write shards here instead of <output_dir>/shards (e.g. existing or gs:// shards).
+    dir: Optional[str] = None
+
+
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
+    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
+
+
+class ModelConfig(_Section):
+    model_type: Literal["roberta", "bert"] = "roberta"
+    preset: Literal["tiny", "small", "base", "large"] = "tiny"
+    hidden_size: Optional[int] = Field(None, gt=0)
+    num_hidden_layers: Optional[int] = Field(None, gt=0)
+    num_attention_heads: Optional[int] = Field(None, gt=0)
+    intermediate_size: Optional[int] = Field(None, gt=0)
+    # None -> seq_len + 2 (RoBERTa's positions start after padding_idx=1).
+    max_position_embeddings: Optional[int] = Field(None, gt=0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+    def sizes(self) -> dict[str, int]:
+        """Preset sizes with explicit fields taking precedence."""
+        out = dict(MODEL_PRESETS[self.preset])
+        for key in out:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class TrainConfig(_Section):
+    steps: int = Field(1000, gt=0)
+    batch_size: int = Field(32, gt=0, description="global batch size, across all replicas")
+    learning_rate: float = Field(1e-4, gt=0)
+    warmup_steps: Optional[int] = Field(None, ge=0)
+    warmup_ratio: float = Field(0.05, ge=0, le=1)
+    weight_decay: float = Field(0.01, ge=0)
+    mask_prob: float = Field(0.15, gt=0, lt=1)
+    log_every: int = Field(10, gt=0)
+    eval_every: int = Field(500, gt=0)
+    eval_batches: int = Field(20, gt=0)
+    checkpoint_every: int = Field(500, gt=0)
+    keep_checkpoints: int = Field(3, gt=0)
+    steps_per_execution: Optional[int] = Field(None, gt=0)
+    shuffle_buffer: int = Field(10_000, gt=0)
+    strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"
+    tpu_name: Optional[str] = None
+    mixed_precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    jit_compile: Optional[bool] = None
+    eval_pad_multiple: int = Field(64, gt=0)
+    # Peak FLOP/s of one device for MFU when the device is not in the table (e.g. a CPU).
+    peak_flops: Optional[float] = Field(None, gt=0)
+
+
+class RayConfig(_Section):
+    address: Optional[str] = None
+    num_cpus: Optional[int] = Field(None, gt=0)
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    seed: int = 0
+    output_dir: Optional[str] = None
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    shard: ShardConfig = Field(default_factory=ShardConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_path_part(cls, v: str) -> str:
+        if not v or "/" in v:
+            raise ValueError("must be a non-empty name without '/'")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        positions = self.max_positions()
+        if self.shard.seq_len + 2 > positions:
+            raise ValueError(
+                f"shard.seq_len={self.shard.seq_len} needs model.max_position_embeddings >= "
+                f"{self.shard.seq_len + 2} (RoBERTa positions start at 2), got {positions}"
+            )
+        sizes = self.model.sizes()
+        if sizes["hidden_size"] % sizes["num_attention_heads"]:
+            raise ValueError(
+                f"model.hidden_size={sizes['hidden_size']} is not a multiple of "
+                f"model.num_attention_heads={sizes['num_attention_heads']}"
+            )
+        return self
+
+    # --- derived values -------------------------------------------------------------------
+    def max_positions(self) -> int:
+        return self.model.max_position_embeddings or self.shard.seq_len + 2
+
+    @property
+    def run_dir(self) -> str:
+        return self.output_dir or str(Path("runs") / self.name)
+
+    @property
+    def shards_dir(self) -> str:
+        from tpu_ray import storage
+
+        return self.shard.dir or storage.join(self.run_dir, "shards")
+
+    @property
+    def tokenizer_dir(self) -> str:
+        from tpu_ray import storage
+
+        return self.tokenizer.path or storage.join(self.run_dir, "tokenizer")
+
+    # --- loading and overriding -------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], origin: str = "config") -> "RunConfig":
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise UserError(f"{origin}: {_one_line(exc, data)}") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "RunConfig":
+        from tpu_ray import storage
+
+        path = str(path)
+        try:
+            text = storage.read_text(path)
+        except FileNotFoundError:
+            raise UserError(f"{path}: config file not found; pass an existing YAML file") from None
+        try:
+            # safe_load: a config is data, never code (no python/object tags).
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise UserError(f"{path}:{where}: malformed YAML ({problem}); fix the syntax") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+        return cls.from_dict(data, origin=path)
+
+    def override(self, overrides: dict[str, Any] | list[str]) -> "RunConfig":
+        """Return a copy with dotted keys replaced: {"train.steps": 50} or ["train.steps=50"]."""
+        if isinstance(overrides, list):
+            overrides = parse_overrides(overrides)
+        data = self.model_dump()
+        for dotted, value in overrides.items():
+            _set_dotted(data, dotted, value)
+        return type(self).from_dict(data, origin="override")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What must match when a run directory is resumed: everything that shapes the data/model."""
+        keep = self.model_dump(mode="json", include={"corpus", "tokenizer", "shard", "model", "seed"})
+        keep["train"] = self.train.model_dump(
+            mode="json", include={"batch_size", "learning_rate", "mask_prob", "warmup_steps", "weight_decay"}
+        )
+        return keep
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Parse `a.b=value` strings; values are YAML scalars (safe_load), so 50 is an int."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"override {item!r}: expected section.key=value, e.g. train.steps=50")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node: Any = data
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            options = list(node) if isinstance(node, dict) else []
+            hint = difflib.get_close_matches(part, options, n=1)
+            where = ".".join(parts[:i]) or "top level"
+            suggestion = f"; did you mean '{'.'.join(parts[:i] + hint)}'?" if hint else ""
+            raise UserError(f"override {dotted!r}: no key {part!r} in {where}{suggestion}")
+        if i == len(parts) - 1:
+            node[part] = value
+        else:
+            node = node[part]
+
+
+def _one_line(exc: ValidationError, data: dict[str, Any]) -> str:
+    """Turn pydantic's report into one line: field, problem, and a 'did you mean' for typos."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "config"
+    if err["type"] == "extra_forbidden":
+        section = _section_model(err["loc"][:-1])
+        options = list(section.model_fields) if section else []
+        hint = difflib.get_close_matches(str(err["loc"][-1]), options, n=1)
+        prefix = ".".join(str(p) for p in err["loc"][:-1])
+        fix = f"did you mean '{prefix + '.' if prefix else ''}{hint[0]}'?" if hint else "remove it"
+        more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        return f"unknown key '{loc}'; {fix}{more}"
+    value = err.get("input")
+    shown = json.dumps(value) if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
+    msg = err["msg"].replace("Value error, ", "")
+    more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    if err["type"] == "value_error" and not err["loc"]:
+        return f"{msg}{more}"
+    return f"{loc}={shown}: {msg}{more}"
+
+
+def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            return None
+        model = field.annotation
+    return model

@@ -1,0 +1,311 @@
+"""Corpus sources and their deterministic work units.
+
+A work unit is a slice of the corpus (a byte range of a file aligned to line boundaries, or a row
+range of a table/dataset). Units depend only on the corpus and the config, never on how many
+actors run, which is what makes the shards byte-identical with 1 actor or 8. Each unit carries its
+own train/validation split point, so the validation text is the tail of every unit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import Iterator, Literal
+
+from tpu_ray import storage
+from tpu_ray.config import BUILTIN_CORPUS, CorpusConfig, ShardConfig
+from tpu_ray.errors import UserError
+
+Format = Literal["txt", "jsonl", "parquet", "hf"]
+TEXT_SUFFIXES = {".txt": "txt", ".text": "txt", ".md": "txt", ".jsonl": "jsonl", ".json": "jsonl",
+                 ".parquet": "parquet"}
+_ALIGN_WINDOW = 64 * 1024
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """A deterministic slice of the corpus: [start, split_at) is train, [split_at, end) validation."""
+
+    index: int
+    source: str
+    fmt: Format
+    start: int
+    split_at: int
+    end: int
+    hf_config: str | None = None
+    hf_split: str = "train"
+    text_field: str = "text"
+    encoding_errors: str = "replace"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WorkUnit":
+        return cls(**d)
+
+
+# --------------------------------------------------------------------------------------------
+# The built-in corpus: CPython's own documentation, present wherever Python is.
+# --------------------------------------------------------------------------------------------
+# Modules whose import has side effects (opens a browser, prints, needs a display) or that are
+# test suites; left out of the built-in corpus.
+_SKIP_MODULES = {
+    "antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle", "turtledemo",
+    "test", "lib2to3", "ensurepip", "venv", "pydoc_data", "xxsubtype", "xxlimited", "_testcapi",
+}
+
+
+def builtin_python_docs() -> str:
+    """The CPython documentation as text: pydoc's topic pages plus stdlib module docstrings.
+
+    Deterministic for a given Python build: topics sorted by name, modules sorted by name.
+    """
+    import importlib
+    import inspect
+
+    from pydoc_data.topics import topics
+
+    parts = [topics[name].strip() for name in sorted(topics)]
+    for name in sorted(getattr(sys, "stdlib_module_names", ())):
+        if name.startswith("_") or name in _SKIP_MODULES:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # not built on this platform (e.g. winreg): skip
+            continue
+        docs = [inspect.getdoc(module) or ""]
+        for attr in sorted(getattr(module, "__all__", None) or dir(module)):
+            if attr.startswith("_"):
+                continue
+            obj = getattr(module, attr, None)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(obj, "__module__", "") == name:
+                docs.append(inspect.getdoc(obj) or "")
+        parts.extend(d.strip() for d in docs if d and d.strip())
+    # One paragraph per line, like WikiText: blank lines inside docstrings become separators.
+    lines: list[str] = []
+    for part in parts:
+        for para in part.split("\n\n"):
+            para = " ".join(para.split())
+            if para:
+                lines.append(para)
+    return "\n".join(lines) + "\n"
+
+
+def materialize_builtin(run_dir: str) -> str:
+    """Write the built-in corpus once into the run directory and return its path."""
+    path = storage.join(run_dir, "corpus", "python-docs.txt")
+    if not storage.exists(path):
+        storage.makedirs(storage.join(run_dir, "corpus"))
+        storage.atomic_write_text(path, builtin_python_docs())
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Planning: source -> files -> work units
+# --------------------------------------------------------------------------------------------
+def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
+    """Expand a path, glob or gs:// URI into (file, format) pairs; one-line errors otherwise."""
+    if any(ch in source for ch in "*?["):
+        files = storage.glob(source)
+        if not files:
+            raise UserError(f"{field}={source!r}: no files match this pattern; check the path")
+    elif storage.exists(source):
+        if storage.isdir(source):
+            files = [f for f in storage.glob(storage.join(source, "**")) if _fmt_of(f, strict=False)]
+            if not files:
+                raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.parquet files")
+        else:
+            files = [source]
+    else:
+        raise UserError(f"{field}={source!r}: no such file or directory; pass an existing path, a glob, "
+                        f"a gs:// URI, 'hf:NAME' or '{BUILTIN_CORPUS}'")
+    return [(f, _fmt_of(f)) for f in sorted(files)]
+
+
+def _fmt_of(path: str, strict: bool = True) -> Format | None:
+    for suffix, fmt in TEXT_SUFFIXES.items():
+        if path.lower().endswith(suffix):
+            return fmt  # type: ignore[return-value]
+    if strict:
+        return "txt"  # unknown suffix: treat as plain text (binary content is caught when read)
+    return None
+
+
+def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[WorkUnit]:
+    """All work units for a corpus config, numbered 0..n-1 in a fixed order."""
+    frac = 0.0 if corpus.validation_source else corpus.validation_fraction
+    units = _plan_source(corpus.source, corpus, shard, run_dir, frac, "corpus.source")
+    if corpus.validation_source:
+        val = _plan_source(corpus.validation_source, corpus, shard, run_dir, 1.0, "corpus.validation_source")
+        units += val
+    units = [WorkUnit(**{**u.to_dict(), "index": i}) for i, u in enumerate(units)]
+    if not any(u.end > u.start for u in units):
+        raise UserError(f"corpus.source={corpus.source!r}: the corpus is empty; point it at text")
+    return units
+
+
+def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir: str, frac: float,
+                 field: str) -> list[WorkUnit]:
+    common = dict(hf_config=corpus.hf_config, hf_split=corpus.hf_split, text_field=corpus.text_field,
+                  encoding_errors=corpus.encoding_errors)
+    if source == BUILTIN_CORPUS:
+        source = materialize_builtin(run_dir)
+    elif source.startswith("builtin:"):
+        raise UserError(f"{field}={source!r}: unknown built-in corpus; the built-in one is '{BUILTIN_CORPUS}'")
+    if source.startswith("hf:"):
+        n = len(_load_hf(source, corpus.hf_config, corpus.hf_split, field))
+        return [WorkUnit(0, source, "hf", s, _row_split(s, e, frac), e, **common)
+                for s, e in _ranges(n, shard.unit_rows)]
+    units: list[WorkUnit] = []
+    for path, fmt in resolve_files(source, field):
+        if fmt == "parquet":
+            n = _parquet_rows(path)
+            units += [WorkUnit(0, path, fmt, s, _row_split(s, e, frac), e, **common)
+                      for s, e in _ranges(n, shard.unit_rows)]
+            continue
+        size = storage.size(path)
+        if corpus.max_bytes is not None and corpus.max_bytes < size:
+            size = _align(path, corpus.max_bytes, size)
+        bounds = sorted({0, size, *(_align(path, b, size) for b in range(shard.unit_bytes, size, shard.unit_bytes))})
+        for s, e in zip(bounds, bounds[1:]):
+            split_at = e if frac == 0 else _align(path, s + int((e - s) * (1 - frac)), e)
+            if frac >= 1.0:
+                split_at = s
+            units.append(WorkUnit(0, path, fmt, s, split_at, e, **common))
+    return units
+
+
+def _ranges(n: int, step: int) -> list[tuple[int, int]]:
+    return [(s, min(s + step, n)) for s in range(0, n, step)]
+
+
+def _row_split(start: int, end: int, frac: float) -> int:
+    return start + round((end - start) * (1 - frac))
+
+
+def _align(path: str, pos: int, size: int) -> int:
+    """The first line start at or after `pos` (or `size`): unit boundaries never cut a line."""
+    if pos <= 0:
+        return 0
+    if pos >= size:
+        return size
+    with storage.open(path, "rb") as f:
+        f.seek(pos - 1)
+        offset = pos - 1
+        while True:
+            window = f.read(_ALIGN_WINDOW)
+            if not window:
+                return size
+            nl = window.find(b"\n")
+            if nl >= 0:
+                return min(offset + nl + 1, size)
+            offset += len(window)
+
+
+def _parquet_rows(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    with storage.open(path, "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+_HF_CACHE: dict[tuple, object] = {}
+
+
+def _load_hf(source: str, config: str | None, split: str, field: str = "corpus.source"):
+    """Load a Hugging Face dataset split once per process (from the datasets cache after the first)."""
+    key = (source, config, split)
+    if key not in _HF_CACHE:
+        import datasets
+
+        name = source[3:]
+        kwargs = {}
+        if name in {"text", "json", "parquet", "csv"} and config:
+            kwargs["data_files"] = config  # packaged builders read local/gs files: hf_config is the files
+            config = None
+        try:
+            _HF_CACHE[key] = datasets.load_dataset(name, config, split=split, **kwargs)
+        except Exception as exc:  # datasets raises many types; the user needs one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"{field}={source!r} (hf_config={config!r}, split={split!r}): "
+                            f"cannot load dataset: {first}") from None
+    return _HF_CACHE[key]
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a unit
+# --------------------------------------------------------------------------------------------
+def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) -> list[str]:
+    """The lines of one part of a unit (empty lines kept out)."""
+    lo, hi = {"train": (unit.start, unit.split_at), "validation": (unit.split_at, unit.end),
+              "all": (unit.start, unit.end)}[part]
+    if hi <= lo:
+        return []
+    if unit.fmt == "hf":
+        ds = _load_hf(unit.source, unit.hf_config, unit.hf_split)
+        return _nonempty(_field(row, unit, i) for i, row in enumerate(ds.select(range(lo, hi)), lo))
+    if unit.fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with storage.open(unit.source, "rb") as f:
+            table = pq.read_table(f, columns=[unit.text_field]).slice(lo, hi - lo)
+        return _nonempty(str(v) for v in table.column(unit.text_field).to_pylist() if v is not None)
+    with storage.open(unit.source, "rb") as f:
+        f.seek(lo)
+        raw = f.read(hi - lo)
+    text = _decode(raw, unit, lo)
+    if unit.fmt == "jsonl":
+        out = []
+        offset = lo
+        for line in text.split("\n"):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{unit.source}: byte {offset}: not a JSON line ({exc.msg}); "
+                                    f"fix the record or use a .txt file") from None
+                out.append(_field(record, unit, offset))
+            offset += len(line.encode("utf-8")) + 1
+        return _nonempty(out)
+    return _nonempty(text.split("\n"))
+
+
+def _decode(raw: bytes, unit: WorkUnit, offset: int) -> str:
+    if b"\x00" in raw:
+        at = offset + raw.index(b"\x00")
+        raise UserError(f"{unit.source}: byte {at}: NUL byte, this looks like a binary file, not text; "
+                        f"point corpus.source at text files")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if unit.encoding_errors == "replace":
+            return raw.decode("utf-8", errors="replace")
+        raise UserError(f"{unit.source}: byte {offset + exc.start}: not UTF-8 ({exc.reason}); fix the file "
+                        f"or set corpus.encoding_errors=replace") from None
+
+
+def _field(record: object, unit: WorkUnit, where: int) -> str:
+    if not isinstance(record, dict) or unit.text_field not in record:
+        raise UserError(f"{unit.source}: record at {where} has no field {unit.text_field!r}; "
+                        f"set corpus.text_field to the field that holds the text")
+    value = record[unit.text_field]
+    return "" if value is None else str(value)
+
+
+def _nonempty(lines) -> list[str]:
+    return [s for s in (line.strip() for line in lines) if s]
+
+
+def iter_train_text(units: list[WorkUnit], max_bytes: int) -> Iterator[list[str]]:
+    """Batches of training lines in unit order, up to about max_bytes: the tokenizer's sample."""
+    seen = 0
+    for unit in units:
+        lines = read_unit_text(unit, "train")
+        if not lines:
+            continue
+        yield lines
+        seen += sum(len(s) for s in lines)
+        if seen >= max_bytes:
+            return
