@@ -121,6 +121,15 @@ class TrainConfig(_Section):
     eval_pad_multiple: int = Field(64, gt=0)
     # Peak FLOP/s of one device for MFU when the device is not in the table (e.g. a CPU).
     peak_flops: Optional[float] = Field(None, gt=0)
+    # Split the CPU into this many logical devices (MirroredStrategy): a v3-8 stand-in for tests.
+    cpu_replicas: int = Field(1, ge=1, le=64)
+    # Where the training process runs on Ray: in this process ("local"), on a TPU slice's head
+    # host ("tpu": takes the TPU-<topology>-head resource), or on a GPU node ("gpu").
+    placement: Literal["auto", "local", "tpu", "gpu"] = "auto"
+    tpu_topology: Optional[str] = Field(None, pattern=r"^v[0-9][a-z]*-[0-9]+$")
+    num_gpus: Optional[int] = Field(None, ge=1)
+    # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
+    workers: int = Field(1, ge=1)
 
 
 class RayConfig(_Section):

@@ -1,0 +1,56 @@
+"""Shared body of the `ray job submit` entrypoints: parse --config/--output-dir/overrides, run, and
+make a failure's one-line reason the last line of the job's log."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Jobs run from the working directory Ray ships; make the package importable from it too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tpu_ray.cli import EXIT_USAGE, load_config, setup_logging  # noqa: E402
+from tpu_ray.errors import UserError  # noqa: E402
+
+
+def main(stage: str, argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=f"jobs/{stage}.py")
+    p.add_argument("--config", required=True, help="run config YAML")
+    p.add_argument("--output-dir", help="run directory (local or gs://)")
+    p.add_argument("--corpus", help="override corpus.source")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = p.parse_args(argv)
+    setup_logging()
+    try:
+        cfg = load_config(args)
+        from tpu_ray.pipeline import Pipeline, ensure_ray, prepare_run_dir, run_tokenizer
+
+        if stage == "pretrain":
+            Pipeline(cfg).run(resume=args.resume)
+        elif stage == "prepare":
+            from tpu_ray.shards import make_shards
+
+            prepare_run_dir(cfg, resume=True)
+            run_tokenizer(cfg)
+            ensure_ray(cfg)
+            print(make_shards(cfg).line())
+        elif stage == "train":
+            from tpu_ray.placement import run_training
+
+            prepare_run_dir(cfg, resume=args.resume)
+            ensure_ray(cfg)
+            run_training(cfg, resume=args.resume)
+        print(f"tpu-ray {stage}: SUCCEEDED run_dir={cfg.run_dir}", flush=True)
+        return 0
+    except UserError as exc:
+        print(f"tpu-ray: error: {exc}", flush=True)
+        return EXIT_USAGE
+    except Exception as exc:  # an unexpected crash: traceback above, reason on the last line
+        import traceback
+
+        traceback.print_exc()
+        print(f"tpu-ray: failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+              flush=True)
+        return 1

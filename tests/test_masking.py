@@ -1,0 +1,67 @@
+"""TF-native masking: rates, the 80/10/10 split, special tokens, labels, determinism, static shapes."""
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from tpu_ray.data import IGNORE, MaskSpec, mask_tokens, pad_to_multiple  # noqa: E402
+
+SPEC = MaskSpec(mask_prob=0.15, mask_id=4, vocab_size=1000, special_ids=(0, 1, 2, 3, 4))
+
+
+def _batch(seed=0, shape=(256, 128)):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, 1000, size=shape)
+    ids[:, 0] = 0  # [CLS]
+    ids[:, -1] = 2  # [SEP]
+    ids[:, 60:64] = 1  # padding
+    ids[::7, 30] = 3  # <unk>
+    return tf.constant(ids, tf.int32)
+
+
+def test_mask_statistics_on_a_large_batch():
+    ids = _batch()
+    masked, labels = (t.numpy() for t in mask_tokens(ids, tf.constant([1, 2], tf.int64), SPEC))
+    orig = ids.numpy()
+    special = np.isin(orig, SPEC.special_ids)
+    selected = labels != IGNORE
+    rate = selected.sum() / (~special).sum()
+    assert abs(rate - 0.15) < 0.01, rate
+    assert not (selected & special).any(), "a special or padding token was selected"
+    np.testing.assert_array_equal(labels[selected], orig[selected])
+    assert (labels[~selected] == IGNORE).all()
+    assert (masked[~selected] == orig[~selected]).all(), "unselected tokens must stay unchanged"
+    n = selected.sum()
+    to_mask = (masked == SPEC.mask_id) & selected
+    unchanged = (masked == orig) & selected
+    random = selected & ~to_mask & ~unchanged
+    # A random draw can equal the original token (p=1/995) and count as unchanged: negligible here.
+    assert abs(to_mask.sum() / n - 0.80) < 0.02
+    assert abs(random.sum() / n - 0.10) < 0.02
+    assert abs(unchanged.sum() / n - 0.10) < 0.02
+    assert (masked[random] >= SPEC.random_low).all(), "random replacements never draw special tokens"
+
+
+def test_same_seed_same_masks_other_seed_other_masks():
+    ids = _batch(shape=(8, 64))
+    a = mask_tokens(ids, tf.constant([5, 9], tf.int64), SPEC)[0].numpy()
+    b = mask_tokens(ids, tf.constant([5, 9], tf.int64), SPEC)[0].numpy()
+    c = mask_tokens(ids, tf.constant([5, 10], tf.int64), SPEC)[0].numpy()
+    np.testing.assert_array_equal(a, b)
+    assert (a != c).any()
+
+
+def test_masking_keeps_static_shapes_under_xla():
+    fn = tf.function(lambda x, s: mask_tokens(x, s, SPEC), jit_compile=True)
+    masked, labels = fn(_batch(shape=(4, 32)), tf.constant([0, 1], tf.int64))
+    assert masked.shape == (4, 32) and labels.shape == (4, 32)
+    concrete = tf.function(lambda x, s: mask_tokens(x, s, SPEC)).get_concrete_function(
+        tf.TensorSpec([4, 32], tf.int32), tf.TensorSpec([2], tf.int64))
+    assert all(o.shape.is_fully_defined() for o in concrete.outputs)
+
+
+def test_pad_to_multiple_keeps_distinct_shapes_few():
+    padded, mask = pad_to_multiple([[5] * 3, [6] * 70], 64, pad_id=1)
+    assert {len(p) for p in padded} == {128}
+    assert mask[0][:3] == [1, 1, 1] and mask[0][3] == 0 and padded[0][3] == 1

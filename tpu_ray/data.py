@@ -1,0 +1,146 @@
+"""The training input pipeline: a pure tf.data graph with static shapes and TF-native masking.
+
+Shards -> per-host file subset (InputContext) -> interleave -> shuffle -> repeat ->
+batch(drop_remainder) -> parse -> mask -> prefetch. No py_function and no from_generator, so the
+pipeline runs in TF's C++ runtime on every host of a slice. Masking is indicator arithmetic with
+stateless random ops seeded by (seed, step): no data-dependent shapes, and the masks of step N
+are the same after a resume as in an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import tensorflow as tf
+
+from tpu_ray.errors import UserError
+
+IGNORE = -100
+# Masking seeds for different input pipelines are kept apart by this stride.
+_PIPELINE_SEED_STRIDE = 1 << 40
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    mask_prob: float
+    mask_id: int
+    vocab_size: int
+    special_ids: tuple[int, ...]
+
+    @property
+    def random_low(self) -> int:
+        """Random replacements avoid special tokens when they occupy the first ids (ours do)."""
+        ids = sorted(self.special_ids)
+        return ids[-1] + 1 if ids == list(range(len(ids))) else 0
+
+
+def parse_batch(serialized: tf.Tensor, seq_len: int) -> dict[str, tf.Tensor]:
+    """Parse a batch of Examples into int32 [batch, seq_len] tensors (fixed shapes)."""
+    spec = {k: tf.io.FixedLenFeature([seq_len], tf.int64) for k in ("input_ids", "attention_mask")}
+    parsed = tf.io.parse_example(serialized, spec)
+    return {k: tf.cast(v, tf.int32) for k, v in parsed.items()}
+
+
+def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[tf.Tensor, tf.Tensor]:
+    """BERT masking: select mask_prob of the non-special tokens; of those 80% [MASK], 10% random,
+    10% unchanged. Labels hold the original id where selected and -100 elsewhere.
+
+    `seed` is a shape-[2] int tensor; the same seed gives the same masks.
+    """
+    shape = tf.shape(input_ids)
+    s_select, s_kind, s_random = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
+    special = tf.reduce_any(input_ids[..., None] == tf.constant(spec.special_ids, input_ids.dtype), axis=-1)
+    selected = tf.logical_and(tf.random.stateless_uniform(shape, s_select) < spec.mask_prob,
+                              tf.logical_not(special))
+    kind = tf.random.stateless_uniform(shape, s_kind)
+    to_mask = tf.logical_and(selected, kind < 0.8)
+    to_random = tf.logical_and(selected, tf.logical_and(kind >= 0.8, kind < 0.9))
+    random_ids = tf.random.stateless_uniform(shape, s_random, minval=spec.random_low, maxval=spec.vocab_size,
+                                             dtype=input_ids.dtype)
+    masked = tf.where(to_mask, tf.cast(spec.mask_id, input_ids.dtype), input_ids)
+    masked = tf.where(to_random, random_ids, masked)
+    labels = tf.where(selected, input_ids, tf.cast(IGNORE, input_ids.dtype))
+    return masked, labels
+
+
+def _seed(base: int, pipeline: int, index: tf.Tensor) -> tf.Tensor:
+    return tf.stack([tf.constant(base, tf.int64), tf.cast(index, tf.int64) + pipeline * _PIPELINE_SEED_STRIDE])
+
+
+def host_files(files: Sequence[str], ctx: tf.distribute.InputContext | None) -> list[str]:
+    """This input pipeline's disjoint subset of the shard files."""
+    files = sorted(files)
+    if ctx is None or ctx.num_input_pipelines == 1:
+        return files
+    mine = files[ctx.input_pipeline_id :: ctx.num_input_pipelines]
+    if not mine:
+        raise UserError(f"only {len(files)} shard files for {ctx.num_input_pipelines} reading hosts; "
+                        f"make more shards (lower shard.unit_bytes)")
+    return mine
+
+
+def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
+                  shuffle_buffer: int, start_batch: int = 0,
+                  ctx: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """Endless, shuffled, masked batches of `batch_size` (the per-replica batch under a strategy).
+
+    `start_batch` skips batches already trained on (resume): skipping happens on serialized
+    records, before parsing, so it is cheap.
+    """
+    mine = host_files(files, ctx)
+    pipeline = ctx.input_pipeline_id if ctx else 0
+    ds = tf.data.Dataset.from_tensor_slices(mine)
+    ds = ds.shuffle(len(mine), seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(mine), 16), block_length=16,
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    if start_batch:
+        ds = ds.skip(start_batch)
+    ds = ds.enumerate(start=start_batch)
+
+    def prepare(index: tf.Tensor, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+        batch = parse_batch(serialized, seq_len)
+        batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], _seed(seed, pipeline, index), spec)
+        return batch
+
+    ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+
+
+def eval_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
+                 max_batches: int, ctx: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """A fixed, finite evaluation set: same samples and same masks at every evaluation."""
+    mine = host_files(files, ctx)
+    pipeline = ctx.input_pipeline_id if ctx else 0
+    ds = tf.data.TFRecordDataset(list(mine)).batch(batch_size, drop_remainder=True).take(max_batches)
+    ds = ds.enumerate().map(
+        lambda i, s: _masked(parse_batch(s, seq_len), _seed(seed + 7, pipeline, i), spec),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+
+
+def _masked(batch: dict[str, tf.Tensor], seed: tf.Tensor, spec: MaskSpec) -> dict[str, tf.Tensor]:
+    batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], seed, spec)
+    return batch
+
+
+def pad_to_multiple(ids: list[list[int]], multiple: int, pad_id: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Pad variable-length token lists to a common length rounded up to `multiple`.
+
+    Keeps the number of distinct shapes (hence XLA compilations) small for free-form text.
+    """
+    longest = max((len(x) for x in ids), default=1)
+    length = -(-longest // multiple) * multiple
+    padded = [x + [pad_id] * (length - len(x)) for x in ids]
+    mask = [[1] * len(x) + [0] * (length - len(x)) for x in ids]
+    return padded, mask
+
+
+def _options() -> tf.data.Options:
+    opts = tf.data.Options()
+    opts.deterministic = True
+    # We shard files ourselves per InputContext; TF's auto-sharding would shard a second time.
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return opts

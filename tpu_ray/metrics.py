@@ -1,0 +1,73 @@
+"""The metrics stream: JSON lines in `<run_dir>/metrics.jsonl`, plus a readable log line.
+
+Ray jobs return nothing to the submitter, so the run directory is the channel: the Python API and
+`tpu-ray report` read this file, live or after the fact (see report.load_metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import Any
+
+from tpu_ray import storage
+
+log = logging.getLogger("tpu_ray.metrics")
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsWriter:
+    """Appends records. Local files are appended and flushed per record; object stores cannot
+    append, so for gs:// the whole (small) file is rewritten at most every `remote_every_s`."""
+
+    def __init__(self, run_dir: str, remote_every_s: float = 30.0):
+        self.path = storage.join(run_dir, METRICS_FILE)
+        self.remote = storage.is_remote(self.path)
+        self._lines: list[str] = []
+        self._every = remote_every_s
+        self._last_upload = 0.0
+        if self.remote and storage.exists(self.path):
+            self._lines = storage.read_text(self.path).splitlines(keepends=True)
+
+    def write(self, kind: str, **fields: Any) -> dict:
+        record = {"kind": kind, "time": time.time(), **{k: _clean(v) for k, v in fields.items()}}
+        line = json.dumps(record) + "\n"
+        if self.remote:
+            self._lines.append(line)
+            if time.monotonic() - self._last_upload >= self._every or kind != "train":
+                self.flush()
+        else:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+        return record
+
+    def flush(self) -> None:
+        if self.remote:
+            storage.atomic_write_text(self.path, "".join(self._lines))
+            self._last_upload = time.monotonic()
+
+    def event(self, event: str, **fields: Any) -> dict:
+        return self.write("event", event=event, **fields)
+
+
+def _clean(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def train_line(r: dict) -> str:
+    mfu = f" mfu={r['mfu']:.1%}" if r.get("mfu") is not None else ""
+    wait = f" input_wait={r['input_wait_s'] * 1e3:.1f}ms" if r.get("input_wait_s") is not None else ""
+    return (f"step {r['step']}: loss={r['loss']:.4f} acc={r['accuracy']:.3f} lr={r['learning_rate']:.2e} "
+            f"step_time={r['step_time_s'] * 1e3:.1f}ms {r['samples_per_s']:.1f} samples/s "
+            f"{r['tokens_per_s']:,.0f} tokens/s{mfu}{wait} traces={r['train_traces']}")
+
+
+def eval_line(r: dict) -> str:
+    return (f"eval @ step {r['step']}: loss={r['eval_loss']:.4f} acc={r['eval_accuracy']:.3f} "
+            f"perplexity={r['perplexity']:.2f}")

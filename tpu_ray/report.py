@@ -1,0 +1,401 @@
+"""Read a run's metrics stream and turn it into plots, an HTML report and a text summary.
+
+The run directory is the only channel between a training job and the people watching it:
+`<run_dir>/metrics.jsonl` (appended while the run goes on), `summary.json` (at the end) and
+`config.yaml`. Everything here reads those files with fsspec, so `run_dir` may be a local path or a
+`gs://` URI, and works on a live run (the last line may be half written: it is skipped).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import logging
+import math
+import os
+import tempfile
+from typing import Any
+
+import fsspec
+import pandas as pd
+
+from tpu_ray.errors import UserError
+
+log = logging.getLogger("tpu_ray.report")
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.yaml"
+PLOTS = ("loss.png", "throughput.png", "learning_rate.png", "accuracy.png")
+REPORT_FILE = "report.html"
+
+BASE_COLUMNS = ["kind", "step", "time"]
+KIND_COLUMNS = {
+    "train": ["elapsed_s", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
+              "tokens_per_s", "mfu", "train_traces", "input_wait_s"],
+    "eval": ["eval_loss", "eval_accuracy", "perplexity"],
+    "event": ["event", "stage"],
+}
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+def _is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name if _is_remote(base) else os.path.join(base, name)
+
+
+def _check_run_dir(run_dir: str) -> None:
+    try:
+        fs, root = fsspec.core.url_to_fs(run_dir)
+        found = fs.exists(root)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read run directory {run_dir}: {exc}") from None
+    if not found:
+        raise UserError(f"run directory not found: {run_dir}")
+
+
+def _read_text(path: str) -> str | None:
+    """The file's text, or None if it does not exist."""
+    try:
+        with fsspec.open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def _parse_lines(text: str, path: str) -> list[dict]:
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            is_last = all(not rest.strip() for rest in lines[i + 1:])
+            if not is_last:  # the writer only ever leaves the *last* line unfinished
+                log.warning("%s line %d is not JSON: skipped", path, i + 1)
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def _empty_frame(kind: str | None) -> pd.DataFrame:
+    cols = BASE_COLUMNS + (KIND_COLUMNS.get(kind, []) if kind else [])
+    return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("step", "time") else "object")
+                         for c in cols})
+
+
+def load_metrics(run_dir: str, kind: str | None = None) -> pd.DataFrame:
+    """One row per record of `<run_dir>/metrics.jsonl`, sorted by time then step.
+
+    Columns are the union of the records' fields (the `kind` column is kept); `kind` ("train",
+    "eval", "event") keeps only those records. A half-written last line (live run) is skipped; a
+    missing or empty metrics file gives an empty frame with at least kind, step and time.
+    Raises UserError if the run directory does not exist.
+    """
+    _check_run_dir(run_dir)
+    path = _join(run_dir, METRICS_FILE)
+    text = _read_text(path)
+    records = _parse_lines(text, path) if text else []
+    if kind is not None:
+        records = [r for r in records if r.get("kind") == kind]
+    if not records:
+        return _empty_frame(kind)
+    df = pd.DataFrame.from_records(records)
+    for c in BASE_COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    df["time"] = pd.to_numeric(df["time"], errors="coerce")
+    df["step"] = pd.to_numeric(df["step"], errors="coerce")
+    df = df.sort_values(["time", "step"], kind="mergesort", na_position="last").reset_index(drop=True)
+    if df["step"].notna().all():
+        df["step"] = df["step"].astype("int64")
+    front = [c for c in BASE_COLUMNS if c in df.columns]
+    return df[front + [c for c in df.columns if c not in front]]
+
+
+def _load_summary(run_dir: str) -> dict:
+    text = _read_text(_join(run_dir, SUMMARY_FILE))
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        log.warning("%s is not valid JSON (still being written?): ignored", _join(run_dir, SUMMARY_FILE))
+        return {}
+    return data if isinstance(data, dict) else {"summary": data}
+
+
+# ------------------------------------------------------------------------------------------- numbers
+
+def _by_step(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per step, the latest record winning (a resumed run re-logs steps after its checkpoint)."""
+    if df.empty:
+        return df
+    return df.drop_duplicates("step", keep="last").sort_values("step", kind="mergesort")
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    if name not in df.columns:
+        return pd.Series(dtype="float64")
+    return pd.to_numeric(df[name], errors="coerce")
+
+
+def _last(df: pd.DataFrame, name: str) -> float | None:
+    s = _col(df, name).dropna()
+    return float(s.iloc[-1]) if len(s) else None
+
+
+def _median(df: pd.DataFrame, name: str) -> float | None:
+    s = _col(df, name).dropna()
+    return float(s.median()) if len(s) else None
+
+
+def _fmt(v: Any, spec: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    if spec and isinstance(v, (int, float)):
+        return format(v, spec)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _stats(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
+    """(label, formatted value) rows shared by the HTML report and the text summary."""
+    train = _by_step(df[df["kind"] == "train"]) if len(df) else df
+    ev = _by_step(df[df["kind"] == "eval"]) if len(df) else df
+    steps = pd.concat([_col(train, "step"), _col(ev, "step")]).dropna()
+    final_step = int(steps.max()) if len(steps) else None
+    step_time = _median(train, "step_time_s")
+    mfu = _median(train, "mfu")
+    eval_step = _last(ev, "step")
+    traces = _col(train, "train_traces").dropna()
+    wait = _median(train, "input_wait_s")
+    return [
+        ("final step", _fmt(final_step)),
+        ("final train loss", _fmt(_last(train, "loss"), ".4f")),
+        ("final train accuracy", _fmt(_last(train, "accuracy"), ".4f")),
+        ("eval loss" + (f" (step {int(eval_step)})" if eval_step is not None else ""),
+         _fmt(_last(ev, "eval_loss"), ".4f")),
+        ("eval accuracy", _fmt(_last(ev, "eval_accuracy"), ".4f")),
+        ("perplexity", _fmt(_last(ev, "perplexity"), ".2f")),
+        ("median tokens/s", _fmt(_median(train, "tokens_per_s"), ",.0f")),
+        ("median samples/s", _fmt(_median(train, "samples_per_s"), ",.1f")),
+        ("median step time", _fmt(step_time * 1e3, ".1f") + " ms" if step_time is not None else "n/a"),
+        ("median input wait", _fmt(wait * 1e3, ".1f") + " ms" if wait is not None else "n/a"),
+        ("median MFU", _fmt(mfu, ".1%")),
+        ("train traces", _fmt(int(traces.max()) if len(traces) else None)),
+        ("train records / eval records", f"{len(train)} / {len(ev)}"),
+    ]
+
+
+def _stage_rows(df: pd.DataFrame) -> list[tuple[str, str]]:
+    if df.empty or "event" not in df.columns:
+        return []
+    ends = df[(df["kind"] == "event") & (df["event"] == "stage_end")]
+    rows = []
+    for _, r in ends.iterrows():
+        secs = r.get("seconds")
+        rows.append((str(r.get("stage")), _fmt(float(secs), ".1f") + " s" if pd.notna(secs) else "n/a"))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- plots
+
+def _new_figure(title: str, xlabel: str, ylabel: str):
+    # A bare Figure renders with Agg and never touches pyplot's global state or a display.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _no_data(ax) -> None:
+    ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def _plot_loss(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
+    fig, ax = _new_figure("Masked LM loss", "step", "cross-entropy loss")
+    drew = False
+    if _col(train, "loss").notna().any():
+        ax.plot(train["step"], _col(train, "loss"), label="train loss", color="tab:blue", lw=1.2)
+        drew = True
+    if _col(ev, "eval_loss").notna().any():
+        ax.plot(ev["step"], _col(ev, "eval_loss"), "o-", label="eval loss", color="tab:orange", lw=1.5, ms=6)
+        drew = True
+    ax.legend(loc="upper right") if drew else _no_data(ax)
+    fig.savefig(path)
+
+
+def _plot_throughput(train: pd.DataFrame, path: str) -> None:
+    fig, ax = _new_figure("Throughput", "step", "tokens / s")
+    tok = _col(train, "tokens_per_s")
+    mfu = _col(train, "mfu")
+    handles = []
+    if tok.notna().any():
+        handles += ax.plot(train["step"], tok, label="tokens/s", color="tab:green", lw=1.2)
+        ax.yaxis.set_major_formatter(_thousands())
+    if mfu.notna().any():
+        ax2 = ax.twinx()
+        handles += ax2.plot(train["step"], mfu * 100, label="MFU", color="tab:purple", lw=1.2, ls="--")
+        ax2.set_ylabel("MFU (%)")
+        ax2.set_ylim(bottom=0)
+    elif handles:
+        ax.set_title("Throughput (MFU not available)")
+    if handles:
+        ax.set_ylim(bottom=0)
+        ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="lower right")
+    else:
+        _no_data(ax)
+    fig.savefig(path)
+
+
+def _thousands():
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _pos: f"{v:,.0f}")
+
+
+def _plot_lr(train: pd.DataFrame, path: str) -> None:
+    fig, ax = _new_figure("Learning rate schedule", "step", "learning rate")
+    lr = _col(train, "learning_rate")
+    if lr.notna().any():
+        ax.plot(train["step"], lr, label="learning rate", color="tab:red", lw=1.2)
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        ax.legend(loc="upper right")
+    else:
+        _no_data(ax)
+    fig.savefig(path)
+
+
+def _plot_accuracy(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
+    fig, ax = _new_figure("Masked-token accuracy", "step", "accuracy")
+    drew = False
+    if _col(train, "accuracy").notna().any():
+        ax.plot(train["step"], _col(train, "accuracy"), label="train accuracy", color="tab:blue", lw=1.2)
+        drew = True
+    if _col(ev, "eval_accuracy").notna().any():
+        ax.plot(ev["step"], _col(ev, "eval_accuracy"), "o-", label="eval accuracy", color="tab:orange",
+                lw=1.5, ms=6)
+        drew = True
+    ax.legend(loc="lower right") if drew else _no_data(ax)
+    fig.savefig(path)
+
+
+# -------------------------------------------------------------------------------------------- report
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    body = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table>\n{body}\n</table>"
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin-bottom:1.5em}th,td{border:1px solid #ccc;padding:4px 10px}
+th{text-align:left;background:#f4f4f4;font-weight:600}td{font-family:monospace}
+img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
+pre{background:#f7f7f7;padding:1em;border:1px solid #ddd;overflow-x:auto}"""
+
+
+def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None) -> str:
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>tpu-ray report: {html.escape(run_dir)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>tpu-ray run report</h1><p><code>{html.escape(run_dir)}</code></p>",
+        "<h2>Summary</h2>", _table(stats),
+    ]
+    if summary:
+        parts += ["<h2>summary.json</h2>", _table([(str(k), _fmt(v)) for k, v in summary.items()])]
+    if stages:
+        parts += ["<h2>Stages</h2>", _table(stages)]
+    parts.append("<h2>Plots</h2>")
+    for name in PLOTS:
+        parts.append(f'<div><img src="{name}" alt="{name[:-4].replace("_", " ")}"></div>')
+    parts.append("<h2>config.yaml</h2>")
+    parts.append(f"<pre>{html.escape(config_text)}</pre>" if config_text is not None
+                 else "<p>(no config.yaml in the run directory)</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
+    """Write loss.png, throughput.png, learning_rate.png, accuracy.png and report.html.
+
+    `out_dir` defaults to `run_dir`. A remote (gs://) destination is rendered into a local temp
+    directory and uploaded. Returns {file name: path written}.
+    """
+    df = load_metrics(run_dir)
+    summary = _load_summary(run_dir)
+    config_text = _read_text(_join(run_dir, CONFIG_FILE))
+    train = _by_step(df[df["kind"] == "train"]) if len(df) else df
+    ev = _by_step(df[df["kind"] == "eval"]) if len(df) else df
+
+    out_dir = out_dir or run_dir
+    remote = _is_remote(out_dir)
+    tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-report-") if remote else None
+    local = tmp.name if tmp else out_dir
+    try:
+        os.makedirs(local, exist_ok=True)
+        lp = {name: os.path.join(local, name) for name in (*PLOTS, REPORT_FILE)}
+        _plot_loss(train, ev, lp["loss.png"])
+        _plot_throughput(train, lp["throughput.png"])
+        _plot_lr(train, lp["learning_rate.png"])
+        _plot_accuracy(train, ev, lp["accuracy.png"])
+        page = _html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text)
+        with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
+            f.write(page)
+        if not remote:
+            return lp
+        fs, root = fsspec.core.url_to_fs(out_dir)
+        out = {}
+        for name, path in lp.items():
+            dest = _join(out_dir, name)
+            fs.put_file(path, _join(root, name))
+            out[name] = dest
+        return out
+    finally:
+        if tmp:
+            tmp.cleanup()
+
+
+def text_summary(run_dir: str) -> str:
+    """A one-screen plain-text table of the run's key numbers (same as report.html's summary)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    df = load_metrics(run_dir)
+    summary = _load_summary(run_dir)
+    table = Table(title=f"run {run_dir}", show_header=False, title_justify="left")
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    if df.empty:
+        table.add_row("metrics", "no records yet")
+    for k, v in _stats(df, summary):
+        table.add_row(k, v)
+    stages = _stage_rows(df)
+    if stages:
+        table.add_section()
+        for k, v in stages:
+            table.add_row(f"stage {k}", v)
+    if summary:
+        table.add_section()
+        for k, v in summary.items():
+            table.add_row(f"summary.{k}", _fmt(v))
+    buf = io.StringIO()
+    Console(file=buf, width=100, color_system=None, force_terminal=False).print(table)
+    return buf.getvalue().rstrip("\n")

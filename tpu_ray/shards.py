@@ -1,0 +1,369 @@
+"""Corpus -> fixed-length samples -> TFRecord shards, in parallel on Ray actors, with a manifest.
+
+Each work unit (see corpus.py) becomes `train-<unit:05d>-<count>.tfrecord` (and a `validation-...`
+shard for its tail). Samples are `[CLS] + seq_len-2 tokens + [SEP]` cut from the unit's lines
+joined with [SEP]; the unit's remainder is dropped and counted. Because a shard depends only on
+its unit, output is byte-identical with any number of actors or nodes, and a retried unit rewrites
+the same bytes under the same name: exactly-once by construction.
+
+Why the scheduler is hand-written: `ray.util.ActorPool` loses the unit of an actor that dies
+(it raises and forgets it), and Ray Data's writers name files by UUID and size them by blocks.
+What remains is ~50 lines around `ray.wait` that resubmits a dead actor's unit to a fresh actor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tpu_ray import storage
+from tpu_ray.config import RunConfig
+from tpu_ray.corpus import WorkUnit, plan_units, read_unit_text
+from tpu_ray.errors import UserError
+from tpu_ray.tfrecord import serialize_examples, write_records
+from tpu_ray.tokenizer import TokenizerInfo, describe, load_tokenizer_json
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+FORMAT = "tpu-ray-shards/1"
+SPLITS = ("train", "validation")
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions: the same in an actor, a test, or a benchmark
+# --------------------------------------------------------------------------------------------
+def chunk_ids(token_lists: list[list[int]], seq_len: int, cls_id: int, sep_id: int) -> tuple[np.ndarray, int, int]:
+    """Join token lists with [SEP], cut into `[CLS] chunk [SEP]` rows; returns (rows, tokens, dropped)."""
+    flat: list[int] = []
+    for ids in token_lists:
+        if ids:
+            flat.extend(ids)
+            flat.append(sep_id)
+    body = seq_len - 2
+    n = len(flat) // body
+    arr = np.asarray(flat[: n * body], dtype=np.int64).reshape(n, body)
+    rows = np.empty((n, seq_len), dtype=np.int64)
+    rows[:, 0] = cls_id
+    rows[:, 1:-1] = arr
+    rows[:, -1] = sep_id
+    return rows, len(flat), len(flat) - n * body
+
+
+def shard_name(split: str, unit_index: int, count: int) -> str:
+    """`<split>-<index:05d>-<count>.tfrecord`: the sample count in the name, as HF's TPU scripts read."""
+    return f"{split}-{unit_index:05d}-{count}.tfrecord"
+
+
+def encode_lines(tok: Any, lines: list[str]) -> list[list[int]]:
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast skips offsets (tokenizers>=0.20)
+    return [e.ids for e in encode(lines, add_special_tokens=False)]
+
+
+def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, out_dir: str) -> dict:
+    """Tokenize, chunk and write one unit's shards (atomically); returns its manifest entries."""
+    result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0}
+    for split in SPLITS:
+        lines = read_unit_text(unit, split)
+        if not lines:
+            continue
+        rows, tokens, dropped = chunk_ids(encode_lines(tok, lines), seq_len, info.cls_id, info.sep_id)
+        result["tokens"] += tokens
+        result["dropped_tokens"] += dropped
+        if len(rows) == 0:
+            continue
+        name = shard_name(split, unit.index, len(rows))
+        digest, nbytes = _commit_shard(rows, storage.join(out_dir, name))
+        result["shards"].append({"split": split, "path": name, "unit": unit.index, "samples": len(rows),
+                                 "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
+    return result
+
+
+def _commit_shard(rows: np.ndarray, final_path: str) -> tuple[str, int]:
+    """Write to a local temp file, hash it, then commit it to `final_path` in one atomic step."""
+    tmp_dir = os.path.dirname(final_path) if not storage.is_remote(final_path) else None
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".tfrecord", dir=tmp_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write_records(f, serialize_examples(rows))
+        with open(tmp, "rb") as f:
+            data = f.read()
+        storage.atomic_copy_file(tmp, final_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def check_unit(unit: WorkUnit) -> None:
+    """Read and decode a unit without writing anything: bad bytes fail before any shard exists."""
+    read_unit_text(unit, "all")
+
+
+class ShardWorker:
+    """One Ray actor: loads the tokenizer once, then processes units."""
+
+    def __init__(self, tokenizer_json: str, seq_len: int, out_dir: str):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(tokenizer_json)
+        self.info = describe(tokenizer_json, "tokenizer")
+        self.seq_len = seq_len
+        self.out_dir = out_dir
+
+    def check(self, unit: dict) -> int:
+        check_unit(WorkUnit.from_dict(unit))
+        return unit["index"]
+
+    def process(self, unit: dict) -> dict:
+        return process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+# --------------------------------------------------------------------------------------------
+# The driver
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ShardSummary:
+    shards: int
+    samples: int
+    tokens: int
+    dropped_tokens: int
+    seconds: float
+    units: int
+    skipped_units: int
+    actors: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def line(self) -> str:
+        return (f"shards={self.shards} samples={self.samples} tokens={self.tokens} "
+                f"dropped_remainder_tokens={self.dropped_tokens} seconds={self.seconds:.1f} "
+                f"tokens/s={self.tokens_per_s:,.0f} units={self.units} resumed_units={self.skipped_units} "
+                f"actors={self.actors}")
+
+
+def manifest_path(shards_dir: str) -> str:
+    return storage.join(shards_dir, MANIFEST)
+
+
+def read_manifest(shards_dir: str) -> dict | None:
+    path = manifest_path(shards_dir)
+    if not storage.exists(path):
+        return None
+    try:
+        return json.loads(storage.read_text(path))
+    except json.JSONDecodeError:
+        raise UserError(f"{path}: manifest is not valid JSON; delete it to rebuild the shards") from None
+
+
+def _plan_digest(units: list[WorkUnit]) -> str:
+    """Identifies the plan (units by content, not by absolute path of a local corpus)."""
+    payload = json.dumps([dataclasses.astuple(u) for u in units], sort_keys=True).encode()
+    return hashlib.sha256(payload).hexdigest()
+
+
+def _manifest(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], results: dict[int, dict],
+              complete: bool) -> dict:
+    splits: dict[str, dict] = {s: {"samples": 0, "tokens": 0, "shards": []} for s in SPLITS}
+    for idx in sorted(results):
+        for entry in results[idx]["shards"]:
+            sp = splits[entry["split"]]
+            sp["samples"] += entry["samples"]
+            sp["tokens"] += entry["tokens"]
+            sp["shards"].append({k: v for k, v in entry.items() if k != "split"})
+    return {
+        "format": FORMAT,
+        "complete": complete,
+        "seq_len": cfg.shard.seq_len,
+        "tokenizer_sha256": info.sha256,
+        "vocab_size": info.vocab_size,
+        "special_ids": {"cls": info.cls_id, "sep": info.sep_id, "pad": info.pad_id, "unk": info.unk_id,
+                        "mask": info.mask_id},
+        "source": cfg.corpus.model_dump(mode="json"),
+        "plan_sha256": _plan_digest(units),
+        "units": len(units),
+        "units_done": sorted(results),
+        "corpus_tokens": sum(r["tokens"] for r in results.values()),
+        "dropped_tokens": sum(r["dropped_tokens"] for r in results.values()),
+        "splits": splits,
+        "unit_stats": [{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"]}
+                       for k, v in sorted(results.items())],
+    }
+
+
+def _write_manifest(shards_dir: str, manifest: dict) -> None:
+    storage.atomic_write_text(manifest_path(shards_dir), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def _resume_state(previous: dict | None, cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit],
+                  shards_dir: str) -> dict[int, dict]:
+    """Units already committed by an earlier (crashed or finished) run with the same plan."""
+    if not previous:
+        return {}
+    same = (previous.get("plan_sha256") == _plan_digest(units)
+            and previous.get("tokenizer_sha256") == info.sha256
+            and previous.get("seq_len") == cfg.shard.seq_len)
+    if not same:
+        raise UserError(f"{manifest_path(shards_dir)}: these shards were made from another corpus, tokenizer or "
+                        f"seq_len; use a new output directory or delete the shards")
+    done: dict[int, dict] = {u: {"unit": u, "shards": [], "tokens": 0, "dropped_tokens": 0}
+                             for u in previous.get("units_done", [])}
+    for split in SPLITS:
+        for entry in previous["splits"][split]["shards"]:
+            if not storage.exists(storage.join(shards_dir, entry["path"])):
+                done.pop(entry["unit"], None)  # a committed file vanished: redo the unit
+            elif entry["unit"] in done:
+                done[entry["unit"]]["shards"].append({"split": split, **entry})
+    for unit_stats in previous.get("unit_stats", []):
+        if unit_stats["unit"] in done:
+            done[unit_stats["unit"]].update(tokens=unit_stats["tokens"], dropped_tokens=unit_stats["dropped"])
+    return done
+
+
+def make_shards(cfg: RunConfig, actors: int | None = None, on_actor_started=None) -> ShardSummary:
+    """Run the sharding stage on the Ray cluster `ray.init()` connected to; resumable."""
+    import ray
+
+    from tpu_ray.progress import Progress
+
+    t0 = time.monotonic()
+    out_dir = cfg.shards_dir
+    tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
+    info = describe(tokenizer_json, cfg.tokenizer_dir)
+    if cfg.shard.seq_len + 2 > cfg.max_positions():  # also checked by config; here for explicit dirs
+        raise UserError(f"shard.seq_len={cfg.shard.seq_len}: exceeds model positions {cfg.max_positions()} - 2")
+    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
+    storage.makedirs(out_dir)
+    results = _resume_state(read_manifest(out_dir), cfg, info, units, out_dir)
+    skipped = len(results)
+    todo = [u for u in units if u.index not in results]
+
+    n_actors = actors or cfg.shard.num_actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    n_actors = max(1, min(n_actors, len(todo))) if todo else 0
+    threads = str(cfg.shard.tokenizer_threads)
+    Worker = ray.remote(num_cpus=1, max_restarts=0)(ShardWorker).options(
+        runtime_env={"env_vars": {"RAYON_NUM_THREADS": threads, "RAYON_RS_NUM_CPUS": threads,
+                                  "TOKENIZERS_PARALLELISM": "true" if threads != "1" else "false"}})
+    tok_ref = ray.put(tokenizer_json)
+
+    def new_actor():
+        actor = Worker.remote(tok_ref, cfg.shard.seq_len, out_dir)
+        if on_actor_started:
+            on_actor_started(actor)
+        return actor
+
+    pool = [new_actor() for _ in range(n_actors)]
+    # Pass 1: read every unit once so bad bytes fail before any shard is written.
+    _run_on_pool(pool, todo, "check", new_actor, lambda unit, res: None, None)
+    stats = {"samples": sum(s["samples"] for r in results.values() for s in r["shards"]),
+             "tokens": sum(r["tokens"] for r in results.values())}
+    progress = Progress("shard", total=len(units), done=skipped, unit="units", **stats)
+
+    def on_done(unit: WorkUnit, res: dict) -> None:
+        results[unit.index] = res
+        stats["samples"] += sum(s["samples"] for s in res["shards"])
+        stats["tokens"] += res["tokens"]
+        _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
+        progress.advance(1, samples=stats["samples"], tokens=stats["tokens"])
+
+    _run_on_pool(pool, todo, "process", new_actor, on_done, progress)
+    for actor in pool:
+        ray.kill(actor)
+    _cleanup_temp(out_dir)
+    manifest = _manifest(cfg, info, units, results, complete=True)
+    _write_manifest(out_dir, manifest)
+    progress.close()
+    summary = ShardSummary(
+        shards=sum(len(manifest["splits"][s]["shards"]) for s in SPLITS),
+        samples=sum(manifest["splits"][s]["samples"] for s in SPLITS),
+        tokens=manifest["corpus_tokens"], dropped_tokens=manifest["dropped_tokens"],
+        seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors)
+    log.info("shard summary: %s", summary.line())
+    return summary
+
+
+def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress) -> None:
+    """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor."""
+    import ray
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+    queue = list(reversed(units))
+    running: dict[Any, tuple[Any, WorkUnit]] = {}
+    idle = list(pool)
+    while queue or running:
+        while queue and idle:
+            actor = idle.pop()
+            unit = queue.pop()
+            running[getattr(actor, method).remote(unit.to_dict())] = (actor, unit)
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
+        if progress:
+            progress.tick()
+        for ref in ready:
+            actor, unit = running.pop(ref)
+            try:
+                res = ray.get(ref)
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+                log.warning("actor died while on unit %d (%s); retrying it on a new actor",
+                            unit.index, type(exc).__name__)
+                pool.remove(actor)
+                replacement = new_actor()
+                pool.append(replacement)
+                idle.append(replacement)
+                queue.append(unit)
+                continue
+            except RayTaskError as exc:
+                cause = exc.cause if hasattr(exc, "cause") else None
+                if isinstance(cause, UserError):
+                    raise cause from None
+                raise
+            idle.append(actor)
+            on_done(unit, res)
+
+
+def _cleanup_temp(out_dir: str) -> None:
+    """Remove temp files of actors that died mid-write (never read: they are not in the manifest)."""
+    for path in storage.glob(storage.join(out_dir, ".tmp-*")):
+        storage.remove(path)
+
+
+def shard_files(shards_dir: str, split: str, require_complete: bool = True) -> list[tuple[str, int]]:
+    """(path, samples) of a split's shards: from our manifest, or from `-<index>-<count>` names.
+
+    The name fallback lets shards written by Hugging Face's reference scripts train here.
+    """
+    manifest = read_manifest(shards_dir)
+    if manifest is not None:
+        if require_complete and not manifest.get("complete"):
+            raise UserError(f"{manifest_path(shards_dir)}: sharding did not finish; rerun `tpu-ray shard` "
+                            f"to resume it")
+        return [(storage.join(shards_dir, s["path"]), s["samples"]) for s in manifest["splits"][split]["shards"]]
+    files = storage.glob(storage.join(shards_dir, f"{split}-*.tfrecord")) or (
+        storage.glob(storage.join(shards_dir, split, "*.tfrecord")))
+    out = []
+    for path in files:
+        stem = path.rsplit("/", 1)[-1][: -len(".tfrecord")]
+        try:
+            out.append((path, int(stem.rsplit("-", 1)[1])))
+        except (IndexError, ValueError):
+            raise UserError(f"{path}: shard name has no sample count ('-<index>-<count>.tfrecord') and there "
+                            f"is no manifest.json; rename it or make shards with tpu-ray shard") from None
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience for quick manual runs
+    sys.exit("use `tpu-ray shard`")

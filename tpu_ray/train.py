@@ -1,0 +1,327 @@
+"""Masked-LM training under a tf.distribute strategy, with checkpoints, resume, metrics and export.
+
+Why a custom loop rather than `model.fit`: we need (1) the loss and accuracy averaged over masked
+positions of the *global* batch (an all-reduced count, so 8 replicas equal 1 device), (2) the
+train step's trace count and the host's input wait per interval, (3) resume at an exact step with
+the same data and masks. The loop is still Keras underneath: a transformers TF model, a tf-keras
+optimizer from `transformers.create_optimizer`, `steps_per_execution` steps per host round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_ray import storage
+from tpu_ray.config import RunConfig
+from tpu_ray.data import IGNORE, MaskSpec, eval_dataset, train_dataset
+from tpu_ray.errors import UserError
+from tpu_ray.metrics import MetricsWriter, eval_line, train_line
+from tpu_ray.model import hf_config, peak_flops, train_flops_per_token
+from tpu_ray.shards import read_manifest, shard_files
+from tpu_ray.strategy import StrategyInfo, select
+from tpu_ray.tokenizer import TokenizerInfo, tokenizer_info
+
+log = logging.getLogger(__name__)
+
+
+def masked_sums(labels: tf.Tensor, logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sum of CE, correct predictions, count) over masked positions only, with a 0/1 weight:
+    no boolean indexing, so shapes stay static (XLA rule 2)."""
+    logits = tf.cast(logits, tf.float32)
+    weight = tf.cast(tf.not_equal(labels, IGNORE), tf.float32)
+    safe = tf.where(labels == IGNORE, tf.zeros_like(labels), labels)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe, logits=logits)
+    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=safe.dtype), safe), tf.float32)
+    return tf.reduce_sum(ce * weight), tf.reduce_sum(correct * weight), tf.reduce_sum(weight)
+
+
+@dataclass
+class TrainSetup:
+    cfg: RunConfig
+    info: StrategyInfo
+    tok: TokenizerInfo
+    model: Any
+    optimizer: Any
+    schedule: Any
+    checkpoint: tf.train.Checkpoint
+    manager: tf.train.CheckpointManager
+    step_var: tf.Variable
+
+
+def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo, ckpt_dir: str | None) -> TrainSetup:
+    """Model, optimizer and checkpoint objects, created inside the strategy's scope."""
+    from transformers import TFAutoModelForMaskedLM, create_optimizer
+
+    t = cfg.train
+    warmup = t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
+    with info.strategy.scope():
+        model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
+        model(model.dummy_inputs, training=False)  # create the variables now, in scope
+        optimizer, schedule = create_optimizer(
+            init_lr=t.learning_rate, num_train_steps=t.steps, num_warmup_steps=warmup,
+            weight_decay_rate=t.weight_decay)
+        if info.mixed_precision == "mixed_float16":  # float16 needs loss scaling; bfloat16 does not
+            import tf_keras
+
+            optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
+        # Create the slots now (legacy tf-keras optimizers otherwise make them on first apply), so a
+        # restore is complete before the first step.
+        optimizer._create_all_weights(model.trainable_variables)
+        step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
+    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir or tempfile.mkdtemp(), max_to_keep=t.keep_checkpoints)
+    return TrainSetup(cfg, info, tok, model, optimizer, schedule, checkpoint, manager, step_var)
+
+
+def make_train_step(s: TrainSetup):
+    """The distributed train step: one traced tf.function per run (checked via its trace count)."""
+    strategy, model, optimizer = s.info.strategy, s.model, s.optimizer
+    scaled = hasattr(optimizer, "get_scaled_loss")
+
+    def grads_and_sums(batch, global_count):
+        with tf.GradientTape() as tape:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           training=True).logits
+            loss_sum, correct, count = masked_sums(batch["labels"], logits)
+            loss = loss_sum / tf.maximum(global_count, 1.0)
+            if scaled:
+                loss = optimizer.get_scaled_loss(loss)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
+        return grads, loss_sum, correct, count
+
+    # jit_compile covers forward+backward; applying gradients stays outside XLA because under
+    # MirroredStrategy it is a cross-replica merge. On TPU jit is None: XLA is implicit there.
+    compiled = tf.function(grads_and_sums, jit_compile=True) if s.info.jit_compile else grads_and_sums
+
+    def replica_step(batch):
+        count = tf.reduce_sum(tf.cast(tf.not_equal(batch["labels"], IGNORE), tf.float32))
+        global_count = tf.distribute.get_replica_context().all_reduce("sum", count)
+        grads, loss_sum, correct, count = compiled(batch, global_count)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return tf.stack([loss_sum, correct, count])
+
+    def reduce(per_replica):
+        return strategy.reduce("sum", per_replica, axis=None)
+
+    @tf.function
+    def train_step(batch):
+        return reduce(strategy.run(replica_step, args=(batch,)))
+
+    @tf.function
+    def train_steps(iterator, n):
+        total = tf.zeros([3])
+        for _ in tf.range(n):
+            total += reduce(strategy.run(replica_step, args=(next(iterator),)))
+        return total
+
+    return train_step, train_steps
+
+
+def make_eval_step(s: TrainSetup):
+    strategy, model = s.info.strategy, s.model
+
+    def replica_eval(batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits
+        return tf.stack(masked_sums(batch["labels"], logits))
+
+    @tf.function
+    def eval_step(batch):
+        return strategy.reduce("sum", strategy.run(replica_eval, args=(batch,)), axis=None)
+
+    return eval_step
+
+
+def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
+    return MaskSpec(cfg.train.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids))
+
+
+def check_manifest(cfg: RunConfig, tok: TokenizerInfo) -> None:
+    manifest = read_manifest(cfg.shards_dir)
+    if manifest is None:
+        return  # shards from the reference scripts: names carry the counts
+    if manifest.get("tokenizer_sha256") != tok.sha256:
+        raise UserError(f"{cfg.shards_dir}/manifest.json: shards were made with tokenizer "
+                        f"{str(manifest.get('tokenizer_sha256'))[:12]}, but {cfg.tokenizer_dir} is "
+                        f"{tok.sha256[:12]}; reshard or point tokenizer.path at the right tokenizer")
+    if manifest.get("seq_len") != cfg.shard.seq_len:
+        raise UserError(f"{cfg.shards_dir}/manifest.json: shards have seq_len={manifest.get('seq_len')}, "
+                        f"config says shard.seq_len={cfg.shard.seq_len}; make them agree")
+
+
+def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = None) -> dict[str, Any]:
+    """Train to `cfg.train.steps`, evaluating, checkpointing and exporting; returns the summary."""
+    t_start = time.monotonic()
+    tok = tokenizer_info(cfg.tokenizer_dir)
+    check_manifest(cfg, tok)
+    train_files = shard_files(cfg.shards_dir, "train")
+    if not train_files:
+        raise UserError(f"{cfg.shards_dir}: no train shards; run `tpu-ray shard` first")
+    val_files = shard_files(cfg.shards_dir, "validation")
+    info = select(cfg.train)
+    gb = cfg.train.batch_size
+    if gb % info.replicas:
+        raise UserError(f"train.batch_size={gb} is not divisible by the {info.replicas} replicas; "
+                        f"use a multiple of {info.replicas}")
+    per_replica = gb // info.replicas
+    log.info("training: %s", info.describe(gb))
+    metrics = metrics or MetricsWriter(cfg.run_dir)
+    ckpt_dir = storage.join(cfg.run_dir, "checkpoints")
+    s = build(cfg, info, tok, ckpt_dir)
+    start = 0
+    if s.manager.latest_checkpoint:
+        if not resume:
+            raise UserError(f"{ckpt_dir}: this run directory already has checkpoints; pass --resume to "
+                            f"continue it or use a new --output-dir")
+        s.checkpoint.restore(s.manager.latest_checkpoint).assert_existing_objects_matched()
+        start = int(s.step_var.numpy())
+        log.info("resumed from %s at step %d", s.manager.latest_checkpoint, start)
+        metrics.event("resume", stage="train", step=start, checkpoint=s.manager.latest_checkpoint)
+
+    spec = mask_spec(cfg, tok)
+    seq_len = cfg.shard.seq_len
+    files = [p for p, _ in train_files]
+    dist = info.strategy.distribute_datasets_from_function(
+        lambda ctx: train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
+                                  cfg.train.shuffle_buffer, start_batch=start * ctx.num_replicas_in_sync
+                                  // ctx.num_input_pipelines, ctx=ctx))
+    iterator = iter(dist)
+    train_step, train_steps = make_train_step(s)
+    evaluate = _evaluator(s, val_files, per_replica)
+    flops_token = train_flops_per_token(cfg, tok.vocab_size)
+    peak = peak_flops(info.device, cfg.train.peak_flops)
+    spe = info.steps_per_execution
+
+    step, total = start, cfg.train.steps
+    acc = _Interval()
+    last: dict[str, Any] = {}
+    last_eval: dict[str, Any] = {}
+    metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
+                  device_kind=info.kind, replicas=info.replicas, global_batch=gb, per_replica_batch=per_replica,
+                  precision=info.mixed_precision, jit_compile=info.jit_compile, steps_per_execution=spe)
+    while step < total:
+        n = min(spe, total - step)
+        t0 = time.perf_counter()
+        if spe == 1:
+            batch = next(iterator)
+            t1 = time.perf_counter()
+            sums = train_step(batch).numpy()
+            acc.input_wait += t1 - t0
+        else:
+            sums = train_steps(iterator, tf.constant(n)).numpy()
+            acc.input_wait = math.nan  # not separable from the step inside one execution
+        acc.add(sums, n, time.perf_counter() - t0)
+        prev, step = step, step + n
+        s.step_var.assign(step)
+        if _crossed(prev, step, cfg.train.log_every) or step == total:
+            last = metrics.write("train", step=step, **acc.record(s, gb, seq_len, flops_token, peak, info.replicas),
+                                 train_traces=train_step.experimental_get_tracing_count()
+                                 + train_steps.experimental_get_tracing_count())
+            log.info(train_line(last))
+            acc = _Interval()
+        if evaluate and (_crossed(prev, step, cfg.train.eval_every) or step == total):
+            last_eval = metrics.write("eval", step=step, **evaluate())
+            log.info(eval_line(last_eval))
+        if _crossed(prev, step, cfg.train.checkpoint_every) or step == total:
+            s.manager.save(checkpoint_number=step)
+    export_dir = export(s)
+    summary = {
+        "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
+        "replicas": info.replicas, "global_batch": gb, "steps": step, "resumed_from": start,
+        "train_traces": last.get("train_traces"), "final_loss": last.get("loss"),
+        "eval_loss": last_eval.get("eval_loss"), "eval_accuracy": last_eval.get("eval_accuracy"),
+        "perplexity": last_eval.get("perplexity"), "train_seconds": time.monotonic() - t_start,
+        "model_dir": export_dir,
+    }
+    metrics.event("train_end", stage="train", **{k: v for k, v in summary.items() if k != "kind"})
+    return summary
+
+
+def _crossed(prev: int, step: int, every: int) -> bool:
+    return step // every > prev // every
+
+
+class _Interval:
+    """Sums over one logging interval."""
+
+    def __init__(self) -> None:
+        self.loss = self.correct = self.count = 0.0
+        self.steps = 0
+        self.seconds = 0.0
+        self.input_wait = 0.0
+
+    def add(self, sums, n: int, seconds: float) -> None:
+        self.loss += float(sums[0])
+        self.correct += float(sums[1])
+        self.count += float(sums[2])
+        self.steps += n
+        self.seconds += seconds
+
+    def record(self, s: TrainSetup, gb: int, seq_len: int, flops_token: float, peak: float | None,
+               replicas: int) -> dict[str, Any]:
+        step_time = self.seconds / max(self.steps, 1)
+        tokens_s = gb * seq_len / step_time if step_time else 0.0
+        return {
+            "loss": self.loss / max(self.count, 1.0),
+            "accuracy": self.correct / max(self.count, 1.0),
+            "learning_rate": float(s.schedule(s.optimizer.iterations - 1)),
+            "step_time_s": step_time,
+            "samples_per_s": gb / step_time if step_time else 0.0,
+            "tokens_per_s": tokens_s,
+            "mfu": tokens_s * flops_token / (peak * replicas) if peak else None,
+            "input_wait_s": self.input_wait / max(self.steps, 1),
+        }
+
+
+def _evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int):
+    """A function returning eval loss/accuracy/perplexity over a fixed validation subset, or None."""
+    cfg, strategy = s.cfg, s.info.strategy
+    samples = sum(n for _, n in val_files)
+    replicas = s.info.replicas
+    batches = min(cfg.train.eval_batches * replicas, samples // per_replica) // replicas * replicas
+    if batches == 0:
+        log.warning("no evaluation: %d validation samples are fewer than one global batch", samples)
+        return None
+    files = [p for p, _ in val_files]
+    spec = mask_spec(cfg, s.tok)
+    dist = strategy.distribute_datasets_from_function(
+        lambda ctx: eval_dataset(files, cfg.shard.seq_len, per_replica, spec, cfg.seed,
+                                 batches // ctx.num_input_pipelines, ctx=None if ctx.num_input_pipelines == 1 else ctx))
+    eval_step = make_eval_step(s)
+
+    def evaluate() -> dict[str, float]:
+        total = tf.zeros([3])
+        for batch in dist:
+            total += eval_step(batch)
+        loss_sum, correct, count = (float(x) for x in total.numpy())
+        loss = loss_sum / max(count, 1.0)
+        return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0),
+                "perplexity": math.exp(min(loss, 700.0)), "eval_tokens": int(count)}
+
+    return evaluate
+
+
+def export(s: TrainSetup) -> str:
+    """`<run_dir>/model`: weights + config + tokenizer, loadable by pipeline("fill-mask").
+
+    Written locally first; config.json is committed last, so a directory without it is incomplete.
+    """
+    out = storage.join(s.cfg.run_dir, "model")
+    with tempfile.TemporaryDirectory() as tmp:
+        s.model.save_pretrained(tmp)
+        for name in sorted(storage.listdir(s.cfg.tokenizer_dir)):
+            base = name.rsplit("/", 1)[-1]
+            (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.cfg.tokenizer_dir, base)))
+        storage.makedirs(out)
+        for name in sorted((p.name for p in Path(tmp).iterdir()), key=lambda n: n == "config.json"):
+            storage.atomic_copy_file(str(Path(tmp) / name), storage.join(out, name))
+    return out
