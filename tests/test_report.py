@@ -1,0 +1,210 @@
+"""report.py: reading the metrics stream (live and finished runs), plots, report.html, text summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from tpu_ray.errors import UserError
+from tpu_ray.report import PLOTS, load_metrics, text_summary, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+N_TRAIN, N_EVAL = 50, 3
+CONFIG_YAML = "name: demo\nmodel:\n  preset: tiny\ntrain:\n  steps: 500\n  batch_size: 32  # <b>not html</b>\n"
+
+
+def _records(mfu: bool = True) -> list[dict]:
+    """A realistic stream: stage events, 50 train records every 10 steps, 3 evals, in time order."""
+    t0 = 1_760_000_000.0
+    recs: list[dict] = [
+        {"kind": "event", "time": t0, "event": "stage_start", "stage": "train"},
+    ]
+    t = t0 + 20.0  # first step includes tracing
+    for i in range(N_TRAIN):
+        step = (i + 1) * 10
+        step_time = 0.25 + 0.01 * math.sin(i)
+        t += 10 * step_time
+        loss = 2.0 + 7.0 * math.exp(-step / 120.0) + 0.05 * math.sin(i * 1.7)
+        lr = 1e-3 * min(1.0, step / 50) * (1 - step / 600)
+        recs.append({
+            "kind": "train", "step": step, "time": t, "elapsed_s": t - t0, "loss": loss,
+            "accuracy": min(0.6, 0.02 + 0.55 * (1 - math.exp(-step / 150.0))), "learning_rate": lr,
+            "step_time_s": step_time, "samples_per_s": 32 / step_time, "tokens_per_s": 32 * 128 / step_time,
+            "mfu": (0.31 + 0.02 * math.sin(i)) if mfu else None, "train_traces": 1, "input_wait_s": 0.002,
+        })
+        if step in (100, 300, 500):
+            t += 3.0
+            el = loss + 0.15
+            recs.append({"kind": "eval", "step": step, "time": t, "eval_loss": el,
+                         "eval_accuracy": recs[-1]["accuracy"] - 0.02, "perplexity": math.exp(el)})
+    recs.append({"kind": "event", "time": t + 1, "event": "stage_end", "stage": "train", "seconds": t + 1 - t0})
+    return recs
+
+
+def make_run(run_dir: Path, mfu: bool = True, partial: bool = True, summary: bool = True) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recs = _records(mfu)
+    text = "".join(json.dumps(r) + "\n" for r in recs)
+    if partial:  # a live run: the writer is halfway through the next line
+        text += '{"kind": "train", "step": 510, "time": 17600'
+    (run_dir / "metrics.jsonl").write_text(text)
+    (run_dir / "config.yaml").write_text(CONFIG_YAML)
+    if summary:
+        last_eval = [r for r in recs if r["kind"] == "eval"][-1]
+        (run_dir / "summary.json").write_text(json.dumps({
+            "strategy": "TPUStrategy", "replicas": 8, "steps": 500, "eval_loss": last_eval["eval_loss"],
+            "perplexity": last_eval["perplexity"], "wall_s": 180.5}))
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    return make_run(tmp_path / "run")
+
+
+def _check_png(path: str | Path) -> None:
+    data = Path(path).read_bytes()
+    assert data[:8] == PNG_MAGIC, path
+    assert len(data) > 10_000, f"{path}: suspiciously small ({len(data)} bytes)"
+
+
+# ------------------------------------------------------------------------------------ load_metrics
+
+def test_load_metrics_all_kinds(run_dir):
+    df = load_metrics(str(run_dir))
+    assert len(df) == N_TRAIN + N_EVAL + 2  # partial last line skipped
+    assert df["kind"].value_counts().to_dict() == {"train": N_TRAIN, "eval": N_EVAL, "event": 2}
+    for col in ("kind", "step", "time", "loss", "tokens_per_s", "mfu", "eval_loss", "perplexity", "event",
+                "stage", "seconds"):
+        assert col in df.columns, col
+    assert df["time"].is_monotonic_increasing
+    assert df.iloc[0]["event"] == "stage_start" and df.iloc[-1]["event"] == "stage_end"
+
+
+def test_load_metrics_train_filter(run_dir):
+    df = load_metrics(str(run_dir), kind="train")
+    assert len(df) == N_TRAIN
+    assert set(df["kind"]) == {"train"}
+    assert df["step"].tolist() == list(range(10, 501, 10))  # rising, and 510 (partial) absent
+    assert df["step"].dtype == "int64"
+    assert df["loss"].iloc[0] > df["loss"].iloc[-1] + 3
+    assert {"loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s", "tokens_per_s", "mfu",
+            "train_traces", "input_wait_s", "elapsed_s"} <= set(df.columns)
+
+
+def test_load_metrics_eval_filter(run_dir):
+    df = load_metrics(str(run_dir), kind="eval")
+    assert df["step"].tolist() == [100, 300, 500]
+    assert set(df["kind"]) == {"eval"}
+    assert {"eval_loss", "eval_accuracy", "perplexity"} <= set(df.columns)
+    assert "loss" not in df.columns
+
+
+def test_load_metrics_sorted_by_time_even_if_file_is_not(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    recs = [r for r in _records() if r["kind"] == "train"][:5]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reversed(recs)))
+    assert load_metrics(str(run))["step"].tolist() == [10, 20, 30, 40, 50]
+
+
+def test_load_metrics_partial_line_is_only_skipped_at_the_end(tmp_path, caplog):
+    run = tmp_path / "r"
+    run.mkdir()
+    good = [json.dumps(r) for r in _records() if r["kind"] == "train"][:3]
+    (run / "metrics.jsonl").write_text(good[0] + "\n{garbage\n" + good[1] + "\n" + good[2] + "\n\n")
+    assert load_metrics(str(run))["step"].tolist() == [10, 20, 30]
+    assert "not JSON" in caplog.text  # a bad line in the middle is worth a warning
+
+
+def test_load_metrics_empty_run_dir(tmp_path):
+    df = load_metrics(str(tmp_path))
+    assert df.empty
+    assert {"kind", "step", "time"} <= set(df.columns)
+    (tmp_path / "metrics.jsonl").write_text("")
+    df = load_metrics(str(tmp_path), kind="train")
+    assert df.empty and {"kind", "step", "time", "loss"} <= set(df.columns)
+
+
+def test_load_metrics_missing_run_dir(tmp_path):
+    missing = tmp_path / "no-such-run"
+    with pytest.raises(UserError) as exc:
+        load_metrics(str(missing))
+    msg = str(exc.value)
+    assert str(missing) in msg and "\n" not in msg
+
+
+# ------------------------------------------------------------------------------------ write_report
+
+def test_write_report(run_dir):
+    paths = write_report(str(run_dir))
+    assert set(paths) == {*PLOTS, "report.html"}
+    for name in PLOTS:
+        assert Path(paths[name]) == run_dir / name
+        _check_png(paths[name])
+    page = Path(paths["report.html"]).read_text()
+    for name in PLOTS:
+        assert f'src="{name}"' in page
+    assert "final step" in page and ">500<" in page
+    assert "perplexity" in page and "TPUStrategy" in page and "wall_s" in page
+    assert "median tokens/s" in page and "train traces" in page
+    assert "<pre>" in page and "preset: tiny" in page
+    assert "&lt;b&gt;not html&lt;/b&gt;" in page  # the config is escaped, not rendered
+
+
+def test_write_report_out_dir_and_null_mfu(tmp_path):
+    run = make_run(tmp_path / "run", mfu=False, partial=False, summary=False)
+    (run / "config.yaml").unlink()
+    out = tmp_path / "out" / "nested"
+    paths = write_report(str(run), str(out))
+    for name in PLOTS:
+        _check_png(out / name)
+    assert not (run / "loss.png").exists()
+    page = Path(paths["report.html"]).read_text()
+    assert "n/a" in page  # median MFU
+    assert "summary.json" not in page.split("<h2>Plots</h2>")[0]
+
+
+def test_write_report_empty_run(tmp_path):
+    paths = write_report(str(tmp_path))
+    for name in PLOTS:
+        assert Path(paths[name]).read_bytes()[:8] == PNG_MAGIC
+    assert "no records yet" in text_summary(str(tmp_path))
+
+
+def test_write_report_remote_destination(run_dir):
+    """A URL destination (memory:// stands in for gs://) is rendered locally and uploaded."""
+    fs = fsspec.filesystem("memory")
+    paths = write_report(str(run_dir), "memory://reports/run1")
+    assert paths["loss.png"] == "memory://reports/run1/loss.png"
+    with fsspec.open(paths["throughput.png"], "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+    with fsspec.open(paths["report.html"], "rt") as f:
+        assert 'src="accuracy.png"' in f.read()
+    fs.rm("/reports", recursive=True)
+
+
+def test_remote_run_dir(run_dir):
+    """Reading goes through fsspec, so a URL run directory works like a local one."""
+    fs = fsspec.filesystem("memory")
+    for p in run_dir.iterdir():
+        fs.pipe_file(f"/runs/r1/{p.name}", p.read_bytes())
+    try:
+        assert len(load_metrics("memory://runs/r1", kind="train")) == N_TRAIN
+        with pytest.raises(UserError, match="memory://runs/nope"):
+            load_metrics("memory://runs/nope")
+    finally:
+        fs.rm("/runs", recursive=True)
+
+
+def test_text_summary(run_dir):
+    text = text_summary(str(run_dir))
+    assert len(text.splitlines()) < 45
+    for needle in ("final step", "500", "perplexity", "median tokens/s", "median step time", "ms",
+                   "train traces", "summary.strategy", "TPUStrategy", "stage train"):
+        assert needle in text, needle
+    assert "\x1b[" not in text  # plain text, no ANSI codes
