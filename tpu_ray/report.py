@@ -251,15 +251,18 @@ def _plot_throughput(train: pd.DataFrame, path: str) -> None:
     if tok.notna().any():
         handles += ax.plot(train["step"], tok, label="tokens/s", color="tab:green", lw=1.2)
         ax.yaxis.set_major_formatter(_thousands())
+        ax.set_ylim(0, tok.max() * 1.15)  # headroom above the curve, and room for the legend
+        ax.set_ylabel("tokens / s", color="tab:green")
     if mfu.notna().any():
         ax2 = ax.twinx()
         handles += ax2.plot(train["step"], mfu * 100, label="MFU", color="tab:purple", lw=1.2, ls="--")
-        ax2.set_ylabel("MFU (%)")
-        ax2.set_ylim(bottom=0)
+        ax2.set_ylabel("MFU (%)", color="tab:purple")
+        # MFU is proportional to tokens/s: on a matching scale the two lines would coincide. A 0-100%
+        # axis keeps them apart and shows the distance from peak at a glance.
+        ax2.set_ylim(0, max(100.0, mfu.max() * 100 * 1.15))
     elif handles:
         ax.set_title("Throughput (MFU not available)")
     if handles:
-        ax.set_ylim(bottom=0)
         ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="lower right")
     else:
         _no_data(ax)

@@ -235,8 +235,12 @@ def _resume_state(previous: dict | None, cfg: RunConfig, info: TokenizerInfo, un
     return done
 
 
-def make_shards(cfg: RunConfig, actors: int | None = None, on_actor_started=None) -> ShardSummary:
-    """Run the sharding stage on the Ray cluster `ray.init()` connected to; resumable."""
+def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) -> ShardSummary:
+    """Run the sharding stage on the Ray cluster `ray.init()` connected to; resumable.
+
+    `on_unit_done(units_done, pool)` is called after each committed unit (progress hooks, and
+    fault-injection in tests: killing an actor of `pool`).
+    """
     import ray
 
     from tpu_ray.progress import Progress
@@ -253,19 +257,19 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_actor_started=None
     skipped = len(results)
     todo = [u for u in units if u.index not in results]
 
-    n_actors = actors or cfg.shard.num_actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    cluster_cpus = max(1.0, ray.cluster_resources().get("CPU", 1.0))
+    n_actors = actors or cfg.shard.num_actors or int(cluster_cpus)
     n_actors = max(1, min(n_actors, len(todo))) if todo else 0
     threads = str(cfg.shard.tokenizer_threads)
-    Worker = ray.remote(num_cpus=1, max_restarts=0)(ShardWorker).options(
+    # One CPU per actor, or a fair share when more actors than CPUs are asked for (so all start).
+    actor_cpus = min(1.0, cluster_cpus / max(n_actors, 1))
+    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0)(ShardWorker).options(
         runtime_env={"env_vars": {"RAYON_NUM_THREADS": threads, "RAYON_RS_NUM_CPUS": threads,
                                   "TOKENIZERS_PARALLELISM": "true" if threads != "1" else "false"}})
     tok_ref = ray.put(tokenizer_json)
 
     def new_actor():
-        actor = Worker.remote(tok_ref, cfg.shard.seq_len, out_dir)
-        if on_actor_started:
-            on_actor_started(actor)
-        return actor
+        return Worker.remote(tok_ref, cfg.shard.seq_len, out_dir)
 
     pool = [new_actor() for _ in range(n_actors)]
     # Pass 1: read every unit once so bad bytes fail before any shard is written.
@@ -280,6 +284,8 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_actor_started=None
         stats["tokens"] += res["tokens"]
         _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
         progress.advance(1, samples=stats["samples"], tokens=stats["tokens"])
+        if on_unit_done:
+            on_unit_done(len(results), pool)
 
     _run_on_pool(pool, todo, "process", new_actor, on_done, progress)
     for actor in pool:

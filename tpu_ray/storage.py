@@ -1,181 +1,426 @@
 """The one place that talks to storage: local paths and gs:// (or any fsspec URL) alike.
 
-Every artifact a later stage trusts is committed atomically: locally a temp file in the same
-directory is fsynced and renamed over the final name; on GCS a single-object upload is already
-atomic (the object appears whole or not at all), so we upload once, to the final name.
+Every artifact a later stage trusts is committed atomically (see DESIGN.md, "Contracts"):
+locally a temp file in the same directory is fsynced and renamed over the final name; on GCS a
+single object upload is already atomic (the object appears whole or not at all), so we upload
+once, straight to the final name.
+
+gs:// goes through gcsfs, configured here and nowhere else:
+- `STORAGE_EMULATOR_HOST` (e.g. ``http://127.0.0.1:9023``) points gcsfs at a local emulator with
+  anonymous credentials, bounded request timeouts and few retries, so tests fail fast.
+- We always use the plain JSON-API ``gcsfs.core.GCSFileSystem``. Since gcsfs 2025.x,
+  ``import gcsfs`` swaps ``gcsfs.GCSFileSystem`` for ``gcsfs.extended_gcsfs.ExtendedGcsFileSystem``
+  unless the env var ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` is false (gcsfs/__init__.py). That class
+  probes every bucket's type over gRPC (Storage Control API ``get_storage_layout``,
+  ``ExtendedGcsFileSystem._get_bucket_type`` in gcsfs/extended_gcsfs.py) with a 60 s retry
+  budget; against the HTTP-only emulator each first touch of a bucket then hangs for about a
+  minute. We set that env var to "false" (if unset) before gcsfs is imported, which also covers
+  other libraries' ``fsspec.filesystem("gs")`` and child processes (Ray workers) started later.
+- Listing caches are off (``use_listings_cache=False``): shards are written by other processes
+  (Ray actors), and a cached listing would hide them. No ``invalidate_cache()`` calls are needed.
 """
 
 from __future__ import annotations
 
+import builtins
+import errno
 import functools
 import os
+import shutil
 import tempfile
-from typing import IO, Any
+from typing import IO, Any, Iterator
+from contextlib import contextmanager
 
 import fsspec
 
 from tpu_ray.errors import UserError
 
+# Must happen before the first `import gcsfs` anywhere in the process: see the module docstring.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+_LOCAL = ("file", "local")
+_GCS = ("gs", "gcs")
+# Emulator only: one retry (gcsfs's default is 6 attempts with 1+2+4+8+16 s back-off, ~33 s
+# before an unreachable endpoint is reported), and bounded per-request timeouts.
+_EMULATOR_ATTEMPTS = 2
+_EMULATOR_CONNECT_S = 5.0
+_EMULATOR_READ_S = 60.0
+
 
 class StorageError(UserError):
-    """A path that cannot be used: one line naming it and the fix."""
+    """A storage path that cannot be used: one line naming it and the fix."""
 
 
+# --------------------------------------------------------------------------------------------
+# Filesystems
+# --------------------------------------------------------------------------------------------
 def scheme(path: str) -> str:
+    """The fsspec protocol of `path` ("file" for plain local paths, "gs" for gs://...)."""
     return fsspec.utils.get_protocol(path)
 
 
 def is_remote(path: str) -> bool:
-    return scheme(path) not in ("file", "local")
+    """True unless `path` is on the local filesystem (decided by URL scheme, not substrings)."""
+    return scheme(path) not in _LOCAL
+
+
+def _emulator_endpoint() -> str | None:
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip().rstrip("/")
+    if not host:
+        return None
+    return host if "://" in host else f"http://{host}"
+
+
+_emulator_cls: type | None = None
+
+
+def _emulator_fs_class() -> type:
+    """gcsfs's GCSFileSystem with fewer HTTP attempts (it bakes `retries` in at class creation)."""
+    global _emulator_cls
+    if _emulator_cls is None:
+        from gcsfs.core import GCSFileSystem
+        from gcsfs.retry import retry_request
+
+        inner = getattr(GCSFileSystem._request, "__wrapped__", None)
+        if inner is None:  # a gcsfs that no longer decorates _request this way: keep its retries
+            _emulator_cls = GCSFileSystem
+        else:
+            class _EmulatorGCSFileSystem(GCSFileSystem):
+                retries = _EMULATOR_ATTEMPTS
+                _request = retry_request(retries=_EMULATOR_ATTEMPTS)(inner)
+
+            _EmulatorGCSFileSystem.__qualname__ = "_EmulatorGCSFileSystem"  # picklable by name
+            _emulator_cls = _EmulatorGCSFileSystem
+    return _emulator_cls
+
+
+def __getattr__(name: str) -> Any:
+    # Lets pickle find the emulator filesystem class by name in another process.
+    if name == "_EmulatorGCSFileSystem":
+        return _emulator_fs_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.lru_cache(maxsize=None)
-def _fs(protocol: str, emulator: str | None) -> fsspec.AbstractFileSystem:
-    if protocol in ("gs", "gcs"):
-        import gcsfs
-
-        kwargs: dict[str, Any] = {}
+def _fs(protocol: str, emulator: str | None, pid: int) -> fsspec.AbstractFileSystem:
+    # `pid` in the key: a forked child must not reuse the parent's event-loop-bound instance.
+    if protocol in _GCS:
         if emulator:
-            # Anonymous access to the local emulator, few retries: a wrong bucket fails fast.
-            kwargs.update(token="anon", endpoint_url=emulator, retries=1)
-        return gcsfs.GCSFileSystem(**kwargs)
-    return fsspec.filesystem(protocol)
+            import aiohttp
+
+            return _emulator_fs_class()(
+                token="anon", project="test", endpoint_url=emulator, use_listings_cache=False,
+                requests_timeout=aiohttp.ClientTimeout(
+                    total=None, connect=_EMULATOR_CONNECT_S, sock_read=_EMULATOR_READ_S),
+            )
+        from gcsfs.core import GCSFileSystem
+
+        return GCSFileSystem(use_listings_cache=False)
+    if protocol in _LOCAL:
+        return fsspec.filesystem("file", auto_mkdir=False)
+    return fsspec.filesystem(protocol, use_listings_cache=False)
 
 
 def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem for `path` and the path as that filesystem names it."""
+    """The (cached) filesystem for `path` and the path as that filesystem names it."""
     protocol = scheme(path)
-    fs = _fs(protocol, os.environ.get("STORAGE_EMULATOR_HOST") if protocol in ("gs", "gcs") else None)
+    fs = _fs(protocol, _emulator_endpoint() if protocol in _GCS else None, os.getpid())
     return fs, fs._strip_protocol(path)
 
 
 def _unstrip(original: str, stripped: str) -> str:
-    protocol = scheme(original)
-    if protocol in ("file", "local"):
-        return stripped
-    return f"{protocol}://{stripped}"
+    """Name `stripped` (as the filesystem returned it) with the scheme `original` was given in."""
+    if not is_remote(original):
+        return f"file://{stripped}" if original.startswith("file://") else stripped
+    return f"{scheme(original)}://{stripped}"
 
 
 def join(base: str, *parts: str) -> str:
-    out = base.rstrip("/") if base not in ("/",) else base
+    """Join path parts with "/" for local paths and URLs alike (no os.sep, no scheme mangling)."""
+    out = base
     for part in parts:
-        out = f"{out}/{part.strip('/')}" if out else part
+        part = part.strip("/")
+        if not part:
+            continue
+        out = f"{out.rstrip('/')}/{part}" if out else part
     return out
 
 
-def exists(path: str) -> bool:
-    fs, p = filesystem(path)
+# --------------------------------------------------------------------------------------------
+# Errors: one line naming the path and the fix
+# --------------------------------------------------------------------------------------------
+def _bucket(path: str) -> str:
+    return filesystem(path)[1].split("/", 1)[0]
+
+
+_known_buckets: set[tuple[str | None, str]] = set()
+
+
+def _bucket_missing(path: str) -> bool:
+    """True only when the store says the bucket of `path` does not exist (404)."""
+    if scheme(path) not in _GCS:
+        return False
+    fs, _ = filesystem(path)
+    bucket = _bucket(path)
+    key = (getattr(fs, "_endpoint", None), bucket)
+    if key in _known_buckets:
+        return False
     try:
-        return fs.exists(p)
-    except (OSError, ValueError) as exc:
-        raise _error(path, exc) from None
+        # GET b/<bucket> directly rather than fs.info(bucket): info falls back to listing, which
+        # cannot tell an empty bucket from a missing one when buckets.get is not granted.
+        fs.call("GET", "b/{}", bucket, json_out=True)
+    except FileNotFoundError:
+        return True
+    except Exception:  # 403 and friends: we cannot tell, so do not claim it is missing
+        return False
+    _known_buckets.add(key)
+    return False
+
+
+def _missing_bucket_error(path: str) -> StorageError:
+    bucket = _bucket(path)
+    return StorageError(f"{path}: bucket {bucket!r} does not exist or is not reachable; "
+                        "create it or fix the path")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+@contextmanager
+def _remote_errors(path: str) -> Iterator[None]:
+    """Turn gcsfs/aiohttp failures on remote `path` into one-line StorageErrors.
+
+    A missing object stays a FileNotFoundError (callers rely on it); a missing bucket does not.
+    Local paths raise the usual OSErrors untouched.
+    """
+    if not is_remote(path):
+        yield
+        return
+    try:
+        yield
+    except StorageError:
+        raise
+    except FileNotFoundError:
+        if _bucket_missing(path):
+            raise _missing_bucket_error(path) from None
+        # gcsfs names the request URL; name the path the caller gave instead.
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+    except PermissionError as exc:
+        raise StorageError(f"{path}: permission denied ({_first_line(exc)}); "
+                           "grant access or fix the credentials") from None
+    except Exception as exc:
+        if not isinstance(exc, _transport_errors()):
+            raise
+        text = _first_line(exc)
+        if "Forbidden" in text or "401" in text or "403" in text:
+            raise StorageError(f"{path}: access denied ({text}); grant access to bucket "
+                               f"{_bucket(path)!r} or fix the credentials") from None
+        hint = (f"check STORAGE_EMULATOR_HOST={os.environ['STORAGE_EMULATOR_HOST']}"
+                if scheme(path) in _GCS and _emulator_endpoint() else "check the path and network")
+        raise StorageError(f"{path}: storage request failed ({type(exc).__name__}: {text}); "
+                           f"{hint}") from exc
+
+
+@functools.lru_cache(maxsize=1)
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """What a store can raise for a bad path, endpoint or credentials (not programming errors)."""
+    errors: list[type[BaseException]] = [OSError, ValueError]  # aiohttp connect errors are OSErrors
+    try:
+        import aiohttp
+        from google.auth.exceptions import GoogleAuthError
+        from gcsfs.retry import HttpError
+
+        errors += [aiohttp.ClientError, GoogleAuthError, HttpError]
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+# --------------------------------------------------------------------------------------------
+# Queries
+# --------------------------------------------------------------------------------------------
+def exists(path: str) -> bool:
+    """Whether a file or directory exists; a gs:// path in a missing bucket is an error, not False."""
+    fs, p = filesystem(path)
+    with _remote_errors(path):
+        found = fs.exists(p)
+    if not found and _bucket_missing(path):
+        raise _missing_bucket_error(path)
+    return found
 
 
 def isdir(path: str) -> bool:
+    """Whether `path` is a directory (on object stores: a prefix with objects under it)."""
     fs, p = filesystem(path)
-    return fs.isdir(p)
+    with _remote_errors(path):
+        return fs.isdir(p)
 
 
 def makedirs(path: str) -> None:
+    """Create a local directory tree; object stores have no directories, so only the bucket is
+    checked there (a typo in an output bucket fails here, before any work is done)."""
     if not is_remote(path):
-        os.makedirs(path, exist_ok=True)  # object stores have no directories
+        fs, p = filesystem(path)
+        fs.makedirs(p, exist_ok=True)
+    elif _bucket_missing(path):
+        raise _missing_bucket_error(path)
 
 
 def glob(pattern: str) -> list[str]:
-    """Sorted matches, named with the same scheme as the pattern."""
+    """Sorted matches, named with the same scheme as the pattern (gs://bucket/x for gs://)."""
     fs, p = filesystem(pattern)
-    if is_remote(pattern):
-        fs.invalidate_cache()  # other processes (actors) write here: never trust a cached listing
-    try:
-        return sorted(_unstrip(pattern, m) for m in fs.glob(p))
-    except (OSError, ValueError) as exc:
-        raise _error(pattern, exc) from None
+    with _remote_errors(pattern):
+        matches = fs.glob(p)
+    return sorted(_unstrip(pattern, m) for m in matches)
 
 
 def listdir(path: str) -> list[str]:
-    """Full paths of the entries of a directory, sorted."""
+    """Full paths (same scheme as `path`) of the entries of a directory, sorted."""
     fs, p = filesystem(path)
-    if is_remote(path):
-        fs.invalidate_cache()
-    return sorted(_unstrip(path, e) for e in fs.ls(p, detail=False))
+    with _remote_errors(path):
+        entries = fs.ls(p, detail=False)
+    return sorted(_unstrip(path, e) for e in entries if e.rstrip("/") != p.rstrip("/"))
 
 
 def size(path: str) -> int:
+    """Size of a file in bytes."""
     fs, p = filesystem(path)
-    return int(fs.size(p))
+    with _remote_errors(path):
+        return int(fs.size(p))
 
 
 def remove(path: str, recursive: bool = False) -> None:
+    """Delete a file (or, with recursive=True, a directory tree / every object under a prefix)."""
     fs, p = filesystem(path)
-    fs.rm(p, recursive=recursive)
+    with _remote_errors(path):
+        fs.rm(p, recursive=recursive)
 
 
+# --------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------
 def open(path: str, mode: str = "rb", **kwargs: Any) -> IO:  # noqa: A001 - mirrors builtins.open
+    """fsspec's open. Writing through this is NOT atomic on local disk: use atomic_* for artifacts.
+
+    On gs:// a written object only appears when the file is closed, and upload errors surface at
+    close, so always use it as a context manager.
+    """
     fs, p = filesystem(path)
-    try:
+    with _remote_errors(path):
         return fs.open(p, mode, **kwargs)
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise _error(path, exc) from None
 
 
 def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    """The whole content of a file."""
+    fs, p = filesystem(path)
+    with _remote_errors(path):
+        return fs.cat_file(p)
 
 
 def read_text(path: str) -> str:
+    """The whole content of a UTF-8 text file."""
     return read_bytes(path).decode("utf-8")
 
 
+# --------------------------------------------------------------------------------------------
+# Atomic writes
+# --------------------------------------------------------------------------------------------
+def _temp_beside(final: str) -> tuple[int, str]:
+    """A temp file in the directory of `final` (same filesystem, so os.replace is atomic).
+
+    Named ".tmp-<name>.<random>.tmp": the ".tmp" suffix keeps globs for final names (`*.tfrecord`,
+    `*.json`) from matching a leftover of a crashed writer, and the ".tmp-" prefix is what
+    shards.py's cleanup sweeps. (fsspec's glob, unlike Python's, does match dot-files with "*".)
+    """
+    directory = os.path.dirname(final) or "."
+    os.makedirs(directory, exist_ok=True)
+    return tempfile.mkstemp(prefix=f".tmp-{os.path.basename(final)}.", suffix=".tmp", dir=directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make a rename durable (best effort: not every filesystem lets a directory be opened)."""
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _local(path: str) -> str:
+    return filesystem(path)[1]
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file, or the whole new one, never half."""
     if is_remote(path):
         fs, p = filesystem(path)
-        fs.pipe_file(p, data)  # one object upload: atomic on GCS
+        # One object upload: GCS makes an object visible only once the upload completes (simple
+        # and resumable uploads alike), so there is no partial object to guard against.
+        with _remote_errors(path):
+            fs.pipe_file(p, data)
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    final = _local(path)
+    fd, tmp = _temp_beside(final)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, final)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        _silent_remove(tmp)
         raise
+    _fsync_dir(os.path.dirname(final))
 
 
 def atomic_write_text(path: str, text: str) -> None:
+    """atomic_write_bytes for UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_copy_file(local_src: str, dst: str) -> None:
-    """Commit a finished local file to `dst` (the source may be moved away)."""
+    """Commit a finished local file to `dst` in one atomic step.
+
+    Locally the source is renamed onto `dst` when both are on one filesystem (so `local_src` is
+    gone afterwards), else copied to a temp file beside `dst` and renamed. On gs:// it is
+    uploaded as one object (atomic, see atomic_write_bytes) and `local_src` is left in place.
+    """
     if is_remote(dst):
         fs, p = filesystem(dst)
-        fs.put_file(local_src, p)
+        with _remote_errors(dst):
+            fs.put_file(local_src, p)
         return
-    directory = os.path.dirname(os.path.abspath(dst))
-    os.makedirs(directory, exist_ok=True)
+    final = _local(dst)
+    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+    with builtins.open(local_src, "rb") as f:
+        os.fsync(f.fileno())
     try:
-        with builtins_open(local_src, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(local_src, dst)  # same filesystem: a rename
-    except OSError:  # another filesystem: copy to a temp name beside dst, then rename
-        with builtins_open(local_src, "rb") as f:
-            atomic_write_bytes(dst, f.read())
+        os.replace(local_src, final)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:  # only "different filesystem" warrants the copy below
+            raise
+        fd, tmp = _temp_beside(final)
+        try:
+            with builtins.open(local_src, "rb") as src, os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            _silent_remove(tmp)
+            raise
+    _fsync_dir(os.path.dirname(final))
 
 
-builtins_open = __builtins__["open"] if isinstance(__builtins__, dict) else __builtins__.open
-
-
-def _error(path: str, exc: BaseException) -> StorageError:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if is_remote(path):
-        bucket = filesystem(path)[1].split("/", 1)[0]
-        return StorageError(f"{path}: cannot reach bucket {bucket!r} ({text[:150]}); create it or fix the path")
-    return StorageError(f"{path}: {text[:200]}")
+def _silent_remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

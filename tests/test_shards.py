@@ -1,0 +1,249 @@
+"""Sharding on a real local Ray cluster: determinism, resume, exactly-once, formats, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import tiny_config
+from tpu_ray import shards as shards_mod
+from tpu_ray.errors import UserError
+from tpu_ray.shards import chunk_ids, make_shards, read_manifest, shard_files
+from tpu_ray.tfrecord import read_records
+
+
+def _digest_dir(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def _cfg(tmp_path, corpus, tok, name="run", **over):
+    return tiny_config(tmp_path / name, corpus, **{"tokenizer.path": tok, **over})
+
+
+@pytest.fixture(scope="module")
+def mid_corpus(tmp_path_factory, wikitext) -> Path:
+    """~1 MB of WikiText-2: 16 work units of 64 KiB."""
+    data = (wikitext / "valid.txt").read_bytes()[:1_000_000]
+    path = tmp_path_factory.mktemp("mid") / "mid.txt"
+    path.write_bytes(data[: data.rfind(b"\n") + 1])
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, mid_corpus, tiny_tokenizer_dir, ray_local):
+    """One uninterrupted run with 2 actors: the bytes every other run must reproduce."""
+    tmp = tmp_path_factory.mktemp("ref")
+    cfg = _cfg(tmp, mid_corpus, tiny_tokenizer_dir)
+    summary = make_shards(cfg, actors=2)
+    return cfg, summary, _digest_dir(Path(cfg.shards_dir))
+
+
+def test_chunking_loses_only_the_counted_remainder():
+    lists = [[5, 6, 7], [], [8, 9], [10] * 20]
+    rows, tokens, dropped = chunk_ids(lists, seq_len=8, cls_id=0, sep_id=2)
+    flat = [5, 6, 7, 2, 8, 9, 2] + [10] * 20 + [2]
+    assert tokens == len(flat) == 28
+    assert rows.shape == (4, 8) and dropped == 28 - 4 * 6
+    assert (rows[:, 0] == 0).all() and (rows[:, -1] == 2).all()
+    assert rows[:, 1:-1].ravel().tolist() == flat[:24]
+
+
+def test_shards_are_identical_with_one_actor_or_three(tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir):
+    cfg_ref, summary, expected = reference_run
+    assert summary.units >= 10 and summary.shards >= 10
+    for n in (1, 3):
+        cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir, name=f"a{n}")
+        make_shards(cfg, actors=n)
+        assert _digest_dir(Path(cfg.shards_dir)) == expected, f"{n} actors gave other bytes"
+
+
+def test_manifest_describes_every_shard(reference_run):
+    cfg, summary, _ = reference_run
+    manifest = read_manifest(cfg.shards_dir)
+    assert manifest["complete"] and manifest["seq_len"] == 64
+    for split in ("train", "validation"):
+        for entry in manifest["splits"][split]["shards"]:
+            path = Path(cfg.shards_dir) / entry["path"]
+            data = path.read_bytes()
+            assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+            assert re.fullmatch(rf"{split}-\d{{5}}-{entry['samples']}\.tfrecord", entry["path"])
+            with open(path, "rb") as f:
+                assert sum(1 for _ in read_records(f)) == entry["samples"]
+    assert summary.samples == sum(manifest["splits"][s]["samples"] for s in ("train", "validation"))
+    assert manifest["corpus_tokens"] == summary.tokens and manifest["dropped_tokens"] == summary.dropped_tokens
+    assert not list(Path(cfg.shards_dir).glob(".tmp-*"))
+
+
+def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
+        tmp_path, monkeypatch, reference_run, mid_corpus, tiny_tokenizer_dir):
+    _, _, expected = reference_run
+    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+    real_write = shards_mod._write_manifest
+    calls = {"n": 0}
+
+    def crash_after_three(shards_dir, manifest):
+        real_write(shards_dir, manifest)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated crash of the driver")
+
+    monkeypatch.setattr(shards_mod, "_write_manifest", crash_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        make_shards(cfg, actors=2)
+    monkeypatch.setattr(shards_mod, "_write_manifest", real_write)
+    partial = read_manifest(cfg.shards_dir)
+    assert not partial["complete"] and len(partial["units_done"]) == 3
+    with pytest.raises(UserError, match="sharding did not finish"):
+        shard_files(cfg.shards_dir, "train")  # training refuses a half-made shard set
+    summary = make_shards(cfg, actors=2)
+    assert summary.skipped_units == 3
+    assert _digest_dir(Path(cfg.shards_dir)) == expected
+
+
+def test_a_killed_actor_loses_no_sample_and_duplicates_none(tmp_path, reference_run, mid_corpus,
+                                                            tiny_tokenizer_dir):
+    import ray
+
+    _, ref_summary, expected = reference_run
+    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+    killed = []
+
+    def kill_one(done, pool):
+        if done == 2 and not killed:
+            killed.append(pool[0])
+            ray.kill(pool[0], no_restart=True)
+
+    summary = make_shards(cfg, actors=2, on_unit_done=kill_one)
+    assert killed
+    assert _digest_dir(Path(cfg.shards_dir)) == expected
+    assert summary.samples == ref_summary.samples
+    # Every sample exactly once: the multiset of samples equals the reference run's.
+    rows = set()
+    total = 0
+    for path, n in shard_files(cfg.shards_dir, "train") + shard_files(cfg.shards_dir, "validation"):
+        with open(path, "rb") as f:
+            for rec in read_records(f):
+                rows.add(hashlib.sha1(rec).digest())
+                total += 1
+    assert total == summary.samples
+
+
+def test_tensorflow_reads_our_shards_like_the_reference_trainer(reference_run):
+    """The reference run_mlm.py: counts from names, parse_single_example with fixed lengths."""
+    tf = pytest.importorskip("tensorflow")
+    cfg, _, _ = reference_run
+    files = tf.io.gfile.glob(str(Path(cfg.shards_dir) / "train-*.tfrecord"))
+    counts = [int(re.search(r"-\d+-(\d+)\.tfrecord", f).group(1)) for f in files]
+    features = {k: tf.io.FixedLenFeature([64], tf.int64) for k in ("input_ids", "attention_mask")}
+    n = 0
+    for rec in tf.data.TFRecordDataset(files):
+        ex = tf.io.parse_single_example(rec, features)
+        assert ex["input_ids"].shape == (64,) and int(ex["input_ids"][0]) == 0
+        n += 1
+    assert n == sum(counts)
+
+
+def test_reference_format_shards_are_found_without_a_manifest(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    for i, count in enumerate((3, 5)):
+        with tf.io.TFRecordWriter(str(tmp_path / f"train-{i}-{count}.tfrecord")) as w:
+            for _ in range(count):
+                feat = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=[0] * 8))
+                        for k in ("input_ids", "attention_mask")}
+                w.write(tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString())
+    found = shard_files(str(tmp_path), "train")
+    assert [n for _, n in found] == [3, 5]
+    (tmp_path / "train-oops.tfrecord").write_bytes(b"")
+    with pytest.raises(UserError, match="train-oops.tfrecord: shard name has no sample count"):
+        shard_files(str(tmp_path), "train")
+
+
+# ------------------------------------------------------------------------------------------
+# Bad input: one line naming the culprit, before any shard is written
+# ------------------------------------------------------------------------------------------
+def _no_shards(cfg) -> bool:
+    d = Path(cfg.shards_dir)
+    return not d.exists() or not list(d.glob("*.tfrecord"))
+
+
+def test_empty_corpus(tmp_path, tiny_tokenizer_dir, ray_local):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    cfg = _cfg(tmp_path, empty, tiny_tokenizer_dir)
+    with pytest.raises(UserError, match="the corpus is empty"):
+        make_shards(cfg)
+    assert _no_shards(cfg)
+
+
+def test_missing_corpus_file(tmp_path, tiny_tokenizer_dir, ray_local):
+    cfg = _cfg(tmp_path, tmp_path / "nope.txt", tiny_tokenizer_dir)
+    with pytest.raises(UserError, match=r"nope.txt.*no such file"):
+        make_shards(cfg)
+    assert _no_shards(cfg)
+
+
+def test_non_utf8_fails_with_file_and_offset_or_is_replaced(tmp_path, small_corpus, tiny_tokenizer_dir, ray_local):
+    data = small_corpus.read_bytes()
+    bad = tmp_path / "latin1.txt"
+    offset = 200_000
+    bad.write_bytes(data[:offset] + b"caf\xe9\n" + data[offset:])
+    cfg = _cfg(tmp_path, bad, tiny_tokenizer_dir, name="fail", **{"corpus.encoding_errors": "fail"})
+    with pytest.raises(UserError) as err:
+        make_shards(cfg)
+    assert f"latin1.txt: byte {offset + 3}: not UTF-8" in str(err.value) and "\n" not in str(err.value)
+    assert _no_shards(cfg)
+    ok = _cfg(tmp_path, bad, tiny_tokenizer_dir, name="replace", **{"corpus.encoding_errors": "replace"})
+    assert make_shards(ok).samples > 0
+
+
+def test_binary_file_given_as_text(tmp_path, tiny_tokenizer_dir, ray_local):
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 100)
+    cfg = _cfg(tmp_path, binary, tiny_tokenizer_dir)
+    with pytest.raises(UserError, match="model.bin: byte 0: NUL byte, this looks like a binary file"):
+        make_shards(cfg)
+    assert _no_shards(cfg)
+
+
+def test_tokenizer_without_special_tokens(tmp_path, small_corpus, ray_local):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([small_corpus.read_text()[:10000]], trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    tok_dir = tmp_path / "plain"
+    tok_dir.mkdir()
+    tok.save(str(tok_dir / "tokenizer.json"))
+    cfg = _cfg(tmp_path, small_corpus, str(tok_dir))
+    with pytest.raises(UserError, match=r"plain: tokenizer lacks special token\(s\) \[CLS\] <pad> \[SEP\] <unk> \[MASK\]"):
+        make_shards(cfg)
+    assert _no_shards(cfg)
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"shard.seq_len": 4}, "shard.seq_len=4: Input should be greater than or equal to 8"),
+    ({"shard.seq_len": 600, "model.max_position_embeddings": 514}, "needs model.max_position_embeddings >= 602"),
+])
+def test_seq_len_out_of_range(tmp_path, small_corpus, tiny_tokenizer_dir, over, needle):
+    with pytest.raises(UserError, match=re.escape(needle)):
+        _cfg(tmp_path, small_corpus, tiny_tokenizer_dir, **over)
+
+
+def test_units_do_not_depend_on_actor_count_and_split_lines_cleanly(mid_corpus, tmp_path):
+    from tpu_ray.config import CorpusConfig, ShardConfig
+    from tpu_ray.corpus import plan_units, read_unit_text
+
+    units = plan_units(CorpusConfig(source=str(mid_corpus)), ShardConfig(unit_bytes=65536), str(tmp_path))
+    data = mid_corpus.read_bytes()
+    assert units[0].start == 0 and units[-1].end == len(data)
+    for a, b in zip(units, units[1:]):
+        assert a.end == b.start and data[a.end - 1:a.end] == b"\n"
+    lines = [line for u in units for line in read_unit_text(u, "all")]
+    assert lines == [s.strip() for s in data.decode().split("\n") if s.strip()]
+    assert json.dumps([u.to_dict() for u in units])  # units travel to actors as plain dicts
+    assert np.all([u.start <= u.split_at <= u.end for u in units])
