@@ -10,8 +10,8 @@ from pathlib import Path
 # Jobs run from the working directory Ray ships; make the package importable from it too.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpu_ray.cli import EXIT_USAGE, load_config, setup_logging  # noqa: E402
-from tpu_ray.errors import UserError  # noqa: E402
+from tpu_ray.cli import EXIT_USAGE, load_config, setup_logging
+from tpu_ray.errors import UserError
 
 
 def main(stage: str, argv: list[str] | None = None) -> int:

@@ -30,8 +30,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
 from ray._private.accelerators import tpu as ray_tpu
 from ray._private.label_utils import validate_node_label_syntax
 from ray.autoscaler._private.util import prepare_config, validate_config

@@ -5,7 +5,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tpu_ray.data import IGNORE, MaskSpec, mask_tokens, pad_to_multiple  # noqa: E402
+from tpu_ray.data import IGNORE, MaskSpec, mask_tokens, pad_to_multiple  # noqa: E402 (after importorskip)
 
 SPEC = MaskSpec(mask_prob=0.15, mask_id=4, vocab_size=1000, special_ids=(0, 1, 2, 3, 4))
 

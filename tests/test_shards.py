@@ -125,7 +125,7 @@ def test_a_killed_actor_loses_no_sample_and_duplicates_none(tmp_path, reference_
     # Every sample exactly once: the multiset of samples equals the reference run's.
     rows = set()
     total = 0
-    for path, n in shard_files(cfg.shards_dir, "train") + shard_files(cfg.shards_dir, "validation"):
+    for path, _ in shard_files(cfg.shards_dir, "train") + shard_files(cfg.shards_dir, "validation"):
         with open(path, "rb") as f:
             for rec in read_records(f):
                 rows.add(hashlib.sha1(rec).digest())

@@ -10,8 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["RunConfig", "Pipeline", "RunResult", "submit", "JobHandle", "load_metrics", "write_report",
-           "UserError"]
+__all__ = [
+    "JobHandle",
+    "Pipeline",
+    "RunConfig",
+    "RunResult",
+    "UserError",
+    "load_metrics",
+    "submit",
+    "write_report",
+]
 
 _WHERE = {
     "RunConfig": "tpu_ray.config",

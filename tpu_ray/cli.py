@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from tpu_ray.errors import UserError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -36,23 +36,23 @@ class CorpusConfig(_Section):
     # "builtin:python-docs", a local path or glob (.txt/.jsonl/.parquet), a gs:// URI or glob,
     # or "hf:NAME" for a Hugging Face datasets name (hf_config picks its configuration).
     source: str = BUILTIN_CORPUS
-    hf_config: Optional[str] = None
+    hf_config: str | None = None
     hf_split: str = "train"
     text_field: str = "text"
     # Validation text: a separate source, or else the last fraction of every work unit.
-    validation_source: Optional[str] = None
+    validation_source: str | None = None
     validation_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     # What to do with bytes that are not UTF-8: "replace" them (U+FFFD) or "fail" naming file+offset.
     encoding_errors: Literal["replace", "fail"] = "replace"
     # Read at most this many bytes (per source file): handy to shrink a corpus for a quick run.
-    max_bytes: Optional[int] = Field(None, gt=0)
+    max_bytes: int | None = Field(None, gt=0)
 
 
 class TokenizerConfig(_Section):
     kind: Literal["unigram", "bpe", "wordpiece"] = "unigram"
     vocab_size: int = Field(8000, ge=64, le=1_000_000)
     # Use an existing tokenizer directory instead of training one.
-    path: Optional[str] = None
+    path: str | None = None
     # Train on at most this many bytes of the corpus (a deterministic prefix sample).
     train_bytes: int = Field(200_000_000, gt=0)
     lowercase: bool = False
@@ -63,11 +63,11 @@ class ShardConfig(_Section):
     # Work-unit size: one unit -> one train shard (+ one validation shard). Independent of actors.
     unit_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     unit_rows: int = Field(50_000, ge=1)
-    num_actors: Optional[int] = Field(None, ge=1)
+    num_actors: int | None = Field(None, ge=1)
     # Rust threads per tokenizer actor: actors x threads should not exceed cores.
     tokenizer_threads: int = Field(1, ge=1)
     # Read/write shards here instead of <output_dir>/shards (e.g. existing or gs:// shards).
-    dir: Optional[str] = None
+    dir: str | None = None
 
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
@@ -81,12 +81,12 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 class ModelConfig(_Section):
     model_type: Literal["roberta", "bert"] = "roberta"
     preset: Literal["tiny", "small", "base", "large"] = "tiny"
-    hidden_size: Optional[int] = Field(None, gt=0)
-    num_hidden_layers: Optional[int] = Field(None, gt=0)
-    num_attention_heads: Optional[int] = Field(None, gt=0)
-    intermediate_size: Optional[int] = Field(None, gt=0)
+    hidden_size: int | None = Field(None, gt=0)
+    num_hidden_layers: int | None = Field(None, gt=0)
+    num_attention_heads: int | None = Field(None, gt=0)
+    intermediate_size: int | None = Field(None, gt=0)
     # None -> seq_len + 2 (RoBERTa's positions start after padding_idx=1).
-    max_position_embeddings: Optional[int] = Field(None, gt=0)
+    max_position_embeddings: int | None = Field(None, gt=0)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
 
     def sizes(self) -> dict[str, int]:
@@ -103,7 +103,7 @@ class TrainConfig(_Section):
     steps: int = Field(1000, gt=0)
     batch_size: int = Field(32, gt=0, description="global batch size, across all replicas")
     learning_rate: float = Field(1e-4, gt=0)
-    warmup_steps: Optional[int] = Field(None, ge=0)
+    warmup_steps: int | None = Field(None, ge=0)
     warmup_ratio: float = Field(0.05, ge=0, le=1)
     weight_decay: float = Field(0.01, ge=0)
     mask_prob: float = Field(0.15, gt=0, lt=1)
@@ -112,35 +112,35 @@ class TrainConfig(_Section):
     eval_batches: int = Field(20, gt=0)
     checkpoint_every: int = Field(500, gt=0)
     keep_checkpoints: int = Field(3, gt=0)
-    steps_per_execution: Optional[int] = Field(None, gt=0)
+    steps_per_execution: int | None = Field(None, gt=0)
     shuffle_buffer: int = Field(10_000, gt=0)
     strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"
-    tpu_name: Optional[str] = None
+    tpu_name: str | None = None
     mixed_precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
-    jit_compile: Optional[bool] = None
+    jit_compile: bool | None = None
     eval_pad_multiple: int = Field(64, gt=0)
     # Peak FLOP/s of one device for MFU when the device is not in the table (e.g. a CPU).
-    peak_flops: Optional[float] = Field(None, gt=0)
+    peak_flops: float | None = Field(None, gt=0)
     # Split the CPU into this many logical devices (MirroredStrategy): a v3-8 stand-in for tests.
     cpu_replicas: int = Field(1, ge=1, le=64)
     # Where the training process runs on Ray: in this process ("local"), on a TPU slice's head
     # host ("tpu": takes the TPU-<topology>-head resource), or on a GPU node ("gpu").
     placement: Literal["auto", "local", "tpu", "gpu"] = "auto"
-    tpu_topology: Optional[str] = Field(None, pattern=r"^v[0-9][a-z]*-[0-9]+$")
-    num_gpus: Optional[int] = Field(None, ge=1)
+    tpu_topology: str | None = Field(None, pattern=r"^v[0-9][a-z]*-[0-9]+$")
+    num_gpus: int | None = Field(None, ge=1)
     # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
     workers: int = Field(1, ge=1)
 
 
 class RayConfig(_Section):
-    address: Optional[str] = None
-    num_cpus: Optional[int] = Field(None, gt=0)
+    address: str | None = None
+    num_cpus: int | None = Field(None, gt=0)
 
 
 class RunConfig(_Section):
     name: str = "run"
     seed: int = 0
-    output_dir: Optional[str] = None
+    output_dir: str | None = None
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shard: ShardConfig = Field(default_factory=ShardConfig)
@@ -156,7 +156,7 @@ class RunConfig(_Section):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RunConfig":
+    def _consistent(self) -> RunConfig:
         positions = self.max_positions()
         if self.shard.seq_len + 2 > positions:
             raise ValueError(
@@ -193,14 +193,14 @@ class RunConfig(_Section):
 
     # --- loading and overriding -------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: dict[str, Any], origin: str = "config") -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any], origin: str = "config") -> RunConfig:
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
             raise UserError(f"{origin}: {_one_line(exc, data)}") from None
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "RunConfig":
+    def from_yaml(cls, path: str | Path) -> RunConfig:
         from tpu_ray import storage
 
         path = str(path)
@@ -222,7 +222,7 @@ class RunConfig(_Section):
             raise UserError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
         return cls.from_dict(data, origin=path)
 
-    def override(self, overrides: dict[str, Any] | list[str]) -> "RunConfig":
+    def override(self, overrides: dict[str, Any] | list[str]) -> RunConfig:
         """Return a copy with dotted keys replaced: {"train.steps": 50} or ["train.steps=50"]."""
         if isinstance(overrides, list):
             overrides = parse_overrides(overrides)

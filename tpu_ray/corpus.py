@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Iterator, Literal
+from typing import Literal
 
 from tpu_ray import storage
 from tpu_ray.config import BUILTIN_CORPUS, CorpusConfig, ShardConfig
@@ -42,7 +43,7 @@ class WorkUnit:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "WorkUnit":
+    def from_dict(cls, d: dict) -> WorkUnit:
         return cls(**d)
 
 
@@ -64,7 +65,6 @@ def builtin_python_docs() -> str:
     """
     import importlib
     import inspect
-
     from pydoc_data.topics import topics
 
     parts = [topics[name].strip() for name in sorted(topics)]

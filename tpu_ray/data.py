@@ -9,8 +9,8 @@ are the same after a resume as in an uninterrupted run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import tensorflow as tf
 

@@ -21,7 +21,6 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,8 +242,6 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     """
     import ray
 
-    from tpu_ray.progress import Progress
-
     t0 = time.monotonic()
     out_dir = cfg.shards_dir
     tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
@@ -254,7 +251,6 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     storage.makedirs(out_dir)
     results = _resume_state(read_manifest(out_dir), cfg, info, units, out_dir)
-    skipped = len(results)
     todo = [u for u in units if u.index not in results]
 
     cluster_cpus = max(1.0, ray.cluster_resources().get("CPU", 1.0))
@@ -272,6 +268,22 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
         return Worker.remote(tok_ref, cfg.shard.seq_len, out_dir)
 
     pool = [new_actor() for _ in range(n_actors)]
+    try:
+        return _shard_on_pool(cfg, info, units, todo, results, pool, new_actor, on_unit_done, t0)
+    finally:
+        # Always release the actors (and their CPUs), also when a unit fails with bad input:
+        # leaked actors would hold every CPU and the next run would wait for them forever.
+        for actor in pool:
+            ray.kill(actor)
+
+
+def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], todo: list[WorkUnit],
+                   results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float) -> ShardSummary:
+    from tpu_ray.progress import Progress
+
+    out_dir = cfg.shards_dir
+    skipped = len(results)
+    n_actors = len(pool)
     # Pass 1: read every unit once so bad bytes fail before any shard is written.
     _run_on_pool(pool, todo, "check", new_actor, lambda unit, res: None, None)
     stats = {"samples": sum(s["samples"] for r in results.values() for s in r["shards"]),
@@ -288,8 +300,6 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
             on_unit_done(len(results), pool)
 
     _run_on_pool(pool, todo, "process", new_actor, on_done, progress)
-    for actor in pool:
-        ray.kill(actor)
     _cleanup_temp(out_dir)
     manifest = _manifest(cfg, info, units, results, complete=True)
     _write_manifest(out_dir, manifest)

@@ -28,8 +28,9 @@ import functools
 import os
 import shutil
 import tempfile
-from typing import IO, Any, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO, Any
 
 import fsspec
 
@@ -101,7 +102,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fs(protocol: str, emulator: str | None, pid: int) -> fsspec.AbstractFileSystem:
     # `pid` in the key: a forked child must not reuse the parent's event-loop-bound instance.
     if protocol in _GCS:
@@ -229,8 +230,8 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [OSError, ValueError]  # aiohttp connect errors are OSErrors
     try:
         import aiohttp
-        from google.auth.exceptions import GoogleAuthError
         from gcsfs.retry import HttpError
+        from google.auth.exceptions import GoogleAuthError
 
         errors += [aiohttp.ClientError, GoogleAuthError, HttpError]
     except ImportError:
@@ -301,7 +302,7 @@ def remove(path: str, recursive: bool = False) -> None:
 # --------------------------------------------------------------------------------------------
 # Reading
 # --------------------------------------------------------------------------------------------
-def open(path: str, mode: str = "rb", **kwargs: Any) -> IO:  # noqa: A001 - mirrors builtins.open
+def open(path: str, mode: str = "rb", **kwargs: Any) -> IO:
     """fsspec's open. Writing through this is NOT atomic on local disk: use atomic_* for artifacts.
 
     On gs:// a written object only appears when the file is closed, and upload errors surface at

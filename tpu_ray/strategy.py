@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import tensorflow as tf
 
@@ -29,7 +29,7 @@ class StrategyInfo:
     replicas: int
     device: str  # e.g. "TPU v4", "NVIDIA A100-SXM4-40GB", "cpu"
     mixed_precision: str
-    jit_compile: Optional[bool]  # None: not set (TPU: XLA is implicit)
+    jit_compile: bool | None  # None: not set (TPU: XLA is implicit)
     steps_per_execution: int
 
     def describe(self, global_batch: int) -> str:

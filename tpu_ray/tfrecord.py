@@ -11,7 +11,8 @@ Tests read the output back with `tf.data.TFRecordDataset` + `tf.io.parse_single_
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import google_crc32c
 import numpy as np

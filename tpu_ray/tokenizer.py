@@ -12,8 +12,8 @@ import hashlib
 import json
 import logging
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
