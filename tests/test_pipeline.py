@@ -1,0 +1,102 @@
+"""The whole pipeline end to end through the CLI, on a real local Ray cluster, and the CLI's surface."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tpu_ray.cli import EXIT_USAGE, build_parser, main
+
+QUICKSTART = str(REPO / "jobs" / "configs" / "quickstart.yaml")
+# The quickstart shrunk to a test: a tiny vocabulary, short samples, a few dozen steps.
+SHRINK = ["tokenizer.vocab_size=800", "shard.seq_len=64", "shard.unit_bytes=65536", "train.steps=40",
+          "train.batch_size=16", "train.warmup_steps=4", "train.log_every=5", "train.eval_every=20",
+          "train.eval_batches=4", "train.checkpoint_every=20", "train.shuffle_buffer=512"]
+
+
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory, small_corpus, ray_local):
+    """`tpu-ray run` with the quickstart config, the test corpus and the shrinking overrides."""
+    run_dir = tmp_path_factory.mktemp("e2e") / "run"
+    code = main(["run", "--config", QUICKSTART, "--corpus", str(small_corpus), "--output-dir", str(run_dir),
+                 "--fill-mask", "The [MASK] of the river.", *SHRINK])
+    assert code == 0
+    return run_dir
+
+
+def _records(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_run_directory_is_complete(quickstart_run):
+    d = quickstart_run
+    for name in ("config.yaml", "run_info.json", "tokenizer/tokenizer.json", "shards/manifest.json",
+                 "metrics.jsonl", "model/config.json", "model/tf_model.h5", "model/tokenizer.json",
+                 "summary.json"):
+        assert (d / name).exists(), name
+    saved = yaml.safe_load((d / "config.yaml").read_text())
+    assert saved["train"]["steps"] == 40 and saved["corpus"]["source"].endswith("small.txt")
+    versions = json.loads((d / "run_info.json").read_text())["versions"]
+    assert {"tensorflow", "transformers", "tokenizers", "datasets", "ray"} <= set(versions)
+    manifest = json.loads((d / "shards" / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["seq_len"] == 64
+    assert manifest["splits"]["train"]["samples"] > 0 and manifest["splits"]["validation"]["samples"] > 0
+
+
+def test_training_loss_goes_down_and_the_step_traced_once(quickstart_run):
+    train = _records(quickstart_run, "train")
+    assert [r["step"] for r in train] == list(range(5, 41, 5))
+    first, last = train[0]["loss"], train[-1]["loss"]
+    assert last < first - 0.5, (first, last)
+    assert all(r["train_traces"] == 1 for r in train)
+    evals = _records(quickstart_run, "eval")
+    assert [r["step"] for r in evals] == [20, 40]
+    assert evals[-1]["perplexity"] == pytest.approx(2.718281828 ** evals[-1]["eval_loss"], rel=1e-6)
+    summary = json.loads((quickstart_run / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["eval_loss"] == evals[-1]["eval_loss"]
+
+
+def test_exported_model_answers_fill_mask(quickstart_run):
+    from transformers import pipeline
+
+    unmasker = pipeline("fill-mask", model=str(quickstart_run / "model"), framework="tf", dtype=None)
+    preds = unmasker("The [MASK] of the river.", top_k=3)
+    assert len(preds) == 3
+    assert all("[MASK]" not in p["sequence"] and 0 < p["score"] <= 1 for p in preds)
+
+
+def test_tokenizer_pad_id_matches_tf_roberta_padding_index(quickstart_run):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(quickstart_run / "model"))
+    assert tok.pad_token_id == 1  # TF RoBERTa's hard-coded padding_idx
+    cfg = json.loads((quickstart_run / "model" / "config.json").read_text())
+    assert cfg["pad_token_id"] == 1 and cfg["vocab_size"] == len(tok)
+
+
+def test_every_subcommand_has_help():
+    parser = build_parser()
+    names = parser._subparsers._group_actions[0].choices  # argparse keeps them here
+    assert {"run", "tokenizer", "shard", "train", "eval", "fill-mask", "report", "doctor", "submit"} <= set(names)
+    for name in names:
+        out = subprocess.run([sys.executable, "-m", "tpu_ray.cli", name, "--help"], capture_output=True,
+                             text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 0 and "usage: tpu-ray" in out.stdout, name
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--config", QUICKSTART, "train.stepz=3"], "did you mean 'train.steps'"),
+    (["shard", "--config", "/nonexistent.yaml"], "/nonexistent.yaml: config file not found"),
+    (["train", "--config", QUICKSTART, "train.batch_size=-1"], "train.batch_size=-1"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
