@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
+import resource
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from tpu_ray import storage
 from tpu_ray.config import RunConfig
 from tpu_ray.corpus import WorkUnit, plan_units, read_unit_text
 from tpu_ray.errors import UserError
-from tpu_ray.tfrecord import serialize_examples, write_records
+from tpu_ray.tfrecord import examples_file
 from tpu_ray.tokenizer import TokenizerInfo, describe, load_tokenizer_json
 
 log = logging.getLogger(__name__)
@@ -44,19 +45,19 @@ SPLITS = ("train", "validation")
 # --------------------------------------------------------------------------------------------
 def chunk_ids(token_lists: list[list[int]], seq_len: int, cls_id: int, sep_id: int) -> tuple[np.ndarray, int, int]:
     """Join token lists with [SEP], cut into `[CLS] chunk [SEP]` rows; returns (rows, tokens, dropped)."""
-    flat: list[int] = []
-    for ids in token_lists:
-        if ids:
-            flat.extend(ids)
-            flat.append(sep_id)
+    nonempty = [ids for ids in token_lists if ids]
+    total = sum(map(len, nonempty)) + len(nonempty)
+    # One numpy fill from a flat iterator: no growing Python list of every token of the unit.
+    flat = np.fromiter(itertools.chain.from_iterable((*ids, sep_id) for ids in nonempty), dtype=np.int64,
+                       count=total)
     body = seq_len - 2
-    n = len(flat) // body
-    arr = np.asarray(flat[: n * body], dtype=np.int64).reshape(n, body)
+    n = total // body
+    arr = flat[: n * body].reshape(n, body)
     rows = np.empty((n, seq_len), dtype=np.int64)
     rows[:, 0] = cls_id
     rows[:, 1:-1] = arr
     rows[:, -1] = sep_id
-    return rows, len(flat), len(flat) - n * body
+    return rows, total, total - n * body
 
 
 def shard_name(split: str, unit_index: int, count: int) -> str:
@@ -89,18 +90,9 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
 
 
 def _commit_shard(rows: np.ndarray, final_path: str) -> tuple[str, int]:
-    """Write to a local temp file, hash it, then commit it to `final_path` in one atomic step."""
-    tmp_dir = os.path.dirname(final_path) if not storage.is_remote(final_path) else None
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".tfrecord", dir=tmp_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write_records(f, serialize_examples(rows))
-        with open(tmp, "rb") as f:
-            data = f.read()
-        storage.atomic_copy_file(tmp, final_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Build the shard in memory (one unit's worth), hash it, commit it to `final_path` atomically."""
+    data = examples_file(rows)
+    storage.atomic_write_bytes(final_path, data)
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
@@ -112,11 +104,16 @@ def check_unit(unit: WorkUnit) -> None:
 class ShardWorker:
     """One Ray actor: loads the tokenizer once, then processes units."""
 
-    def __init__(self, tokenizer_json: str, seq_len: int, out_dir: str):
+    def __init__(self, tokenizer_json: str, info: TokenizerInfo, seq_len: int, out_dir: str, threads: int):
+        # The thread budget is set here, before the tokenizer first runs, rather than through a
+        # runtime_env: env_vars in a runtime_env need freshly started workers (~1 s each on 2
+        # cores), while this lets the actor start in one of Ray's prestarted workers.
+        os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
+        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_str(tokenizer_json)
-        self.info = describe(tokenizer_json, "tokenizer")
+        self.info = info
         self.seq_len = seq_len
         self.out_dir = out_dir
 
@@ -125,7 +122,10 @@ class ShardWorker:
         return unit["index"]
 
     def process(self, unit: dict) -> dict:
-        return process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir)
+        result = process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir)
+        # Peak resident memory of this actor so far (Linux reports KiB); not part of the manifest.
+        result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return result
 
     def pid(self) -> int:
         return os.getpid()
@@ -144,6 +144,7 @@ class ShardSummary:
     units: int
     skipped_units: int
     actors: int
+    peak_actor_rss_bytes: int = 0  # the largest peak RSS any actor reported (0 if none ran)
 
     @property
     def tokens_per_s(self) -> float:
@@ -153,7 +154,7 @@ class ShardSummary:
         return (f"shards={self.shards} samples={self.samples} tokens={self.tokens} "
                 f"dropped_remainder_tokens={self.dropped_tokens} seconds={self.seconds:.1f} "
                 f"tokens/s={self.tokens_per_s:,.0f} units={self.units} resumed_units={self.skipped_units} "
-                f"actors={self.actors}")
+                f"actors={self.actors} peak_actor_rss_mb={self.peak_actor_rss_bytes / 2**20:.0f}")
 
 
 def manifest_path(shards_dir: str) -> str:
@@ -256,16 +257,13 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     cluster_cpus = max(1.0, ray.cluster_resources().get("CPU", 1.0))
     n_actors = actors or cfg.shard.num_actors or int(cluster_cpus)
     n_actors = max(1, min(n_actors, len(todo))) if todo else 0
-    threads = str(cfg.shard.tokenizer_threads)
     # One CPU per actor, or a fair share when more actors than CPUs are asked for (so all start).
     actor_cpus = min(1.0, cluster_cpus / max(n_actors, 1))
-    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0)(ShardWorker).options(
-        runtime_env={"env_vars": {"RAYON_NUM_THREADS": threads, "RAYON_RS_NUM_CPUS": threads,
-                                  "TOKENIZERS_PARALLELISM": "true" if threads != "1" else "false"}})
+    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0)(ShardWorker)
     tok_ref = ray.put(tokenizer_json)
 
     def new_actor():
-        return Worker.remote(tok_ref, cfg.shard.seq_len, out_dir)
+        return Worker.remote(tok_ref, info, cfg.shard.seq_len, out_dir, cfg.shard.tokenizer_threads)
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
@@ -308,7 +306,8 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         shards=sum(len(manifest["splits"][s]["shards"]) for s in SPLITS),
         samples=sum(manifest["splits"][s]["samples"] for s in SPLITS),
         tokens=manifest["corpus_tokens"], dropped_tokens=manifest["dropped_tokens"],
-        seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors)
+        seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors,
+        peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0))
     log.info("shard summary: %s", summary.line())
     return summary
 

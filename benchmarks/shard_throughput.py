@@ -1,0 +1,287 @@
+"""Sharding throughput: tpu-ray's `make_shards` against the reference workflow and the tokenizer alone.
+
+One run measures, on the same corpus (WikiText-2 repeated to `--mb` MB) and the same Unigram
+tokenizer (vocab 10k, trained with tpu_ray.tokenizer):
+
+1. ceiling: `tokenizers`' own `encode_batch` over the corpus lines already in memory, all cores,
+   no I/O, no chunking, no writing: what tokenization alone costs;
+2. reference: the Hugging Face TPU example's workflow re-done in a subprocess: `load_dataset("text")`,
+   `.map(tokenizer, batched=True, num_proc=<cores>)`, `group_texts` by list concatenation, one
+   `tf.train.Example` per sample serialized in Python, `tf.io.TFRecordWriter`;
+3. tpu-ray: `make_shards` on a local Ray cluster (start-up, including its worker processes, not
+   counted), end to end: planning, the bad-input check, tokenizing, shards and manifest.
+
+Every rate divides the SAME token count (the corpus' tokens without special tokens, as the
+ceiling counts them) by that method's seconds, so the ratios compare time for the same work.
+The last line printed is one JSON object with the figures and the ratios.
+
+    python benchmarks/shard_throughput.py --mb 20
+    python benchmarks/shard_throughput.py --mb 100 --skip-reference   # memory as the corpus grows
+    python benchmarks/shard_throughput.py --mb 20 --nodes 2           # same bytes on 2 nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from benchmarks._common import build_corpus, train_benchmark_tokenizer  # noqa: E402
+
+
+def corpus_lines(path: Path) -> list[str]:
+    """The lines tpu-ray tokenizes (stripped, empty ones skipped), read outside any timing."""
+    text = path.read_text(encoding="utf-8")
+    return [s for s in (line.strip() for line in text.split("\n")) if s]
+
+
+def measure_ceiling(tokenizer_dir: str, lines: list[str]) -> dict:
+    """`encode_batch` on all cores over in-memory lines; also the offsets-free `encode_batch_fast`."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    t0 = time.perf_counter()
+    encodings = tok.encode_batch(lines, add_special_tokens=False)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(e.ids) for e in encodings)
+    del encodings
+    t0 = time.perf_counter()
+    tok.encode_batch_fast(lines, add_special_tokens=False)
+    fast_seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "tokens": tokens, "fast_seconds": fast_seconds}
+
+
+# --------------------------------------------------------------------------------------------
+# The reference workflow (runs in a child process: it imports TensorFlow and forks map workers)
+# --------------------------------------------------------------------------------------------
+def reference_child(corpus: str, tokenizer_dir: str, out_dir: str, procs: int, seq_len: int,
+                    shard_size: int) -> dict:
+    """The HF TPU example's prepare_tfrecord_shards workflow, on a local text file."""
+    import datasets
+    import tensorflow as tf
+    from transformers import AutoTokenizer
+
+    datasets.disable_progress_bars()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+
+    def tokenize_function(examples: dict) -> dict:
+        return tokenizer(examples["text"])
+
+    def group_texts(examples: dict) -> dict:
+        concatenated = {k: sum(examples[k], []) for k in examples}  # as the reference does
+        total = len(concatenated["input_ids"]) // seq_len * seq_len
+        return {k: [t[i:i + seq_len] for i in range(0, total, seq_len)] for k, t in concatenated.items()}
+
+    def serialize(snapshot: dict) -> list[bytes]:
+        records = []
+        for i in range(len(snapshot["input_ids"])):
+            feature = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=snapshot[k][i]))
+                       for k in ("input_ids", "attention_mask")}
+            records.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return records
+
+    t0 = time.perf_counter()
+    ds = datasets.load_dataset("text", data_files=corpus, split="train", cache_dir=os.path.join(out_dir, "cache"))
+    tokenized = ds.map(tokenize_function, batched=True, num_proc=procs, remove_columns=["text"])
+    grouped = tokenized.map(group_texts, batched=True, batch_size=1000, num_proc=procs)
+    samples = 0
+    for count, start in enumerate(range(0, len(grouped), shard_size)):
+        snapshot = grouped[start:start + shard_size]
+        n = len(snapshot["input_ids"])
+        records = serialize(snapshot)
+        with tf.io.TFRecordWriter(os.path.join(out_dir, f"dataset-{count}-{n}.tfrecord")) as writer:
+            for record in records:
+                writer.write(record)
+        samples += n
+    seconds = time.perf_counter() - t0
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return {"seconds": seconds, "samples": samples, "peak_rss_bytes": peak * 1024}
+
+
+def measure_reference(corpus: Path, tokenizer_dir: str, work: Path, procs: int, seq_len: int) -> dict:
+    out = work / "reference"
+    shutil.rmtree(out, ignore_errors=True)  # a fresh datasets cache too: no cache hits across repeats
+    out.mkdir(parents=True)
+    cmd = [sys.executable, __file__, "--reference-child", str(corpus), tokenizer_dir, str(out), str(procs),
+           str(seq_len)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"reference run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# tpu-ray
+# --------------------------------------------------------------------------------------------
+def shard_config(work: Path, corpus: Path, tokenizer_dir: str, name: str, seq_len: int, unit_mb: float):
+    from tpu_ray.config import RunConfig
+
+    return RunConfig.from_dict({
+        "name": "bench", "output_dir": str(work / name),
+        "corpus": {"source": str(corpus)},
+        "tokenizer": {"path": tokenizer_dir, "vocab_size": 10_000},
+        "shard": {"seq_len": seq_len, "unit_bytes": int(unit_mb * 2**20)},
+    })
+
+
+def warm_up(ray, cpus: int) -> float:
+    """Wait for Ray's prestarted worker processes (part of Ray's start-up, not of sharding)."""
+    t0 = time.perf_counter()
+
+    @ray.remote(num_cpus=1)
+    def ping() -> int:
+        return os.getpid()
+
+    ray.get([ping.remote() for _ in range(cpus)])
+    return time.perf_counter() - t0
+
+
+def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
+    """make_shards on a fresh local cluster of `nodes` nodes sharing `cpus` CPUs."""
+    import ray
+
+    from tpu_ray.shards import make_shards
+
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)
+    cluster = None
+    t0 = time.perf_counter()
+    if nodes == 1:
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    else:
+        from ray.cluster_utils import Cluster
+
+        per_node = max(1, cpus // nodes)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": per_node, "include_dashboard": False})
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=per_node)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+    start_up = time.perf_counter() - t0
+    start_up += warm_up(ray, int(ray.cluster_resources().get("CPU", 1)))
+    try:
+        summary = make_shards(cfg, actors=actors)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    return {"seconds": summary.seconds, "samples": summary.samples, "shards": summary.shards,
+            "units": summary.units, "actors": summary.actors, "tokens_with_sep": summary.tokens,
+            "dropped": summary.dropped_tokens, "peak_actor_rss_bytes": summary.peak_actor_rss_bytes,
+            "ray_start_s": start_up, "digest": digest_dir(Path(cfg.shards_dir))}
+
+
+def digest_dir(d: Path) -> str:
+    """One hash over every file's name and bytes (shards and manifest)."""
+    h = hashlib.sha256()
+    for p in sorted(d.iterdir()):
+        if p.is_file():
+            h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+def best(runs: list[dict]) -> dict:
+    return min(runs, key=lambda r: r["seconds"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mb", type=float, default=20.0, help="corpus size in MB (WikiText-2 repeated)")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--unit-mb", type=float, default=1.0, help="shard.unit_bytes in MiB (work-unit size)")
+    p.add_argument("--actors", type=int, default=None, help="default: the CPUs Ray sees")
+    p.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs of the local Ray cluster")
+    p.add_argument("--nodes", type=int, default=1, help="also run on a ray.cluster_utils.Cluster of N nodes "
+                                                         "and check the bytes equal the 1-node run")
+    p.add_argument("--repeat", type=int, default=1, help="measure each method N times, keep the fastest")
+    p.add_argument("--skip-reference", action="store_true", help="memory runs: no reference baseline")
+    p.add_argument("--workdir", default=None, help="default: a temp dir, removed at the end")
+    args = p.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="shard-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        run(args, work)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    corpus = build_corpus(work / "corpus" / "corpus.txt", args.mb)
+    tokenizer_dir = train_benchmark_tokenizer(work / "tokenizer", 10_000, args.seq_len)
+    lines = corpus_lines(corpus)
+    cfg = shard_config(work, corpus, tokenizer_dir, "tpu-ray", args.seq_len, args.unit_mb)
+
+    ceiling = best([measure_ceiling(tokenizer_dir, lines) for _ in range(args.repeat)])
+    del lines
+    tokens = ceiling["tokens"]
+    reference = None if args.skip_reference else best(
+        [measure_reference(corpus, tokenizer_dir, work, args.cpus, args.seq_len) for _ in range(args.repeat)])
+    ours = best([measure_tpu_ray(cfg, args.actors, args.cpus, 1) for _ in range(args.repeat)])
+    multi = None
+    if args.nodes > 1:
+        cfg_multi = shard_config(work, corpus, tokenizer_dir, f"tpu-ray-{args.nodes}-nodes", args.seq_len,
+                                 args.unit_mb)
+        multi = measure_tpu_ray(cfg_multi, args.actors, args.cpus, args.nodes)
+
+    rate = {name: tokens / r["seconds"] for name, r in
+            (("ceiling", ceiling), ("reference", reference), ("tpu-ray", ours)) if r}
+    mb = 2**20
+    print(f"\ncorpus {corpus.stat().st_size / 1e6:.1f} MB, {tokens:,} tokens (no special tokens), "
+          f"seq_len {args.seq_len}, {args.cpus} CPUs, unit {args.unit_mb} MiB, best of {args.repeat}")
+    print(f"{'method':<44} {'seconds':>8} {'tokens/s':>12} {'vs ceiling':>10}  notes")
+    print(f"{'ceiling: encode_batch, all cores, no I/O':<44} {ceiling['seconds']:>8.2f} {rate['ceiling']:>12,.0f} "
+          f"{1.0:>10.2f}  encode_batch_fast: {tokens / ceiling['fast_seconds']:,.0f} tokens/s")
+    if reference:
+        print(f"{'reference: datasets.map + tf.train.Example':<44} {reference['seconds']:>8.2f} "
+              f"{rate['reference']:>12,.0f} {rate['reference'] / rate['ceiling']:>10.2f}  "
+              f"{reference['samples']:,} samples, peak RSS {reference['peak_rss_bytes'] / mb:,.0f} MiB")
+    print(f"{'tpu-ray: make_shards (1 node)':<44} {ours['seconds']:>8.2f} {rate['tpu-ray']:>12,.0f} "
+          f"{rate['tpu-ray'] / rate['ceiling']:>10.2f}  {ours['samples']:,} samples, {ours['shards']} shards, "
+          f"{ours['units']} units, {ours['actors']} actors, peak RSS/actor {ours['peak_actor_rss_bytes'] / mb:,.0f} MiB")
+    print(f"{'':<44} {'':>8} {'':>12} {'':>10}  Ray start-up {ours['ray_start_s']:.1f} s not counted")
+    same = None
+    if multi:
+        same = multi["digest"] == ours["digest"]
+        print(f"{f'tpu-ray: make_shards ({args.nodes} nodes)':<44} {multi['seconds']:>8.2f} "
+              f"{tokens / multi['seconds']:>12,.0f} {tokens / multi['seconds'] / rate['ceiling']:>10.2f}  "
+              f"bytes identical to 1 node: {'YES' if same else 'NO'} (sha256 {multi['digest'][:12]})")
+    result = {
+        "tokens_per_s": round(rate["tpu-ray"]),
+        "reference_tokens_per_s": round(rate["reference"]) if reference else None,
+        "ceiling_tokens_per_s": round(rate["ceiling"]),
+        "vs_reference": round(rate["tpu-ray"] / rate["reference"], 2) if reference else None,
+        "vs_ceiling": round(rate["tpu-ray"] / rate["ceiling"], 2),
+        "corpus_mb": round(corpus.stat().st_size / 1e6, 1),
+        "peak_actor_rss_mb": round(ours["peak_actor_rss_bytes"] / mb),
+    }
+    if multi:
+        result["nodes_identical"] = same
+    print(json.dumps(result))
+    if multi and not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--reference-child":
+        corpus_path, tok_dir, out_dir, procs, seq_len = sys.argv[2:7]
+        print(json.dumps(reference_child(corpus_path, tok_dir, out_dir, int(procs), int(seq_len), 1000)))
+    else:
+        main()
