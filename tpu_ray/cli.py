@@ -125,7 +125,7 @@ def cmd_report(args) -> int:
 def cmd_doctor(args) -> int:
     from tpu_ray.doctor import run_doctor
 
-    return run_doctor(load_config(args), target=args.target, full=args.full)
+    return run_doctor(lambda: load_config(args), target=args.target, full=args.full)  # a bad config is a FAIL check
 
 
 def cmd_submit(args) -> int:

@@ -1,0 +1,754 @@
+"""`tpu-ray doctor`: the reference guide's TPU checklist as checks, run on a CPU before paying for a TPU.
+
+Each check prints PASS / WARN / FAIL, one line of evidence and, on FAIL, the fix:
+
+- config, strategy: the config loads; the strategy/precision/jit settings suit the target.
+- consistency: seq_len fits the position embeddings; tokenizer vocabulary, special ids and pad id
+  agree with the model config and the shards; the manifest was made with this tokenizer.
+- static shapes: the real tf.data pipeline has a fully defined element spec (drop_remainder) and
+  the global batch splits evenly over the target's replicas.
+- data: paths a TPU Node cannot read (local ones) fail; manifest counts, sizes and checksums match
+  the files (sampled; every shard with --full).
+- xla compile: the model and the real input pipeline, one full train step (forward, backward,
+  optimizer) compiled with jit_compile=True on this CPU, two steps run, traced exactly once; an op
+  XLA cannot compile is reported by name.
+- memory, capacity plan: per-replica memory against the target's HBM, and step time, tokens/s,
+  hours and chip-hours at an assumed utilization of the target's peak FLOP/s.
+
+Nothing needs a Ray cluster or prepared data: without a tokenizer or shards the checks that need
+them WARN "not prepared yet" and the pipeline is fed two small TFRecord shards of random ids.
+A config that fails validation is reported as a FAIL (exit 1): diagnosing it is doctor's job.
+Only an unknown --target is a usage error (exit 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from tpu_ray import storage
+from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
+
+log = logging.getLogger(__name__)
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+# Assumed model FLOPs utilization for the capacity plan (a well-fed BERT-style model on TPU).
+ASSUMED_UTILIZATION = 0.40
+# HBM use above this fraction is a warning: XLA needs headroom for temporaries and fusion.
+HBM_WARN_FRACTION = 0.90
+# The CPU compile probe runs at most this many FLOPs per step and this much activation memory;
+# the per-replica batch is halved until it fits (XLA's op coverage does not depend on the batch).
+PROBE_FLOPS = 4e11
+PROBE_BYTES = 4 << 30
+# A gs:// bucket that does not answer within this time is reported as unreachable, not waited on.
+STORAGE_TIMEOUT_S = 15.0
+GB = 1 << 30
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    evidence: str
+    fix: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str  # tpu | gpu | cpu
+    style: str  # tpu-vm | tpu-node | gpu | cpu
+    replicas: int
+    chips: float
+    hosts: int
+    hbm_bytes: float  # per replica
+    peak: float | None  # FLOP/s per replica (dense bf16)
+
+    def describe(self) -> str:
+        peak = f", {self.peak / 1e12:.0f} TFLOP/s each" if self.peak else ""
+        return (f"{self.name} ({self.style}, {self.replicas} replicas on {self.chips:g} chips, {self.hosts} "
+                f"host{'s' if self.hosts > 1 else ''}, {self.hbm_bytes / GB:.0f} GB each{peak})")
+
+
+# family: (HBM GB per replica, peak key, TensorCores per replica, TensorCores per chip, node-capable)
+# v2/v3: a replica is a core (2 per chip); v4/v5p: a replica is a chip (megacore); v5e: 1 core/chip.
+TPU_FAMILIES: dict[str, tuple[float, str, int, int, bool]] = {
+    "v2": (8, "TPU v2", 1, 2, True),
+    "v3": (16, "TPU v3", 1, 2, True),
+    "v4": (32, "TPU v4", 2, 2, False),
+    "v5e": (16, "TPU v5e", 1, 1, False),
+    "v5litepod": (16, "TPU v5e", 1, 1, False),
+    "v5p": (95, "TPU v5p", 2, 2, False),
+}
+GPUS: dict[str, tuple[float, str]] = {"a100": (40, "A100"), "a100-80gb": (80, "A100"), "h100": (80, "H100")}
+TARGET_EXAMPLES = "v2-8, v3-8, v3-8-node, v4-8, v4-16, v4-32, v5e-8 (v5litepod-8), v5p-8, a100, a100-8, h100, cpu"
+
+
+def parse_target(name: str | None, cfg: RunConfig) -> Target:
+    """A target from its name (`v4-8`, `v3-8-node`, `a100-8`, `cpu`); default: train.tpu_topology or cpu."""
+    from tpu_ray.model import PEAK_FLOPS_PER_REPLICA
+
+    name = (name or cfg.train.tpu_topology or "cpu").strip().lower()
+    m = re.fullmatch(r"(v2|v3|v4|v5e|v5litepod|v5p)-(\d+)(?:-(node|vm))?", name)
+    if m:
+        family, cores, style = m.group(1), int(m.group(2)), m.group(3) or "vm"
+        hbm, peak_key, per_replica, per_chip, node_ok = TPU_FAMILIES[family]
+        if style == "node" and not node_ok:
+            raise UserError(f"--target {name}: {family} exists only as TPU VM; drop '-node'")
+        if cores % per_replica or cores < 1 or (per_chip == 2 and cores % 8):
+            raise UserError(f"--target {name}: not a {family} slice size; e.g. {family}-8")
+        chips = cores / per_chip
+        hosts = max(1, int(chips // 4)) if family not in ("v5e", "v5litepod") else (1 if cores <= 8 else cores // 4)
+        return Target(name, "tpu", f"tpu-{style}", cores // per_replica, chips, hosts, hbm * GB,
+                      PEAK_FLOPS_PER_REPLICA[peak_key])
+    m = re.fullmatch(r"(a100|a100-80gb|h100)(?:[-x](\d+))?", name)
+    if m:
+        hbm, peak_key = GPUS[m.group(1)]
+        n = int(m.group(2) or 1)
+        return Target(name, "gpu", "gpu", n, n, max(1, -(-n // 8)), hbm * GB, PEAK_FLOPS_PER_REPLICA[peak_key])
+    if name == "cpu":
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        n = cfg.train.cpu_replicas
+        return Target("cpu", "cpu", "cpu", n, 1, 1, ram / n, None)
+    raise UserError(f"--target {name}: unknown accelerator; use one of {TARGET_EXAMPLES}")
+
+
+# --------------------------------------------------------------------------------------------
+# Estimates (pure functions: the numbers the plan prints)
+# --------------------------------------------------------------------------------------------
+def param_count(cfg: RunConfig, vocab: int) -> int:
+    """Parameters of the masked-LM model (decoder tied to the word embeddings)."""
+    s = cfg.model.sizes()
+    h, layers, inter = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"]
+    embeddings = vocab * h + cfg.max_positions() * h + 2 * h + 2 * h  # words, positions, type, LayerNorm
+    layer = 4 * (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h) + 2 * h
+    head = h * h + h + 2 * h + vocab  # dense, LayerNorm, output bias
+    return embeddings + layers * layer + head
+
+
+def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 2) -> dict[str, float]:
+    """Bytes per replica: float32 weights + gradients + AdamW's two moments, activations kept for the
+    backward pass (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) per layer at 16 bits, no
+    recomputation), and the vocabulary logits (compute dtype, float32 copy, float32 gradient)."""
+    s = cfg.model.sizes()
+    h, layers, heads, seq = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], cfg.shard.seq_len
+    params = param_count(cfg, vocab)
+    acts = layers * seq * batch * h * (34 + 5 * heads * seq / h) * act_bytes / 2
+    logits = batch * seq * vocab * (act_bytes + 8)
+    return {"weights": 4.0 * params, "gradients": 4.0 * params, "adam": 8.0 * params,
+            "activations": acts, "logits": logits}
+
+
+def probe_batch(cfg: RunConfig, vocab: int, per_replica: int) -> int:
+    """The largest batch <= per_replica (halving) whose CPU step stays under the probe budget; 0: none."""
+    from tpu_ray.model import train_flops_per_token
+
+    fpt = train_flops_per_token(cfg, vocab)
+    b = max(1, per_replica)
+    while b >= 1:
+        mem = memory_per_replica(cfg, vocab, b, act_bytes=4)
+        if b * cfg.shard.seq_len * fpt <= PROBE_FLOPS and mem["activations"] + mem["logits"] <= PROBE_BYTES:
+            return b
+        b //= 2
+    return 0
+
+
+def unsupported_ops(message: str) -> list[str]:
+    """Op names from an XLA compile error ("No registered 'AsString' OpKernel for XLA_CPU_JIT")."""
+    ops = re.findall(r"No registered '([^']+)' OpKernel for XLA", message)
+    if not ops:
+        ops = re.findall(r"\{\{node ([^}]+)\}\}", message)
+    return list(dict.fromkeys(ops))
+
+
+def _op_origin(message: str) -> str:
+    """Where the first unsupported op was created, from TF's "The op is created at:" trace."""
+    tail = message.split("The op is created at:", 1)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', tail[1]) if len(tail) > 1 else []
+    if not frames:
+        return ""
+    path, line, fn = frames[-1]
+    return f" (created at {Path(path).name}:{line} in {fn})"
+
+
+def _bytes(n: float) -> str:
+    for unit, div in (("GB", GB), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _human(n: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+# --------------------------------------------------------------------------------------------
+# Storage with a time limit (an unreachable bucket must not stall the doctor for minutes)
+# --------------------------------------------------------------------------------------------
+def _call_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:.0f}s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+# --------------------------------------------------------------------------------------------
+# The doctor
+# --------------------------------------------------------------------------------------------
+StepFactory = Callable[[], Callable[[dict], Any]]
+
+
+class Doctor:
+    """Runs the checks in order, printing each as it completes."""
+
+    def __init__(self, cfg: RunConfig, target: Target, full: bool, out: TextIO | None):
+        self.cfg, self.target, self.full, self.out = cfg, target, full, out
+        self.checks: list[Check] = []
+        self.tok: Any = None  # TokenizerInfo, when the run has a tokenizer
+        self.manifest: dict | None = None
+        self.shards_ok = False
+        self._unreachable: dict[str, str] = {}
+        self._tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-doctor-")
+
+    # -- reporting ---------------------------------------------------------------------------
+    def add(self, name: str, status: str, evidence: str, fix: str = "") -> Check:
+        check = Check(name, status, evidence, fix)
+        self.checks.append(check)
+        print(f"{status}  {name:<15} {evidence}", file=self.out, flush=True)
+        if fix and status != PASS:
+            print(f"{'':6}{'':<15} fix: {fix}", file=self.out, flush=True)
+        return check
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == FAIL for c in self.checks)
+
+    # -- storage -----------------------------------------------------------------------------
+    def probe(self, path: str) -> tuple[str, str]:
+        """("exists" | "missing" | "unreachable" | "error", detail) for a local or remote path."""
+        if not storage.is_remote(path):
+            return ("exists" if os.path.exists(path) else "missing"), ""
+        bucket = path.split("://", 1)[1].split("/", 1)[0]
+        if bucket in self._unreachable:
+            return "unreachable", self._unreachable[bucket]
+        try:
+            found = _call_with_timeout(lambda: storage.exists(path), STORAGE_TIMEOUT_S)
+        except UserError as exc:
+            if "does not exist" in str(exc):
+                return "error", str(exc)
+            self._unreachable[bucket] = str(exc)
+            return "unreachable", str(exc)
+        except TimeoutError as exc:
+            self._unreachable[bucket] = f"gs://{bucket}: {exc}"
+            return "unreachable", self._unreachable[bucket]
+        return ("exists" if found else "missing"), ""
+
+    # -- checks ------------------------------------------------------------------------------
+    def check_strategy(self) -> None:
+        t, tgt = self.cfg.train, self.target
+        if tgt.kind == "tpu" and t.strategy in ("cpu", "gpu", "multiworker"):
+            self.add("strategy", FAIL, f"train.strategy={t.strategy} would not use the {tgt.name} TPU",
+                     "set train.strategy=auto (or tpu)")
+        elif tgt.kind == "tpu" and t.mixed_precision == "mixed_float16":
+            self.add("strategy", FAIL, "train.mixed_precision=mixed_float16 is GPU-only",
+                     "use train.mixed_precision=auto (bfloat16 on TPU)")
+        elif tgt.kind == "tpu" and t.jit_compile:
+            self.add("strategy", WARN, "train.jit_compile=true is ignored on TPU (XLA compiles everything there)",
+                     "remove train.jit_compile for TPU runs")
+        elif tgt.kind == "tpu" and t.tpu_topology and t.tpu_topology != tgt.name.removesuffix("-node").removesuffix("-vm"):
+            self.add("strategy", WARN, f"train.tpu_topology={t.tpu_topology} but planning for {tgt.name}",
+                     f"set train.tpu_topology={tgt.name}")
+        else:
+            how = {"tpu": "TPUStrategy, bfloat16, XLA implicit", "gpu": "MirroredStrategy, float16, jit_compile",
+                   "cpu": "default/MirroredStrategy, float32"}[tgt.kind]
+            self.add("strategy", PASS, f"train.strategy={t.strategy} -> {how}")
+
+    def check_tokenizer(self) -> None:
+        from tpu_ray.tokenizer import TOKENIZER_FILE, tokenizer_info
+
+        cfg = self.cfg
+        path = storage.join(cfg.tokenizer_dir, TOKENIZER_FILE)
+        state, detail = self.probe(path)
+        if state == "error":
+            self.add("tokenizer", FAIL, detail, "create the bucket or fix tokenizer.path / --output-dir")
+        elif state == "unreachable":
+            self.add("tokenizer", WARN, f"not verified: {detail}", "run doctor where the bucket is reachable")
+        elif state == "missing":
+            if cfg.tokenizer.path:
+                self.add("tokenizer", FAIL, f"tokenizer.path={cfg.tokenizer.path}: no {TOKENIZER_FILE} there",
+                         "point tokenizer.path at a tokenizer directory, or unset it to train one")
+            else:
+                self.add("tokenizer", WARN, f"not prepared yet: no {path}; checks use tokenizer.vocab_size="
+                         f"{cfg.tokenizer.vocab_size} and tpu-ray's special ids")
+        else:
+            try:
+                self.tok = tokenizer_info(cfg.tokenizer_dir)
+            except UserError as exc:
+                self.add("tokenizer", FAIL, str(exc), "retrain it with tpu-ray tokenizer --force")
+                return
+            self.add("tokenizer", PASS, f"{cfg.tokenizer_dir}: vocab {self.tok.vocab_size}, pad id "
+                     f"{self.tok.pad_id}, mask id {self.tok.mask_id}, sha256 {self.tok.sha256[:12]}")
+
+    def load_manifest(self) -> None:
+        from tpu_ray.shards import manifest_path, read_manifest
+
+        path = manifest_path(self.cfg.shards_dir)
+        state, detail = self.probe(path)
+        if state == "exists":
+            try:
+                self.manifest = read_manifest(self.cfg.shards_dir)
+            except UserError as exc:
+                self.add("manifest", FAIL, str(exc), "delete it and rerun `tpu-ray shard`")
+        elif state == "error":
+            self.add("manifest", FAIL, detail, "create the bucket or fix shard.dir / --output-dir")
+        elif state == "unreachable":
+            self.add("manifest", WARN, f"not verified: {detail}", "run doctor where the bucket is reachable")
+
+    def check_positions(self) -> None:
+        cfg = self.cfg
+        need, have = cfg.shard.seq_len + 2, cfg.max_positions()
+        if need > have:
+            self.add("positions", FAIL, f"shard.seq_len={cfg.shard.seq_len} needs {need} position embeddings "
+                     f"(RoBERTa positions start at 2), model has {have}",
+                     f"set model.max_position_embeddings={need} or shard.seq_len<={have - 2}")
+        else:
+            self.add("positions", PASS, f"seq_len {cfg.shard.seq_len} + 2 <= max_position_embeddings {have}")
+
+    def check_vocab(self) -> None:
+        """Tokenizer vs model config vs shards: vocab size, special ids, pad id."""
+        from tpu_ray.model import hf_config
+
+        cfg, tok, manifest = self.cfg, self.tok, self.manifest
+        if tok is None:
+            self.add("vocab", WARN, "not prepared yet: no tokenizer to compare with the model config")
+            return
+        hf = hf_config(cfg, tok)
+        problems = []
+        if hf.vocab_size != tok.vocab_size:
+            problems.append(f"model vocab_size {hf.vocab_size} != tokenizer {tok.vocab_size}")
+        if hf.pad_token_id != tok.pad_id:
+            problems.append(f"model pad_token_id {hf.pad_token_id} != tokenizer pad id {tok.pad_id}")
+        if cfg.model.model_type == "roberta" and tok.pad_id != 1:
+            problems.append(f"tokenizer pad id is {tok.pad_id}, TF RoBERTa treats id 1 as padding")
+        if max(tok.special_ids) >= hf.vocab_size:
+            problems.append(f"special id {max(tok.special_ids)} >= vocab_size {hf.vocab_size}")
+        if manifest:
+            if manifest.get("vocab_size") not in (None, tok.vocab_size):
+                problems.append(f"shards were made with vocab_size {manifest['vocab_size']}, tokenizer has "
+                                f"{tok.vocab_size}")
+            ids = {"cls": tok.cls_id, "sep": tok.sep_id, "pad": tok.pad_id, "unk": tok.unk_id, "mask": tok.mask_id}
+            if manifest.get("special_ids") not in (None, ids):
+                problems.append(f"shards' special ids {manifest['special_ids']} != tokenizer's {ids}")
+            biggest = self._max_shard_id()
+            if biggest is not None and biggest >= hf.vocab_size:
+                problems.append(f"shards hold token id {biggest} >= vocab_size {hf.vocab_size}")
+        if problems:
+            self.add("vocab", FAIL, "; ".join(problems),
+                     "make tokenizer, shards and model agree: reshard with this tokenizer (tpu-ray shard in a "
+                     "new --output-dir) or point tokenizer.path at the tokenizer the shards were made with")
+            return
+        self.add("vocab", PASS, f"model vocab_size {hf.vocab_size} = tokenizer; pad_token_id {hf.pad_token_id}, "
+                 f"special ids {tok.special_ids} agree" + (" with the shards" if manifest else ""))
+
+    def _max_shard_id(self) -> int | None:
+        """The largest token id in the first records of the sampled train shards (a cheap scan)."""
+        import tensorflow as tf
+
+        from tpu_ray.verify import manifest_shards, sampled
+
+        entries = [e for e in manifest_shards(self.manifest or {}) if e["split"] == "train"]
+        biggest = None
+        for entry in sampled(entries, self.full):
+            local = self._local_copy(entry["path"])
+            if local is None:
+                return None
+            ds = tf.data.TFRecordDataset(local).take(256).batch(256)
+            spec = {"input_ids": tf.io.VarLenFeature(tf.int64)}
+            try:
+                for raw in ds:
+                    ids = tf.io.parse_example(raw, spec)["input_ids"].values
+                    if tf.size(ids) > 0:
+                        biggest = max(biggest or 0, int(tf.reduce_max(ids)))
+            except tf.errors.OpError:
+                return biggest  # a corrupt shard: the shards check names it
+        return biggest
+
+    def _local_copy(self, name: str) -> str | None:
+        """A local path for shard `name` (copied from gs:// into the temp dir: TF's own GCS client
+        cannot be pointed at an emulator or reused credentials, fsspec can)."""
+        src = storage.join(self.cfg.shards_dir, name)
+        if not storage.is_remote(src):
+            return src if os.path.exists(src) else None
+        dst = os.path.join(self._tmp.name, "copies", name)
+        if not os.path.exists(dst):
+            try:
+                data = _call_with_timeout(lambda: storage.read_bytes(src), 4 * STORAGE_TIMEOUT_S)
+            except (UserError, OSError, TimeoutError):
+                return None
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            Path(dst).write_bytes(data)
+        return dst
+
+    def check_manifest_tokenizer(self) -> None:
+        cfg, tok, manifest = self.cfg, self.tok, self.manifest
+        if manifest is None or tok is None:
+            self.add("manifest/tok", WARN, "not prepared yet: needs both a tokenizer and a shard manifest")
+            return
+        problems = []
+        if manifest.get("tokenizer_sha256") != tok.sha256:
+            problems.append(f"manifest.json says tokenizer {str(manifest.get('tokenizer_sha256'))[:12]}, "
+                            f"{cfg.tokenizer_dir} is {tok.sha256[:12]}")
+        if manifest.get("seq_len") != cfg.shard.seq_len:
+            problems.append(f"shards have seq_len={manifest.get('seq_len')}, config shard.seq_len={cfg.shard.seq_len}")
+        if problems:
+            self.add("manifest/tok", FAIL, "; ".join(problems),
+                     "reshard with this tokenizer and seq_len (new --output-dir), or set tokenizer.path / "
+                     "shard.seq_len to what the shards were made with")
+        else:
+            self.add("manifest/tok", PASS, f"shards made with this tokenizer ({tok.sha256[:12]}) at seq_len "
+                     f"{cfg.shard.seq_len}")
+
+    def check_batch(self) -> None:
+        gb, n = self.cfg.train.batch_size, self.target.replicas
+        if gb % n:
+            up = -(-gb // n) * n
+            self.add("batch/replicas", FAIL, f"train.batch_size={gb} does not split over {n} replicas of "
+                     f"{self.target.name}", f"use a multiple of {n}, e.g. train.batch_size={up}")
+        else:
+            note = ""
+            if self.target.kind == "tpu" and (gb // n) % 8:
+                note = " (not a multiple of 8: XLA pads the per-replica batch on TPU)"
+            self.add("batch/replicas", PASS, f"global batch {gb} = {n} replicas x {gb // n}{note}")
+
+    def check_paths(self) -> None:
+        cfg, tgt = self.cfg, self.target
+        paths = {"--output-dir": cfg.run_dir, "shard.dir": cfg.shards_dir, "tokenizer": cfg.tokenizer_dir}
+        local = {k: v for k, v in paths.items() if not storage.is_remote(v)}
+        remote = {k: v for k, v in paths.items() if storage.is_remote(v)}
+        for key, path in remote.items():
+            state, detail = self.probe(path)
+            if state == "error":
+                self.add("data reach", FAIL, detail, "create the bucket (gsutil mb) or fix the path")
+                return
+            if state == "unreachable":
+                self.add("data reach", WARN, f"{key} {path}: not verified from this machine ({detail[:160]})",
+                         "run doctor where the bucket is reachable")
+                return
+        if tgt.style == "tpu-node" and local:
+            names = ", ".join(f"{k}={v}" for k, v in local.items())
+            self.add("data reach", FAIL, f"{tgt.name} is a TPU Node: its host reads input and writes checkpoints "
+                     f"itself and reaches only gs://; local: {names}",
+                     "put the run on GCS: --output-dir gs://BUCKET/RUN (and shard.dir / tokenizer.path on gs://)")
+        elif tgt.kind == "tpu" and tgt.hosts > 1 and local:
+            self.add("data reach", WARN, f"{tgt.name} has {tgt.hosts} hosts and each reads shards: local paths "
+                     f"({', '.join(local)}) must exist on every host", "prefer gs:// for multi-host slices")
+        else:
+            where = "gs://" if remote and not local else ("local" if local and not remote else "local and gs://")
+            self.add("data reach", PASS, f"{where} paths; {tgt.style} reads them"
+                     + (" (checkpoints and shards on its own disk)" if local and tgt.kind == "tpu" else ""))
+
+    def check_shards(self) -> None:
+        """Manifest counts and per-shard sizes, checksums and record counts against the files."""
+        from tpu_ray.verify import check_shard, manifest_shards, sampled
+
+        manifest, shards_dir = self.manifest, self.cfg.shards_dir
+        if manifest is None:
+            if not any(c.name == "manifest" for c in self.checks):
+                self.add("shards", WARN, f"not prepared yet: no {shards_dir}/manifest.json (tpu-ray shard makes it)")
+            return
+        if not manifest.get("complete"):
+            self.add("shards", FAIL, f"{shards_dir}/manifest.json: sharding did not finish",
+                     "rerun `tpu-ray shard` to resume it")
+            return
+        entries = manifest_shards(manifest)
+        for split, info in manifest.get("splits", {}).items():
+            listed = sum(e["samples"] for e in entries if e["split"] == split)
+            if listed != info.get("samples", listed):
+                self.add("shards", FAIL, f"{shards_dir}/manifest.json: {split} lists {listed} samples in its shards "
+                         f"but a total of {info['samples']}", "delete the shards and rerun `tpu-ray shard`")
+                return
+        deep = {e["path"] for e in sampled(entries, self.full)}
+        try:
+            for entry in entries:
+                problem = _call_with_timeout(
+                    lambda e=entry: check_shard(shards_dir, e, deep=e["path"] in deep), 4 * STORAGE_TIMEOUT_S)
+                if problem:
+                    self.add("shards", FAIL, problem.split("; delete")[0].split("; rerun")[0],
+                             "delete that shard and rerun `tpu-ray shard` to rewrite it")
+                    return
+        except (UserError, TimeoutError) as exc:
+            self.add("shards", WARN, f"not verified: {exc}", "run doctor where the shards are reachable")
+            return
+        self.shards_ok = True
+        train = [e for e in entries if e["split"] == "train"]
+        how = "all" if self.full or len(deep) == len(entries) else f"{len(deep)} sampled (--full: all)"
+        self.add("shards", PASS, f"{len(entries)} shards ({len(train)} train, {sum(e['samples'] for e in train)} "
+                 f"train samples) present with manifest sizes; sha256 + record counts of {how} match")
+
+    # -- the input pipeline and the XLA probe ----------------------------------------------------
+    def vocab_and_spec(self):
+        from tpu_ray.data import MaskSpec
+        from tpu_ray.tokenizer import TokenizerInfo
+
+        tok = self.tok or TokenizerInfo("synthetic", self.cfg.tokenizer.vocab_size, 0, 2, 1, 3, 4)
+        spec = MaskSpec(self.cfg.train.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids))
+        return tok, spec
+
+    def pipeline_files(self, batch: int) -> tuple[list[str], str]:
+        """Train shard files for the probe: (up to 2 of) the run's own, else two synthetic ones."""
+        if self.shards_ok and self.manifest:
+            from tpu_ray.verify import manifest_shards
+
+            names = [e["path"] for e in manifest_shards(self.manifest) if e["split"] == "train"][:2]
+            files = [f for f in (self._local_copy(n) for n in names) if f]
+            if files:
+                return files, "the run's shards"
+        from tpu_ray.tfrecord import serialize_examples, write_records
+
+        tok, _ = self.vocab_and_spec()
+        seq = self.cfg.shard.seq_len
+        rng = np.random.default_rng(self.cfg.seed)
+        rows_per_shard = max(2 * batch, 8)
+        files = []
+        for i in range(2):
+            rows = rng.integers(max(tok.special_ids) + 1, tok.vocab_size, size=(rows_per_shard, seq), dtype=np.int64)
+            rows[:, 0], rows[:, -1] = tok.cls_id, tok.sep_id
+            path = os.path.join(self._tmp.name, f"train-{i:05d}-{rows_per_shard}.tfrecord")
+            with open(path, "wb") as f:
+                write_records(f, serialize_examples(rows))
+            files.append(path)
+        return files, "2 synthetic shards of random ids"
+
+    def dataset(self, files: list[str], batch: int):
+        from tpu_ray.data import train_dataset
+
+        _, spec = self.vocab_and_spec()
+        # The shuffle buffer only changes order, not shapes: keep it small so the probe starts fast.
+        return train_dataset(files, self.cfg.shard.seq_len, batch, spec, self.cfg.seed,
+                             min(self.cfg.train.shuffle_buffer, 64))
+
+    def check_static_shapes(self) -> None:
+        per_replica = max(1, self.cfg.train.batch_size // self.target.replicas)
+        files, _ = self.pipeline_files(1)
+        spec = self.dataset(files, per_replica).element_spec
+        shown = ", ".join(f"{k} {v.dtype.name}{v.shape.as_list()}" for k, v in sorted(spec.items()))
+        loose = [k for k, v in spec.items() if not v.shape.is_fully_defined()]
+        if loose:
+            self.add("static shapes", FAIL, f"undefined dimensions in {', '.join(loose)}: {shown}",
+                     "batch with drop_remainder=True and parse fixed-length features")
+        else:
+            self.add("static shapes", PASS, f"per-replica batch spec fully defined (drop_remainder): {shown}")
+
+    def check_xla(self, step_factory: StepFactory | None) -> None:
+        from tpu_ray.model import train_flops_per_token
+
+        cfg = self.cfg
+        tok, _ = self.vocab_and_spec()
+        per_replica = max(1, cfg.train.batch_size // self.target.replicas)
+        batch = probe_batch(cfg, tok.vocab_size, per_replica)
+        if batch == 0:
+            need = memory_per_replica(cfg, tok.vocab_size, 1, act_bytes=4)
+            flops = cfg.shard.seq_len * train_flops_per_token(cfg, tok.vocab_size)
+            self.add("xla compile", WARN, f"skipped: one sample at seq_len {cfg.shard.seq_len} needs "
+                     f"{_human(flops)}FLOP and {(need['activations'] + need['logits']) / GB:.0f} GB on this CPU "
+                     f"(probe limit {_human(PROBE_FLOPS)}FLOP, {PROBE_BYTES / GB:.0f} GB)",
+                     "lower shard.seq_len (see memory below)")
+            return
+        files, source = self.pipeline_files(batch)
+        batches = iter(self.dataset(files, batch))
+        factory = step_factory or (lambda: _model_step(cfg, tok))
+        shape = f"[{batch}, {cfg.shard.seq_len}]"
+        scaled = f" (per-replica batch {per_replica} scaled down for this CPU)" if batch < per_replica else ""
+        self.add_xla(xla_probe(factory, batches), f"full train step at {shape}{scaled} on {source}")
+
+    def add_xla(self, result: tuple[str, str, str], label: str) -> None:
+        status, evidence, fix = result
+        self.add("xla compile", status, f"{label}: {evidence}" if status == PASS else evidence, fix)
+
+    def check_memory_and_plan(self) -> None:
+        from tpu_ray.model import train_flops_per_token
+
+        cfg, tgt = self.cfg, self.target
+        tok, _ = self.vocab_and_spec()
+        gb, seq = cfg.train.batch_size, cfg.shard.seq_len
+        per_replica = max(1, gb // tgt.replicas)
+        act_bytes = 2 if tgt.kind in ("tpu", "gpu") else 4
+        mem = memory_per_replica(cfg, tok.vocab_size, per_replica, act_bytes)
+        total = sum(mem.values())
+        fixed = mem["weights"] + mem["gradients"] + mem["adam"]
+        per_sample = (total - fixed) / per_replica
+        parts = (f"params {_human(param_count(cfg, tok.vocab_size))} -> weights+grads+AdamW "
+                 f"{_bytes(fixed)}, activations {_bytes(mem['activations'])}, logits {_bytes(mem['logits'])}")
+        share = total / tgt.hbm_bytes
+        line = (f"~{_bytes(total)} per replica at batch {per_replica}x{seq} of {_bytes(tgt.hbm_bytes)} "
+                f"({share:.0%}): {parts}")
+        fits = int((HBM_WARN_FRACTION * tgt.hbm_bytes - fixed) // per_sample) if per_sample else per_replica
+        fix = (f"lower the per-replica batch to <= {fits} (train.batch_size={max(fits, 0) * tgt.replicas}), "
+               f"shard.seq_len, or the model size; or pick a target with more memory")
+        if fits < 1:
+            fix = "lower shard.seq_len or the model size, or pick a target with more memory"
+        if share > 1:
+            self.add("memory", FAIL, line, fix)
+        elif share > HBM_WARN_FRACTION:
+            self.add("memory", WARN, line + " (tight: XLA needs headroom)", fix)
+        else:
+            self.add("memory", PASS, line)
+
+        from tpu_ray.model import measure_cpu_peak
+
+        peak = tgt.peak or measure_cpu_peak()
+        flops_step = train_flops_per_token(cfg, tok.vocab_size) * gb * seq
+        step_s = flops_step / (tgt.replicas * peak * ASSUMED_UTILIZATION)
+        hours = cfg.train.steps * step_s / 3600
+        unit = "chip-hours" if tgt.kind == "tpu" else ("GPU-hours" if tgt.kind == "gpu" else "machine-hours")
+        chips = tgt.chips if tgt.kind != "cpu" else 1
+        self.add("capacity plan", PASS,
+                 f"~{_duration(step_s)}/step, {_human(gb * seq / step_s)} tokens/s at {ASSUMED_UTILIZATION:.0%} "
+                 f"of {tgt.replicas}x{peak / 1e12:.1f} TFLOP/s; {cfg.train.steps:,} steps = {hours:,.3g} h = "
+                 f"{hours * chips:,.3g} {unit} ({chips:g} {'chips' if tgt.kind == 'tpu' else 'devices'})")
+
+    # -- all ---------------------------------------------------------------------------------
+    def run(self, step_factory: StepFactory | None = None) -> None:
+        cfg = self.cfg
+        s = cfg.model.sizes()
+        self.add("config", PASS, f"name={cfg.name} seq_len={cfg.shard.seq_len} global_batch={cfg.train.batch_size} "
+                 f"model={cfg.model.model_type}/{cfg.model.preset} (h={s['hidden_size']}, "
+                 f"layers={s['num_hidden_layers']}) steps={cfg.train.steps:,}")
+        self.check_strategy()
+        self.check_tokenizer()
+        self.load_manifest()
+        self.check_positions()
+        self.check_vocab()
+        self.check_manifest_tokenizer()
+        self.check_paths()
+        self.check_shards()
+        self.check_batch()
+        self.check_static_shapes()
+        self.check_xla(step_factory)
+        self.check_memory_and_plan()
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+def _model_step(cfg: RunConfig, tok) -> Callable[[dict], Any]:
+    """The real model and optimizer (as train.build makes them) and one full train step."""
+    import tensorflow as tf
+    import tf_keras
+    from transformers import TFAutoModelForMaskedLM, create_optimizer
+
+    from tpu_ray.model import hf_config
+    from tpu_ray.train import masked_sums
+
+    tf_keras.mixed_precision.set_global_policy("float32")  # bfloat16 on TPU; on this CPU float32
+    t = cfg.train
+    warmup = t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
+    model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
+    model(model.dummy_inputs, training=False)
+    optimizer, _ = create_optimizer(init_lr=t.learning_rate, num_train_steps=t.steps, num_warmup_steps=warmup,
+                                    weight_decay_rate=t.weight_decay)
+    optimizer._create_all_weights(model.trainable_variables)
+
+    def step(batch: dict) -> Any:
+        with tf.GradientTape() as tape:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           training=True).logits
+            loss_sum, correct, count = masked_sums(batch["labels"], logits)
+            loss = loss_sum / tf.maximum(count, 1.0)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return tf.stack([loss_sum, correct, count])
+
+    return step
+
+
+def xla_probe(step_factory: StepFactory, batches: Iterator[dict]) -> tuple[str, str, str]:
+    """Compile `step_factory()` with jit_compile=True, run two steps on `batches`, count traces.
+
+    Returns (status, evidence, fix); an op XLA cannot compile is named in the evidence.
+    """
+    import tensorflow as tf
+
+    t0 = time.perf_counter()
+    try:
+        step = tf.function(step_factory(), jit_compile=True)
+        first = step(next(batches))
+        _ = [float(x) for x in tf.reshape(first, [-1]).numpy()[:3]]
+        compiled = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        step(next(batches))
+        second = time.perf_counter() - t1
+    except tf.errors.OpError as exc:
+        message = exc.message or str(exc)
+        ops = unsupported_ops(message)
+        if ops:
+            return (FAIL, f"XLA cannot compile op(s) {', '.join(ops)}{_op_origin(message)}",
+                    "replace them with XLA-compatible TF ops inside the step (no tf.py_function, string ops or "
+                    "data-dependent shapes; see the guide's three XLA rules)")
+        return FAIL, f"XLA compile failed: {message.strip().splitlines()[0][:200]}", "see the XLA rules in the guide"
+    traces = step.experimental_get_tracing_count()
+    if traces != 1:
+        return (FAIL, f"traced {traces} times in 2 steps: input shapes or Python values change between steps",
+                "feed fixed shapes (batch with drop_remainder=True, fixed seq_len) and tensors, not Python numbers")
+    return PASS, f"compiled + step 1 in {compiled:.1f}s, step 2 in {second:.2f}s, traced once", ""
+
+
+def run_doctor(cfg: RunConfig | Callable[[], RunConfig], target: str | None = None, full: bool = False,
+               out: TextIO | None = None, step_factory: StepFactory | None = None) -> int:
+    """Run every check and print the report; 0 when nothing FAILs, else 1.
+
+    `cfg` may be a loader, so a config that fails validation is reported as a FAIL check.
+    `step_factory` replaces the model's train step (tests plant an op XLA cannot compile).
+    """
+    t0 = time.monotonic()
+    if callable(cfg) and not isinstance(cfg, RunConfig):
+        try:
+            cfg = cfg()
+        except UserError as exc:
+            print(f"{FAIL}  {'config':<15} {exc}", file=out, flush=True)
+            print(f"{'':6}{'':<15} fix: correct the config (the message names the field)", file=out, flush=True)
+            print(f"doctor: 1 FAIL, nothing else checked ({time.monotonic() - t0:.0f}s)", file=out, flush=True)
+            return 1
+    tgt = parse_target(target, cfg)
+    print(f"tpu-ray doctor: run {cfg.name}, target {tgt.describe()}", file=out, flush=True)
+    doctor = Doctor(cfg, tgt, full, out)
+    try:
+        doctor.run(step_factory)
+    finally:
+        doctor.close()
+    counts = {s: sum(c.status == s for c in doctor.checks) for s in (PASS, WARN, FAIL)}
+    print(f"doctor: {counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL "
+          f"({time.monotonic() - t0:.0f}s)", file=out, flush=True)
+    return 1 if doctor.failed else 0

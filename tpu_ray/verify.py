@@ -1,0 +1,128 @@
+"""Shards checked against their manifest, so a damaged file fails before a run pays for it.
+
+The manifest records every shard's size, sample count and sha256. Training checks sizes always
+(a truncated or rewritten file changes size; one metadata call per shard) and sha256 plus the
+record framing when the data is small enough to read cheaply; `tpu-ray doctor` samples the deep
+check, or runs it on every shard with --full. A corrupt record that still slips through
+(shards without a manifest) surfaces in tf.data as a DataLossError that names no file:
+`guard_training` turns it into a one-line UserError naming the shard.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from tpu_ray import storage
+from tpu_ray.errors import UserError
+from tpu_ray.tfrecord import read_records
+
+# Below this many bytes of shards, training hashes every shard before it starts.
+CHEAP_HASH_BYTES = 256 << 20
+# Shards hashed by a sampled check (first, middle, last).
+SAMPLE = 3
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def manifest_shards(manifest: dict) -> list[dict]:
+    """Every shard entry of a manifest, train first, each with its split."""
+    out = []
+    for split, info in sorted(manifest.get("splits", {}).items(), key=lambda kv: kv[0] != "train"):
+        out.extend({"split": split, **entry} for entry in info.get("shards", []))
+    return out
+
+
+def sampled(entries: Sequence[dict], full: bool) -> list[dict]:
+    """All entries, or a deterministic sample (first, middle, last)."""
+    if full or len(entries) <= SAMPLE:
+        return list(entries)
+    picks = sorted({0, len(entries) // 2, len(entries) - 1})
+    return [entries[i] for i in picks]
+
+
+def count_records(data: bytes) -> int:
+    """Records in TFRecord bytes; ValueError if the framing or a CRC is broken (truncation)."""
+    return sum(1 for _ in read_records(io.BytesIO(data)))
+
+
+def check_shard(shards_dir: str, entry: dict, deep: bool) -> str | None:
+    """None if the shard matches its manifest entry, else one line naming the file and the fix.
+
+    Shallow: exists and has the recorded size. Deep: also sha256 and sample count (reads it).
+    """
+    path = storage.join(shards_dir, entry["path"])
+    fix = "delete it and rerun `tpu-ray shard` to rewrite it"
+    if not storage.exists(path):
+        return f"{path}: listed in manifest.json but missing; rerun `tpu-ray shard` to rewrite it"
+    size = storage.size(path)
+    if "bytes" in entry and size != entry["bytes"]:
+        return f"{path}: {size} bytes, manifest.json says {entry['bytes']} (truncated or rewritten); {fix}"
+    if not deep:
+        return None
+    data = storage.read_bytes(path)
+    digest = hashlib.sha256(data).hexdigest()
+    if entry.get("sha256") and digest != entry["sha256"]:
+        return (f"{path}: sha256 {digest[:12]} does not match manifest.json ({str(entry['sha256'])[:12]}); "
+                f"{fix}")
+    try:
+        n = count_records(data)
+    except ValueError as exc:
+        return f"{path}: {exc} (corrupt TFRecord); {fix}"
+    if n != entry.get("samples", n):
+        return f"{path}: {n} records, manifest.json says {entry['samples']}; {fix}"
+    return None
+
+
+def verify_for_training(shards_dir: str, manifest: dict | None) -> None:
+    """Raise a UserError naming the first shard that does not match the manifest.
+
+    Sizes always; sha256 and record counts of every shard when they total under
+    CHEAP_HASH_BYTES, else of a sample (`tpu-ray doctor --full` checks them all).
+    """
+    if not manifest:
+        return
+    entries = manifest_shards(manifest)
+    cheap = sum(int(e.get("bytes", 0)) for e in entries) <= CHEAP_HASH_BYTES
+    deep = {e["path"] for e in sampled(entries, full=cheap)}
+    for entry in entries:
+        problem = check_shard(shards_dir, entry, deep=entry["path"] in deep)
+        if problem:
+            raise UserError(problem)
+
+
+def find_corrupt(files: Sequence[str]) -> str | None:
+    """The first file whose TFRecord framing is broken (read in Python, on the error path only)."""
+    for path in files:
+        try:
+            count_records(storage.read_bytes(path))
+        except (ValueError, OSError):
+            return path
+    return None
+
+
+def guard_training(train_fn: F) -> F:
+    """Decorate `train(cfg, ...)`: verify shards against the manifest first, and turn tf.data's
+    DataLossError (which names no file) into a UserError naming the corrupt shard."""
+
+    @functools.wraps(train_fn)
+    def wrapper(cfg, *args: Any, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
+        from tpu_ray.shards import read_manifest, shard_files
+
+        verify_for_training(cfg.shards_dir, read_manifest(cfg.shards_dir))
+        try:
+            return train_fn(cfg, *args, **kwargs)
+        except tf.errors.DataLossError as exc:
+            files = [p for split in ("train", "validation")
+                     for p, _ in shard_files(cfg.shards_dir, split, require_complete=False)]
+            bad = find_corrupt(files)
+            what = f"{bad}: truncated or corrupt TFRecord" if bad else f"{cfg.shards_dir}: corrupt TFRecord data"
+            first = (exc.message or str(exc)).strip().splitlines()[0][:120]
+            raise UserError(f"{what} ({first}); delete it and rerun `tpu-ray shard`") from None
+
+    return wrapper  # type: ignore[return-value]
