@@ -32,6 +32,11 @@ class StrategyInfo:
     jit_compile: bool | None  # None: not set (TPU: XLA is implicit)
     steps_per_execution: int
 
+    @property
+    def is_chief(self) -> bool:
+        """The process that writes metrics, checkpoints and the export (always True but multi-worker)."""
+        return bool(self.strategy.extended.should_checkpoint)
+
     def describe(self, global_batch: int) -> str:
         return (f"strategy={type(self.strategy).__name__} kind={self.kind} device={self.device} "
                 f"replicas={self.replicas} global_batch={global_batch} "

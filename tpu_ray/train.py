@@ -9,6 +9,7 @@ optimizer from `transformers.create_optimizer`, `steps_per_execution` steps per 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import tempfile
@@ -21,7 +22,7 @@ import tensorflow as tf
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
-from tpu_ray.data import IGNORE, MaskSpec, eval_dataset, train_dataset
+from tpu_ray.data import IGNORE, MaskSpec, eval_dataset, host_files, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.metrics import MetricsWriter, eval_line, train_line
 from tpu_ray.model import hf_config, peak_flops, train_flops_per_token
@@ -81,9 +82,13 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo, ckpt_dir: str 
     return TrainSetup(cfg, info, tok, model, optimizer, schedule, checkpoint, manager, step_var)
 
 
-def make_train_step(s: TrainSetup):
-    """The distributed train step: one traced tf.function per run (checked via its trace count)."""
-    strategy, model, optimizer = s.info.strategy, s.model, s.optimizer
+def make_replica_grads(s: TrainSetup):
+    """Per-replica `(batch, global_count) -> (grads, loss_sum, correct, count)`.
+
+    The loss is this replica's CE sum divided by the masked-token count of the GLOBAL batch, so
+    summing gradients over replicas gives exactly the single-device gradient of the global mean.
+    """
+    model, optimizer = s.model, s.optimizer
     scaled = hasattr(optimizer, "get_scaled_loss")
 
     def grads_and_sums(batch, global_count):
@@ -98,6 +103,14 @@ def make_train_step(s: TrainSetup):
         if scaled:
             grads = optimizer.get_unscaled_gradients(grads)
         return grads, loss_sum, correct, count
+
+    return grads_and_sums
+
+
+def make_train_step(s: TrainSetup):
+    """The distributed train step: one traced tf.function per run (checked via its trace count)."""
+    strategy, model, optimizer = s.info.strategy, s.model, s.optimizer
+    grads_and_sums = make_replica_grads(s)
 
     # jit_compile covers forward+backward; applying gradients stays outside XLA because under
     # MirroredStrategy it is a cross-replica merge. On TPU jit is None: XLA is implicit there.
@@ -174,26 +187,40 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
                         f"use a multiple of {info.replicas}")
     per_replica = gb // info.replicas
     log.info("training: %s", info.describe(gb))
-    metrics = metrics or MetricsWriter(cfg.run_dir)
+    # Multi-worker: every worker runs this loop; only the chief writes metrics, checkpoints and the
+    # export. The others save checkpoints to a scratch directory (TF requires every worker to take
+    # part in a save) and read the chief's checkpoints to resume.
+    chief = info.is_chief
+    if not chief:
+        metrics = MetricsWriter(tempfile.mkdtemp(prefix="tpu-ray-worker-"))
+    elif metrics is None:
+        storage.makedirs(cfg.run_dir)
+        metrics = MetricsWriter(cfg.run_dir)
     ckpt_dir = storage.join(cfg.run_dir, "checkpoints")
-    s = build(cfg, info, tok, ckpt_dir)
+    s = build(cfg, info, tok, ckpt_dir if chief else None)
     start = 0
-    if s.manager.latest_checkpoint:
+    latest = tf.train.latest_checkpoint(ckpt_dir)
+    if latest:
         if not resume:
             raise UserError(f"{ckpt_dir}: this run directory already has checkpoints; pass --resume to "
                             f"continue it or use a new --output-dir")
-        s.checkpoint.restore(s.manager.latest_checkpoint).assert_existing_objects_matched()
+        s.checkpoint.restore(latest).assert_existing_objects_matched()
         start = int(s.step_var.numpy())
-        log.info("resumed from %s at step %d", s.manager.latest_checkpoint, start)
-        metrics.event("resume", stage="train", step=start, checkpoint=s.manager.latest_checkpoint)
+        log.info("resumed from %s at step %d", latest, start)
+        metrics.event("resume", stage="train", step=start, checkpoint=latest)
 
     spec = mask_spec(cfg, tok)
     seq_len = cfg.shard.seq_len
     files = [p for p, _ in train_files]
-    dist = info.strategy.distribute_datasets_from_function(
-        lambda ctx: train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
-                                  cfg.train.shuffle_buffer, start_batch=start * ctx.num_replicas_in_sync
-                                  // ctx.num_input_pipelines, ctx=ctx))
+    files_read: list[str] = []
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        files_read.extend(host_files(files, ctx))
+        return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
+                             cfg.train.shuffle_buffer,
+                             start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx)
+
+    dist = info.strategy.distribute_datasets_from_function(dataset_fn)
     iterator = iter(dist)
     train_step, train_steps = make_train_step(s)
     evaluate = _evaluator(s, val_files, per_replica)
@@ -226,24 +253,32 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
             last = metrics.write("train", step=step, **acc.record(s, gb, seq_len, flops_token, peak, info.replicas),
                                  train_traces=train_step.experimental_get_tracing_count()
                                  + train_steps.experimental_get_tracing_count())
-            log.info(train_line(last))
+            log.log(logging.INFO if chief else logging.DEBUG, train_line(last))
             acc = _Interval()
         if evaluate and (_crossed(prev, step, cfg.train.eval_every) or step == total):
             last_eval = metrics.write("eval", step=step, **evaluate())
-            log.info(eval_line(last_eval))
+            log.log(logging.INFO if chief else logging.DEBUG, eval_line(last_eval))
         if _crossed(prev, step, cfg.train.checkpoint_every) or step == total:
             s.manager.save(checkpoint_number=step)
-    export_dir = export(s)
+    export_dir = export(s) if chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
         "replicas": info.replicas, "global_batch": gb, "steps": step, "resumed_from": start,
         "train_traces": last.get("train_traces"), "final_loss": last.get("loss"),
         "eval_loss": last_eval.get("eval_loss"), "eval_accuracy": last_eval.get("eval_accuracy"),
         "perplexity": last_eval.get("perplexity"), "train_seconds": time.monotonic() - t_start,
-        "model_dir": export_dir,
+        "model_dir": export_dir, "files_read": sorted(files_read), "weights_sha256": weights_digest(s.model),
     }
-    metrics.event("train_end", stage="train", **{k: v for k, v in summary.items() if k != "kind"})
+    metrics.event("train_end", stage="train", **{k: v for k, v in summary.items() if k not in ("kind", "files_read")})
     return summary
+
+
+def weights_digest(model: Any) -> str:
+    """sha256 of all weights in order: equal digests mean replicas/workers ended in sync."""
+    digest = hashlib.sha256()
+    for w in model.weights:
+        digest.update(w.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _crossed(prev: int, step: int, every: int) -> bool:

@@ -1,0 +1,234 @@
+"""Training on CPU with the real libraries: XLA discipline, replicas, multi-worker, placement, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, tiny_config
+from tpu_ray.tfrecord import serialize_examples, write_records
+
+SEQ_LEN = 64
+# Shard sizes that are not multiples of the batch (16): several epochs cross ragged file ends.
+SHARD_SAMPLES = (37, 29, 41, 23)
+
+
+def write_shards(shards_dir: Path, vocab_size: int, seed: int = 0) -> None:
+    """Reference-format shards (`<split>-<index>-<count>.tfrecord`, no manifest) of random ids."""
+    rng = np.random.default_rng(seed)
+    shards_dir.mkdir(parents=True, exist_ok=True)
+    for split, sizes in (("train", SHARD_SAMPLES), ("validation", (40,))):
+        for i, n in enumerate(sizes):
+            rows = rng.integers(5, vocab_size, size=(n, SEQ_LEN), dtype=np.int64)
+            rows[:, 0], rows[:, -1] = 0, 2  # [CLS] ... [SEP]
+            with open(shards_dir / f"{split}-{i:05d}-{n}.tfrecord", "wb") as f:
+                write_records(f, serialize_examples(rows))
+
+
+@pytest.fixture(scope="module")
+def shards_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
+    from tpu_ray.tokenizer import tokenizer_info
+
+    d = tmp_path_factory.mktemp("shards")
+    write_shards(d, tokenizer_info(tiny_tokenizer_dir).vocab_size)
+    return d
+
+
+def _cfg(run_dir: Path, shards: Path, tok: str, **over):
+    return tiny_config(run_dir, run_dir / "unused.txt", **{"tokenizer.path": tok, "shard.dir": str(shards), **over})
+
+
+def _records(run_dir: Path, kind: str) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            continue
+    return [r for r in out if r["kind"] == kind]
+
+
+def test_several_epochs_over_ragged_shards_trace_the_step_once(tmp_path, shards_dir, tiny_tokenizer_dir):
+    from tpu_ray.train import train
+
+    # 130 samples per epoch, batch 16: 40 steps are almost 5 epochs, none a multiple of the batch.
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.steps": 40, "train.eval_every": 40})
+    summary = train(cfg)
+    assert summary["steps"] == 40 and summary["train_traces"] == 1
+    records = _records(tmp_path / "run", "train")
+    assert [r["train_traces"] for r in records] == [1] * 8
+    for key in ("loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s", "tokens_per_s", "mfu",
+                "input_wait_s"):
+        assert all(r[key] is not None and r[key] >= 0 for r in records), key
+    evals = _records(tmp_path / "run", "eval")
+    assert evals and {"eval_loss", "eval_accuracy", "perplexity"} <= set(evals[-1])
+
+
+def _train_cmd(cfg_path: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tpu_ray.cli", "train", "--config", str(cfg_path), *extra]
+
+
+def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shards_dir, tiny_tokenizer_dir):
+    from tpu_ray.cli import main
+
+    over = {"train.steps": 60, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 60}
+    cfg_path = tmp_path / "cfg.yaml"
+    run_dir = tmp_path / "killed"
+    cfg_path.write_text(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over).to_yaml())
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen(_train_cmd(cfg_path), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not any(r["step"] >= 25 for r in _records(run_dir, "train")):
+            assert proc.poll() is None, "training ended before it could be killed"
+            assert time.monotonic() < deadline, "training never reached step 25"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    killed_at = max(r["step"] for r in _records(run_dir, "train"))
+    assert killed_at < 60
+
+    # Every checkpoint a killed run left behind loads completely.
+    import tensorflow as tf
+
+    ckpt_dir = run_dir / "checkpoints"
+    state = tf.train.get_checkpoint_state(str(ckpt_dir))
+    assert state and state.all_model_checkpoint_paths
+    for path in state.all_model_checkpoint_paths:
+        reader = tf.train.load_checkpoint(path)
+        assert "step/.ATTRIBUTES/VARIABLE_VALUE" in reader.get_variable_to_shape_map()
+    last_ckpt_step = int(tf.train.load_checkpoint(state.model_checkpoint_path).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert 20 <= last_ckpt_step <= killed_at and last_ckpt_step % 10 == 0
+
+    # Without --resume the run directory is refused; with it the run continues to step 60.
+    assert main(["train", "--config", str(cfg_path)]) == 2
+    assert main(["train", "--config", str(cfg_path), "--resume"]) == 0
+    resumed = [r for r in _records(run_dir, "event") if r["event"] == "resume"]
+    assert resumed and resumed[-1]["step"] == last_ckpt_step
+    after = {r["step"]: r for r in _records(run_dir, "train") if r["time"] > resumed[-1]["time"]}
+    assert max(after) == 60 and min(after) == last_ckpt_step + 5
+
+    # The learning-rate schedule continues from the right step: same values as an uninterrupted run.
+    straight_dir = tmp_path / "straight"
+    straight = _cfg(straight_dir, shards_dir, tiny_tokenizer_dir, **over)
+    from tpu_ray.train import train
+
+    train(straight)
+    reference = {r["step"]: r["learning_rate"] for r in _records(straight_dir, "train")}
+    for step, record in after.items():
+        assert record["learning_rate"] == pytest.approx(reference[step], rel=1e-6), step
+
+
+EQUIVALENCE = r'''
+import json, sys
+import numpy as np
+from tpu_ray.strategy import use_logical_cpus
+use_logical_cpus(8)
+import tensorflow as tf
+from tpu_ray.config import RunConfig
+from tpu_ray.data import MaskSpec, mask_tokens
+from tpu_ray.strategy import StrategyInfo, select
+from tpu_ray.tokenizer import TokenizerInfo
+from tpu_ray.train import build, make_replica_grads, make_train_step
+
+cfg = RunConfig.from_dict({"shard": {"seq_len": 32}, "model": {"preset": "tiny", "dropout": 0.0},
+                           "train": {"batch_size": 32, "cpu_replicas": 8, "warmup_steps": 0, "steps": 10}})
+tok = TokenizerInfo("0" * 64, 500, 0, 2, 1, 3, 4)
+eight = select(cfg.train)
+assert eight.replicas == 8, eight.replicas
+one = StrategyInfo(tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu", 1, "cpu", "float32", False, 1)
+s8, s1 = build(cfg, eight, tok, None), build(cfg, one, tok, None)
+s8.model.set_weights(s1.model.get_weights())
+
+rng = np.random.default_rng(0)
+ids = tf.constant(rng.integers(5, 500, size=(32, 32)), tf.int32)
+masked, labels = mask_tokens(ids, tf.constant([1, 2], tf.int64), MaskSpec(0.15, 4, 500, (0, 1, 2, 3, 4)))
+batch = {"input_ids": masked, "attention_mask": tf.ones_like(ids), "labels": labels}
+
+def split(ctx):
+    i = ctx.replica_id_in_sync_group
+    return {k: v[i * 4:(i + 1) * 4] for k, v in batch.items()}
+
+dist = eight.strategy.experimental_distribute_values_from_function(split)
+count = tf.reduce_sum(tf.cast(labels != -100, tf.float32))
+g1 = make_replica_grads(s1)(batch, count)[0]
+per_replica = eight.strategy.run(lambda b: make_replica_grads(s8)(b, count)[0], args=(dist,))
+g8 = [eight.strategy.reduce("sum", g, axis=None) for g in per_replica]
+grad_err = max(float(tf.reduce_max(tf.abs(tf.convert_to_tensor(a) - tf.convert_to_tensor(b)))) for a, b in zip(g1, g8))
+grad_scale = max(float(tf.reduce_max(tf.abs(tf.convert_to_tensor(a)))) for a in g1)
+
+initial = s1.model.get_weights()
+sums1 = make_train_step(s1)[0](batch).numpy()
+sums8 = make_train_step(s8)[0](dist).numpy()
+w_err = max(float(np.max(np.abs(a - b))) for a, b in zip(s1.model.get_weights(), s8.model.get_weights()))
+moved = max(float(np.max(np.abs(a - b))) for a, b in zip(s1.model.get_weights(), initial))
+print(json.dumps({"grad_err": grad_err, "grad_scale": grad_scale, "sums1": sums1.tolist(), "sums8": sums8.tolist(),
+                  "weight_err": w_err, "moved": moved}))
+'''
+
+
+def test_eight_cpu_replicas_take_the_same_step_as_one_device(tmp_path):
+    """8 logical CPUs under MirroredStrategy stand in for a v3-8: same gradients, same update."""
+    out = subprocess.run([sys.executable, "-c", EQUIVALENCE], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["grad_err"] <= 1e-5 * max(r["grad_scale"], 1.0), r
+    assert r["sums1"] == pytest.approx(r["sums8"], rel=1e-5), r
+    assert r["moved"] > 0 and r["weight_err"] <= 0.01 * r["moved"], r
+
+
+def test_training_lands_on_the_tpu_like_node_and_nowhere_else(tmp_path, shards_dir, tiny_tokenizer_dir):
+    """A Ray cluster whose second node looks like a v4-8 TPU VM host: the training task goes there."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tpu_ray.placement import run_training
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=1)
+        tpu_node = cluster.add_node(num_cpus=1, resources={"TPU": 4, "TPU-v4-8-head": 1, "my-v4-slice": 1},
+                                    labels={"ray.io/tpu-pod-type": "v4-8", "ray.io/tpu-worker-id": "0",
+                                            "ray.io/tpu-slice-name": "my-v4-slice"})
+        cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
+                   **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.tpu_topology": "v4-8"})
+        summary = run_training(cfg)
+        assert summary["node_id"] == tpu_node.node_id
+        assert summary["steps"] == 4
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_path, shards_dir,
+                                                                         tiny_tokenizer_dir, ray_local):
+    from tpu_ray.placement import run_training
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 6, "train.log_every": 3, "train.eval_every": 6, "train.workers": 2})
+    summary = run_training(cfg)
+    workers = summary["workers"]
+    assert len(workers) == 2 and all(w["steps"] == 6 for w in workers)
+    assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]
+    read = [set(w["files_read"]) for w in workers]
+    assert read[0] and read[1] and not read[0] & read[1]  # each worker reads its own shards
+    assert read[0] | read[1] == {str(p) for p in shards_dir.glob("train-*.tfrecord")}
+    assert (tmp_path / "run" / "model" / "config.json").exists()  # the chief exported

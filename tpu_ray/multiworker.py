@@ -1,0 +1,76 @@
+"""MultiWorkerMirroredStrategy across Ray workers, through Ray Train's `TensorflowTrainer`.
+
+Ray Train fits this case exactly: it starts `train.workers` worker actors, gives each a
+`TF_CONFIG` naming all of them, and runs the same function in each. Every worker runs
+`tpu_ray.train.train`; the strategy reads `TF_CONFIG`, each worker's input pipeline reads its own
+shard files (`InputContext`), and only the chief writes metrics, checkpoints and the export.
+(Not for TPUs: TensorFlow drives a TPU slice from one client process, see placement.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from typing import Any
+
+from tpu_ray import storage
+from tpu_ray.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def _worker_loop(config: dict[str, Any]) -> None:
+    """Runs in each Ray Train worker: train, then report what this worker read and ended with."""
+    import ray.train
+
+    from tpu_ray.cli import setup_logging
+    from tpu_ray.train import train
+
+    setup_logging()
+    cfg = RunConfig.from_dict(config["cfg"]).override({"train.strategy": "multiworker"})
+    summary = train(cfg, resume=config["resume"])
+    rank = ray.train.get_context().get_world_rank()
+    record = {"rank": rank, "files_read": summary["files_read"], "weights_sha256": summary["weights_sha256"],
+              "steps": summary["steps"]}
+    storage.atomic_write_text(storage.join(cfg.run_dir, "workers", f"worker-{rank}.json"),
+                              json.dumps(record, indent=1) + "\n")
+    ray.train.report({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+
+
+def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
+    """Train on `train.workers` Ray workers; checks that they all ended with the same weights."""
+    from ray.train import RunConfig as RayRunConfig
+    from ray.train import ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    t = cfg.train
+    use_gpu = bool(t.num_gpus)
+    trainer = TensorflowTrainer(
+        _worker_loop,
+        train_loop_config={"cfg": cfg.model_dump(mode="json"), "resume": resume},
+        scaling_config=ScalingConfig(num_workers=t.workers, use_gpu=use_gpu,
+                                     resources_per_worker={"GPU": t.num_gpus} if use_gpu else {"CPU": 1}),
+        run_config=RayRunConfig(name=f"{cfg.name}-train", storage_path=_ray_train_storage(cfg)),
+    )
+    log.info("training on %d Ray Train workers (MultiWorkerMirroredStrategy)", t.workers)
+    result = trainer.fit()
+    if result.error:
+        raise result.error
+    records = [json.loads(storage.read_text(storage.join(cfg.run_dir, "workers", f"worker-{r}.json")))
+               for r in range(t.workers)]
+    digests = {r["weights_sha256"] for r in records}
+    if len(digests) != 1:
+        raise RuntimeError(f"multi-worker training diverged: {len(digests)} different final weights "
+                           f"across {t.workers} workers")
+    summary = dict(result.metrics or {})
+    summary["workers"] = records
+    return summary
+
+
+def _ray_train_storage(cfg: RunConfig) -> str:
+    """Ray Train's own bookkeeping directory: inside a local run dir; a temp dir for gs:// runs."""
+    if storage.is_remote(cfg.run_dir):
+        return tempfile.mkdtemp(prefix="tpu-ray-train-")
+    return os.path.abspath(storage.join(cfg.run_dir, "ray_train"))
