@@ -1,0 +1,220 @@
+"""Ray jobs against a real Ray head: `ray job submit`, a failing job, and the Python API.
+
+The module starts its own head with `ray start --head` (dashboard on 127.0.0.1, free ports, its own
+--temp-dir, 2 CPUs) from this venv, and stops exactly that head at the end: `ray stop` would stop
+every Ray process on the machine. With --temp-dir, `ray start` records its address in
+<temp-dir>/ray_current_cluster, not /tmp/ray/ray_current_cluster, so a plain `ray.init()` elsewhere
+on the machine does not attach to it (test_head_is_private checks that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tpu_ray.config import RunConfig
+from tpu_ray.jobs import EXCLUDES, STAGING_DIR, JobHandle, submit
+from tpu_ray.report import load_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+QUICKSTART = REPO / "jobs" / "configs" / "quickstart.yaml"
+JOB_TIMEOUT_S = 600  # a deadline against hangs, not a speed requirement
+# The quickstart, shrunk to well under a minute on 2 cores.
+SMALL = {
+    "tokenizer.vocab_size": 800, "shard.seq_len": 64, "shard.unit_bytes": 65536, "train.steps": 20,
+    "train.batch_size": 16, "train.warmup_steps": 2, "train.log_every": 5, "train.eval_every": 10,
+    "train.eval_batches": 2, "train.checkpoint_every": 10, "train.shuffle_buffer": 256,
+}
+RUN_DIR_FILES = ("config.yaml", "run_info.json", "tokenizer/tokenizer.json", "shards/manifest.json",
+                 "metrics.jsonl", "model/config.json", "model/tf_model.h5", "summary.json")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RayHead:
+    address: str  # the dashboard / Jobs API, http://127.0.0.1:<port>
+    gcs_address: str
+    temp_dir: str
+    session_id: int  # every process of this head runs in this session (and nothing else does)
+
+    def pids(self) -> list[int]:
+        out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True, check=True).stdout
+        return [int(pid) for pid, sid in (line.split() for line in out.splitlines()) if int(sid) == self.session_id]
+
+    def stop(self) -> None:
+        """Stop this head only: SIGTERM its session's processes, SIGKILL what is left after 15 s."""
+        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+            for pid in self.pids():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(not _is_zombie(p) for p in self.pids()):
+                time.sleep(0.5)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[RayHead]:
+    # Short path: Ray's Unix sockets live under it and must stay below 108 bytes.
+    temp_dir = tempfile.mkdtemp(prefix="tpu-ray-jobs-", dir="/tmp")
+    gcs, dashboard = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    # The venv first on PATH, as after `. .venv/bin/activate`: job entrypoints run `python`.
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray 2.60 turns token auth on for `ray start --head` whenever ~/.ray/auth_token exists (any local
+    # ray.init() writes it), so whether it is on would depend on what ran before on this machine.
+    # Pin it off; token auth is docs/jobs.md's business (and jobs.submit() handles a local token).
+    env["RAY_AUTH_MODE"] = "disabled"
+    cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+           "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
+           "--num-cpus=2", "--disable-usage-stats",
+           # Ports Ray would otherwise take at fixed defaults (10001, 52365), shared with other heads.
+           f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"]
+    # A new session: the head's daemons inherit it, which is how stop() finds them and only them.
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    head = RayHead(f"http://127.0.0.1:{dashboard}", "", temp_dir, proc.pid)
+    try:
+        output, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, output
+        head.gcs_address = (Path(temp_dir) / "ray_current_cluster").read_text().strip()
+        yield head
+    finally:
+        head.stop()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def job_corpus(tmp_path_factory, wikitext) -> Path:
+    """About 200 KB of real WikiText-2, cut at a line boundary."""
+    data = (wikitext / "valid.txt").read_bytes()[:200_000]
+    path = tmp_path_factory.mktemp("job-corpus") / "valid-200k.txt"
+    path.write_bytes(data[: data.rfind(b"\n") + 1])
+    return path
+
+
+def _overrides(extra: dict | None = None) -> list[str]:
+    return [f"{k}={v}" for k, v in (SMALL | (extra or {})).items()]
+
+
+def _ray_job_submit(head: RayHead, *entrypoint: str) -> tuple[subprocess.CompletedProcess, JobHandle]:
+    """`ray job submit` as a person types it (plus excludes, so .git and friends stay home)."""
+    sid = f"test-{uuid.uuid4().hex[:8]}"
+    cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", head.address, "--submission-id", sid,
+           "--working-dir", ".", "--runtime-env-json", json.dumps({"excludes": EXCLUDES}), "--", *entrypoint]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                          env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    return proc, JobHandle(sid, head.address)
+
+
+# ------------------------------------------------------------------------------------------ tests
+
+def test_head_is_private(ray_head):
+    """Our head registers in its own temp dir only: a plain ray.init() elsewhere cannot find it."""
+    import ray._private.utils as ray_utils
+
+    assert ray_utils.read_ray_address(ray_head.temp_dir) == ray_head.gcs_address
+    assert ray_utils.read_ray_address() != ray_head.gcs_address  # /tmp/ray/ray_current_cluster
+
+
+def test_ray_job_submit_pretrain_succeeds_with_a_complete_run_dir(ray_head, job_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", "jobs/configs/quickstart.yaml",
+                                "--output-dir", str(run_dir), "--corpus", str(job_corpus), *_overrides())
+    log = job.logs()
+    assert proc.returncode == 0, log[-3000:] + proc.stderr[-3000:]
+    assert job.status() == "SUCCEEDED"
+    for name in RUN_DIR_FILES:
+        assert (run_dir / name).is_file(), name
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 20
+    # A person can follow it: stage progress, then periodic metrics and eval lines, then the verdict.
+    for needle in ("stage tokenizer: start", "stage shard: done", "stage train: start", "step 5: loss=",
+                   "tokens/s", "step 20: loss=", "eval @ step 20: loss=", "perplexity="):
+        assert needle in log, needle
+    assert log.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run_dir}"
+
+
+@pytest.mark.parametrize("case", ["bad_value", "missing_corpus"])
+def test_failing_job_ends_failed_with_the_reason_last(ray_head, tmp_path, case):
+    if case == "bad_value":
+        args, reason = ["train.steps=-5"], "train.steps=-5: Input should be greater than 0"
+    else:
+        missing = tmp_path / "no-such-corpus.txt"
+        args, reason = ["--corpus", str(missing)], str(missing)
+    proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", "jobs/configs/quickstart.yaml",
+                                "--output-dir", str(tmp_path / "run"), *args)
+    log = job.logs()
+    assert proc.returncode != 0
+    assert job.status() == "FAILED"
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("tpu-ray: error: ") and reason in last, last
+
+
+def test_python_api_submit_wait_and_metrics(ray_head, job_corpus, tmp_path):
+    cfg = RunConfig.from_yaml(QUICKSTART).override(
+        SMALL | {"train.steps": 40, "corpus.source": str(job_corpus), "output_dir": str(tmp_path / "run")})
+    job = submit(cfg, address=ray_head.address, working_dir=str(REPO))
+    try:
+        assert job.run_dir == str(tmp_path / "run")
+        assert not (REPO / STAGING_DIR).exists()  # the staged config left with the upload
+        # While the job runs, load_metrics returns what has been logged so far.
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        live = None
+        while live is None and time.monotonic() < deadline:
+            rows = load_metrics(job.run_dir, kind="train") if (tmp_path / "run").exists() else None
+            status = job.status()  # read after the rows: RUNNING here means they were read mid-run
+            if status not in ("PENDING", "RUNNING"):
+                break
+            if rows is not None and len(rows):
+                live = rows
+            time.sleep(0.5)
+        assert live is not None, f"no train rows seen while the job ran (status {job.status()})"
+        assert live["step"].is_monotonic_increasing
+
+        assert job.wait(timeout=JOB_TIMEOUT_S) == "SUCCEEDED", job.logs()[-3000:]
+    finally:
+        job.stop()
+    assert job.status() == "SUCCEEDED"
+    assert "tpu-ray pretrain: SUCCEEDED" in job.logs()
+
+    df = load_metrics(job.run_dir)
+    assert {"kind", "step", "time", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
+            "tokens_per_s", "eval_loss", "eval_accuracy", "perplexity"} <= set(df.columns)
+    train = df[df["kind"] == "train"]
+    assert train["step"].tolist() == list(range(5, 41, 5))  # rising, every log_every steps
+    assert train["loss"].notna().all() and (train["tokens_per_s"] > 0).all()
+    assert df[df["kind"] == "eval"]["step"].tolist() == [10, 20, 30, 40]
+    assert len(job.metrics(kind="train")) == len(train)
+    assert len(live) <= len(train)
+
+    # A bare submission id is enough to follow a job: the run dir comes from the job's metadata.
+    again = JobHandle(job.submission_id, ray_head.address)
+    assert again.run_dir == job.run_dir and again.status() == "SUCCEEDED"
