@@ -1,0 +1,243 @@
+"""`tpu-ray doctor`: each planted failure is reported as a FAIL naming it; a clean tiny run passes.
+
+Runs use a real tokenizer, real TFRecord shards and manifest (written by shards.py's own functions,
+in-process, so no Ray cluster is needed) and a real tiny TF model. Only the clean run and the XLA
+tests compile; the data/config checks run with xla=False to keep the file fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import tiny_config
+from tpu_ray.config import RunConfig
+from tpu_ray.doctor import FAIL, PASS, WARN, parse_target, run_doctor, unsupported_ops, xla_probe
+from tpu_ray.errors import UserError
+
+
+def prepared_run(run_dir: Path, corpus: Path, tokenizer_dir: str, **overrides):
+    """A run directory with the tokenizer and committed shards + manifest, like `tpu-ray shard` leaves."""
+    from tpu_ray.corpus import plan_units
+    from tpu_ray.shards import _manifest, _write_manifest, process_unit
+    from tpu_ray.tokenizer import describe, load_tokenizer_json
+
+    shutil.copytree(tokenizer_dir, run_dir / "tokenizer")
+    cfg = tiny_config(run_dir, corpus, **overrides)
+    text = load_tokenizer_json(cfg.tokenizer_dir)
+    info = describe(text, cfg.tokenizer_dir)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(text)
+    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
+    (run_dir / "shards").mkdir(parents=True, exist_ok=True)
+    results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir) for u in units}
+    _write_manifest(cfg.shards_dir, _manifest(cfg, info, units, results, complete=True))
+    return cfg
+
+
+def manifest_of(cfg) -> dict:
+    return json.loads((Path(cfg.shards_dir) / "manifest.json").read_text())
+
+
+def write_manifest(cfg, manifest: dict) -> None:
+    (Path(cfg.shards_dir) / "manifest.json").write_text(json.dumps(manifest))
+
+
+def doctor(cfg, target: str = "v4-8", xla: bool = False, **kwargs) -> tuple[int, dict[str, tuple[str, str]]]:
+    """Run the doctor; returns (exit code, {check: (status, evidence + fix)})."""
+    out = io.StringIO()
+    code = run_doctor(cfg, target=target, out=out, xla=xla, **kwargs)
+    checks: dict[str, tuple[str, str]] = {}
+    last = None
+    for line in out.getvalue().splitlines():
+        status = line[:4]
+        if status in (PASS, WARN, FAIL):
+            last = line[6:21].strip()
+            checks[last] = (status, line[21:].strip())
+        elif last and line.strip().startswith("fix:"):
+            checks[last] = (checks[last][0], checks[last][1] + " " + line.strip())
+    return code, checks
+
+
+@pytest.fixture()
+def run(tmp_path, small_corpus, tiny_tokenizer_dir):
+    return prepared_run(tmp_path / "run", small_corpus, tiny_tokenizer_dir)
+
+
+def test_clean_tiny_run_passes_with_xla(run):
+    code, checks = doctor(run, "v4-8", xla=True)
+    assert code == 0, checks
+    assert not [c for c, (s, _) in checks.items() if s == FAIL]
+    for name in ("config", "tokenizer", "positions", "vocab", "manifest/tok", "data reach", "shards",
+                 "batch/replicas", "static shapes", "xla compile", "memory", "capacity plan"):
+        assert checks[name][0] == PASS, (name, checks[name])
+    assert "traced once" in checks["xla compile"][1] and "the run's shards" in checks["xla compile"][1]
+    assert "[4, 64]" in checks["static shapes"][1]  # 16 over 4 replicas
+    assert "chip-hours" in checks["capacity plan"][1]
+
+
+def test_unprepared_run_warns_not_prepared(tmp_path, small_corpus):
+    cfg = tiny_config(tmp_path / "empty", small_corpus)
+    code, checks = doctor(cfg)
+    assert code == 0
+    assert checks["tokenizer"][0] == WARN and "not prepared yet" in checks["tokenizer"][1]
+    assert checks["shards"][0] == WARN and "not prepared yet" in checks["shards"][1]
+    assert checks["static shapes"][0] == PASS  # built on synthetic shards
+
+
+def test_seq_len_beyond_positions_fails(tmp_path, small_corpus):
+    # The config validator refuses it; the doctor reports that as a FAIL instead of dying.
+    code, checks = doctor(lambda: tiny_config(tmp_path, small_corpus, **{"model.max_position_embeddings": 40}))
+    assert code == 1
+    assert checks["config"][0] == FAIL and "max_position_embeddings >= 66" in checks["config"][1]
+    # A config built without validation still meets the doctor's own positions check.
+    good = tiny_config(tmp_path, small_corpus)
+    raw = RunConfig.model_construct(**{**dict(good), "model": good.model.model_copy(
+        update={"max_position_embeddings": 40})})
+    code, checks = doctor(raw)
+    assert code == 1 and checks["positions"][0] == FAIL
+    assert "needs 66 position embeddings" in checks["positions"][1] and "fix:" in checks["positions"][1]
+
+
+def test_quickstart_with_huge_seq_len_fails_on_memory():
+    cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({"shard.seq_len": 100000,
+                                                                        "output_dir": "/nonexistent/doctor"})
+    code, checks = doctor(cfg, "v4-8", xla=True)  # xla=True: the probe must skip, not try 100k tokens
+    assert code == 1
+    assert checks["memory"][0] == FAIL and "of 32.0 GB" in checks["memory"][1]
+    assert checks["xla compile"][0] == WARN and "skipped" in checks["xla compile"][1]
+
+
+def test_batch_not_divisible_by_target_replicas(run):
+    code, checks = doctor(run.override({"train.batch_size": 18}), "v3-8")
+    assert code == 1
+    status, text = checks["batch/replicas"]
+    assert status == FAIL and "train.batch_size=18" in text and "8 replicas" in text and "batch_size=24" in text
+
+
+def test_local_shards_fail_on_tpu_node_but_pass_on_tpu_vm(run):
+    code, checks = doctor(run, "v3-8-node")
+    assert code == 1
+    assert checks["data reach"][0] == FAIL and "TPU Node" in checks["data reach"][1]
+    assert "gs://" in checks["data reach"][1]
+    code, checks = doctor(run, "v3-8")
+    assert code == 0 and checks["data reach"][0] == PASS
+
+
+def test_shard_checksum_mismatch_is_named(run):
+    manifest = manifest_of(run)
+    entry = manifest["splits"]["train"]["shards"][0]
+    path = Path(run.shards_dir) / entry["path"]
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF  # same size, different bytes
+    path.write_bytes(bytes(data))
+    code, checks = doctor(run)
+    assert code == 1
+    assert checks["shards"][0] == FAIL and entry["path"] in checks["shards"][1] and "sha256" in checks["shards"][1]
+
+
+def test_truncated_shard_is_named(run):
+    entry = manifest_of(run)["splits"]["train"]["shards"][1]
+    path = Path(run.shards_dir) / entry["path"]
+    path.write_bytes(path.read_bytes()[:-10])
+    code, checks = doctor(run)
+    assert code == 1 and checks["shards"][0] == FAIL and entry["path"] in checks["shards"][1]
+    assert "truncated" in checks["shards"][1]
+
+
+def test_full_checksums_an_unsampled_shard(run):
+    entry = manifest_of(run)["splits"]["train"]["shards"][1]  # not first, middle or last: --full reads it
+    path = Path(run.shards_dir) / entry["path"]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    code, checks = doctor(run, full=True)
+    assert code == 1 and checks["shards"][0] == FAIL and entry["path"] in checks["shards"][1]
+
+
+def test_manifest_from_another_tokenizer(tmp_path, small_corpus, tiny_tokenizer_dir):
+    from tpu_ray.config import TokenizerConfig
+    from tpu_ray.tokenizer import save_tokenizer, train_tokenizer
+
+    other = tmp_path / "other-tok"
+    lines = [s for s in small_corpus.read_text().splitlines()[:2000] if s.strip()]
+    save_tokenizer(train_tokenizer([lines], TokenizerConfig(vocab_size=300)), str(other), 64)
+    cfg = prepared_run(tmp_path / "run", small_corpus, str(other))  # shards made with the other one
+    cfg = cfg.override({"tokenizer.path": tiny_tokenizer_dir})
+    code, checks = doctor(cfg)
+    assert code == 1
+    assert checks["manifest/tok"][0] == FAIL and "manifest.json says tokenizer" in checks["manifest/tok"][1]
+    assert checks["vocab"][0] == FAIL and "vocab_size 300" in checks["vocab"][1]
+
+
+def test_shards_with_ids_beyond_the_vocab(run):
+    from tpu_ray.tfrecord import serialize_examples, write_records
+
+    manifest = manifest_of(run)
+    entry = manifest["splits"]["train"]["shards"][0]
+    rows = np.random.default_rng(0).integers(5, 2000, size=(entry["samples"], 64))
+    buf = io.BytesIO()
+    write_records(buf, serialize_examples(rows))
+    data = buf.getvalue()
+    (Path(run.shards_dir) / entry["path"]).write_bytes(data)
+    entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())  # a consistent but wrong shard
+    write_manifest(run, manifest)
+    code, checks = doctor(run)
+    assert code == 1
+    assert checks["vocab"][0] == FAIL and "shards hold token id" in checks["vocab"][1]
+    assert ">= vocab_size 800" in checks["vocab"][1]
+
+
+def test_op_xla_cannot_compile_is_named():
+    import tensorflow as tf
+
+    def factory():
+        def step(batch):
+            text = tf.strings.as_string(batch["input_ids"])  # a string op: no XLA kernel
+            return tf.reduce_sum(tf.strings.length(text))
+        return step
+
+    batches = iter([{"input_ids": tf.ones([2, 8], tf.int32)}] * 2)
+    status, evidence, fix = xla_probe(factory, batches)
+    assert status == FAIL and "AsString" in evidence and "test_doctor.py" in evidence and fix
+
+
+def test_retracing_step_is_reported():
+    import tensorflow as tf
+
+    def factory():
+        return lambda batch: tf.reduce_sum(batch["input_ids"])
+
+    batches = iter([{"input_ids": tf.ones([2, 8], tf.int32)}, {"input_ids": tf.ones([3, 8], tf.int32)}])
+    status, evidence, _ = xla_probe(factory, batches)
+    assert status == FAIL and "traced 2 times" in evidence
+
+
+def test_op_name_extraction_from_xla_messages():
+    msg = ("Detected unsupported operations when trying to compile graph __inference_step_7 on XLA_CPU_JIT: "
+           "EagerPyFunc (No registered 'EagerPyFunc' OpKernel for XLA_CPU_JIT devices compatible with node "
+           "{{node EagerPyFunc}}){{node EagerPyFunc}}")
+    assert unsupported_ops(msg) == ["EagerPyFunc"]
+
+
+@pytest.mark.parametrize("name,replicas,style,chips", [
+    ("v2-8", 8, "tpu-vm", 4), ("v3-8-node", 8, "tpu-node", 4), ("v4-8", 4, "tpu-vm", 4),
+    ("v4-32", 16, "tpu-vm", 16), ("v5e-8", 8, "tpu-vm", 8), ("v5litepod-8", 8, "tpu-vm", 8),
+    ("v5p-8", 4, "tpu-vm", 4), ("a100", 1, "gpu", 1), ("h100-8", 8, "gpu", 8),
+])
+def test_target_table(name, replicas, style, chips):
+    t = parse_target(name, RunConfig())
+    assert (t.replicas, t.style, t.chips) == (replicas, style, chips) and t.peak and t.hbm_bytes > 0
+
+
+@pytest.mark.parametrize("name", ["v9-8", "v4-8-node", "v4-12"])
+def test_unknown_or_impossible_targets_are_usage_errors(name):
+    with pytest.raises(UserError, match=f"--target {name}"):
+        parse_target(name, RunConfig())
