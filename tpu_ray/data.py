@@ -111,10 +111,15 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
 
 def eval_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
                  max_batches: int, ctx: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
-    """A fixed, finite evaluation set: same samples and same masks at every evaluation."""
-    mine = host_files(files, ctx)
+    """A fixed, finite evaluation set: same samples and same masks at every evaluation.
+
+    Hosts split it by record, not by file: validation sets are small and often one file.
+    """
     pipeline = ctx.input_pipeline_id if ctx else 0
-    ds = tf.data.TFRecordDataset(list(mine)).batch(batch_size, drop_remainder=True).take(max_batches)
+    ds = tf.data.TFRecordDataset(sorted(files))
+    if ctx is not None and ctx.num_input_pipelines > 1:
+        ds = ds.shard(ctx.num_input_pipelines, pipeline)
+    ds = ds.batch(batch_size, drop_remainder=True).take(max_batches)
     ds = ds.enumerate().map(
         lambda i, s: _masked(parse_batch(s, seq_len), _seed(seed + 7, pipeline, i), spec),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
