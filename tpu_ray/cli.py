@@ -50,8 +50,11 @@ def _common(p: argparse.ArgumentParser, corpus: bool = False) -> None:
 
 def cmd_run(args) -> int:
     from tpu_ray.pipeline import Pipeline
+    from tpu_ray.verify import preflight_corpus
 
-    result = Pipeline(load_config(args)).run(resume=args.resume)
+    cfg = load_config(args)
+    preflight_corpus(cfg)  # bad corpus input fails before the run directory is written
+    result = Pipeline(cfg).run(resume=args.resume)
     _print_summary(result.run_dir)
     if args.fill_mask:
         _fill_mask(result.model_dir, args.fill_mask, 5)
@@ -60,8 +63,10 @@ def cmd_run(args) -> int:
 
 def cmd_tokenizer(args) -> int:
     from tpu_ray.pipeline import prepare_run_dir, run_tokenizer
+    from tpu_ray.verify import preflight_corpus
 
     cfg = load_config(args)
+    preflight_corpus(cfg)  # bad corpus input fails before the run directory is written
     prepare_run_dir(cfg, resume=True)
     info = run_tokenizer(cfg, force=args.force)
     print(json.dumps({"tokenizer_dir": cfg.tokenizer_dir, "vocab_size": info.vocab_size, "sha256": info.sha256}))
@@ -71,8 +76,10 @@ def cmd_tokenizer(args) -> int:
 def cmd_shard(args) -> int:
     from tpu_ray.pipeline import ensure_ray, prepare_run_dir
     from tpu_ray.shards import make_shards
+    from tpu_ray.verify import preflight_corpus
 
     cfg = load_config(args)
+    preflight_corpus(cfg)  # bad corpus input fails before the run directory is written
     prepare_run_dir(cfg, resume=True)
     ensure_ray(cfg)
     summary = make_shards(cfg)

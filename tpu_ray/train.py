@@ -29,6 +29,7 @@ from tpu_ray.model import hf_config, peak_flops, train_flops_per_token
 from tpu_ray.shards import read_manifest, shard_files
 from tpu_ray.strategy import StrategyInfo, select
 from tpu_ray.tokenizer import TokenizerInfo, tokenizer_info
+from tpu_ray.verify import guard_training
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,7 @@ def check_manifest(cfg: RunConfig, tok: TokenizerInfo) -> None:
                         f"config says shard.seq_len={cfg.shard.seq_len}; make them agree")
 
 
+@guard_training  # shards checked against the manifest first; DataLossError names the file
 def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = None) -> dict[str, Any]:
     """Train to `cfg.train.steps`, evaluating, checkpointing and exporting; returns the summary."""
     t_start = time.monotonic()

@@ -10,6 +10,7 @@ check, or runs it on every shard with --full. A corrupt record that still slips 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import io
@@ -126,3 +127,34 @@ def guard_training(train_fn: F) -> F:
             raise UserError(f"{what} ({first}); delete it and rerun `tpu-ray shard`") from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# Bytes sniffed at the start of each corpus file for NUL bytes (binary files given as text).
+SNIFF_BYTES = 8192
+SNIFF_FILES = 64
+
+
+def preflight_corpus(cfg) -> None:
+    """Check the corpus before a stage writes anything into the run directory: a typo'd, empty or
+    binary corpus must not leave a run directory whose saved config then refuses the corrected rerun.
+
+    Cheap: plans the work units (paths, globs, sizes) and sniffs the first bytes of the first files.
+    The built-in corpus and hf: datasets are left to their stage (planning them writes or downloads).
+    """
+    from tpu_ray.config import BUILTIN_CORPUS
+    from tpu_ray.corpus import plan_units, read_unit_text
+
+    sources = [s for s in (cfg.corpus.source, cfg.corpus.validation_source) if s]
+    if any(s == BUILTIN_CORPUS or s.startswith("hf:") for s in sources):
+        return
+    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
+    firsts: dict[str, Any] = {}
+    for unit in units:
+        if unit.fmt in ("txt", "jsonl") and unit.source not in firsts and len(firsts) < SNIFF_FILES:
+            firsts[unit.source] = unit
+    for unit in firsts.values():
+        with storage.open(unit.source, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+        if b"\x00" in head:
+            # the corpus reader's own one-line error, for the first bytes only
+            read_unit_text(dataclasses.replace(unit, start=0, split_at=len(head), end=len(head)), "train")
