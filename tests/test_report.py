@@ -208,3 +208,34 @@ def test_text_summary(run_dir):
                    "train traces", "summary.strategy", "TPUStrategy", "stage train"):
         assert needle in text, needle
     assert "\x1b[" not in text  # plain text, no ANSI codes
+
+
+def test_text_summary_stays_one_screen_with_long_summary_values(tmp_path):
+    """summary.json lists every shard file read: the text summary shows a count, not the list."""
+    run = make_run(tmp_path / "run")
+    files = [f"gs://bucket/run/shards/train-{i:05d}-4096.tfrecord" for i in range(500)]
+    (run / "summary.json").write_text(json.dumps({"files_read": files, "shards": {"shards": 500, "samples": 10**6}}))
+    text = text_summary(str(run))
+    assert len(text.splitlines()) < 45
+    assert "[500 items]" in text and "shards=500 samples=1000000" in text
+    assert "train-00499" not in text
+
+
+def test_cli_report(run_dir, capsys):
+    from tpu_ray.cli import main
+
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "final step" in out and f"report: {run_dir / 'report.html'}" in out
+    page = (run_dir / "report.html").read_text()
+    for name in PLOTS:
+        _check_png(run_dir / name)
+        assert f'src="{name}"' in page
+
+
+def test_cli_report_missing_run_dir(tmp_path, capsys):
+    from tpu_ray.cli import main
+
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"tpu-ray: error: run directory not found: {tmp_path / 'nope'}"

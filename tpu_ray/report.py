@@ -226,6 +226,17 @@ def _new_figure(title: str, xlabel: str, ylabel: str):
     return fig, ax
 
 
+def _dots(series: pd.Series) -> dict:
+    """Markers on sparse lines: the reader must see which steps were logged (a line joining three
+    records would otherwise pass for a measured curve, e.g. hide the warmup of the LR schedule)."""
+    return {"marker": "o", "ms": 3} if series.notna().sum() <= 60 else {}
+
+
+def _from_step_zero(ax) -> None:
+    """A run starts at step 0: show how far into it the first record is."""
+    ax.set_xlim(left=0)
+
+
 def _no_data(ax) -> None:
     ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
 
@@ -234,12 +245,17 @@ def _plot_loss(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
     fig, ax = _new_figure("Masked LM loss", "step", "cross-entropy loss")
     drew = False
     if _col(train, "loss").notna().any():
-        ax.plot(train["step"], _col(train, "loss"), label="train loss", color="tab:blue", lw=1.2)
+        ax.plot(train["step"], _col(train, "loss"), label="train loss", color="tab:blue", lw=1.2,
+                **_dots(_col(train, "loss")))
         drew = True
     if _col(ev, "eval_loss").notna().any():
         ax.plot(ev["step"], _col(ev, "eval_loss"), "o-", label="eval loss", color="tab:orange", lw=1.5, ms=6)
         drew = True
-    ax.legend(loc="upper right") if drew else _no_data(ax)
+    if drew:
+        ax.legend(loc="upper right")
+        _from_step_zero(ax)
+    else:
+        _no_data(ax)
     fig.savefig(path)
 
 
@@ -249,13 +265,14 @@ def _plot_throughput(train: pd.DataFrame, path: str) -> None:
     mfu = _col(train, "mfu")
     handles = []
     if tok.notna().any():
-        handles += ax.plot(train["step"], tok, label="tokens/s", color="tab:green", lw=1.2)
+        handles += ax.plot(train["step"], tok, label="tokens/s", color="tab:green", lw=1.2, **_dots(tok))
         ax.yaxis.set_major_formatter(_thousands())
         ax.set_ylim(0, tok.max() * 1.15)  # headroom above the curve, and room for the legend
         ax.set_ylabel("tokens / s", color="tab:green")
     if mfu.notna().any():
         ax2 = ax.twinx()
-        handles += ax2.plot(train["step"], mfu * 100, label="MFU", color="tab:purple", lw=1.2, ls="--")
+        handles += ax2.plot(train["step"], mfu * 100, label="MFU", color="tab:purple", lw=1.2, ls="--",
+                            **_dots(mfu))
         ax2.set_ylabel("MFU (%)", color="tab:purple")
         # MFU is proportional to tokens/s: on a matching scale the two lines would coincide. A 0-100%
         # axis keeps them apart and shows the distance from peak at a glance.
@@ -264,6 +281,7 @@ def _plot_throughput(train: pd.DataFrame, path: str) -> None:
         ax.set_title("Throughput (MFU not available)")
     if handles:
         ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="lower right")
+        _from_step_zero(ax)
     else:
         _no_data(ax)
     fig.savefig(path)
@@ -279,9 +297,11 @@ def _plot_lr(train: pd.DataFrame, path: str) -> None:
     fig, ax = _new_figure("Learning rate schedule", "step", "learning rate")
     lr = _col(train, "learning_rate")
     if lr.notna().any():
-        ax.plot(train["step"], lr, label="learning rate", color="tab:red", lw=1.2)
+        ax.plot(train["step"], lr, label="learning rate (at logged steps)", color="tab:red", lw=1.2, **_dots(lr))
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        ax.set_ylim(bottom=0)
         ax.legend(loc="upper right")
+        _from_step_zero(ax)
     else:
         _no_data(ax)
     fig.savefig(path)
@@ -291,13 +311,18 @@ def _plot_accuracy(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
     fig, ax = _new_figure("Masked-token accuracy", "step", "accuracy")
     drew = False
     if _col(train, "accuracy").notna().any():
-        ax.plot(train["step"], _col(train, "accuracy"), label="train accuracy", color="tab:blue", lw=1.2)
+        ax.plot(train["step"], _col(train, "accuracy"), label="train accuracy", color="tab:blue", lw=1.2,
+                **_dots(_col(train, "accuracy")))
         drew = True
     if _col(ev, "eval_accuracy").notna().any():
         ax.plot(ev["step"], _col(ev, "eval_accuracy"), "o-", label="eval accuracy", color="tab:orange",
                 lw=1.5, ms=6)
         drew = True
-    ax.legend(loc="lower right") if drew else _no_data(ax)
+    if drew:
+        ax.legend(loc="lower right")
+        _from_step_zero(ax)
+    else:
+        _no_data(ax)
     fig.savefig(path)
 
 
@@ -376,6 +401,16 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
             tmp.cleanup()
 
 
+def _short(v: Any, width: int = 66) -> str:
+    """One table line per value, so the summary stays one screen (a summary lists every shard file)."""
+    if isinstance(v, list):
+        return f"[{len(v)} items]"
+    if isinstance(v, dict):
+        v = " ".join(f"{k}={_fmt(x)}" for k, x in v.items() if not isinstance(x, (dict, list)))
+    text = _fmt(v)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def text_summary(run_dir: str) -> str:
     """A one-screen plain-text table of the run's key numbers (same as report.html's summary)."""
     from rich.console import Console
@@ -398,7 +433,7 @@ def text_summary(run_dir: str) -> str:
     if summary:
         table.add_section()
         for k, v in summary.items():
-            table.add_row(f"summary.{k}", _fmt(v))
+            table.add_row(f"summary.{k}", _short(v))
     buf = io.StringIO()
     Console(file=buf, width=100, color_system=None, force_terminal=False).print(table)
     return buf.getvalue().rstrip("\n")
