@@ -241,3 +241,10 @@ def test_target_table(name, replicas, style, chips):
 def test_unknown_or_impossible_targets_are_usage_errors(name):
     with pytest.raises(UserError, match=f"--target {name}"):
         parse_target(name, RunConfig())
+
+
+def test_binary_corpus_fails_before_sharding(tmp_path, small_corpus):
+    blob = tmp_path / "weights.txt"
+    blob.write_bytes(b"\x00\x01" * 4096)
+    code, checks = doctor(tiny_config(tmp_path / "run", small_corpus).override({"corpus.source": str(blob)}))
+    assert code == 1 and checks["corpus"][0] == FAIL and "weights.txt: byte 0: NUL byte" in checks["corpus"][1]

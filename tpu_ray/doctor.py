@@ -196,7 +196,7 @@ def _duration(seconds: float) -> str:
 
 
 def _human(n: float) -> str:
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= div:
             return f"{n / div:.1f}{unit}"
     return f"{n:.0f}"
@@ -294,6 +294,30 @@ class Doctor:
             how = {"tpu": "TPUStrategy, bfloat16, XLA implicit", "gpu": "MirroredStrategy, float16, jit_compile",
                    "cpu": "default/MirroredStrategy, float32"}[tgt.kind]
             self.add("strategy", PASS, f"train.strategy={t.strategy} -> {how}")
+
+    def check_corpus(self) -> None:
+        """The corpus sharding will read (skipped once shards exist: then it is no longer read)."""
+        from tpu_ray.config import BUILTIN_CORPUS
+        from tpu_ray.corpus import plan_units
+        from tpu_ray.verify import preflight_corpus
+
+        src = self.cfg.corpus.source
+        if self.manifest is not None:
+            self.add("corpus", PASS, "shards exist; the corpus is not read again")
+        elif src == BUILTIN_CORPUS or src.startswith("hf:"):
+            self.add("corpus", PASS, f"corpus.source={src} (loaded by the tokenizer/shard stages, not here)")
+        else:
+            try:
+                _call_with_timeout(lambda: preflight_corpus(self.cfg), 4 * STORAGE_TIMEOUT_S)
+                units = plan_units(self.cfg.corpus, self.cfg.shard, self.cfg.run_dir)
+            except UserError as exc:
+                self.add("corpus", FAIL, str(exc), "point corpus.source (or --corpus) at existing text")
+                return
+            except TimeoutError as exc:
+                self.add("corpus", WARN, f"corpus.source={src}: not verified ({exc})")
+                return
+            files = len({u.source for u in units})
+            self.add("corpus", PASS, f"corpus.source={src}: {files} file(s), {len(units)} work units, text")
 
     def check_tokenizer(self) -> None:
         from tpu_ray.tokenizer import TOKENIZER_FILE, tokenizer_info
@@ -582,8 +606,8 @@ class Doctor:
             need = memory_per_replica(cfg, tok.vocab_size, 1, act_bytes=4)
             flops = cfg.shard.seq_len * train_flops_per_token(cfg, tok.vocab_size)
             self.add("xla compile", WARN, f"skipped: one sample at seq_len {cfg.shard.seq_len} needs "
-                     f"{_human(flops)}FLOP and {(need['activations'] + need['logits']) / GB:.0f} GB on this CPU "
-                     f"(probe limit {_human(PROBE_FLOPS)}FLOP, {PROBE_BYTES / GB:.0f} GB)",
+                     f"{_human(flops)} FLOP and {(need['activations'] + need['logits']) / GB:.0f} GB on this CPU "
+                     f"(probe limit {_human(PROBE_FLOPS)} FLOP, {PROBE_BYTES / GB:.0f} GB)",
                      "lower shard.seq_len (see memory below)")
             return
         files, source = self.pipeline_files(batch)
@@ -649,6 +673,7 @@ class Doctor:
         self.check_strategy()
         self.check_tokenizer()
         self.load_manifest()
+        self.check_corpus()
         self.check_positions()
         self.check_vocab()
         self.check_manifest_tokenizer()
