@@ -138,15 +138,36 @@ def shard_config(work: Path, corpus: Path, tokenizer_dir: str, name: str, seq_le
     })
 
 
-def warm_up(ray, cpus: int) -> float:
-    """Wait for Ray's prestarted worker processes (part of Ray's start-up, not of sharding)."""
+def _raylet_pids(nodes: list) -> set[int]:
+    from ray._private import ray_constants
+
+    return {p.process.pid for node in nodes for p in node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, [])}
+
+
+def _idle_workers(raylets: set[int]) -> int:
+    """Ray's prestarted worker processes (titled ray::IDLE) that our own raylets started."""
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                idle = f.read().startswith(b"ray::IDLE")
+        except (OSError, ValueError, IndexError):
+            continue
+        count += idle and ppid in raylets
+    return count
+
+
+def wait_for_workers(nodes: list, count: int, timeout_s: float = 60.0) -> float:
+    """Wait until Ray's prestarted workers are up: that is Ray's start-up, not sharding's.
+
+    (Running warm-up tasks instead would not do: actors never reuse a worker that ran tasks.)
+    """
     t0 = time.perf_counter()
-
-    @ray.remote(num_cpus=1)
-    def ping() -> int:
-        return os.getpid()
-
-    ray.get([ping.remote() for _ in range(cpus)])
+    raylets = _raylet_pids(nodes)
+    while _idle_workers(raylets) < count and time.perf_counter() - t0 < timeout_s:
+        time.sleep(0.1)
     return time.perf_counter() - t0
 
 
@@ -161,6 +182,7 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
     t0 = time.perf_counter()
     if nodes == 1:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        ray_nodes = [ray._private.worker._global_node]
     else:
         from ray.cluster_utils import Cluster
 
@@ -170,8 +192,9 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
             cluster.add_node(num_cpus=per_node)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
+        ray_nodes = cluster.list_all_nodes()
     start_up = time.perf_counter() - t0
-    start_up += warm_up(ray, int(ray.cluster_resources().get("CPU", 1)))
+    start_up += wait_for_workers(ray_nodes, int(ray.cluster_resources().get("CPU", 1)))
     try:
         summary = make_shards(cfg, actors=actors)
     finally:
@@ -229,12 +252,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
     lines = corpus_lines(corpus)
     cfg = shard_config(work, corpus, tokenizer_dir, "tpu-ray", args.seq_len, args.unit_mb)
 
-    ceiling = best([measure_ceiling(tokenizer_dir, lines) for _ in range(args.repeat)])
+    runs: dict[str, list[dict]] = {"ceiling": [], "reference": [], "tpu-ray": []}
+    for _ in range(args.repeat):  # interleaved, so a burst of load on the machine hits all methods alike
+        runs["ceiling"].append(measure_ceiling(tokenizer_dir, lines))
+        if not args.skip_reference:
+            runs["reference"].append(measure_reference(corpus, tokenizer_dir, work, args.cpus, args.seq_len))
+        runs["tpu-ray"].append(measure_tpu_ray(cfg, args.actors, args.cpus, 1))
     del lines
+    ceiling, ours = best(runs["ceiling"]), best(runs["tpu-ray"])
+    reference = best(runs["reference"]) if runs["reference"] else None
     tokens = ceiling["tokens"]
-    reference = None if args.skip_reference else best(
-        [measure_reference(corpus, tokenizer_dir, work, args.cpus, args.seq_len) for _ in range(args.repeat)])
-    ours = best([measure_tpu_ray(cfg, args.actors, args.cpus, 1) for _ in range(args.repeat)])
     multi = None
     if args.nodes > 1:
         cfg_multi = shard_config(work, corpus, tokenizer_dir, f"tpu-ray-{args.nodes}-nodes", args.seq_len,

@@ -313,25 +313,35 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
 
 
 def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress) -> None:
-    """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor."""
+    """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor.
+
+    Finished actors get their next unit before the driver records the finished ones (manifest
+    write, progress), so no actor waits on the driver's bookkeeping.
+    """
     import ray
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
     queue = list(reversed(units))
     running: dict[Any, tuple[Any, WorkUnit]] = {}
     idle = list(pool)
-    while queue or running:
+    finished: list[tuple[WorkUnit, dict]] = []
+    while queue or running or finished:
         while queue and idle:
             actor = idle.pop()
             unit = queue.pop()
             running[getattr(actor, method).remote(unit.to_dict())] = (actor, unit)
+        for unit, res in finished:
+            on_done(unit, res)
+        finished.clear()
+        if not running:
+            continue
         ready, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
         if progress:
             progress.tick()
         for ref in ready:
             actor, unit = running.pop(ref)
             try:
-                res = ray.get(ref)
+                finished.append((unit, ray.get(ref)))
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
                 log.warning("actor died while on unit %d (%s); retrying it on a new actor",
                             unit.index, type(exc).__name__)
@@ -347,7 +357,6 @@ def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_d
                     raise cause from None
                 raise
             idle.append(actor)
-            on_done(unit, res)
 
 
 def _cleanup_temp(out_dir: str) -> None:
