@@ -9,16 +9,12 @@ real tiny TF model for the training rows, the GCS emulator for gs://.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_config
 from tests.test_doctor import manifest_of, prepared_run
 from tpu_ray.cli import main
 from tpu_ray.config import RunConfig, TrainConfig
