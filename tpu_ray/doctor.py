@@ -543,12 +543,12 @@ class Doctor:
 
     # -- the input pipeline and the XLA probe ----------------------------------------------------
     def vocab_and_spec(self):
-        from tpu_ray.data import MaskSpec
+        """The tokenizer (or a synthetic one with tpu-ray's special ids) and the trainer's MaskSpec."""
         from tpu_ray.tokenizer import TokenizerInfo
+        from tpu_ray.train import mask_spec
 
         tok = self.tok or TokenizerInfo("synthetic", self.cfg.tokenizer.vocab_size, 0, 2, 1, 3, 4)
-        spec = MaskSpec(self.cfg.train.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids))
-        return tok, spec
+        return tok, mask_spec(self.cfg, tok)
 
     def pipeline_files(self, batch: int) -> tuple[list[str], str]:
         """Train shard files for the probe: (up to 2 of) the run's own, else two synthetic ones."""
@@ -612,7 +612,7 @@ class Doctor:
             return
         files, source = self.pipeline_files(batch)
         batches = iter(self.dataset(files, batch))
-        factory = step_factory or (lambda: _model_step(cfg, tok))
+        factory = step_factory or (lambda: _model_step(cfg, tok, os.path.join(self._tmp.name, "ckpt")))
         shape = f"[{batch}, {cfg.shard.seq_len}]"
         scaled = f" (per-replica batch {per_replica} scaled down for this CPU)" if batch < per_replica else ""
         self.add_xla(xla_probe(factory, batches), f"full train step at {shape}{scaled} on {source}")
@@ -689,35 +689,21 @@ class Doctor:
         self._tmp.cleanup()
 
 
-def _model_step(cfg: RunConfig, tok) -> Callable[[dict], Any]:
-    """The real model and optimizer (as train.build makes them) and one full train step."""
+def _model_step(cfg: RunConfig, tok, ckpt_dir: str) -> Callable[[dict], Any]:
+    """The trainer's own model, optimizer and train step (train.build / make_train_step), so the
+    probe compiles exactly what training runs. xla_probe wraps it in jit_compile=True: forward,
+    backward and the optimizer update all go through XLA, as they do on a TPU."""
     import tensorflow as tf
     import tf_keras
-    from transformers import TFAutoModelForMaskedLM, create_optimizer
 
-    from tpu_ray.model import hf_config
-    from tpu_ray.train import masked_sums
+    from tpu_ray.strategy import StrategyInfo
+    from tpu_ray.train import build, make_train_step
 
     tf_keras.mixed_precision.set_global_policy("float32")  # bfloat16 on TPU; on this CPU float32
-    t = cfg.train
-    warmup = t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
-    model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
-    model(model.dummy_inputs, training=False)
-    optimizer, _ = create_optimizer(init_lr=t.learning_rate, num_train_steps=t.steps, num_warmup_steps=warmup,
-                                    weight_decay_rate=t.weight_decay)
-    optimizer._create_all_weights(model.trainable_variables)
-
-    def step(batch: dict) -> Any:
-        with tf.GradientTape() as tape:
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           training=True).logits
-            loss_sum, correct, count = masked_sums(batch["labels"], logits)
-            loss = loss_sum / tf.maximum(count, 1.0)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return tf.stack([loss_sum, correct, count])
-
-    return step
+    info = StrategyInfo(strategy=tf.distribute.get_strategy(), kind="cpu", replicas=1, device="cpu",
+                        mixed_precision="float32", jit_compile=True, steps_per_execution=1)
+    train_step = make_train_step(build(cfg, info, tok, ckpt_dir))[0]
+    return lambda batch: train_step(batch)
 
 
 def xla_probe(step_factory: StepFactory, batches: Iterator[dict]) -> tuple[str, str, str]:
