@@ -65,3 +65,22 @@ def test_pad_to_multiple_keeps_distinct_shapes_few():
     padded, mask = pad_to_multiple([[5] * 3, [6] * 70], 64, pad_id=1)
     assert {len(p) for p in padded} == {128}
     assert mask[0][:3] == [1, 1, 1] and mask[0][3] == 0 and padded[0][3] == 1
+
+
+def test_mlm_targets_gather_every_masked_position_with_static_shape():
+    from tpu_ray.data import mlm_targets, predictions_per_sequence
+
+    ids = tf.random.stateless_uniform([256, 128], [3, 4], minval=5, maxval=1000, dtype=tf.int32)
+    _, labels = mask_tokens(ids, tf.constant([5, 6], tf.int64), SPEC)
+    k = predictions_per_sequence(128, 0.15)
+    assert 19 < k < 128
+    positions, mlm_labels = tf.function(lambda x: mlm_targets(x, k), jit_compile=True)(labels)
+    assert positions.shape == (256, k) and mlm_labels.shape == (256, k)
+    lab, pos, got = labels.numpy(), positions.numpy(), mlm_labels.numpy()
+    for row in range(256):
+        masked = np.flatnonzero(lab[row] != IGNORE)
+        n = len(masked)
+        assert n <= k
+        assert pos[row, :n].tolist() == masked.tolist()  # every masked position, in order
+        assert got[row, :n].tolist() == lab[row, masked].tolist()
+        assert (got[row, n:] == IGNORE).all()  # the rest are padding slots that the loss ignores

@@ -139,7 +139,7 @@ from tpu_ray.strategy import use_logical_cpus
 use_logical_cpus(8)
 import tensorflow as tf
 from tpu_ray.config import RunConfig
-from tpu_ray.data import MaskSpec, mask_tokens
+from tpu_ray.data import MaskSpec, mask_tokens, mlm_targets, predictions_per_sequence
 from tpu_ray.strategy import StrategyInfo, select
 from tpu_ray.tokenizer import TokenizerInfo
 from tpu_ray.train import build, make_replica_grads, make_train_step
@@ -156,14 +156,17 @@ s8.model.set_weights(s1.model.get_weights())
 rng = np.random.default_rng(0)
 ids = tf.constant(rng.integers(5, 500, size=(32, 32)), tf.int32)
 masked, labels = mask_tokens(ids, tf.constant([1, 2], tf.int64), MaskSpec(0.15, 4, 500, (0, 1, 2, 3, 4)))
-batch = {"input_ids": masked, "attention_mask": tf.ones_like(ids), "labels": labels}
+positions, mlm_labels = mlm_targets(labels, predictions_per_sequence(32, 0.15))
+batch = {"input_ids": masked, "attention_mask": tf.ones_like(ids), "mlm_positions": positions,
+         "mlm_labels": mlm_labels}
 
 def split(ctx):
     i = ctx.replica_id_in_sync_group
     return {k: v[i * 4:(i + 1) * 4] for k, v in batch.items()}
 
 dist = eight.strategy.experimental_distribute_values_from_function(split)
-count = tf.reduce_sum(tf.cast(labels != -100, tf.float32))
+count = tf.reduce_sum(tf.cast(mlm_labels != -100, tf.float32))
+assert int(count) == int(tf.reduce_sum(tf.cast(labels != -100, tf.int32)))  # no masked position left out
 g1 = make_replica_grads(s1)(batch, count)[0]
 per_replica = eight.strategy.run(lambda b: make_replica_grads(s8)(b, count)[0], args=(dist,))
 g8 = [eight.strategy.reduce("sum", g, axis=None) for g in per_replica]

@@ -9,6 +9,7 @@ are the same after a resume as in an uninterrupted run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ class MaskSpec:
     mask_id: int
     vocab_size: int
     special_ids: tuple[int, ...]
+    # Positions per sequence the MLM head scores (see mlm_targets); None: every position.
+    predictions: int | None = None
 
     @property
     def random_low(self) -> int:
@@ -62,6 +65,34 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     masked = tf.where(to_random, random_ids, masked)
     labels = tf.where(selected, input_ids, tf.cast(IGNORE, input_ids.dtype))
     return masked, labels
+
+
+def predictions_per_sequence(seq_len: int, mask_prob: float) -> int:
+    """How many positions per sequence the MLM head scores: the mean masked count plus six
+    standard deviations (a binomial tail of ~1e-9), so the gather below has a static size."""
+    mean = seq_len * mask_prob
+    return min(seq_len, math.ceil(mean + 6 * math.sqrt(mean * (1 - mask_prob))) + 1)
+
+
+def mlm_targets(labels: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """The first `k` masked positions of each row and their labels ([batch, k], -100 for unused slots).
+
+    The MLM head then projects only these positions onto the vocabulary instead of every position
+    (about 85% of that matmul saved at 15% masking). `top_k` of a score that ranks masked positions
+    first keeps the shape static: no boolean indexing, no data-dependent shape (XLA rule 2).
+    """
+    seq_len = labels.shape[-1]
+    selected = tf.cast(tf.not_equal(labels, IGNORE), tf.float32)
+    earlier_first = tf.cast(seq_len - tf.range(seq_len), tf.float32) / (seq_len + 1)
+    _, positions = tf.math.top_k(selected * 2.0 + earlier_first, k=k, sorted=True)
+    return positions, tf.gather(labels, positions, batch_dims=1)
+
+
+def _with_targets(batch: dict[str, tf.Tensor], seed: tf.Tensor, spec: MaskSpec) -> dict[str, tf.Tensor]:
+    batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], seed, spec)
+    k = spec.predictions or batch["labels"].shape[-1]
+    batch["mlm_positions"], batch["mlm_labels"] = mlm_targets(batch["labels"], k)
+    return batch
 
 
 def _seed(base: int, pipeline: int, index: tf.Tensor) -> tf.Tensor:
@@ -101,9 +132,7 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
     ds = ds.enumerate(start=start_batch)
 
     def prepare(index: tf.Tensor, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-        batch = parse_batch(serialized, seq_len)
-        batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], _seed(seed, pipeline, index), spec)
-        return batch
+        return _with_targets(parse_batch(serialized, seq_len), _seed(seed, pipeline, index), spec)
 
     ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
@@ -121,14 +150,9 @@ def eval_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mask
         ds = ds.shard(ctx.num_input_pipelines, pipeline)
     ds = ds.batch(batch_size, drop_remainder=True).take(max_batches)
     ds = ds.enumerate().map(
-        lambda i, s: _masked(parse_batch(s, seq_len), _seed(seed + 7, pipeline, i), spec),
+        lambda i, s: _with_targets(parse_batch(s, seq_len), _seed(seed + 7, pipeline, i), spec),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
-
-
-def _masked(batch: dict[str, tf.Tensor], seed: tf.Tensor, spec: MaskSpec) -> dict[str, tf.Tensor]:
-    batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], seed, spec)
-    return batch
 
 
 def pad_to_multiple(ids: list[list[int]], multiple: int, pad_id: int) -> tuple[list[list[int]], list[list[int]]]:

@@ -48,13 +48,15 @@ def hf_config(cfg: RunConfig, tok: TokenizerInfo):
 def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:
     """Model FLOPs per trained token (forward + backward = 3x forward, 2 FLOPs per MAC).
 
-    Counts what executes: every layer's projections and attention, and the MLM head projecting
-    every position onto the vocabulary (transformers' TF head does, masked or not).
+    Counts what executes: every layer's projections and attention, and the MLM head, which the
+    trainer runs only on the `predictions_per_sequence` gathered positions of each sequence.
     """
+    from tpu_ray.data import predictions_per_sequence
+
     s = cfg.model.sizes()
     h, layers, inter, seq = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"], cfg.shard.seq_len
     per_layer_macs = 4 * h * h + 2 * h * inter + 2 * seq * h  # q,k,v,o + MLP + scores and values
-    head_macs = h * h + h * vocab_size
+    head_macs = (h * h + h * vocab_size) * predictions_per_sequence(seq, cfg.train.mask_prob) / seq
     return 3 * 2 * (layers * per_layer_macs + head_macs)
 
 

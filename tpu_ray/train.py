@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
-from tpu_ray.data import IGNORE, MaskSpec, eval_dataset, host_files, train_dataset
+from tpu_ray.data import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.metrics import MetricsWriter, eval_line, train_line
 from tpu_ray.model import hf_config, peak_flops, train_flops_per_token
@@ -94,9 +94,7 @@ def make_replica_grads(s: TrainSetup):
 
     def grads_and_sums(batch, global_count):
         with tf.GradientTape() as tape:
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           training=True).logits
-            loss_sum, correct, count = masked_sums(batch["labels"], logits)
+            loss_sum, correct, count = masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=True))
             loss = loss_sum / tf.maximum(global_count, 1.0)
             if scaled:
                 loss = optimizer.get_scaled_loss(loss)
@@ -118,7 +116,7 @@ def make_train_step(s: TrainSetup):
     compiled = tf.function(grads_and_sums, jit_compile=True) if s.info.jit_compile else grads_and_sums
 
     def replica_step(batch):
-        count = tf.reduce_sum(tf.cast(tf.not_equal(batch["labels"], IGNORE), tf.float32))
+        count = tf.reduce_sum(tf.cast(tf.not_equal(batch["mlm_labels"], IGNORE), tf.float32))
         global_count = tf.distribute.get_replica_context().all_reduce("sum", count)
         grads, loss_sum, correct, count = compiled(batch, global_count)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -145,8 +143,7 @@ def make_eval_step(s: TrainSetup):
     strategy, model = s.info.strategy, s.model
 
     def replica_eval(batch):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits
-        return tf.stack(masked_sums(batch["labels"], logits))
+        return tf.stack(masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False)))
 
     @tf.function
     def eval_step(batch):
@@ -156,7 +153,22 @@ def make_eval_step(s: TrainSetup):
 
 
 def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
-    return MaskSpec(cfg.train.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids))
+    return MaskSpec(cfg.train.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
+                    predictions_per_sequence(cfg.shard.seq_len, cfg.train.mask_prob))
+
+
+def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
+    """Vocabulary logits at `batch["mlm_positions"]` only: [batch, k, vocab].
+
+    Runs the transformers model's encoder and its own MLM head, but projects only the gathered
+    masked positions onto the vocabulary (the full model call would project every position).
+    Same layers, same weights: the exported model is the ordinary TF*ForMaskedLM.
+    """
+    encoder = getattr(model, model.base_model_prefix)  # TFRobertaMainLayer / TFBertMainLayer
+    hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[0]
+    gathered = tf.gather(hidden, batch["mlm_positions"], batch_dims=1)
+    head = model.lm_head if hasattr(model, "lm_head") else model.mlm  # RoBERTa / BERT
+    return head(gathered)
 
 
 def check_manifest(cfg: RunConfig, tok: TokenizerInfo) -> None:
