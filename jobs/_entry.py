@@ -4,6 +4,8 @@ make a failure's one-line reason the last line of the job's log."""
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +13,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tpu_ray.cli import EXIT_USAGE, load_config, setup_logging
+from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
+
+
+def absolute_run_dir(cfg: RunConfig) -> RunConfig:
+    """A relative run dir made absolute: a Ray job runs in a temporary copy of the working dir, so
+    `runs/<name>` would be a path nobody can find afterwards; the log and last line now name it."""
+    from tpu_ray import storage
+
+    if storage.is_remote(cfg.run_dir) or os.path.isabs(cfg.run_dir):
+        return cfg
+    return cfg.override({"output_dir": os.path.abspath(cfg.run_dir)})
 
 
 def main(stage: str, argv: list[str] | None = None) -> int:
@@ -24,7 +37,8 @@ def main(stage: str, argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     setup_logging()
     try:
-        cfg = load_config(args)
+        cfg = absolute_run_dir(load_config(args))
+        logging.getLogger("tpu_ray").info("%s: run directory %s", stage, cfg.run_dir)
         from tpu_ray.pipeline import Pipeline, ensure_ray, prepare_run_dir, run_tokenizer
 
         if stage == "pretrain":

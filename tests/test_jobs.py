@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +33,8 @@ from tpu_ray.report import load_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-QUICKSTART = REPO / "jobs" / "configs" / "quickstart.yaml"
+QUICKSTART_REL = Path("jobs/configs/quickstart.yaml")
+QUICKSTART = REPO / QUICKSTART_REL
 JOB_TIMEOUT_S = 600  # a deadline against hangs, not a speed requirement
 # The quickstart, shrunk to well under a minute on 2 cores.
 SMALL = {
@@ -58,7 +61,8 @@ class RayHead:
 
     def pids(self) -> list[int]:
         out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True, check=True).stdout
-        return [int(pid) for pid, sid in (line.split() for line in out.splitlines()) if int(sid) == self.session_id]
+        rows = (line.split() for line in out.splitlines())
+        return [int(pid) for pid, sid in rows if int(sid) == self.session_id]
 
     def stop(self) -> None:
         """Stop this head only: SIGTERM its session's processes, SIGKILL what is left after 15 s."""
@@ -80,27 +84,27 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-@pytest.fixture(scope="module")
-def ray_head() -> Iterator[RayHead]:
+@contextmanager
+def started_head(auth_env: dict[str, str]) -> Iterator[RayHead]:
+    """`ray start --head` from this venv on loopback with free ports and its own --temp-dir."""
     # Short path: Ray's Unix sockets live under it and must stay below 108 bytes.
     temp_dir = tempfile.mkdtemp(prefix="tpu-ray-jobs-", dir="/tmp")
     gcs, dashboard = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_API_SERVER", "RAY_AUTH"))}
     # The venv first on PATH, as after `. .venv/bin/activate`: job entrypoints run `python`.
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["RAY_USAGE_STATS_ENABLED"] = "0"
-    # Ray 2.60 turns token auth on for `ray start --head` whenever ~/.ray/auth_token exists (any local
-    # ray.init() writes it), so whether it is on would depend on what ran before on this machine.
-    # Pin it off; token auth is docs/jobs.md's business (and jobs.submit() handles a local token).
-    env["RAY_AUTH_MODE"] = "disabled"
+    env.update({k: v.format(temp_dir=temp_dir) for k, v in auth_env.items()})
+    if "RAY_AUTH_TOKEN_PATH" in env:
+        Path(env["RAY_AUTH_TOKEN_PATH"]).write_text(secrets.token_hex(32))
     cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
            "--num-cpus=2", "--disable-usage-stats",
            # Ports Ray would otherwise take at fixed defaults (10001, 52365), shared with other heads.
            f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"]
     # A new session: the head's daemons inherit it, which is how stop() finds them and only them.
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     head = RayHead(f"http://127.0.0.1:{dashboard}", "", temp_dir, proc.pid)
     try:
         output, _ = proc.communicate(timeout=180)
@@ -110,6 +114,15 @@ def ray_head() -> Iterator[RayHead]:
     finally:
         head.stop()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[RayHead]:
+    # Ray 2.60 turns token auth on for `ray start --head` whenever ~/.ray/auth_token exists (any local
+    # ray.init() writes it), so whether it is on would depend on what ran before on this machine.
+    # Pin it off here; test_submitter_uses_the_local_token covers a head that has it on.
+    with started_head({"RAY_AUTH_MODE": "disabled"}) as head:
+        yield head
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +160,7 @@ def test_head_is_private(ray_head):
 
 def test_ray_job_submit_pretrain_succeeds_with_a_complete_run_dir(ray_head, job_corpus, tmp_path):
     run_dir = tmp_path / "run"
-    proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", "jobs/configs/quickstart.yaml",
+    proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", str(QUICKSTART_REL),
                                 "--output-dir", str(run_dir), "--corpus", str(job_corpus), *_overrides())
     log = job.logs()
     assert proc.returncode == 0, log[-3000:] + proc.stderr[-3000:]
@@ -169,7 +182,7 @@ def test_failing_job_ends_failed_with_the_reason_last(ray_head, tmp_path, case):
     else:
         missing = tmp_path / "no-such-corpus.txt"
         args, reason = ["--corpus", str(missing)], str(missing)
-    proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", "jobs/configs/quickstart.yaml",
+    proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", str(QUICKSTART_REL),
                                 "--output-dir", str(tmp_path / "run"), *args)
     log = job.logs()
     assert proc.returncode != 0
@@ -218,3 +231,45 @@ def test_python_api_submit_wait_and_metrics(ray_head, job_corpus, tmp_path):
     # A bare submission id is enough to follow a job: the run dir comes from the job's metadata.
     again = JobHandle(job.submission_id, ray_head.address)
     assert again.run_dir == job.run_dir and again.status() == "SUCCEEDED"
+
+
+def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, capsys, monkeypatch):
+    from tpu_ray.cli import main
+
+    monkeypatch.chdir(REPO)  # --working-dir defaults to "."
+    run = tmp_path / "cli-run"
+    addr = ["--address", ray_head.address]
+    assert main(["submit", *addr, "--config", str(QUICKSTART_REL), "--output-dir", str(run), "--wait",
+                 *_overrides({"corpus.source": job_corpus})]) == 0
+    sid, status = capsys.readouterr().out.split()
+    assert status == "SUCCEEDED"
+    assert main(["status", sid, *addr]) == 0 and capsys.readouterr().out.strip() == "SUCCEEDED"
+    assert main(["logs", sid, *addr]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run}"
+    assert main(["metrics", str(run), "--kind", "eval"]) == 0
+    assert "eval_loss" in capsys.readouterr().out
+
+    # Bad input is refused before anything is submitted, and an unknown job is one line too.
+    assert main(["submit", *addr, "--config", str(QUICKSTART_REL), "train.steps=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "tpu-ray: error: override: train.steps=0: Input should be greater than 0"
+    assert main(["status", "no-such-job", *addr]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tpu-ray: error: job 'no-such-job': ") and "\n" not in err
+
+
+def test_submitter_uses_the_local_token(tmp_path):
+    """A head with token auth (what `ray start` does once ~/.ray/auth_token exists): tpu-ray's client
+    sends the token it finds; with RAY_AUTH_MODE=disabled it gets a one-line error naming the fix."""
+    with started_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "{temp_dir}/auth_token"}) as head:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+        env["RAY_AUTH_TOKEN_PATH"] = f"{head.temp_dir}/auth_token"
+        cmd = [str(VENV_BIN / "tpu-ray"), "status", "no-such-job", "--address", head.address]
+        found = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert found.returncode == 2
+        assert "does not exist" in found.stderr and "auth" not in found.stderr.lower(), found.stderr
+        refused = subprocess.run(cmd, env=env | {"RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines()[-1].startswith(
+            f"tpu-ray: error: the Ray cluster at {head.address} requires its auth token"), refused.stderr

@@ -214,7 +214,8 @@ def test_text_summary_stays_one_screen_with_long_summary_values(tmp_path):
     """summary.json lists every shard file read: the text summary shows a count, not the list."""
     run = make_run(tmp_path / "run")
     files = [f"gs://bucket/run/shards/train-{i:05d}-4096.tfrecord" for i in range(500)]
-    (run / "summary.json").write_text(json.dumps({"files_read": files, "shards": {"shards": 500, "samples": 10**6}}))
+    summary = {"files_read": files, "shards": {"shards": 500, "samples": 10**6}}
+    (run / "summary.json").write_text(json.dumps(summary))
     text = text_summary(str(run))
     assert len(text.splitlines()) < 45
     assert "[500 items]" in text and "shards=500 samples=1000000" in text

@@ -16,6 +16,8 @@ import shlex
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from tpu_ray import storage
@@ -55,17 +57,37 @@ def _use_local_token() -> None:
         quiet.setLevel(level)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextmanager
+def _jobs_api(address: str | None, what: str) -> Iterator[None]:
+    """Ray's client errors (no server, no token, unknown job) as one-line UserErrors."""
+    from ray.exceptions import AuthenticationError
+
+    where = address or "the address in RAY_API_SERVER_ADDRESS / RAY_ADDRESS or a local head"
+    try:
+        yield
+    except AuthenticationError:
+        raise UserError(f"the Ray cluster at {where} requires its auth token: make it available "
+                        f"(~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN) and set "
+                        f"RAY_AUTH_MODE=token") from None
+    except ConnectionError as exc:
+        raise UserError(f"cannot reach the Ray Jobs API at {where} ({_first_line(exc)}); start a head "
+                        f"with `ray start --head` or pass the dashboard address, e.g. "
+                        f"http://127.0.0.1:8265") from None
+    except (RuntimeError, ValueError) as exc:
+        raise UserError(f"{what}: {_first_line(exc)}") from None
+
+
 def _client(address: str | None) -> JobSubmissionClient:
     from ray.job_submission import JobSubmissionClient
 
     _use_local_token()
-    try:
+    with _jobs_api(address, "Ray Jobs API"):
         return JobSubmissionClient(address)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = address or "the address in RAY_API_SERVER_ADDRESS / RAY_ADDRESS or a local head"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot reach the Ray Jobs API at {where} ({first}); start a head with "
-                        f"`ray start --head` or pass the dashboard address, e.g. http://127.0.0.1:8265") from None
 
 
 def _resolve_run_dir(cfg: RunConfig, submission_id: str) -> str:
@@ -97,10 +119,8 @@ class JobHandle:
         return self._client_obj
 
     def _info(self):
-        try:
+        with _jobs_api(self.address, f"job {self.submission_id!r}"):  # an unknown id is a 404
             return self._client.get_job_info(self.submission_id)
-        except RuntimeError as exc:  # the Jobs API answers 404 for an unknown id
-            raise UserError(f"job {self.submission_id!r}: {str(exc).strip().splitlines()[0]}") from None
 
     @property
     def run_dir(self) -> str:
@@ -108,7 +128,8 @@ class JobHandle:
         if self._run_dir is None:
             self._run_dir = (self._info().metadata or {}).get(RUN_DIR_KEY)
             if not self._run_dir:
-                raise UserError(f"job {self.submission_id!r} was not submitted by tpu-ray (no run_dir metadata)")
+                raise UserError(f"job {self.submission_id!r} was not submitted by tpu-ray "
+                                f"(no {RUN_DIR_KEY} in its metadata)")
         return self._run_dir
 
     def status(self) -> str:
@@ -117,7 +138,8 @@ class JobHandle:
 
     def logs(self) -> str:
         """The job's whole log so far (the entrypoint's stdout and stderr)."""
-        return self._client.get_job_logs(self.submission_id)
+        with _jobs_api(self.address, f"job {self.submission_id!r}"):
+            return self._client.get_job_logs(self.submission_id)
 
     def wait(self, timeout: float | None = None, poll_s: float = 2.0, follow: bool = False) -> str:
         """Block until the job ends and return its terminal status; `follow` echoes new log text
@@ -139,7 +161,8 @@ class JobHandle:
 
     def stop(self) -> bool:
         """Ask Ray to stop the job; False if it had already ended."""
-        return self._client.stop_job(self.submission_id)
+        with _jobs_api(self.address, f"job {self.submission_id!r}"):
+            return self._client.stop_job(self.submission_id)
 
     def metrics(self, kind: str | None = None) -> pd.DataFrame:
         """`load_metrics(run_dir)`: what the job has logged so far, one row per record."""
@@ -171,13 +194,13 @@ def submit(cfg: RunConfig, address: str | None = None, working_dir: str = ".", s
     staged = os.path.join(working_dir, rel_config)
     storage.makedirs(os.path.dirname(staged))
     storage.atomic_write_text(staged, cfg.to_yaml())
-    entrypoint = f"python jobs/{stage}.py --config {shlex.quote(rel_config)}" + (" --resume" if resume else "")
+    entrypoint = f"python jobs/{stage}.py --config {shlex.quote(rel_config)}"
+    entrypoint += " --resume" if resume else ""
     env = {"working_dir": working_dir, "excludes": list(EXCLUDES)} | (runtime_env or {})
     try:
-        client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=env,
-                          metadata={RUN_DIR_KEY: run_dir, "tpu_ray_stage": stage})
-    except RuntimeError as exc:
-        raise UserError(f"Ray refused job {submission_id}: {str(exc).strip().splitlines()[0]}") from None
+        with _jobs_api(address, f"Ray refused job {submission_id}"):
+            client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=env,
+                              metadata={RUN_DIR_KEY: run_dir, "tpu_ray_stage": stage})
     finally:  # the upload is done (or failed) once submit_job returns: leave the working dir clean
         storage.remove(staged)
         try:

@@ -297,7 +297,8 @@ def _plot_lr(train: pd.DataFrame, path: str) -> None:
     fig, ax = _new_figure("Learning rate schedule", "step", "learning rate")
     lr = _col(train, "learning_rate")
     if lr.notna().any():
-        ax.plot(train["step"], lr, label="learning rate (at logged steps)", color="tab:red", lw=1.2, **_dots(lr))
+        ax.plot(train["step"], lr, label="learning rate (at logged steps)", color="tab:red", lw=1.2,
+                **_dots(lr))
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
         ax.set_ylim(bottom=0)
         ax.legend(loc="upper right")
