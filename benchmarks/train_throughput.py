@@ -110,13 +110,14 @@ def reference_round(cfg, steps: int, warmup: int) -> list[float]:
     return timer.times[warmup:]
 
 
-def tpu_ray_round(cfg, steps: int, warmup: int, work: Path, i: int) -> tuple[list[float], int]:
+def tpu_ray_round(cfg, steps: int, warmup: int, work: Path, i: int, jit: bool = False) -> tuple[list[float], int]:
     """tpu-ray's trainer on the same shards; step times from its own metrics stream."""
     from tpu_ray.train import train
 
-    run = cfg.override({"output_dir": str(work / f"ours-{i}"), "train.steps": steps})
+    out = work / f"ours-{i}{'-jit' if jit else ''}"
+    run = cfg.override({"output_dir": str(out), "train.steps": steps, "train.jit_compile": jit})
     summary = train(run)
-    records = [json.loads(x) for x in (work / f"ours-{i}" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["step_time_s"] for r in records if r["kind"] == "train"]
     return times[warmup:], summary["train_traces"]
 
@@ -145,6 +146,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=4, help="steps per round left out (tracing, warm-up)")
     p.add_argument("--rounds", type=int, default=3, help="alternations of reference and tpu-ray")
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--jit", action="store_true", help="also time tpu-ray with train.jit_compile=true (XLA on CPU)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -153,12 +155,15 @@ def main() -> None:
         cfg = prepare(work, args.vocab)
         ref_times: list[float] = []
         our_times: list[float] = []
+        jit_times: list[float] = []
         traces = []
         for i in range(args.rounds):
             ref_times += reference_round(cfg, args.steps, args.warmup)
             times, tr = tpu_ray_round(cfg, args.steps, args.warmup, work, i)
             our_times += times
             traces.append(tr)
+            if args.jit:
+                jit_times += tpu_ray_round(cfg, args.steps, args.warmup, work, i, jit=True)[0]
         input_bps = input_batches_per_s(cfg)
 
     ref_step, our_step = statistics.median(ref_times), statistics.median(our_times)
@@ -168,6 +173,10 @@ def main() -> None:
         ("tpu-ray trainer (median step)", f"{our_step * 1e3:8.1f} ms", f"{ours_sps:8.1f} samples/s"),
         ("input pipeline alone", f"{1e3 / input_bps:8.2f} ms", f"{input_bps * BATCH:8.1f} samples/s"),
     ]
+    if jit_times:
+        jit_step = statistics.median(jit_times)
+        rows.append(("tpu-ray trainer, jit_compile=true", f"{jit_step * 1e3:8.1f} ms",
+                     f"{BATCH / jit_step:8.1f} samples/s ({our_step / jit_step:.2f}x of jit off)"))
     print(f"model {MODEL} seq_len {SEQ_LEN} batch {BATCH}; {args.rounds} rounds x {args.steps} steps, "
           f"first {args.warmup} of each left out")
     for name, a, b in rows:
