@@ -248,3 +248,17 @@ def test_binary_corpus_fails_before_sharding(tmp_path, small_corpus):
     blob.write_bytes(b"\x00\x01" * 4096)
     code, checks = doctor(tiny_config(tmp_path / "run", small_corpus).override({"corpus.source": str(blob)}))
     assert code == 1 and checks["corpus"][0] == FAIL and "weights.txt: byte 0: NUL byte" in checks["corpus"][1]
+
+
+def test_cli_doctor_exit_codes(tmp_path, capsys):
+    from tpu_ray.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("shard:\n  seq_len: 512\nmodel:\n  max_position_embeddings: 256\n")
+    assert main(["doctor", "--config", str(bad), "--target", "v4-8"]) == 1  # a bad config is a FAIL check
+    out = capsys.readouterr().out
+    assert "FAIL  config" in out and "max_position_embeddings >= 514" in out
+    good = tmp_path / "good.yaml"
+    good.write_text("name: t\n")
+    assert main(["doctor", "--config", str(good), "--target", "v7-8"]) == 2  # an unknown target: usage error
+    assert "tpu-ray: error: --target v7-8: unknown accelerator" in capsys.readouterr().err

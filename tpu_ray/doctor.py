@@ -639,6 +639,8 @@ class Doctor:
         line = (f"~{_bytes(total)} per replica at batch {per_replica}x{seq} of {_bytes(tgt.hbm_bytes)} "
                 f"({share:.0%}): {parts}")
         fits = int((HBM_WARN_FRACTION * tgt.hbm_bytes - fixed) // per_sample) if per_sample else per_replica
+        if tgt.kind == "tpu" and fits >= 8:
+            fits = fits // 8 * 8  # XLA pads a TPU's per-replica batch to a multiple of 8
         fix = (f"lower the per-replica batch to <= {fits} (train.batch_size={max(fits, 0) * tgt.replicas}), "
                f"shard.seq_len, or the model size; or pick a target with more memory")
         if fits < 1:
