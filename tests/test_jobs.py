@@ -273,3 +273,30 @@ def test_submitter_uses_the_local_token(tmp_path):
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines()[-1].startswith(
             f"tpu-ray: error: the Ray cluster at {head.address} requires its auth token"), refused.stderr
+
+
+def test_example_configs_load_and_target_what_their_names_say():
+    configs = {p.stem: RunConfig.from_yaml(p) for p in (REPO / "jobs" / "configs").glob("*.yaml")}
+    assert {"quickstart", "roberta-base-v3-8", "roberta-base-v4-8", "roberta-base-v4-16", "gpu"} <= set(configs)
+    for name, cfg in configs.items():
+        if name.startswith("roberta-base-"):
+            assert cfg.model.preset == "base" and cfg.train.strategy == "tpu", name
+            assert cfg.train.tpu_topology == name.removeprefix("roberta-base-"), name
+            assert cfg.run_dir.startswith("gs://"), name  # a TPU host must see the run directory
+    assert configs["gpu"].train.strategy == "gpu" and configs["gpu"].train.num_gpus
+    assert configs["quickstart"].corpus.source.startswith("builtin:")  # no download
+
+
+@pytest.mark.slow
+def test_prepare_then_train_jobs(ray_head, job_corpus, tmp_path):
+    """The TPU workflow: shards from a CPU job, then training on them from a second job."""
+    cfg = RunConfig.from_yaml(QUICKSTART).override(
+        SMALL | {"corpus.source": str(job_corpus), "output_dir": str(tmp_path / "run")})
+    prepare = submit(cfg, address=ray_head.address, working_dir=str(REPO), stage="prepare")
+    assert prepare.wait(timeout=JOB_TIMEOUT_S) == "SUCCEEDED", prepare.logs()[-3000:]
+    assert (tmp_path / "run" / "shards" / "manifest.json").is_file()
+    assert not (tmp_path / "run" / "model").exists()
+    train = submit(cfg, address=ray_head.address, working_dir=str(REPO), stage="train")
+    assert train.wait(timeout=JOB_TIMEOUT_S) == "SUCCEEDED", train.logs()[-3000:]
+    assert (tmp_path / "run" / "model" / "config.json").is_file()
+    assert train.metrics(kind="train")["step"].max() == 20
