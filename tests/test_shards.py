@@ -247,3 +247,127 @@ def test_units_do_not_depend_on_actor_count_and_split_lines_cleanly(mid_corpus, 
     assert lines == [s.strip() for s in data.decode().split("\n") if s.strip()]
     assert json.dumps([u.to_dict() for u in units])  # units travel to actors as plain dicts
     assert np.all([u.start <= u.split_at <= u.end for u in units])
+
+
+# ------------------------------------------------------------------------------------------
+# gs:// end to end, several nodes, the reference format in our trainer, what the user sees
+# ------------------------------------------------------------------------------------------
+_PATH_DEPENDENT = ("source", "plan_sha256")  # the manifest records where the corpus was read from
+
+
+def _shard_digests(files: dict[str, bytes]) -> dict[str, str]:
+    return {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name.endswith(".tfrecord")}
+
+
+def _manifest_without_paths(text: str | bytes) -> dict:
+    return {k: v for k, v in json.loads(text).items() if k not in _PATH_DEPENDENT}
+
+
+def test_gs_corpus_to_gs_shards_gives_the_local_bytes(gcs_emulator, tmp_path, reference_run, mid_corpus,
+                                                      tiny_tokenizer_dir):
+    from tpu_ray import storage
+
+    cfg_local, local_summary, _ = reference_run
+    bucket = gcs_emulator.make_bucket()
+    storage.atomic_write_bytes(f"{bucket}/corpus/mid.txt", mid_corpus.read_bytes())
+    cfg = _cfg(tmp_path, f"{bucket}/corpus/mid.txt", tiny_tokenizer_dir,
+               **{"shard.dir": f"{bucket}/shards"})
+    summary = make_shards(cfg, actors=2)
+    remote = {p.rsplit("/", 1)[-1]: storage.read_bytes(p) for p in storage.listdir(f"{bucket}/shards")}
+    local = {p.name: p.read_bytes() for p in Path(cfg_local.shards_dir).iterdir()}
+    assert _shard_digests(remote) == _shard_digests(local) and len(_shard_digests(local)) >= 10
+    assert _manifest_without_paths(remote["manifest.json"]) == _manifest_without_paths(local["manifest.json"])
+    assert json.loads(remote["manifest.json"])["source"]["source"] == f"{bucket}/corpus/mid.txt"
+    assert not [n for n in remote if n.startswith(".tmp-")]
+    assert (summary.samples, summary.tokens) == (local_summary.samples, local_summary.tokens)
+    found = shard_files(f"{bucket}/shards", "train")
+    assert found and all(path.startswith(f"{bucket}/shards/train-") for path, _ in found)
+
+
+@pytest.fixture
+def ray_two_nodes(ray_local):
+    """A real 2-node cluster (ray.cluster_utils.Cluster, 1 CPU each) in place of the session's
+    single node, which is restarted afterwards for the tests that follow."""
+    from ray.cluster_utils import Cluster
+
+    ray = ray_local
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
+def test_two_nodes_write_the_same_bytes_as_one(tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir,
+                                               ray_two_nodes):
+    import ray
+
+    _, _, expected = reference_run
+    assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
+    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+    make_shards(cfg, actors=2)
+    assert _digest_dir(Path(cfg.shards_dir)) == expected
+
+
+def test_reference_format_shards_train_here(tmp_path):
+    """Shards as the reference script writes them (TFRecordWriter, <split>/dataset-<i>-<count>, no
+    manifest) are found by count and come out of our tf.data pipeline as correct masked batches."""
+    tf = pytest.importorskip("tensorflow")
+    from tpu_ray.data import IGNORE, MaskSpec, train_dataset
+
+    seq_len, specials = 16, (0, 1, 2, 3, 4)
+    written = {}
+    (tmp_path / "train").mkdir()
+    for shard, count in enumerate((5, 7)):
+        with tf.io.TFRecordWriter(str(tmp_path / "train" / f"dataset-{shard}-{count}.tfrecord")) as w:
+            for _ in range(count):
+                row = [0] + [5 + len(written) * 20 + j for j in range(seq_len - 2)] + [2]
+                written[tuple(row)] = True
+                feat = {"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=row)),
+                        "attention_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=[1] * seq_len))}
+                w.write(tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString())
+    found = shard_files(str(tmp_path), "train")
+    assert [n for _, n in found] == [5, 7]
+    spec = MaskSpec(mask_prob=0.15, mask_id=4, vocab_size=1000, special_ids=specials)
+    ds = train_dataset([p for p, _ in found], seq_len, batch_size=4, spec=spec, seed=1, shuffle_buffer=16)
+    seen = set()
+    for batch in ds.take(6):
+        ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
+        assert ids.shape == labels.shape == (4, seq_len) and (batch["attention_mask"].numpy() == 1).all()
+        original = np.where(labels != IGNORE, labels, ids)
+        seen.update(tuple(r) for r in original.tolist())
+        assert (labels[:, [0, -1]] == IGNORE).all()  # [CLS] and [SEP] are never masked
+    assert seen <= set(written) and len(seen) >= 10
+
+
+def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small_corpus, tiny_tokenizer_dir,
+                                                                 ray_local, caplog):
+    from tpu_ray.progress import Progress
+
+    cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir)
+    with caplog.at_level("INFO", logger="tpu_ray"):
+        summary = make_shards(cfg, actors=2)
+    progress = [r.getMessage() for r in caplog.records if r.name == "tpu_ray.progress"]
+    # The last progress line is forced when every unit is done: units, samples and the rate.
+    assert re.fullmatch(rf"\[shard\] {summary.units}/{summary.units} units, {summary.samples:,} samples, "
+                        rf"[\d,]+ tokens/s", progress[-1]), progress
+    line = summary.line()
+    manifest = read_manifest(cfg.shards_dir)
+    for field, value in (("shards", summary.shards), ("samples", summary.samples),
+                         ("tokens", manifest["corpus_tokens"]), ("dropped_remainder_tokens", manifest["dropped_tokens"])):
+        assert f"{field}={value} " in line
+    assert re.search(r"seconds=\d+\.\d tokens/s=[\d,]+ ", line)
+    assert summary.shards == len(list(Path(cfg.shards_dir).glob("*.tfrecord")))
+    assert summary.peak_actor_rss_bytes > 0
+    assert any(line in r.getMessage() for r in caplog.records if r.name == "tpu_ray.shards")
+    # The bar's text: units done, samples so far, and this run's tokens/s.
+    bar = Progress("shard", total=8, done=2, samples=100, tokens=1000)
+    bar.advance(1, samples=150, tokens=5000)
+    assert re.fullmatch(r"3/8 units, 150 samples, [\d,]+ tokens/s", bar.text())
+    bar.close()

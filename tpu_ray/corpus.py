@@ -272,6 +272,20 @@ def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) 
     return _nonempty(text.split("\n"))
 
 
+def check_unit_bytes(unit: WorkUnit) -> None:
+    """Fail on a unit's bad input (binary, non-UTF-8 under `fail`, bad JSON) without keeping its text.
+
+    Plain text needs only the decode; other formats are parsed as for real.
+    """
+    if unit.fmt != "txt":
+        read_unit_text(unit, "all")
+        return
+    with storage.open(unit.source, "rb") as f:
+        f.seek(unit.start)
+        raw = f.read(unit.end - unit.start)
+    _decode(raw, unit, unit.start)
+
+
 def _decode(raw: bytes, unit: WorkUnit, offset: int) -> str:
     if b"\x00" in raw:
         at = offset + raw.index(b"\x00")

@@ -29,7 +29,7 @@ import numpy as np
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
-from tpu_ray.corpus import WorkUnit, plan_units, read_unit_text
+from tpu_ray.corpus import WorkUnit, check_unit_bytes, plan_units, read_unit_text
 from tpu_ray.errors import UserError
 from tpu_ray.tfrecord import examples_file
 from tpu_ray.tokenizer import TokenizerInfo, describe, load_tokenizer_json
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FORMAT = "tpu-ray-shards/1"
 SPLITS = ("train", "validation")
+MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about this many
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,18 +99,31 @@ def _commit_shard(rows: np.ndarray, final_path: str) -> tuple[str, int]:
 
 def check_unit(unit: WorkUnit) -> None:
     """Read and decode a unit without writing anything: bad bytes fail before any shard exists."""
-    read_unit_text(unit, "all")
+    check_unit_bytes(unit)
+
+
+# The driver's storage endpoint travels to the actors, so gs:// names the same bucket in both
+# (Ray workers inherit the environment of the raylet, which may predate the variable).
+FORWARDED_ENV = ("STORAGE_EMULATOR_HOST",)
+
+
+def actor_env(threads: int) -> dict[str, str]:
+    """Environment of a sharding actor: its tokenizer thread budget and the driver's storage endpoint."""
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    env.update(RAYON_NUM_THREADS=str(threads), RAYON_RS_NUM_CPUS=str(threads),
+               TOKENIZERS_PARALLELISM="true" if threads > 1 else "false")
+    return env
 
 
 class ShardWorker:
     """One Ray actor: loads the tokenizer once, then processes units."""
 
-    def __init__(self, tokenizer_json: str, info: TokenizerInfo, seq_len: int, out_dir: str, threads: int):
-        # The thread budget is set here, before the tokenizer first runs, rather than through a
-        # runtime_env: env_vars in a runtime_env need freshly started workers (~1 s each on 2
-        # cores), while this lets the actor start in one of Ray's prestarted workers.
-        os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
-        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+    def __init__(self, tokenizer_json: str, info: TokenizerInfo, seq_len: int, out_dir: str, env: dict[str, str]):
+        # The environment (thread budget, storage endpoint) is set here, before the tokenizer or
+        # storage first run, rather than through a runtime_env: env_vars in a runtime_env need
+        # freshly started workers (~1 s each on 2 cores); this way the actor starts in one of
+        # Ray's prestarted workers.
+        os.environ.update(env)
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_str(tokenizer_json)
@@ -261,9 +275,10 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     actor_cpus = min(1.0, cluster_cpus / max(n_actors, 1))
     Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0)(ShardWorker)
     tok_ref = ray.put(tokenizer_json)
+    env = actor_env(cfg.shard.tokenizer_threads)
 
     def new_actor():
-        return Worker.remote(tok_ref, info, cfg.shard.seq_len, out_dir, cfg.shard.tokenizer_threads)
+        return Worker.remote(tok_ref, info, cfg.shard.seq_len, out_dir, env)
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
@@ -288,11 +303,16 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
              "tokens": sum(r["tokens"] for r in results.values())}
     progress = Progress("shard", total=len(units), done=skipped, unit="units", **stats)
 
+    # The manifest is rewritten whole, so writing it after every unit would cost O(units^2) bytes;
+    # every `every`-th unit keeps ~MANIFEST_WRITES writes per run (a crash redoes at most that many).
+    every = max(1, len(units) // MANIFEST_WRITES)
+
     def on_done(unit: WorkUnit, res: dict) -> None:
         results[unit.index] = res
         stats["samples"] += sum(s["samples"] for s in res["shards"])
         stats["tokens"] += res["tokens"]
-        _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
+        if (len(results) - skipped) % every == 0:
+            _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
         progress.advance(1, samples=stats["samples"], tokens=stats["tokens"])
         if on_unit_done:
             on_unit_done(len(results), pool)
