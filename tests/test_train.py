@@ -194,10 +194,20 @@ def test_eight_cpu_replicas_take_the_same_step_as_one_device(tmp_path):
     assert r["moved"] > 0 and r["weight_err"] <= 0.01 * r["moved"], r
 
 
-def test_training_lands_on_the_tpu_like_node_and_nowhere_else(tmp_path, shards_dir, tiny_tokenizer_dir):
-    """A Ray cluster whose second node looks like a v4-8 TPU VM host: the training task goes there."""
+def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
+    """A Ray node shaped like a TPU VM host as Ray 2.60 detects it: resources and labels."""
+    resources = {"TPU": 4, slice_name: 1, **({f"TPU-{pod_type}-head": 1} if worker == 0 else {})}
+    return cluster.add_node(num_cpus=1, resources=resources, labels={
+        "ray.io/tpu-slice-name": slice_name, "ray.io/tpu-worker-id": str(worker), "ray.io/tpu-pod-type": pod_type})
+
+
+def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp_path, shards_dir,
+                                                                           tiny_tokenizer_dir):
+    """Nodes that look like a v4-8 host and a two-host v4-16 slice: each run lands on its slice's
+    worker 0, reserves every host of that slice, and releases them afterwards."""
     import ray
     from ray.cluster_utils import Cluster
+    from ray.util.placement_group import placement_group_table
 
     from tpu_ray.placement import run_training
 
@@ -205,17 +215,21 @@ def test_training_lands_on_the_tpu_like_node_and_nowhere_else(tmp_path, shards_d
         ray.shutdown()
     cluster = Cluster()
     try:
-        cluster.add_node(num_cpus=1)
-        tpu_node = cluster.add_node(num_cpus=1, resources={"TPU": 4, "TPU-v4-8-head": 1, "my-v4-slice": 1},
-                                    labels={"ray.io/tpu-pod-type": "v4-8", "ray.io/tpu-worker-id": "0",
-                                            "ray.io/tpu-slice-name": "my-v4-slice"})
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=1)  # a CPU head, as in cluster.yaml
+        v4_8 = _tpu_host(cluster, "v4-8", "slice-a", 0)
+        v4_16 = [_tpu_host(cluster, "v4-16", "slice-b", w) for w in (1, 0)]  # worker 1 joins first
         ray.init(address=cluster.address, log_to_driver=False)
-        cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
-                   **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.tpu_topology": "v4-8"})
-        summary = run_training(cfg)
-        assert summary["node_id"] == tpu_node.node_id
-        assert summary["steps"] == 4
+        common = {"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.placement": "tpu",
+                  "train.strategy": "cpu"}  # placed like a TPU job, trained on this CPU
+        small = run_training(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
+                                  **common, **{"train.tpu_topology": "v4-8"}))
+        assert small["node_id"] == v4_8.node_id and small["slice_nodes"] == [v4_8.node_id]
+        big = run_training(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
+                                **common, **{"train.tpu_topology": "v4-16"}))
+        assert big["node_id"] == v4_16[1].node_id  # worker 0
+        assert big["slice_nodes"] == [v4_16[1].node_id, v4_16[0].node_id]
+        assert big["steps"] == 4
+        assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
     finally:
         ray.shutdown()
         cluster.shutdown()

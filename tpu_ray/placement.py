@@ -1,10 +1,11 @@
 """Where the training process runs on a Ray cluster, chosen by resources.
 
 - local: in this process (a laptop, a CPU head, or a Ray job already running on the right host).
-- tpu: a Ray task that takes the slice's head resource (`TPU-v4-16-head`, present on worker 0 of
-  a slice only), so TensorFlow's single client runs on that host and nothing else lands on it.
+- tpu: the whole slice is reserved with a placement group (see `reserve_tpu_slice`), and the
+  training task runs in the bundle on the slice's worker 0, the host that holds the slice's head
+  resource (`TPU-v4-16-head`). TensorFlow drives every host of a slice from that one client.
 - gpu: a Ray task that asks for `num_gpus`.
-- workers > 1: MultiWorkerMirroredStrategy across Ray actors (see multiworker.py).
+- workers > 1: MultiWorkerMirroredStrategy across Ray Train workers (see multiworker.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from tpu_ray.config import RunConfig
@@ -19,6 +21,8 @@ from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
 _HEAD = re.compile(r"^TPU-(v[0-9][a-z]*-[0-9]+)-head$")
+SLICE_LABEL = "ray.io/tpu-slice-name"
+WORKER_LABEL = "ray.io/tpu-worker-id"
 
 
 def tpu_head_resources(resources: dict[str, float]) -> list[str]:
@@ -49,9 +53,7 @@ def placement_for(cfg: RunConfig, cluster_resources: dict[str, float]) -> tuple[
         if head not in cluster_resources:
             raise UserError(f"train.tpu_topology={t.tpu_topology}: no node offers {head} in this Ray cluster "
                             f"(has {heads or 'no TPU slices'}); start the TPU nodes or use train.placement=local")
-        env = {"TPU_NAME": t.tpu_name} if t.tpu_name else {}
-        # num_cpus=0: the host's CPUs stay free for tf.data; the head resource reserves the slice client.
-        return "tpu", {"resources": {head: 1}, "num_cpus": 0, "runtime_env": {"env_vars": env}}
+        return "tpu", {"head_resource": head}
     if kind == "gpu":
         n = t.num_gpus or 1
         if cluster_resources.get("GPU", 0) < n:
@@ -59,6 +61,60 @@ def placement_for(cfg: RunConfig, cluster_resources: dict[str, float]) -> tuple[
                             f"add GPU nodes or run on CPU with train.placement=local")
         return "gpu", {"num_gpus": n}
     return "local", {}
+
+
+@dataclass
+class SliceReservation:
+    """A placement group holding every host of one TPU slice (bundle 0 is worker 0)."""
+
+    pg: Any
+    slice_name: str
+    node_ids: list[str]
+
+    @property
+    def multi_host(self) -> bool:
+        return len(self.node_ids) > 1
+
+
+def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceReservation:
+    """Reserve one whole TPU slice: its worker 0 by the head resource, then every host of it.
+
+    Why by hand rather than `ray.util.tpu.SlicePlacementGroup`: that class wants the physical
+    topology ("2x2x2") and accelerator version, while a slice here is named by its pod type
+    (`TPU-v4-16-head`); Ray's labels give the rest. Step 1 takes the head resource (so two jobs
+    never pick the same slice); step 2 reserves all of that slice's TPUs on every host (STRICT_SPREAD,
+    one bundle per host, keyed by the `<slice name>` resource Ray gives each host of the slice), so
+    nothing else is scheduled onto the slice while we train, and the autoscaler sees it busy.
+    """
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    head_pg = placement_group([{head_resource: 1}])
+    if not head_pg.wait(timeout_s):
+        remove_placement_group(head_pg)
+        raise UserError(f"{head_resource}: no free TPU slice within {timeout_s:.0f}s (another job holds it, "
+                        f"or the TPU hosts are not up); wait, or run on CPU with train.placement=local")
+    head_node = placement_group_table(head_pg)["bundles_to_node_id"][0]
+    nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+    slice_name = nodes[head_node].get("Labels", {}).get(SLICE_LABEL)
+    if not slice_name:  # a head resource without Ray's TPU labels: a single host, reserved whole
+        tpus = nodes[head_node]["Resources"].get("TPU", 0)
+        bundles = [{head_resource: 1, **({"TPU": tpus} if tpus else {})}]
+        slice_nodes = [head_node]
+    else:
+        worker_id = {nid: int(n["Labels"].get(WORKER_LABEL, "0")) for nid, n in nodes.items()
+                     if n.get("Labels", {}).get(SLICE_LABEL) == slice_name}
+        slice_nodes = sorted(worker_id, key=worker_id.get)
+        bundles = [{slice_name: 1, "TPU": nodes[nid]["Resources"].get("TPU", 0),
+                    **({head_resource: 1} if nid == head_node else {})} for nid in slice_nodes]
+    remove_placement_group(head_pg)
+    pg = placement_group(bundles, strategy="STRICT_SPREAD" if len(bundles) > 1 else "PACK")
+    if not pg.wait(timeout_s):
+        remove_placement_group(pg)
+        raise UserError(f"TPU slice {slice_name or head_node}: could not reserve all {len(bundles)} hosts; "
+                        f"check that every host of the slice is up in the Ray cluster")
+    placed = placement_group_table(pg)["bundles_to_node_id"]
+    return SliceReservation(pg, slice_name or "", [placed[i] for i in range(len(bundles))])
 
 
 def _train_task(cfg_dict: dict, resume: bool) -> dict:
@@ -88,14 +144,46 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     kind, options = placement_for(cfg, ray.cluster_resources())
     if kind == "local":
         return _local(cfg, resume)
+    reservation = None
+    if kind == "tpu":
+        reservation = reserve_tpu_slice(options.pop("head_resource"))
+        options = _tpu_client_options(cfg, reservation)
+        log.info("reserved TPU slice %s: %d host(s)", reservation.slice_name or "(single host)",
+                 len(reservation.node_ids))
     log.info("training placed on Ray: %s %s", kind, options)
     task = ray.remote(max_retries=0)(_train_task).options(**options)
     try:
-        return ray.get(task.remote(cfg.model_dump(mode="json"), resume))
+        summary = ray.get(task.remote(cfg.model_dump(mode="json"), resume))
     except ray.exceptions.RayTaskError as exc:
         if isinstance(exc.cause, UserError):
             raise exc.cause from None
         raise
+    finally:
+        if reservation is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(reservation.pg)
+    if reservation is not None:
+        summary["slice_nodes"] = reservation.node_ids
+    return summary
+
+
+def _tpu_client_options(cfg: RunConfig, reservation: SliceReservation) -> dict[str, Any]:
+    """The TF client task: in bundle 0 (worker 0), with the environment TensorFlow needs there."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    env: dict[str, str] = {}
+    # TPU-only: on a multi-host slice one client addresses the whole slice by name and must not
+    # load libtpu itself; on one host TPUClusterResolver(tpu="local") finds the chips.
+    if cfg.train.tpu_name:
+        env["TPU_NAME"] = cfg.train.tpu_name
+    elif reservation.multi_host:
+        env.update(TPU_NAME=reservation.slice_name, TPU_LOAD_LIBRARY="0")
+    return {
+        "num_cpus": 0,  # the host's CPUs stay free for tf.data
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(reservation.pg, placement_group_bundle_index=0),
+        "runtime_env": {"env_vars": env},
+    }
 
 
 def _ray_up() -> bool:
