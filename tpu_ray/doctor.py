@@ -142,12 +142,15 @@ def param_count(cfg: RunConfig, vocab: int) -> int:
 def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 2) -> dict[str, float]:
     """Bytes per replica: float32 weights + gradients + AdamW's two moments, activations kept for the
     backward pass (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) per layer at 16 bits, no
-    recomputation), and the vocabulary logits (compute dtype, float32 copy, float32 gradient)."""
+    recomputation), and the vocabulary logits (compute dtype, float32 copy, float32 gradient) of
+    the positions the MLM head scores (the trainer gathers `predictions_per_sequence` of them)."""
+    from tpu_ray.data import predictions_per_sequence
+
     s = cfg.model.sizes()
     h, layers, heads, seq = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], cfg.shard.seq_len
     params = param_count(cfg, vocab)
     acts = layers * seq * batch * h * (34 + 5 * heads * seq / h) * act_bytes / 2
-    logits = batch * seq * vocab * (act_bytes + 8)
+    logits = batch * predictions_per_sequence(seq, cfg.train.mask_prob) * vocab * (act_bytes + 8)
     return {"weights": 4.0 * params, "gradients": 4.0 * params, "adam": 8.0 * params,
             "activations": acts, "logits": logits}
 
