@@ -136,6 +136,8 @@ def test_load_metrics_missing_run_dir(tmp_path):
         load_metrics(str(missing))
     msg = str(exc.value)
     assert str(missing) in msg and "\n" not in msg
+    df = load_metrics(str(missing), kind="train", missing_ok=True)  # a job that has not started writing
+    assert df.empty and {"kind", "step", "time", "loss"} <= set(df.columns)
 
 
 # ------------------------------------------------------------------------------------ write_report

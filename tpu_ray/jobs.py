@@ -165,10 +165,11 @@ class JobHandle:
             return self._client.stop_job(self.submission_id)
 
     def metrics(self, kind: str | None = None) -> pd.DataFrame:
-        """`load_metrics(run_dir)`: what the job has logged so far, one row per record."""
+        """`load_metrics(run_dir)`: what the job has logged so far, one row per record (none yet
+        while the job is pending: an empty frame, not an error)."""
         from tpu_ray.report import load_metrics
 
-        return load_metrics(self.run_dir, kind=kind)
+        return load_metrics(self.run_dir, kind=kind, missing_ok=True)
 
 
 def submit(cfg: RunConfig, address: str | None = None, working_dir: str = ".", stage: str = "pretrain",

@@ -93,15 +93,21 @@ def _empty_frame(kind: str | None) -> pd.DataFrame:
                          for c in cols})
 
 
-def load_metrics(run_dir: str, kind: str | None = None) -> pd.DataFrame:
+def load_metrics(run_dir: str, kind: str | None = None, missing_ok: bool = False) -> pd.DataFrame:
     """One row per record of `<run_dir>/metrics.jsonl`, sorted by time then step.
 
     Columns are the union of the records' fields (the `kind` column is kept); `kind` ("train",
     "eval", "event") keeps only those records. A half-written last line (live run) is skipped; a
     missing or empty metrics file gives an empty frame with at least kind, step and time.
-    Raises UserError if the run directory does not exist.
+    Raises UserError if the run directory does not exist, unless `missing_ok` (a job that has not
+    started writing yet), which gives the empty frame.
     """
-    _check_run_dir(run_dir)
+    try:
+        _check_run_dir(run_dir)
+    except UserError:
+        if missing_ok:
+            return _empty_frame(kind)
+        raise
     path = _join(run_dir, METRICS_FILE)
     text = _read_text(path)
     records = _parse_lines(text, path) if text else []
