@@ -141,7 +141,7 @@ def cmd_submit(args) -> int:
     job = submit(load_config(args), address=args.address, working_dir=args.working_dir)
     print(job.submission_id)
     if args.wait:
-        status = job.wait()
+        status = job.wait(follow=True)  # stream the job's log while waiting
         print(status)
         return 0 if status == "SUCCEEDED" else 1
     return 0
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("doctor", cmd_doctor, "check config, data and model on CPU before paying for a TPU")
     p.add_argument("--target", default=None, help="accelerator to plan for, e.g. v4-8, v3-8, v5e-8, a100")
     p.add_argument("--full", action="store_true", help="checksum every shard, not a sample")
-    p = add("submit", cmd_submit, "submit the pipeline as a Ray job")
+    p = add("submit", cmd_submit, "submit the pipeline as a Ray job", corpus=True)
     p.add_argument("--address", default=None, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
     p.add_argument("--working-dir", default=".", help="directory shipped with the job (default: .)")
     p.add_argument("--wait", action="store_true", help="wait for the job and exit 0 only if it succeeded")
