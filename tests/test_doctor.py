@@ -262,3 +262,19 @@ def test_cli_doctor_exit_codes(tmp_path, capsys):
     good.write_text("name: t\n")
     assert main(["doctor", "--config", str(good), "--target", "v7-8"]) == 2  # an unknown target: usage error
     assert "tpu-ray: error: --target v7-8: unknown accelerator" in capsys.readouterr().err
+
+
+def test_gs_run_on_tpu_node_and_missing_bucket(gcs_emulator, tmp_path, small_corpus, tiny_tokenizer_dir):
+    from tpu_ray import storage
+
+    local = prepared_run(tmp_path / "run", small_corpus, tiny_tokenizer_dir)
+    remote = gcs_emulator.make_bucket() + "/run"
+    for path in sorted(p for p in (tmp_path / "run").rglob("*") if p.is_file()):
+        storage.atomic_copy_file(str(path), f"{remote}/{path.relative_to(tmp_path / 'run')}")
+    cfg = local.override({"output_dir": remote})
+    code, checks = doctor(cfg, "v3-8-node")
+    assert code == 0, checks
+    assert checks["data reach"][0] == PASS and checks["shards"][0] == PASS and checks["vocab"][0] == PASS
+    code, checks = doctor(cfg.override({"output_dir": "gs://no-such-bucket-doctor/run"}), "v3-8-node")
+    assert code == 1 and checks["tokenizer"][0] == FAIL
+    assert "bucket 'no-such-bucket-doctor' does not exist" in checks["data reach"][1]
