@@ -1,0 +1,54 @@
+"""Tokenizer training (Unigram, BPE, WordPiece), the transformers-loadable directory, its hash;
+and the built-in corpus the quickstart trains on."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_ray.config import SPECIAL_TOKENS, TokenizerConfig
+from tpu_ray.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def lines(small_corpus) -> list[str]:
+    return [s for s in small_corpus.read_text().splitlines() if s.strip()][:1500]
+
+
+@pytest.mark.parametrize("kind", ["unigram", "bpe", "wordpiece"])
+def test_each_kind_saves_a_directory_transformers_loads(tmp_path, lines, kind):
+    from transformers import AutoTokenizer
+
+    info = save_tokenizer(train_tokenizer([lines], TokenizerConfig(kind=kind, vocab_size=600)), str(tmp_path), 128)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    # RoBERTa's id layout: [CLS]=0 <pad>=1 [SEP]=2 <unk>=3, then [MASK]; TF RoBERTa pads with id 1.
+    assert [tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert (tok.cls_token, tok.pad_token, tok.sep_token, tok.unk_token, tok.mask_token) == SPECIAL_TOKENS
+    assert (info.cls_id, info.pad_id, info.sep_id, info.unk_id, info.mask_id) == (0, 1, 2, 3, 4)
+    assert 500 <= info.vocab_size <= 600 and len(tok) == info.vocab_size
+    ids = tok("The river flows [MASK] the sea.")["input_ids"]
+    assert ids[0] == 0 and ids[-1] == 2 and 4 in ids  # [CLS] ... [SEP], the mask token kept whole
+    assert tok.model_max_length == 128
+
+
+def test_the_hash_names_the_content(tmp_path, lines):
+    # BPE training is reproducible; `tokenizers`' Unigram and WordPiece trainers are not (hash-map
+    # order), which is why a run trains its tokenizer once and records this hash in the manifest.
+    bpe = TokenizerConfig(kind="bpe", vocab_size=600)
+    a = save_tokenizer(train_tokenizer([lines], bpe), str(tmp_path / "a"), 128)
+    b = save_tokenizer(train_tokenizer([lines], bpe), str(tmp_path / "b"), 128)
+    c = save_tokenizer(train_tokenizer([lines], bpe.model_copy(update={"vocab_size": 700})), str(tmp_path / "c"), 128)
+    assert a.sha256 == b.sha256 != c.sha256  # same content, same hash; other vocabulary, other hash
+    assert tokenizer_info(str(tmp_path / "a")) == a
+    assert not list(tmp_path.glob("a/.tmp-*"))  # committed atomically: no temp files left
+
+
+def test_builtin_corpus_is_real_python_documentation_and_deterministic(tmp_path):
+    from tpu_ray.corpus import builtin_python_docs, materialize_builtin
+
+    text = builtin_python_docs()
+    assert len(text) > 500_000
+    assert "Function definitions" in text  # pydoc's topic pages
+    assert "Return a new array whose items are restricted by typecode" in text  # a stdlib docstring
+    assert text == builtin_python_docs()
+    path = materialize_builtin(str(tmp_path))
+    assert open(path, encoding="utf-8").read() == text
