@@ -254,7 +254,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
 
     runs: dict[str, list[dict]] = {"ceiling": [], "reference": [], "tpu-ray": []}
     for _ in range(args.repeat):  # interleaved, so a burst of load on the machine hits all methods alike
-        runs["ceiling"].append(measure_ceiling(tokenizer_dir, lines))
+        # The ceiling twice per round: its best is the strictest yardstick on a noisy machine.
+        runs["ceiling"] += [measure_ceiling(tokenizer_dir, lines) for _ in range(2)]
         if not args.skip_reference:
             runs["reference"].append(measure_reference(corpus, tokenizer_dir, work, args.cpus, args.seq_len))
         runs["tpu-ray"].append(measure_tpu_ray(cfg, args.actors, args.cpus, 1))
@@ -272,10 +273,12 @@ def run(args: argparse.Namespace, work: Path) -> None:
             (("ceiling", ceiling), ("reference", reference), ("tpu-ray", ours)) if r}
     mb = 2**20
     print(f"\ncorpus {corpus.stat().st_size / 1e6:.1f} MB, {tokens:,} tokens (no special tokens), "
-          f"seq_len {args.seq_len}, {args.cpus} CPUs, unit {args.unit_mb} MiB, best of {args.repeat}")
+          f"seq_len {args.seq_len}, {args.cpus} CPUs, unit {args.unit_mb} MiB, best of {args.repeat} "
+          f"(ceiling: of {2 * args.repeat})")
     print(f"{'method':<44} {'seconds':>8} {'tokens/s':>12} {'vs ceiling':>10}  notes")
     print(f"{'ceiling: encode_batch, all cores, no I/O':<44} {ceiling['seconds']:>8.2f} {rate['ceiling']:>12,.0f} "
-          f"{1.0:>10.2f}  encode_batch_fast: {tokens / ceiling['fast_seconds']:,.0f} tokens/s")
+          f"{1.0:>10.2f}  best encode_batch_fast: "
+          f"{tokens / min(r['fast_seconds'] for r in runs['ceiling']):,.0f} tokens/s")
     if reference:
         print(f"{'reference: datasets.map + tf.train.Example':<44} {reference['seconds']:>8.2f} "
               f"{rate['reference']:>12,.0f} {rate['reference'] / rate['ceiling']:>10.2f}  "

@@ -105,6 +105,24 @@ def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
     assert _digest_dir(Path(cfg.shards_dir)) == expected
 
 
+def test_manifest_is_rewritten_a_bounded_number_of_times(tmp_path, monkeypatch, small_corpus, tiny_tokenizer_dir,
+                                                          ray_local):
+    """Rewriting the whole manifest after every unit would cost O(units^2) bytes on a big corpus."""
+    cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir)
+    real_write = shards_mod._write_manifest
+    written: list[tuple[int, bool]] = []
+
+    def counting_write(shards_dir, manifest):
+        written.append((len(manifest["units_done"]), manifest["complete"]))
+        real_write(shards_dir, manifest)
+
+    monkeypatch.setattr(shards_mod, "MANIFEST_WRITES", 2)
+    monkeypatch.setattr(shards_mod, "_write_manifest", counting_write)
+    summary = make_shards(cfg, actors=2)
+    assert summary.units == 5
+    assert written == [(2, False), (4, False), (5, True)]
+
+
 def test_a_killed_actor_loses_no_sample_and_duplicates_none(tmp_path, reference_run, mid_corpus,
                                                             tiny_tokenizer_dir):
     import ray
