@@ -100,3 +100,9 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
     assert main(argv) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+
+
+def test_overrides_may_follow_options():
+    args, extra = build_parser().parse_known_args(["train", "a.b=1", "--resume", "c.d=2"])
+    assert extra == ["c.d=2"]  # what main() folds back into the overrides
+    assert main(["train", "--config", QUICKSTART, "train.steps=5", "--resume", "train.stepz=3"]) == EXIT_USAGE

@@ -50,11 +50,8 @@ def _common(p: argparse.ArgumentParser, corpus: bool = False) -> None:
 
 def cmd_run(args) -> int:
     from tpu_ray.pipeline import Pipeline
-    from tpu_ray.verify import preflight_corpus
 
-    cfg = load_config(args)
-    preflight_corpus(cfg)  # bad corpus input fails before the run directory is written
-    result = Pipeline(cfg).run(resume=args.resume)
+    result = Pipeline(load_config(args)).run(resume=args.resume)
     _print_summary(result.run_dir)
     if args.fill_mask:
         _fill_mask(result.model_dir, args.fill_mask, 5)
@@ -225,7 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may stand anywhere, also after an option (`train c.yaml a.b=1 --resume c.d=2`):
+    # argparse takes one run of positionals, so later `key=value` words come back as extras.
+    args, extra = parser.parse_known_args(argv)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*(args.overrides or []), *extra]
     setup_logging()
     try:
         return args.fn(args)

@@ -122,8 +122,11 @@ class Pipeline:
     def run(self, resume: bool = False) -> RunResult:
         from tpu_ray.metrics import MetricsWriter
 
+        from tpu_ray.verify import preflight_corpus
+
         cfg = self.cfg
         t0 = time.monotonic()
+        preflight_corpus(cfg)  # a bad corpus fails before the run directory is written
         prepare_run_dir(cfg, resume)
         metrics = MetricsWriter(cfg.run_dir)
         result = RunResult(cfg.run_dir)
