@@ -276,9 +276,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
           f"seq_len {args.seq_len}, {args.cpus} CPUs, unit {args.unit_mb} MiB, best of {args.repeat} "
           f"(ceiling: of {2 * args.repeat})")
     print(f"{'method':<44} {'seconds':>8} {'tokens/s':>12} {'vs ceiling':>10}  notes")
+    fast_s = min(r["fast_seconds"] for r in runs["ceiling"])
     print(f"{'ceiling: encode_batch, all cores, no I/O':<44} {ceiling['seconds']:>8.2f} {rate['ceiling']:>12,.0f} "
-          f"{1.0:>10.2f}  best encode_batch_fast: "
-          f"{tokens / min(r['fast_seconds'] for r in runs['ceiling']):,.0f} tokens/s")
+          f"{1.0:>10.2f}  the issue's yardstick")
+    print(f"{'  (encode_batch_fast, all cores, no I/O)':<44} {fast_s:>8.2f} {tokens / fast_s:>12,.0f} "
+          f"{ceiling['seconds'] / fast_s:>10.2f}  no offsets; what tpu-ray's actors call")
     if reference:
         print(f"{'reference: datasets.map + tf.train.Example':<44} {reference['seconds']:>8.2f} "
               f"{rate['reference']:>12,.0f} {rate['reference'] / rate['ceiling']:>10.2f}  "
@@ -292,13 +294,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
         same = multi["digest"] == ours["digest"]
         print(f"{f'tpu-ray: make_shards ({args.nodes} nodes)':<44} {multi['seconds']:>8.2f} "
               f"{tokens / multi['seconds']:>12,.0f} {tokens / multi['seconds'] / rate['ceiling']:>10.2f}  "
-              f"bytes identical to 1 node: {'YES' if same else 'NO'} (sha256 {multi['digest'][:12]})")
+              f"bytes identical to 1 node: {'YES' if same else 'NO'} (sha256 {multi['digest'][:12]}), "
+              f"{multi['actors']} actors, one run, Ray start-up {multi['ray_start_s']:.1f} s not counted")
     result = {
         "tokens_per_s": round(rate["tpu-ray"]),
         "reference_tokens_per_s": round(rate["reference"]) if reference else None,
         "ceiling_tokens_per_s": round(rate["ceiling"]),
         "vs_reference": round(rate["tpu-ray"] / rate["reference"], 2) if reference else None,
         "vs_ceiling": round(rate["tpu-ray"] / rate["ceiling"], 2),
+        "fast_ceiling_tokens_per_s": round(tokens / fast_s),
+        "vs_fast_ceiling": round(rate["tpu-ray"] * fast_s / tokens, 2),
         "corpus_mb": round(corpus.stat().st_size / 1e6, 1),
         "peak_actor_rss_mb": round(ours["peak_actor_rss_bytes"] / mb),
     }

@@ -5,7 +5,7 @@ import io
 import numpy as np
 import pytest
 
-from tpu_ray.tfrecord import _varints, read_records, serialize_examples, write_records
+from tpu_ray.tfrecord import _varints, examples_file, read_records, serialize_examples, write_records
 
 
 def _decode_varints(buf: bytes) -> list[int]:
@@ -56,3 +56,15 @@ def test_our_reader_reads_tensorflow_records_and_detects_truncation(tmp_path):
     assert list(parsed.features.feature["input_ids"].int64_list.value) == [3, 4, 300]
     with pytest.raises(ValueError, match="truncated"):
         list(read_records(io.BytesIO(data[:-7])))
+
+
+@pytest.mark.parametrize("high,shape", [(100, (9, 8)), (20_000, (300, 128)), (2**40, (5, 16)), (2**62, (3, 8))])
+def test_whole_file_writer_equals_record_by_record_framing(high, shape):
+    """examples_file (the sharding hot path) gives the bytes write_records gives, which TF reads."""
+    rows = np.random.default_rng(high).integers(0, high, size=shape, dtype=np.int64)
+    framed = io.BytesIO()
+    assert write_records(framed, serialize_examples(rows)) == shape[0]
+    data = examples_file(rows)
+    assert data == framed.getvalue()
+    assert len(list(read_records(io.BytesIO(data)))) == shape[0]
+    assert examples_file(rows[:0]) == b""

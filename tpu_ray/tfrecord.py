@@ -128,12 +128,12 @@ def examples_file(input_ids: np.ndarray) -> bytes:
     """
     headers: dict[int, bytes] = {}
     out: list[bytes] = []
-    crc = google_crc32c.value
     for data in serialize_examples(input_ids):
-        n = len(data)
-        header = headers.get(n) or headers.setdefault(n, struct.pack("<Q", n) + _masked_crc(struct.pack("<Q", n)))
-        c = crc(data)
-        out += (header, data, struct.pack("<I", (((c >> 15) | (c << 17)) + _MASK_DELTA) & 0xFFFFFFFF))
+        header = headers.get(len(data))
+        if header is None:
+            length = struct.pack("<Q", len(data))
+            header = headers[len(data)] = length + _masked_crc(length)
+        out += (header, data, _masked_crc(data))
     return b"".join(out)
 
 
