@@ -194,7 +194,8 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
         ray.init(address=cluster.address, log_to_driver=False)
         ray_nodes = cluster.list_all_nodes()
     start_up = time.perf_counter() - t0
-    start_up += wait_for_workers(ray_nodes, int(ray.cluster_resources().get("CPU", 1)))
+    # Only a head node prestarts workers: on several nodes, wait a little, not for all of them.
+    start_up += wait_for_workers(ray_nodes, int(ray.cluster_resources().get("CPU", 1)), 60.0 if nodes == 1 else 10.0)
     try:
         summary = make_shards(cfg, actors=actors)
     finally:
