@@ -241,8 +241,9 @@ def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, cap
     addr = ["--address", ray_head.address]
     assert main(["submit", *addr, "--config", str(QUICKSTART_REL), "--output-dir", str(run), "--wait",
                  *_overrides({"corpus.source": job_corpus})]) == 0
-    sid, status = capsys.readouterr().out.split()
-    assert status == "SUCCEEDED"
+    out = capsys.readouterr().out.strip().splitlines()
+    sid, status = out[0], out[-1]  # the submission id, the streamed log, the final status
+    assert status == "SUCCEEDED" and any("tpu_ray.train: step" in line for line in out[1:-1])
     assert main(["status", sid, *addr]) == 0 and capsys.readouterr().out.strip() == "SUCCEEDED"
     assert main(["logs", sid, *addr]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run}"
