@@ -389,3 +389,15 @@ def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small
     bar.advance(1, samples=150, tokens=5000)
     assert re.fullmatch(r"3/8 units, 150 samples, [\d,]+ tokens/s", bar.text())
     bar.close()
+
+
+def test_encoding_a_unit_in_batches_gives_the_same_ids(monkeypatch, small_corpus, tiny_tokenizer_dir):
+    """Actors encode a unit a batch of lines at a time (bounded memory); the ids must not change."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(tiny_tokenizer_dir) / "tokenizer.json"))
+    lines = small_corpus.read_text().splitlines()[:300]
+    whole = shards_mod.join_ids(shards_mod.encode_lines(tok, lines), sep_id=2)
+    monkeypatch.setattr(shards_mod, "ENCODE_BATCH_LINES", 7)
+    np.testing.assert_array_equal(shards_mod.encode_joined(tok, lines, sep_id=2), whole)
+    assert len(whole) > 1000 and shards_mod.encode_joined(tok, [], sep_id=2).size == 0

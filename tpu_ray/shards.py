@@ -44,21 +44,29 @@ MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about thi
 # --------------------------------------------------------------------------------------------
 # Pure functions: the same in an actor, a test, or a benchmark
 # --------------------------------------------------------------------------------------------
-def chunk_ids(token_lists: list[list[int]], seq_len: int, cls_id: int, sep_id: int) -> tuple[np.ndarray, int, int]:
-    """Join token lists with [SEP], cut into `[CLS] chunk [SEP]` rows; returns (rows, tokens, dropped)."""
+def join_ids(token_lists: list[list[int]], sep_id: int) -> np.ndarray:
+    """Token lists (empty ones skipped), each followed by [SEP], as one int64 array."""
     nonempty = [ids for ids in token_lists if ids]
     total = sum(map(len, nonempty)) + len(nonempty)
     # One numpy fill from a flat iterator: no growing Python list of every token of the unit.
-    flat = np.fromiter(itertools.chain.from_iterable((*ids, sep_id) for ids in nonempty), dtype=np.int64,
+    return np.fromiter(itertools.chain.from_iterable((*ids, sep_id) for ids in nonempty), dtype=np.int64,
                        count=total)
+
+
+def cut_rows(flat: np.ndarray, seq_len: int, cls_id: int, sep_id: int) -> tuple[np.ndarray, int, int]:
+    """Cut joined ids into `[CLS] chunk [SEP]` rows; returns (rows, tokens, dropped remainder)."""
     body = seq_len - 2
-    n = total // body
-    arr = flat[: n * body].reshape(n, body)
+    n = len(flat) // body
     rows = np.empty((n, seq_len), dtype=np.int64)
     rows[:, 0] = cls_id
-    rows[:, 1:-1] = arr
+    rows[:, 1:-1] = flat[: n * body].reshape(n, body)
     rows[:, -1] = sep_id
-    return rows, total, total - n * body
+    return rows, len(flat), len(flat) - n * body
+
+
+def chunk_ids(token_lists: list[list[int]], seq_len: int, cls_id: int, sep_id: int) -> tuple[np.ndarray, int, int]:
+    """Join token lists with [SEP], cut into `[CLS] chunk [SEP]` rows; returns (rows, tokens, dropped)."""
+    return cut_rows(join_ids(token_lists, sep_id), seq_len, cls_id, sep_id)
 
 
 def shard_name(split: str, unit_index: int, count: int) -> str:
@@ -71,6 +79,20 @@ def encode_lines(tok: Any, lines: list[str]) -> list[list[int]]:
     return [e.ids for e in encode(lines, add_special_tokens=False)]
 
 
+ENCODE_BATCH_LINES = 2048  # lines per tokenizer call: bounds the Python lists alive at once
+
+
+def encode_joined(tok: Any, lines: list[str], sep_id: int) -> np.ndarray:
+    """`join_ids(encode_lines(tok, lines))`, a batch of lines at a time.
+
+    Why batches: a unit's tokens as Python lists cost ~10x their numpy size; batching keeps only
+    one batch of lists alive, so an actor's memory depends little on the unit size.
+    """
+    parts = [join_ids(encode_lines(tok, lines[i:i + ENCODE_BATCH_LINES]), sep_id)
+             for i in range(0, len(lines), ENCODE_BATCH_LINES)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, out_dir: str) -> dict:
     """Tokenize, chunk and write one unit's shards (atomically); returns its manifest entries."""
     result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0}
@@ -78,7 +100,10 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
         lines = read_unit_text(unit, split)
         if not lines:
             continue
-        rows, tokens, dropped = chunk_ids(encode_lines(tok, lines), seq_len, info.cls_id, info.sep_id)
+        flat = encode_joined(tok, lines, info.sep_id)
+        del lines
+        rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
+        del flat
         result["tokens"] += tokens
         result["dropped_tokens"] += dropped
         if len(rows) == 0:
