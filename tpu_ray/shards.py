@@ -211,7 +211,7 @@ def read_manifest(shards_dir: str) -> dict | None:
 
 
 def _plan_digest(units: list[WorkUnit]) -> str:
-    """Identifies the plan (units by content, not by absolute path of a local corpus)."""
+    """Identifies the plan: every unit (source path, format, byte or row range); a moved corpus is a new plan."""
     payload = json.dumps([dataclasses.astuple(u) for u in units], sort_keys=True).encode()
     return hashlib.sha256(payload).hexdigest()
 
