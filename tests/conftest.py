@@ -26,14 +26,18 @@ def wikitext() -> Path:
     return WIKITEXT
 
 
+def wikitext_slice(tmp_path_factory, nbytes: int, name: str) -> Path:
+    """The first ~nbytes of WikiText-2's validation text, cut at a line boundary, as a new file."""
+    data = (WIKITEXT / "valid.txt").read_bytes()[:nbytes]
+    path = tmp_path_factory.mktemp(name.split(".")[0]) / name
+    path.write_bytes(data[: data.rfind(b"\n") + 1])
+    return path
+
+
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory, wikitext) -> Path:
     """About 300 KB of real WikiText-2, cut at a line boundary."""
-    data = (wikitext / "valid.txt").read_bytes()[:300_000]
-    data = data[: data.rfind(b"\n") + 1]
-    path = tmp_path_factory.mktemp("corpus") / "small.txt"
-    path.write_bytes(data)
-    return path
+    return wikitext_slice(tmp_path_factory, 300_000, "small.txt")
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wikitext_slice
 from tpu_ray.config import RunConfig
 from tpu_ray.jobs import EXCLUDES, STAGING_DIR, JobHandle, submit
 from tpu_ray.report import load_metrics
@@ -128,10 +129,7 @@ def ray_head() -> Iterator[RayHead]:
 @pytest.fixture(scope="module")
 def job_corpus(tmp_path_factory, wikitext) -> Path:
     """About 200 KB of real WikiText-2, cut at a line boundary."""
-    data = (wikitext / "valid.txt").read_bytes()[:200_000]
-    path = tmp_path_factory.mktemp("job-corpus") / "valid-200k.txt"
-    path.write_bytes(data[: data.rfind(b"\n") + 1])
-    return path
+    return wikitext_slice(tmp_path_factory, 200_000, "valid-200k.txt")
 
 
 def _overrides(extra: dict | None = None) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, wikitext_slice
 from tpu_ray import shards as shards_mod
 from tpu_ray.errors import UserError
 from tpu_ray.shards import chunk_ids, make_shards, read_manifest, shard_files
@@ -28,10 +28,7 @@ def _cfg(tmp_path, corpus, tok, name="run", **over):
 @pytest.fixture(scope="module")
 def mid_corpus(tmp_path_factory, wikitext) -> Path:
     """~1 MB of WikiText-2: 16 work units of 64 KiB."""
-    data = (wikitext / "valid.txt").read_bytes()[:1_000_000]
-    path = tmp_path_factory.mktemp("mid") / "mid.txt"
-    path.write_bytes(data[: data.rfind(b"\n") + 1])
-    return path
+    return wikitext_slice(tmp_path_factory, 1_000_000, "mid.txt")
 
 
 @pytest.fixture(scope="module")
