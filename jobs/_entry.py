@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tpu_ray.cli import EXIT_USAGE, load_config, setup_logging
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 
 
 def absolute_run_dir(cfg: RunConfig) -> RunConfig:
@@ -65,6 +65,6 @@ def main(stage: str, argv: list[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc()
-        print(f"tpu-ray: failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+        print(f"tpu-ray: failed: {type(exc).__name__}: {first_line(exc)}",
               flush=True)
         return 1

@@ -249,3 +249,13 @@ def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_pat
     assert read[0] and read[1] and not read[0] & read[1]  # each worker reads its own shards
     assert read[0] | read[1] == {str(p) for p in shards_dir.glob("train-*.tfrecord")}
     assert (tmp_path / "run" / "model" / "config.json").exists()  # the chief exported
+
+
+def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir, ray_local):
+    from tpu_ray.errors import UserError
+    from tpu_ray.placement import run_training
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.workers": 2, "train.batch_size": 15})
+    with pytest.raises(UserError, match=r"^train.batch_size=15 is not divisible by the 2 replicas") as err:
+        run_training(cfg)
+    assert "\n" not in str(err.value)

@@ -16,7 +16,7 @@ from typing import Literal
 
 from tpu_ray import storage
 from tpu_ray.config import BUILTIN_CORPUS, CorpusConfig, ShardConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 
 Format = Literal["txt", "jsonl", "parquet", "hf"]
 TEXT_SUFFIXES = {".txt": "txt", ".text": "txt", ".md": "txt", ".jsonl": "jsonl", ".json": "jsonl",
@@ -228,7 +228,7 @@ def _load_hf(source: str, config: str | None, split: str, field: str = "corpus.s
         try:
             _HF_CACHE[key] = datasets.load_dataset(name, config, split=split, **kwargs)
         except Exception as exc:  # datasets raises many types; the user needs one line
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise UserError(f"{field}={source!r} (hf_config={config!r}, split={split!r}): "
                             f"cannot load dataset: {first}") from None
     return _HF_CACHE[key]

@@ -305,7 +305,6 @@ class Doctor:
     def check_corpus(self) -> None:
         """The corpus sharding will read (skipped once shards exist: then it is no longer read)."""
         from tpu_ray.config import BUILTIN_CORPUS
-        from tpu_ray.corpus import plan_units
         from tpu_ray.verify import preflight_corpus
 
         src = self.cfg.corpus.source
@@ -315,16 +314,14 @@ class Doctor:
             self.add("corpus", PASS, f"corpus.source={src} (loaded by the tokenizer/shard stages, not here)")
         else:
             try:
-                _call_with_timeout(lambda: preflight_corpus(self.cfg), 4 * STORAGE_TIMEOUT_S)
-                units = plan_units(self.cfg.corpus, self.cfg.shard, self.cfg.run_dir)
+                files = _call_with_timeout(lambda: preflight_corpus(self.cfg), 4 * STORAGE_TIMEOUT_S)
             except UserError as exc:
                 self.add("corpus", FAIL, str(exc), "point corpus.source (or --corpus) at existing text")
                 return
             except TimeoutError as exc:
                 self.add("corpus", WARN, f"corpus.source={src}: not verified ({exc})")
                 return
-            files = len({u.source for u in units})
-            self.add("corpus", PASS, f"corpus.source={src}: {files} file(s), {len(units)} work units, text")
+            self.add("corpus", PASS, f"corpus.source={src}: {len(files)} file(s) of text")
 
     def check_tokenizer(self) -> None:
         from tpu_ray.tokenizer import TOKENIZER_FILE, tokenizer_info

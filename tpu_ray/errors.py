@@ -3,3 +3,20 @@
 
 class UserError(Exception):
     """Bad input from the user: one-line message, CLI exit code 2."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type name if it has none), for one-line errors."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
+def find_user_error(exc: BaseException | None) -> UserError | None:
+    """The UserError behind wrapped exceptions (Ray's RayTaskError.cause, `raise ... from` chains)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, UserError):
+            return exc
+        seen.add(id(exc))
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    return None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,11 +57,6 @@ def _use_local_token() -> None:
         quiet.setLevel(level)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 @contextmanager
 def _jobs_api(address: str | None, what: str) -> Iterator[None]:
     """Ray's client errors (no server, no token, unknown job) as one-line UserErrors."""
@@ -75,11 +70,11 @@ def _jobs_api(address: str | None, what: str) -> Iterator[None]:
                         f"(~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN) and set "
                         f"RAY_AUTH_MODE=token") from None
     except ConnectionError as exc:
-        raise UserError(f"cannot reach the Ray Jobs API at {where} ({_first_line(exc)}); start a head "
+        raise UserError(f"cannot reach the Ray Jobs API at {where} ({first_line(exc)}); start a head "
                         f"with `ray start --head` or pass the dashboard address, e.g. "
                         f"http://127.0.0.1:8265") from None
     except (RuntimeError, ValueError) as exc:
-        raise UserError(f"{what}: {_first_line(exc)}") from None
+        raise UserError(f"{what}: {first_line(exc)}") from None
 
 
 def _client(address: str | None) -> JobSubmissionClient:

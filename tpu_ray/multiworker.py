@@ -17,6 +17,7 @@ from typing import Any
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError, find_user_error
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     from ray.train.tensorflow import TensorflowTrainer
 
     t = cfg.train
+    _check_shared_run_dir(cfg)
     use_gpu = bool(t.num_gpus)
     trainer = TensorflowTrainer(
         _worker_loop,
@@ -55,9 +57,14 @@ def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
         run_config=RayRunConfig(name=f"{cfg.name}-train", storage_path=_ray_train_storage(cfg)),
     )
     log.info("training on %d Ray Train workers (MultiWorkerMirroredStrategy)", t.workers)
-    result = trainer.fit()
-    if result.error:
-        raise result.error
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # Ray Train wraps workers' failures (WorkerGroupError.worker_failures)
+        failures = [exc, *getattr(exc, "worker_failures", {}).values()]
+        user_error = next(filter(None, map(find_user_error, failures)), None)
+        if user_error is not None:
+            raise user_error from None
+        raise
     records = [json.loads(storage.read_text(storage.join(cfg.run_dir, "workers", f"worker-{r}.json")))
                for r in range(t.workers)]
     digests = {r["weights_sha256"] for r in records}
@@ -67,6 +74,18 @@ def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     summary = dict(result.metrics or {})
     summary["workers"] = records
     return summary
+
+
+def _check_shared_run_dir(cfg: RunConfig) -> None:
+    """Workers on several nodes must all see the run directory: the chief's checkpoints decide
+    where every worker resumes, and each worker reports through it."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) > 1 and not storage.is_remote(cfg.run_dir):
+        raise UserError(f"output_dir={cfg.run_dir!r}: train.workers={cfg.train.workers} on a {len(nodes)}-node "
+                        f"Ray cluster needs a run directory every node can read; use gs://... or a shared mount "
+                        f"given as a URL")
 
 
 def _ray_train_storage(cfg: RunConfig) -> str:

@@ -18,7 +18,7 @@ import yaml
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 
 log = logging.getLogger("tpu_ray")
 CONFIG_FILE = "config.yaml"
@@ -169,5 +169,5 @@ class _stage:
             log.info("stage %s: done in %.1fs", self.name, seconds)
             self.metrics.event("stage_end", stage=self.name, seconds=seconds)
         else:
-            self.metrics.event("stage_failed", stage=self.name, seconds=seconds, error=str(exc).splitlines()[0])
+            self.metrics.event("stage_failed", stage=self.name, seconds=seconds, error=first_line(exc))
         return False

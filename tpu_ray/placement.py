@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, find_user_error
 
 log = logging.getLogger(__name__)
 _HEAD = re.compile(r"^TPU-(v[0-9][a-z]*-[0-9]+)-head$")
@@ -65,15 +65,23 @@ def placement_for(cfg: RunConfig, cluster_resources: dict[str, float]) -> tuple[
 
 @dataclass
 class SliceReservation:
-    """A placement group holding every host of one TPU slice (bundle 0 is worker 0)."""
+    """One whole TPU slice, held by two placement groups until `release()`."""
 
-    pg: Any
+    head_pg: Any  # the slice's head resource on worker 0: the TF client runs in its bundle
+    hosts_pg: Any  # every host's TPUs, one bundle per host (None for an unlabeled single host)
     slice_name: str
-    node_ids: list[str]
+    node_ids: list[str]  # worker 0 first
 
     @property
     def multi_host(self) -> bool:
         return len(self.node_ids) > 1
+
+    def release(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in (self.hosts_pg, self.head_pg):
+            if pg is not None:
+                remove_placement_group(pg)
 
 
 def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceReservation:
@@ -81,10 +89,11 @@ def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceRese
 
     Why by hand rather than `ray.util.tpu.SlicePlacementGroup`: that class wants the physical
     topology ("2x2x2") and accelerator version, while a slice here is named by its pod type
-    (`TPU-v4-16-head`); Ray's labels give the rest. Step 1 takes the head resource (so two jobs
-    never pick the same slice); step 2 reserves all of that slice's TPUs on every host (STRICT_SPREAD,
-    one bundle per host, keyed by the `<slice name>` resource Ray gives each host of the slice), so
-    nothing else is scheduled onto the slice while we train, and the autoscaler sees it busy.
+    (`TPU-v4-16-head`); Ray's labels give the rest. The head resource is taken first and kept (so
+    two jobs never pick the same slice); then all of that slice's TPUs on every host are reserved
+    (STRICT_SPREAD, one bundle per host, keyed by the `<slice name>` resource Ray gives each host of
+    the slice), so nothing else is scheduled onto the slice while we train and the autoscaler sees
+    it busy.
     """
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
@@ -97,24 +106,19 @@ def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceRese
     head_node = placement_group_table(head_pg)["bundles_to_node_id"][0]
     nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     slice_name = nodes[head_node].get("Labels", {}).get(SLICE_LABEL)
-    if not slice_name:  # a head resource without Ray's TPU labels: a single host, reserved whole
-        tpus = nodes[head_node]["Resources"].get("TPU", 0)
-        bundles = [{head_resource: 1, **({"TPU": tpus} if tpus else {})}]
-        slice_nodes = [head_node]
-    else:
-        worker_id = {nid: int(n["Labels"].get(WORKER_LABEL, "0")) for nid, n in nodes.items()
-                     if n.get("Labels", {}).get(SLICE_LABEL) == slice_name}
-        slice_nodes = sorted(worker_id, key=worker_id.get)
-        bundles = [{slice_name: 1, "TPU": nodes[nid]["Resources"].get("TPU", 0),
-                    **({head_resource: 1} if nid == head_node else {})} for nid in slice_nodes]
-    remove_placement_group(head_pg)
-    pg = placement_group(bundles, strategy="STRICT_SPREAD" if len(bundles) > 1 else "PACK")
-    if not pg.wait(timeout_s):
-        remove_placement_group(pg)
-        raise UserError(f"TPU slice {slice_name or head_node}: could not reserve all {len(bundles)} hosts; "
+    if not slice_name:  # a head resource without Ray's TPU labels: a single host, held by its head resource
+        return SliceReservation(head_pg, None, "", [head_node])
+    worker_id = {nid: int(n["Labels"].get(WORKER_LABEL, "0")) for nid, n in nodes.items()
+                 if n.get("Labels", {}).get(SLICE_LABEL) == slice_name}
+    slice_nodes = sorted(worker_id, key=worker_id.get)
+    hosts_pg = placement_group([{slice_name: 1, "TPU": nodes[nid]["Resources"].get("TPU", 0)} for nid in slice_nodes],
+                               strategy="STRICT_SPREAD")
+    reservation = SliceReservation(head_pg, hosts_pg, slice_name, slice_nodes)
+    if not hosts_pg.wait(timeout_s):
+        reservation.release()
+        raise UserError(f"TPU slice {slice_name}: could not reserve all {len(slice_nodes)} hosts; "
                         f"check that every host of the slice is up in the Ray cluster")
-    placed = placement_group_table(pg)["bundles_to_node_id"]
-    return SliceReservation(pg, slice_name or "", [placed[i] for i in range(len(bundles))])
+    return reservation
 
 
 def _train_task(cfg_dict: dict, resume: bool) -> dict:
@@ -155,14 +159,13 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     try:
         summary = ray.get(task.remote(cfg.model_dump(mode="json"), resume))
     except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, UserError):
-            raise exc.cause from None
+        user_error = find_user_error(exc)
+        if user_error is not None:
+            raise user_error from None
         raise
     finally:
         if reservation is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(reservation.pg)
+            reservation.release()
     if reservation is not None:
         summary["slice_nodes"] = reservation.node_ids
     return summary
@@ -181,7 +184,7 @@ def _tpu_client_options(cfg: RunConfig, reservation: SliceReservation) -> dict[s
         env.update(TPU_NAME=reservation.slice_name, TPU_LOAD_LIBRARY="0")
     return {
         "num_cpus": 0,  # the host's CPUs stay free for tf.data
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(reservation.pg, placement_group_bundle_index=0),
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(reservation.head_pg, placement_group_bundle_index=0),
         "runtime_env": {"env_vars": env},
     }
 

@@ -35,6 +35,7 @@ from typing import IO, Any
 import fsspec
 
 from tpu_ray.errors import UserError
+from tpu_ray.errors import first_line as _first_line
 
 # Must happen before the first `import gcsfs` anywhere in the process: see the module docstring.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -184,9 +185,6 @@ def _missing_bucket_error(path: str) -> StorageError:
                         "create it or fix the path")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 @contextmanager

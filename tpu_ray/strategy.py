@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray.config import TrainConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _tpu_strategy(cfg: TrainConfig) -> tuple[Any, str]:
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as exc:
-        raise UserError(f"train.strategy=tpu: no TPU reachable as {name!r} ({str(exc).splitlines()[0][:120]}); "
+        raise UserError(f"train.strategy=tpu: no TPU reachable as {name!r} ({first_line(exc, 120)}); "
                         f"run on CPU with train.strategy=cpu or auto") from None
     strategy = tf.distribute.TPUStrategy(resolver)
     devices = tf.config.list_logical_devices("TPU")

@@ -205,13 +205,14 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
     # export. The others save checkpoints to a scratch directory (TF requires every worker to take
     # part in a save) and read the chief's checkpoints to resume.
     chief = info.is_chief
-    if not chief:
-        metrics = MetricsWriter(tempfile.mkdtemp(prefix="tpu-ray-worker-"))
+    scratch = None if chief else tempfile.TemporaryDirectory(prefix="tpu-ray-worker-")
+    if scratch is not None:
+        metrics = MetricsWriter(scratch.name)
     elif metrics is None:
         storage.makedirs(cfg.run_dir)
         metrics = MetricsWriter(cfg.run_dir)
     ckpt_dir = storage.join(cfg.run_dir, "checkpoints")
-    s = build(cfg, info, tok, ckpt_dir if chief else None)
+    s = build(cfg, info, tok, ckpt_dir if scratch is None else storage.join(scratch.name, "checkpoints"))
     start = 0
     latest = tf.train.latest_checkpoint(ckpt_dir)
     if latest:
@@ -281,9 +282,13 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
         "train_traces": last.get("train_traces"), "final_loss": last.get("loss"),
         "eval_loss": last_eval.get("eval_loss"), "eval_accuracy": last_eval.get("eval_accuracy"),
         "perplexity": last_eval.get("perplexity"), "train_seconds": time.monotonic() - t_start,
-        "model_dir": export_dir, "files_read": sorted(files_read), "weights_sha256": weights_digest(s.model),
+        "model_dir": export_dir,
     }
+    if info.kind == "multiworker":  # what multiworker.py checks across workers
+        summary.update(files_read=sorted(files_read), weights_sha256=weights_digest(s.model))
     metrics.event("train_end", stage="train", **{k: v for k, v in summary.items() if k not in ("kind", "files_read")})
+    if scratch is not None:
+        scratch.cleanup()
     return summary
 
 

@@ -10,7 +10,6 @@ check, or runs it on every shard with --full. A corrupt record that still slips 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import io
@@ -18,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from tpu_ray import storage
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 from tpu_ray.tfrecord import read_records
 
 # Below this many bytes of shards, training hashes every shard before it starts.
@@ -123,7 +122,7 @@ def guard_training(train_fn: F) -> F:
                      for p, _ in shard_files(cfg.shards_dir, split, require_complete=False)]
             bad = find_corrupt(files)
             what = f"{bad}: truncated or corrupt TFRecord" if bad else f"{cfg.shards_dir}: corrupt TFRecord data"
-            first = (exc.message or str(exc)).strip().splitlines()[0][:120]
+            first = first_line(exc, 120)
             raise UserError(f"{what} ({first}); delete it and rerun `tpu-ray shard`") from None
 
     return wrapper  # type: ignore[return-value]
@@ -134,27 +133,33 @@ SNIFF_BYTES = 8192
 SNIFF_FILES = 64
 
 
-def preflight_corpus(cfg) -> None:
+def preflight_corpus(cfg) -> list[str]:
     """Check the corpus before a stage writes anything into the run directory: a typo'd, empty or
     binary corpus must not leave a run directory whose saved config then refuses the corrected rerun.
 
-    Cheap: plans the work units (paths, globs, sizes) and sniffs the first bytes of the first files.
-    The built-in corpus and hf: datasets are left to their stage (planning them writes or downloads).
+    Cheap: expands paths and globs, reads sizes, and sniffs the first bytes of the first text files
+    (no work-unit planning, which reads at every unit boundary). The built-in corpus and hf:
+    datasets are left to their stage (reading them writes or downloads). Returns the files checked.
     """
     from tpu_ray.config import BUILTIN_CORPUS
-    from tpu_ray.corpus import plan_units, read_unit_text
+    from tpu_ray.corpus import WorkUnit, _decode, resolve_files
 
-    sources = [s for s in (cfg.corpus.source, cfg.corpus.validation_source) if s]
-    if any(s == BUILTIN_CORPUS or s.startswith("hf:") for s in sources):
-        return
-    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
-    firsts: dict[str, Any] = {}
-    for unit in units:
-        if unit.fmt in ("txt", "jsonl") and unit.source not in firsts and len(firsts) < SNIFF_FILES:
-            firsts[unit.source] = unit
-    for unit in firsts.values():
-        with storage.open(unit.source, "rb") as f:
-            head = f.read(SNIFF_BYTES)
-        if b"\x00" in head:
-            # the corpus reader's own one-line error, for the first bytes only
-            read_unit_text(dataclasses.replace(unit, start=0, split_at=len(head), end=len(head)), "train")
+    checked: list[str] = []
+    for field, source in (("corpus.source", cfg.corpus.source),
+                          ("corpus.validation_source", cfg.corpus.validation_source)):
+        if not source or source == BUILTIN_CORPUS or source.startswith("hf:"):
+            continue
+        files = resolve_files(source, field)
+        if all(storage.size(path) == 0 for path, _ in files):
+            raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
+        for path, fmt in files[:SNIFF_FILES]:
+            if fmt in ("txt", "jsonl"):
+                with storage.open(path, "rb") as f:
+                    head = f.read(SNIFF_BYTES)
+                # The corpus reader's own one-line errors: NUL bytes, and non-UTF-8 under
+                # encoding_errors=fail (whole lines only: a character cut at the sniff's end is fine).
+                lines = head[: head.rfind(b"\n") + 1]
+                policy = cfg.corpus.encoding_errors if lines else "replace"
+                _decode(lines or head, WorkUnit(0, path, fmt, 0, 0, len(head), encoding_errors=policy), 0)
+        checked += [path for path, _ in files]
+    return checked
