@@ -40,15 +40,24 @@ def small_corpus(tmp_path_factory, wikitext) -> Path:
     return wikitext_slice(tmp_path_factory, 300_000, "small.txt")
 
 
-@pytest.fixture(scope="session")
-def ray_local():
-    """A real local Ray cluster for the session (2 CPUs, no dashboard)."""
+def start_local_ray():
+    """The suite's real local Ray cluster (2 CPUs, no dashboard), started if it is not running.
+
+    address="local": always a fresh cluster of our own, never one a `ray start` left running.
+    Tests that swap in a multi-node `Cluster` call this afterwards to put it back.
+    """
     import ray
 
     if not ray.is_initialized():
-        # address="local": always a fresh cluster of our own, never one a `ray start` left running.
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
+    return ray
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    yield start_local_ray()
+    import ray
+
     ray.shutdown()
 
 

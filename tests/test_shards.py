@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_config, wikitext_slice
+from tests.conftest import start_local_ray, tiny_config, wikitext_slice
 from tpu_ray import shards as shards_mod
 from tpu_ray.errors import UserError
 from tpu_ray.shards import chunk_ids, make_shards, read_manifest, shard_files
@@ -316,7 +316,7 @@ def ray_two_nodes(ray_local):
     finally:
         ray.shutdown()
         cluster.shutdown()
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_local_ray()
 
 
 def test_two_nodes_write_the_same_bytes_as_one(tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, tiny_config
+from tests.conftest import REPO, start_local_ray, tiny_config
 from tpu_ray.tfrecord import serialize_examples, write_records
 
 SEQ_LEN = 64
@@ -233,6 +233,7 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
     finally:
         ray.shutdown()
         cluster.shutdown()
+        start_local_ray()  # put the suite's cluster back for the tests after this one
 
 
 def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_path, shards_dir,

@@ -81,6 +81,8 @@ def _check_shared_run_dir(cfg: RunConfig) -> None:
     where every worker resumes, and each worker reports through it."""
     import ray
 
+    if not ray.is_initialized():
+        return  # Ray Train will start a local (one-node) cluster
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) > 1 and not storage.is_remote(cfg.run_dir):
         raise UserError(f"output_dir={cfg.run_dir!r}: train.workers={cfg.train.workers} on a {len(nodes)}-node "
