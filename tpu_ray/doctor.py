@@ -533,8 +533,7 @@ class Doctor:
                 problem = _call_with_timeout(
                     lambda e=entry: check_shard(shards_dir, e, deep=e["path"] in deep), 4 * STORAGE_TIMEOUT_S)
                 if problem:
-                    self.add("shards", FAIL, problem.split("; delete")[0].split("; rerun")[0],
-                             "delete that shard and rerun `tpu-ray shard` to rewrite it")
+                    self.add("shards", FAIL, problem, "delete that shard and rerun `tpu-ray shard` to rewrite it")
                     return
         except (UserError, TimeoutError) as exc:
             self.add("shards", WARN, f"not verified: {exc}", "run doctor where the shards are reachable")

@@ -49,31 +49,34 @@ def count_records(data: bytes) -> int:
     return sum(1 for _ in read_records(io.BytesIO(data)))
 
 
+SHARD_FIX = "delete it and rerun `tpu-ray shard` to rewrite it"
+
+
 def check_shard(shards_dir: str, entry: dict, deep: bool) -> str | None:
-    """None if the shard matches its manifest entry, else one line naming the file and the fix.
+    """None if the shard matches its manifest entry, else what is wrong, naming the file
+    (callers add the fix, SHARD_FIX).
 
     Shallow: exists and has the recorded size. Deep: also sha256 and sample count (reads it).
     """
     path = storage.join(shards_dir, entry["path"])
-    fix = "delete it and rerun `tpu-ray shard` to rewrite it"
-    if not storage.exists(path):
-        return f"{path}: listed in manifest.json but missing; rerun `tpu-ray shard` to rewrite it"
-    size = storage.size(path)
+    try:
+        size = storage.size(path)
+    except FileNotFoundError:
+        return f"{path}: listed in manifest.json but missing"
     if "bytes" in entry and size != entry["bytes"]:
-        return f"{path}: {size} bytes, manifest.json says {entry['bytes']} (truncated or rewritten); {fix}"
+        return f"{path}: {size} bytes, manifest.json says {entry['bytes']} (truncated or rewritten)"
     if not deep:
         return None
     data = storage.read_bytes(path)
     digest = hashlib.sha256(data).hexdigest()
     if entry.get("sha256") and digest != entry["sha256"]:
-        return (f"{path}: sha256 {digest[:12]} does not match manifest.json ({str(entry['sha256'])[:12]}); "
-                f"{fix}")
+        return f"{path}: sha256 {digest[:12]} does not match manifest.json ({str(entry['sha256'])[:12]})"
     try:
         n = count_records(data)
     except ValueError as exc:
-        return f"{path}: {exc} (corrupt TFRecord); {fix}"
+        return f"{path}: {exc} (corrupt TFRecord)"
     if n != entry.get("samples", n):
-        return f"{path}: {n} records, manifest.json says {entry['samples']}; {fix}"
+        return f"{path}: {n} records, manifest.json says {entry['samples']}"
     return None
 
 
@@ -91,7 +94,7 @@ def verify_for_training(shards_dir: str, manifest: dict | None) -> None:
     for entry in entries:
         problem = check_shard(shards_dir, entry, deep=entry["path"] in deep)
         if problem:
-            raise UserError(problem)
+            raise UserError(f"{problem}; {SHARD_FIX}")
 
 
 def find_corrupt(files: Sequence[str]) -> str | None:
