@@ -365,11 +365,18 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         with _remote_errors(path):
             fs.pipe_file(p, data)
         return
-    final = _local(path)
+    with _local_commit(_local(path)) as f:
+        f.write(data)
+
+
+@contextmanager
+def _local_commit(final: str) -> Iterator[IO[bytes]]:
+    """A temp file beside `final` to write: fsynced and renamed onto `final` when the block ends,
+    removed if it raises (readers see the old file or the whole new one, never half)."""
     fd, tmp = _temp_beside(final)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -405,16 +412,9 @@ def atomic_copy_file(local_src: str, dst: str) -> None:
     except OSError as exc:
         if exc.errno != errno.EXDEV:  # only "different filesystem" warrants the copy below
             raise
-        fd, tmp = _temp_beside(final)
-        try:
-            with builtins.open(local_src, "rb") as src, os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            _silent_remove(tmp)
-            raise
+        with builtins.open(local_src, "rb") as src, _local_commit(final) as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        return
     _fsync_dir(os.path.dirname(final))
 
 
