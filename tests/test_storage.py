@@ -223,3 +223,23 @@ def test_unreachable_emulator_fails_fast_with_a_hint(gcs_emulator, monkeypatch):
         with pytest.raises(StorageError, match="STORAGE_EMULATOR_HOST") as info:
             storage.read_bytes("gs://bucket/x")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("error, expected", [
+    # a refused connection whose port holds the digits 403 is a network failure, not a denial
+    (OSError("Cannot connect to host 127.0.0.1:40367 ssl:default [Connect call failed]"),
+     "storage request failed"),
+    ("http-403", "access denied"),
+    ("http-401", "access denied"),
+    ("http-500", "storage request failed"),
+])
+def test_access_denied_is_decided_by_status_code_not_digits_in_the_message(error, expected):
+    from gcsfs.retry import HttpError
+
+    if isinstance(error, str):
+        code = int(error.split("-")[1])
+        error = HttpError({"code": code, "message": f"request failed with status {code}"})
+    with pytest.raises(StorageError, match=expected) as info:
+        with storage._remote_errors("gs://bucket/x"):
+            raise error
+    assert "\n" not in str(info.value)

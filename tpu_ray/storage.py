@@ -26,6 +26,7 @@ import builtins
 import errno
 import functools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -213,13 +214,32 @@ def _remote_errors(path: str) -> Iterator[None]:
         if not isinstance(exc, _transport_errors()):
             raise
         text = _first_line(exc)
-        if "Forbidden" in text or "401" in text or "403" in text:
+        if _is_access_denied(exc):
             raise StorageError(f"{path}: access denied ({text}); grant access to bucket "
                                f"{_bucket(path)!r} or fix the credentials") from None
         hint = (f"check STORAGE_EMULATOR_HOST={os.environ['STORAGE_EMULATOR_HOST']}"
                 if scheme(path) in _GCS and _emulator_endpoint() else "check the path and network")
         raise StorageError(f"{path}: storage request failed ({type(exc).__name__}: {text}); "
                            f"{hint}") from exc
+
+
+def _is_access_denied(exc: BaseException) -> bool:
+    """True for a refused credential: HTTP 401/403 or a google-auth failure.
+
+    Decided by the status code the error carries, never by digits in its text: a refused
+    connection to port 40367 names "403" too.
+    """
+    try:
+        from google.auth.exceptions import GoogleAuthError
+
+        if isinstance(exc, GoogleAuthError):
+            return True
+    except ImportError:
+        pass
+    code = getattr(exc, "code", None) or getattr(exc, "status", None)
+    if code in (401, 403):
+        return True
+    return re.search(r"\b(Forbidden|Unauthorized)\b", _first_line(exc)) is not None
 
 
 @functools.lru_cache(maxsize=1)
