@@ -132,6 +132,56 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
         assert record["learning_rate"] == pytest.approx(reference[step], rel=1e-6), step
 
 
+def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_path, shards_dir,
+                                                             tiny_tokenizer_dir):
+    """A gs:// run directory (emulator): checkpoints are uploaded in TF's own layout, the last K
+    kept, a stray half-uploaded checkpoint is never taken for the latest, and --resume continues
+    from the committed one."""
+    import tensorflow as tf
+
+    from tpu_ray import storage
+    from tpu_ray.train import train
+
+    run = f"{gcs_emulator.make_bucket()}/run"
+    over = {"train.checkpoint_every": 10, "train.keep_checkpoints": 2, "train.eval_every": 100}
+    cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir, **over).override({"output_dir": run})
+    assert train(cfg)["steps"] == 20
+    ckpts = f"{run}/checkpoints"
+    names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
+    assert names == {"checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001",
+                     "ckpt-20.index", "ckpt-20.data-00000-of-00001"}
+    assert 'model_checkpoint_path: "ckpt-20"' in storage.read_text(f"{ckpts}/checkpoint")
+    assert storage.exists(f"{run}/model/config.json") and storage.exists(f"{run}/metrics.jsonl")
+
+    # What TF itself reads from a copy of the bucket: a complete checkpoint at step 20.
+    local = tmp_path / "copy"
+    for p in storage.listdir(ckpts):
+        storage.download_file(p, str(local / p.rsplit("/", 1)[-1]))
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(local)))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 20
+
+    # A run killed mid-upload leaves data without its state-file commit: it is not the latest.
+    storage.atomic_write_bytes(f"{ckpts}/ckpt-25.data-00000-of-00001", b"half")
+    with pytest.raises(Exception, match="already has checkpoints"):
+        train(cfg.override({"train.steps": 40}))
+    summary = train(cfg.override({"train.steps": 40}), resume=True)
+    assert summary["resumed_from"] == 20 and summary["steps"] == 40
+    names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
+    assert names == {"checkpoint", "ckpt-30.index", "ckpt-30.data-00000-of-00001",
+                     "ckpt-40.index", "ckpt-40.data-00000-of-00001"}  # the stray ckpt-25 pruned too
+    events = [json.loads(line) for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()]
+    resumed = [e for e in events if e.get("event") == "resume"]
+    assert resumed and resumed[-1]["step"] == 20 and resumed[-1]["checkpoint"] == f"{ckpts}/ckpt-20"
+
+    # `tpu-ray eval` restores the committed step-40 checkpoint: the same loss as training's last eval.
+    from tpu_ray.evaluate import evaluate_run
+
+    result = evaluate_run(cfg.override({"train.steps": 40}))
+    last_eval = [e for e in events if e["kind"] == "eval"][-1]
+    assert result["step"] == 40 and last_eval["step"] == 40
+    assert result["eval_loss"] == pytest.approx(last_eval["eval_loss"], rel=1e-5)
+
+
 EQUIVALENCE = r'''
 import json, sys
 import numpy as np
@@ -150,7 +200,7 @@ tok = TokenizerInfo("0" * 64, 500, 0, 2, 1, 3, 4)
 eight = select(cfg.train)
 assert eight.replicas == 8, eight.replicas
 one = StrategyInfo(tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu", 1, "cpu", "float32", False, 1)
-s8, s1 = build(cfg, eight, tok, None), build(cfg, one, tok, None)
+s8, s1 = build(cfg, eight, tok), build(cfg, one, tok)
 s8.model.set_weights(s1.model.get_weights())
 
 rng = np.random.default_rng(0)

@@ -617,7 +617,7 @@ class Doctor:
         batches = iter(self.dataset(files, batch))
         layers = cfg.model.sizes()["num_hidden_layers"]
         probe_cfg = cfg.override({"model.num_hidden_layers": PROBE_MAX_LAYERS}) if layers > PROBE_MAX_LAYERS else cfg
-        factory = step_factory or (lambda: _model_step(probe_cfg, tok, os.path.join(self._tmp.name, "ckpt")))
+        factory = step_factory or (lambda: _model_step(probe_cfg, tok))
         shape = f"[{batch}, {cfg.shard.seq_len}]"
         scaled = [f"per-replica batch {per_replica} scaled down for this CPU"] if batch < per_replica else []
         if probe_cfg is not cfg:
@@ -699,7 +699,7 @@ class Doctor:
         self._tmp.cleanup()
 
 
-def _model_step(cfg: RunConfig, tok, ckpt_dir: str) -> Callable[[dict], Any]:
+def _model_step(cfg: RunConfig, tok) -> Callable[[dict], Any]:
     """The trainer's own model, optimizer and train step (train.build / make_train_step), so the
     probe compiles exactly what training runs. xla_probe wraps it in jit_compile=True: forward,
     backward and the optimizer update all go through XLA, as they do on a TPU."""
@@ -712,7 +712,7 @@ def _model_step(cfg: RunConfig, tok, ckpt_dir: str) -> Callable[[dict], Any]:
     tf_keras.mixed_precision.set_global_policy("float32")  # bfloat16 on TPU; on this CPU float32
     info = StrategyInfo(strategy=tf.distribute.get_strategy(), kind="cpu", replicas=1, device="cpu",
                         mixed_precision="float32", jit_compile=True, steps_per_execution=1)
-    train_step = make_train_step(build(cfg, info, tok, ckpt_dir))[0]
+    train_step = make_train_step(build(cfg, info, tok))[0]
     return lambda batch: train_step(batch)
 
 

@@ -343,6 +343,14 @@ def read_text(path: str) -> str:
     return read_bytes(path).decode("utf-8")
 
 
+def download_file(path: str, local_dst: str) -> None:
+    """Copy the file `path` (any scheme) to the local file `local_dst`, streaming, not in memory."""
+    fs, p = filesystem(path)
+    os.makedirs(os.path.dirname(local_dst) or ".", exist_ok=True)
+    with _remote_errors(path):
+        fs.get_file(p, local_dst)
+
+
 # --------------------------------------------------------------------------------------------
 # Atomic writes
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
+from tpu_ray.checkpoints import CheckpointStore
 from tpu_ray.config import RunConfig
 from tpu_ray.data import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
 from tpu_ray.errors import UserError
@@ -54,12 +55,11 @@ class TrainSetup:
     optimizer: Any
     schedule: Any
     checkpoint: tf.train.Checkpoint
-    manager: tf.train.CheckpointManager
     step_var: tf.Variable
 
 
-def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo, ckpt_dir: str | None) -> TrainSetup:
-    """Model, optimizer and checkpoint objects, created inside the strategy's scope."""
+def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
+    """Model, optimizer and the checkpoint object over them, created inside the strategy's scope."""
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
     t = cfg.train
@@ -79,8 +79,18 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo, ckpt_dir: str 
         optimizer._create_all_weights(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
-    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir or tempfile.mkdtemp(), max_to_keep=t.keep_checkpoints)
-    return TrainSetup(cfg, info, tok, model, optimizer, schedule, checkpoint, manager, step_var)
+    return TrainSetup(cfg, info, tok, model, optimizer, schedule, checkpoint, step_var)
+
+
+def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
+    """The run's checkpoints (`<run_dir>/checkpoints`, local or gs://) for the objects of `s`."""
+    # TPU only: on a TPU Node the variables live on remote TPU hosts, whose save ops cannot write
+    # the client's local staging directory; this makes them send the values to the client to write.
+    # Harmless on a TPU VM, where the client is the host.
+    options = (tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
+               if s.info.kind == "tpu" else None)
+    return CheckpointStore(s.checkpoint, storage.join(s.cfg.run_dir, "checkpoints"),
+                           s.cfg.train.keep_checkpoints, write=write, options=options)
 
 
 def make_replica_grads(s: TrainSetup):
@@ -199,11 +209,10 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
     if gb % info.replicas:
         raise UserError(f"train.batch_size={gb} is not divisible by the {info.replicas} replicas; "
                         f"use a multiple of {info.replicas}")
-    per_replica = gb // info.replicas
     log.info("training: %s", info.describe(gb))
     # Multi-worker: every worker runs this loop; only the chief writes metrics, checkpoints and the
-    # export. The others save checkpoints to a scratch directory (TF requires every worker to take
-    # part in a save) and read the chief's checkpoints to resume.
+    # export. The others log metrics to a scratch directory and, in CheckpointStore(write=False),
+    # save into scratch (TF requires every worker to take part in a save) and restore the chief's.
     chief = info.is_chief
     scratch = None if chief else tempfile.TemporaryDirectory(prefix="tpu-ray-worker-")
     if scratch is not None:
@@ -211,18 +220,32 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
     elif metrics is None:
         storage.makedirs(cfg.run_dir)
         metrics = MetricsWriter(cfg.run_dir)
-    ckpt_dir = storage.join(cfg.run_dir, "checkpoints")
-    s = build(cfg, info, tok, ckpt_dir if scratch is None else storage.join(scratch.name, "checkpoints"))
+    s = build(cfg, info, tok)
+    ckpts = checkpoint_store(s, write=chief)
+    try:
+        return _train_loop(cfg, s, ckpts, metrics, resume, train_files, val_files, t_start)
+    finally:
+        ckpts.close()
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
+                train_files: list[tuple[str, int]], val_files: list[tuple[str, int]],
+                t_start: float) -> dict[str, Any]:
+    info, tok, chief = s.info, s.tok, s.info.is_chief
+    gb = cfg.train.batch_size
+    per_replica = gb // info.replicas
     start = 0
-    latest = tf.train.latest_checkpoint(ckpt_dir)
-    if latest:
+    if ckpts.latest:
         if not resume:
-            raise UserError(f"{ckpt_dir}: this run directory already has checkpoints; pass --resume to "
-                            f"continue it or use a new --output-dir")
-        s.checkpoint.restore(latest).assert_existing_objects_matched()
+            raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
+                            f"to continue it or use a new --output-dir")
+        ckpts.restore(s.checkpoint)
         start = int(s.step_var.numpy())
-        log.info("resumed from %s at step %d", latest, start)
-        metrics.event("resume", stage="train", step=start, checkpoint=latest)
+        log.info("resumed from %s at step %d", ckpts.latest, start)
+        metrics.event("resume", stage="train", step=start,
+                      checkpoint=storage.join(ckpts.directory, ckpts.latest.rsplit("/", 1)[-1]))
 
     spec = mask_spec(cfg, tok)
     seq_len = cfg.shard.seq_len
@@ -274,7 +297,7 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
             last_eval = metrics.write("eval", step=step, **evaluate())
             log.log(logging.INFO if chief else logging.DEBUG, eval_line(last_eval))
         if _crossed(prev, step, cfg.train.checkpoint_every) or step == total:
-            s.manager.save(checkpoint_number=step)
+            ckpts.save(step)
     export_dir = export(s) if chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
@@ -287,8 +310,6 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
     if info.kind == "multiworker":  # what multiworker.py checks across workers
         summary.update(files_read=sorted(files_read), weights_sha256=weights_digest(s.model))
     metrics.event("train_end", stage="train", **{k: v for k, v in summary.items() if k not in ("kind", "files_read")})
-    if scratch is not None:
-        scratch.cleanup()
     return summary
 
 

@@ -1,0 +1,118 @@
+"""A run's checkpoints, in `<run_dir>/checkpoints` on local disk or gs://, with one commit point.
+
+TensorFlow's `CheckpointManager` does the saving, numbering and pruning. What it cannot do is use
+our storage layer: on gs:// it writes through TensorFlow's own GCS client, which has its endpoint
+compiled in, so it cannot be pointed at an emulator (nothing of it could be tested here) and it
+does not share fsspec's credentials and error messages. So for a remote run directory the manager
+saves into a local staging directory and each checkpoint is uploaded through `tpu_ray.storage`:
+data files first, then the index, then TF's `checkpoint` state file, whose upload is the commit.
+A run killed during an upload leaves the previous state file, which names only complete
+checkpoints. The layout on gs:// is exactly what TF writes, so `tf.train.latest_checkpoint` and
+`tf.train.load_checkpoint` work on it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_ray import storage
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "checkpoint"  # TF's name for the file that lists the checkpoints and the latest one
+_PREFIX = re.compile(r"^(ckpt-\d+)\.(index|data-\d+-of-\d+)$")
+
+
+class CheckpointStore:
+    """Save, find and restore the checkpoints of `directory` (local path or URL).
+
+    `write=False` is for the non-chief workers of a multi-worker run: they must take part in every
+    save (a collective), so they save into a scratch directory that nobody reads, and they restore
+    from the chief's `directory`.
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, keep: int, *,
+                 write: bool = True, options: tf.train.CheckpointOptions | None = None):
+        self.directory = directory
+        self.remote = storage.is_remote(directory)
+        self.write = write
+        self.options = options
+        self._staging = (tempfile.TemporaryDirectory(prefix="tpu-ray-ckpt-")
+                         if self.remote or not write else None)
+        local = self._staging.name if self._staging else directory
+        if self._staging and self.remote:
+            self._download_latest(local)
+        self.manager = tf.train.CheckpointManager(checkpoint, local, max_to_keep=keep)
+        # What restore() reads: the staged copy of a remote run, else the run's own directory.
+        self.latest: str | None = (self.manager.latest_checkpoint if self.remote
+                                   else tf.train.latest_checkpoint(directory))
+
+    def restore(self, checkpoint: tf.train.Checkpoint, partial: bool = False) -> None:
+        """Load `self.latest` into `checkpoint`; every saved object must match unless `partial`."""
+        status = checkpoint.restore(self.latest, options=self.options)
+        if partial:
+            status.expect_partial()
+        else:
+            status.assert_existing_objects_matched()
+
+    def save(self, step: int) -> str | None:
+        """Save checkpoint `ckpt-<step>`, commit it and prune to the last `keep`; returns its path."""
+        local_prefix = self.manager.save(checkpoint_number=step, options=self.options)
+        if not self.write:
+            return None
+        if not self.remote:
+            return local_prefix
+        name = os.path.basename(local_prefix)
+        files = sorted(f for f in os.listdir(self._staging.name) if f.startswith(name + "."))
+        for f in sorted(files, key=lambda f: f.endswith(".index")):  # the index after its data
+            storage.atomic_copy_file(os.path.join(self._staging.name, f), storage.join(self.directory, f))
+        storage.atomic_copy_file(os.path.join(self._staging.name, STATE_FILE),
+                                 storage.join(self.directory, STATE_FILE))  # the commit
+        self._prune_remote()
+        return storage.join(self.directory, name)
+
+    def close(self) -> None:
+        if self._staging is not None:
+            self._staging.cleanup()
+            self._staging = None
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- remote ---------------------------------------------------------------------------------
+    def _download_latest(self, local: str) -> None:
+        """Stage the committed state file and the files of the checkpoint it names as latest."""
+        state_path = storage.join(self.directory, STATE_FILE)
+        if not storage.exists(state_path):
+            return
+        state_text = storage.read_text(state_path)
+        match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', state_text, re.M)
+        if not match:
+            return
+        latest = os.path.basename(match.group(1))
+        for path in storage.listdir(self.directory):
+            base = path.rstrip("/").rsplit("/", 1)[-1]
+            found = _PREFIX.match(base)
+            if found and found.group(1) == latest:
+                storage.download_file(storage.join(self.directory, base), os.path.join(local, base))
+        with open(os.path.join(local, STATE_FILE), "w", encoding="utf-8") as f:
+            f.write(state_text)  # last: the staged copy is complete before TF can see it
+        log.info("staged checkpoint %s from %s", latest, self.directory)
+
+    def _prune_remote(self) -> None:
+        """Delete remote files of checkpoints the manager no longer keeps (after the commit)."""
+        kept = {os.path.basename(p) for p in self.manager.checkpoints}
+        for path in storage.listdir(self.directory):
+            base = path.rstrip("/").rsplit("/", 1)[-1]
+            found = _PREFIX.match(base)
+            if found and found.group(1) not in kept:
+                storage.remove(storage.join(self.directory, base))
