@@ -47,10 +47,17 @@ RUN_DIR_FILES = ("config.yaml", "run_info.json", "tokenizer/tokenizer.json", "sh
                  "metrics.jsonl", "model/config.json", "model/tf_model.h5", "summary.json")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: every socket stays bound until all are chosen (one at a time, the
+    kernel can hand out the same port twice; CI once gave the GCS and the dashboard both 45881)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @dataclass
@@ -90,7 +97,6 @@ def started_head(auth_env: dict[str, str]) -> Iterator[RayHead]:
     """`ray start --head` from this venv on loopback with free ports and its own --temp-dir."""
     # Short path: Ray's Unix sockets live under it and must stay below 108 bytes.
     temp_dir = tempfile.mkdtemp(prefix="tpu-ray-jobs-", dir="/tmp")
-    gcs, dashboard = _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_API_SERVER", "RAY_AUTH"))}
     # The venv first on PATH, as after `. .venv/bin/activate`: job entrypoints run `python`.
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -98,22 +104,31 @@ def started_head(auth_env: dict[str, str]) -> Iterator[RayHead]:
     env.update({k: v.format(temp_dir=temp_dir) for k, v in auth_env.items()})
     if "RAY_AUTH_TOKEN_PATH" in env:
         Path(env["RAY_AUTH_TOKEN_PATH"]).write_text(secrets.token_hex(32))
-    cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-           "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
-           "--num-cpus=2", "--disable-usage-stats",
-           # Ports Ray would otherwise take at fixed defaults (10001, 52365), shared with other heads.
-           f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"]
-    # A new session: the head's daemons inherit it, which is how stop() finds them and only them.
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    head = RayHead(f"http://127.0.0.1:{dashboard}", "", temp_dir, proc.pid)
+    head = None
     try:
-        output, _ = proc.communicate(timeout=180)
+        # A port chosen here can still be taken by another process (or one of Ray's own random
+        # ports) before Ray binds it: then Ray refuses to start, and new ports are tried.
+        for attempt in range(3):
+            gcs, dashboard, client, agent = _free_ports(4)
+            cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+                   "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
+                   "--num-cpus=2", "--disable-usage-stats",
+                   # Ports Ray would otherwise take at fixed defaults (10001, 52365), shared with other heads.
+                   f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}"]
+            # A new session: the head's daemons inherit it, which is how stop() finds them and only them.
+            proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+            head = RayHead(f"http://127.0.0.1:{dashboard}", "", temp_dir, proc.pid)
+            output, _ = proc.communicate(timeout=180)
+            if proc.returncode == 0 or "port" not in output.lower() or attempt == 2:
+                break
+            head.stop()
         assert proc.returncode == 0, output
         head.gcs_address = (Path(temp_dir) / "ray_current_cluster").read_text().strip()
         yield head
     finally:
-        head.stop()
+        if head is not None:
+            head.stop()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
