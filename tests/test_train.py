@@ -302,6 +302,31 @@ def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_pat
     assert (tmp_path / "run" / "model" / "config.json").exists()  # the chief exported
 
 
+def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emulator, tmp_path, shards_dir,
+                                                                      tiny_tokenizer_dir, ray_local):
+    """The multi-node layout: a shared gs:// run directory (emulator). The chief uploads checkpoints
+    and Ray Train's bookkeeping there; on --resume every worker restores the chief's checkpoint."""
+    from tpu_ray import storage
+    from tpu_ray.placement import run_training
+
+    run = f"{gcs_emulator.make_bucket()}/run"
+    cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 100, "train.checkpoint_every": 4,
+                  "train.workers": 2}).override({"output_dir": run})
+    first = run_training(cfg)
+    assert [w["steps"] for w in first["workers"]] == [4, 4]
+    assert 'model_checkpoint_path: "ckpt-4"' in storage.read_text(f"{run}/checkpoints/checkpoint")
+    assert storage.glob(f"{run}/ray_train/*")  # Ray Train's bookkeeping beside the run, not in /tmp
+
+    second = run_training(cfg.override({"train.steps": 8}), resume=True)
+    workers = second["workers"]
+    assert [w["steps"] for w in workers] == [8, 8]
+    assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]  # both resumed from step 4
+    events = [json.loads(line) for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()]
+    assert [e["step"] for e in events if e.get("event") == "resume"] == [4]
+    assert storage.exists(f"{run}/model/config.json")
+
+
 def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir, ray_local):
     from tpu_ray.errors import UserError
     from tpu_ray.placement import run_training

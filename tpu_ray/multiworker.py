@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from typing import Any
 
 from tpu_ray import storage
@@ -29,6 +28,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
     from tpu_ray.cli import setup_logging
     from tpu_ray.train import train
 
+    os.environ.update(config["env"])  # before storage's first use, as in shards.ShardWorker
     setup_logging()
     cfg = RunConfig.from_dict(config["cfg"]).override({"train.strategy": "multiworker"})
     summary = train(cfg, resume=config["resume"])
@@ -51,10 +51,11 @@ def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     use_gpu = bool(t.num_gpus)
     trainer = TensorflowTrainer(
         _worker_loop,
-        train_loop_config={"cfg": cfg.model_dump(mode="json"), "resume": resume},
+        train_loop_config={"cfg": cfg.model_dump(mode="json"), "resume": resume,
+                           "env": storage.forwarded_env()},
         scaling_config=ScalingConfig(num_workers=t.workers, use_gpu=use_gpu,
                                      resources_per_worker={"GPU": t.num_gpus} if use_gpu else {"CPU": 1}),
-        run_config=RayRunConfig(name=f"{cfg.name}-train", storage_path=_ray_train_storage(cfg)),
+        run_config=RayRunConfig(name=f"{cfg.name}-train", **_ray_train_storage(cfg)),
     )
     log.info("training on %d Ray Train workers (MultiWorkerMirroredStrategy)", t.workers)
     try:
@@ -90,8 +91,15 @@ def _check_shared_run_dir(cfg: RunConfig) -> None:
                         f"given as a URL")
 
 
-def _ray_train_storage(cfg: RunConfig) -> str:
-    """Ray Train's own bookkeeping directory: inside a local run dir; a temp dir for gs:// runs."""
-    if storage.is_remote(cfg.run_dir):
-        return tempfile.mkdtemp(prefix="tpu-ray-train-")
-    return os.path.abspath(storage.join(cfg.run_dir, "ray_train"))
+def _ray_train_storage(cfg: RunConfig) -> dict[str, Any]:
+    """Ray Train's own bookkeeping goes to `<run_dir>/ray_train`. On gs:// it goes through our fsspec
+    filesystem (wrapped for pyarrow, which Ray Train writes with), so it uses the same credentials
+    and endpoint as the rest of the run (the emulator in tests) and no temp dir is left behind."""
+    path = storage.join(cfg.run_dir, "ray_train")
+    if not storage.is_remote(path):
+        return {"storage_path": os.path.abspath(path)}
+    import pyarrow.fs
+
+    fs, stripped = storage.filesystem(path)
+    return {"storage_path": stripped,
+            "storage_filesystem": pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))}

@@ -127,14 +127,9 @@ def check_unit(unit: WorkUnit) -> None:
     check_unit_bytes(unit)
 
 
-# The driver's storage endpoint travels to the actors, so gs:// names the same bucket in both
-# (Ray workers inherit the environment of the raylet, which may predate the variable).
-FORWARDED_ENV = ("STORAGE_EMULATOR_HOST",)
-
-
 def actor_env(threads: int) -> dict[str, str]:
     """Environment of a sharding actor: its tokenizer thread budget and the driver's storage endpoint."""
-    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    env = storage.forwarded_env()
     env.update(RAYON_NUM_THREADS=str(threads), RAYON_RS_NUM_CPUS=str(threads),
                TOKENIZERS_PARALLELISM="true" if threads > 1 else "false")
     return env

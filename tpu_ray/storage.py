@@ -67,6 +67,16 @@ def is_remote(path: str) -> bool:
     return scheme(path) not in _LOCAL
 
 
+# What decides which store gs:// names. Ray workers inherit the environment of the raylet, which may
+# predate these variables, so the driver hands them to its actors and train workers explicitly.
+FORWARDED_ENV = ("STORAGE_EMULATOR_HOST",)
+
+
+def forwarded_env() -> dict[str, str]:
+    """The driver's values of FORWARDED_ENV, to set in a Ray worker before its first storage call."""
+    return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+
+
 def _emulator_endpoint() -> str | None:
     host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip().rstrip("/")
     if not host:
