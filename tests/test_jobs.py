@@ -92,6 +92,19 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def _wait_for_listener(port: int, timeout_s: float) -> None:
+    """`ray start` returns before the head's dashboard agent listens, and the Jobs API gives up on
+    a missing agent after 10 s: on a busy machine the first submit would fail. Wait for it here."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"the Ray dashboard agent never listened on port {port}"
+            time.sleep(0.5)
+
+
 @contextmanager
 def started_head(auth_env: dict[str, str]) -> Iterator[RayHead]:
     """`ray start --head` from this venv on loopback with free ports and its own --temp-dir."""
@@ -125,6 +138,7 @@ def started_head(auth_env: dict[str, str]) -> Iterator[RayHead]:
             head.stop()
         assert proc.returncode == 0, output
         head.gcs_address = (Path(temp_dir) / "ray_current_cluster").read_text().strip()
+        _wait_for_listener(agent, timeout_s=120)
         yield head
     finally:
         if head is not None:
@@ -206,7 +220,9 @@ def test_failing_job_ends_failed_with_the_reason_last(ray_head, tmp_path, case):
 
 def test_python_api_submit_wait_and_metrics(ray_head, job_corpus, tmp_path):
     cfg = RunConfig.from_yaml(QUICKSTART).override(
-        SMALL | {"train.steps": 40, "corpus.source": str(job_corpus), "output_dir": str(tmp_path / "run")})
+        # 100 steps: seconds of RUNNING after the first rows, so the mid-run read below is not a race.
+        SMALL | {"train.steps": 100, "train.eval_every": 50, "corpus.source": str(job_corpus),
+                 "output_dir": str(tmp_path / "run")})
     job = submit(cfg, address=ray_head.address, working_dir=str(REPO))
     try:
         assert job.run_dir == str(tmp_path / "run")
@@ -235,9 +251,9 @@ def test_python_api_submit_wait_and_metrics(ray_head, job_corpus, tmp_path):
     assert {"kind", "step", "time", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
             "tokens_per_s", "eval_loss", "eval_accuracy", "perplexity"} <= set(df.columns)
     train = df[df["kind"] == "train"]
-    assert train["step"].tolist() == list(range(5, 41, 5))  # rising, every log_every steps
+    assert train["step"].tolist() == list(range(5, 101, 5))  # rising, every log_every steps
     assert train["loss"].notna().all() and (train["tokens_per_s"] > 0).all()
-    assert df[df["kind"] == "eval"]["step"].tolist() == [10, 20, 30, 40]
+    assert df[df["kind"] == "eval"]["step"].tolist() == [50, 100]
     assert len(job.metrics(kind="train")) == len(train)
     assert len(live) <= len(train)
 

@@ -106,3 +106,21 @@ def test_overrides_may_follow_options():
     args, extra = build_parser().parse_known_args(["train", "a.b=1", "--resume", "c.d=2"])
     assert extra == ["c.d=2"]  # what main() folds back into the overrides
     assert main(["train", "--config", QUICKSTART, "train.steps=5", "--resume", "train.stepz=3"]) == EXIT_USAGE
+
+
+def test_log_lines_follow_stderr_when_it_is_replaced(monkeypatch):
+    """A handler bound to the first stderr would write into a closed stream once a notebook, job
+    runner or test harness swaps stderr; ours always writes to the current one."""
+    import io
+    import logging
+
+    from tpu_ray.cli import setup_logging
+
+    setup_logging()
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    logging.getLogger("tpu_ray.test").info("to the first")
+    first.close()
+    monkeypatch.setattr(sys, "stderr", second)
+    logging.getLogger("tpu_ray.test").info("to the second")
+    assert "to the second" in second.getvalue() and "Logging error" not in second.getvalue()

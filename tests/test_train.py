@@ -82,7 +82,8 @@ def _train_cmd(cfg_path: Path, *extra: str) -> list[str]:
 def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shards_dir, tiny_tokenizer_dir):
     from tpu_ray.cli import main
 
-    over = {"train.steps": 60, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 60}
+    # 120 steps: after step 25 is seen there are ~95 left (seconds, not one poll) to kill it in.
+    over = {"train.steps": 120, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 120}
     cfg_path = tmp_path / "cfg.yaml"
     run_dir = tmp_path / "killed"
     cfg_path.write_text(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over).to_yaml())
@@ -99,7 +100,7 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     finally:
         proc.wait(timeout=60)
     killed_at = max(r["step"] for r in _records(run_dir, "train"))
-    assert killed_at < 60
+    assert killed_at < 120
 
     # Every checkpoint a killed run left behind loads completely.
     import tensorflow as tf
@@ -113,13 +114,13 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     last_ckpt_step = int(tf.train.load_checkpoint(state.model_checkpoint_path).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
     assert 20 <= last_ckpt_step <= killed_at and last_ckpt_step % 10 == 0
 
-    # Without --resume the run directory is refused; with it the run continues to step 60.
+    # Without --resume the run directory is refused; with it the run continues to step 120.
     assert main(["train", "--config", str(cfg_path)]) == 2
     assert main(["train", "--config", str(cfg_path), "--resume"]) == 0
     resumed = [r for r in _records(run_dir, "event") if r["event"] == "resume"]
     assert resumed and resumed[-1]["step"] == last_ckpt_step
     after = {r["step"]: r for r in _records(run_dir, "train") if r["time"] > resumed[-1]["time"]}
-    assert max(after) == 60 and min(after) == last_ckpt_step + 5
+    assert max(after) == 120 and min(after) == last_ckpt_step + 5
 
     # The learning-rate schedule continues from the right step: same values as an uninterrupted run.
     straight_dir = tmp_path / "straight"
@@ -335,3 +336,34 @@ def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_
     with pytest.raises(UserError, match=r"^train.batch_size=15 is not divisible by the 2 replicas") as err:
         run_training(cfg)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("devices, expected", [
+    ({"0000:00:04.0": ("0x1ae0", "0x120000")}, True),    # a TPU chip (Google, processing accelerator)
+    ({"0000:00:05.0": ("0x1ae0", "0x020000")}, False),   # Google's virtual NIC: same vendor, network class
+    ({"0000:00:06.0": ("0x10de", "0x120000")}, False),   # someone else's accelerator
+    ({}, False),
+])
+def test_a_tpu_is_recognised_on_the_pci_bus_by_vendor_and_class(tmp_path, devices, expected):
+    from tpu_ray.strategy import _google_pci_accelerator
+
+    for name, (vendor, cls) in devices.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vendor").write_text(vendor + "\n")
+        (tmp_path / name / "class").write_text(cls + "\n")
+    assert _google_pci_accelerator(str(tmp_path)) is expected
+
+
+def test_the_seed_fixes_the_initial_weights(tmp_path, shards_dir, tiny_tokenizer_dir):
+    import tensorflow as tf
+
+    from tpu_ray.strategy import StrategyInfo
+    from tpu_ray.tokenizer import tokenizer_info
+    from tpu_ray.train import build, weights_digest
+
+    tok = tokenizer_info(tiny_tokenizer_dir)
+    info = StrategyInfo(strategy=tf.distribute.get_strategy(), kind="cpu", replicas=1, device="cpu",
+                        mixed_precision="float32", jit_compile=False, steps_per_execution=1)
+    digests = [weights_digest(build(_cfg(tmp_path, shards_dir, tiny_tokenizer_dir, seed=seed), info, tok).model)
+               for seed in (1, 1, 2)]
+    assert digests[0] == digests[1] != digests[2]

@@ -272,9 +272,9 @@ class Doctor:
             return "unreachable", self._unreachable[bucket]
         try:
             found = _call_with_timeout(lambda: storage.exists(path), STORAGE_TIMEOUT_S)
+        except storage.MissingBucketError as exc:
+            return "error", str(exc)
         except UserError as exc:
-            if "does not exist" in str(exc):
-                return "error", str(exc)
             self._unreachable[bucket] = str(exc)
             return "unreachable", str(exc)
         except TimeoutError as exc:

@@ -54,6 +54,10 @@ class StorageError(UserError):
     """A storage path that cannot be used: one line naming it and the fix."""
 
 
+class MissingBucketError(StorageError):
+    """The store says the bucket does not exist (404), as opposed to not answering."""
+
+
 # --------------------------------------------------------------------------------------------
 # Filesystems
 # --------------------------------------------------------------------------------------------
@@ -192,7 +196,7 @@ def _bucket_missing(path: str) -> bool:
 
 def _missing_bucket_error(path: str) -> StorageError:
     bucket = _bucket(path)
-    return StorageError(f"{path}: bucket {bucket!r} does not exist or is not reachable; "
+    return MissingBucketError(f"{path}: bucket {bucket!r} does not exist or is not reachable; "
                         "create it or fix the path")
 
 

@@ -45,8 +45,23 @@ class StrategyInfo:
 
 
 def tpu_visible(cfg: TrainConfig) -> bool:
-    """Cheap TPU detection that never waits on a metadata server: a named TPU or TPU device files."""
-    return bool(cfg.tpu_name or os.environ.get("TPU_NAME") or glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+    """Cheap TPU detection that never waits on a metadata server: a named TPU, TPU device files
+    (/dev/accel* up to v4) or a Google accelerator on the PCI bus (v5e and later use VFIO, and
+    /dev/vfio alone would also match any VM with a passed-through device)."""
+    return bool(cfg.tpu_name or os.environ.get("TPU_NAME") or glob.glob("/dev/accel*") or _google_pci_accelerator())
+
+
+def _google_pci_accelerator(root: str = "/sys/bus/pci/devices") -> bool:
+    """A PCI device of Google (vendor 0x1ae0) in class 0x12 "processing accelerator": a TPU chip.
+    Google's virtual NIC has the same vendor but class 0x02 (network)."""
+    for device in glob.glob(os.path.join(root, "*")):
+        try:
+            with open(os.path.join(device, "vendor")) as v, open(os.path.join(device, "class")) as c:
+                if v.read().strip() == "0x1ae0" and c.read().strip().startswith("0x12"):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _tf_config_workers() -> int:

@@ -62,8 +62,13 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     """Model, optimizer and the checkpoint object over them, created inside the strategy's scope."""
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
+    import tf_keras
+
     t = cfg.train
     warmup = t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
+    # `seed` fixes the initial weights and dropout too, not only data order and masks: the same
+    # config trains the same model, and a failing run can be repeated exactly.
+    tf_keras.utils.set_random_seed(cfg.seed)
     with info.strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
         model(model.dummy_inputs, training=False)  # create the variables now, in scope
@@ -71,8 +76,6 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
             init_lr=t.learning_rate, num_train_steps=t.steps, num_warmup_steps=warmup,
             weight_decay_rate=t.weight_decay)
         if info.mixed_precision == "mixed_float16":  # float16 needs loss scaling; bfloat16 does not
-            import tf_keras
-
             optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
         # Create the slots now (legacy tf-keras optimizers otherwise make them on first apply), so a
         # restore is complete before the first step.
