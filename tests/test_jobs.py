@@ -273,6 +273,7 @@ def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, cap
     out = capsys.readouterr().out.strip().splitlines()
     sid, status = out[0], out[-1]  # the submission id, the streamed log, the final status
     assert status == "SUCCEEDED" and any("tpu_ray.train: step" in line for line in out[1:-1])
+    assert f"tpu-ray pretrain: SUCCEEDED run_dir={run}" in out[1:-1]  # streamed to the log's last line
     assert main(["status", sid, *addr]) == 0 and capsys.readouterr().out.strip() == "SUCCEEDED"
     assert main(["logs", sid, *addr]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run}"

@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -137,22 +138,35 @@ class JobHandle:
             return self._client.get_job_logs(self.submission_id)
 
     def wait(self, timeout: float | None = None, poll_s: float = 2.0, follow: bool = False) -> str:
-        """Block until the job ends and return its terminal status; `follow` echoes new log text
-        to stdout meanwhile. Raises TimeoutError after `timeout` seconds."""
+        """Block until the job ends and return its terminal status; `follow` streams the log to
+        stdout meanwhile. Raises TimeoutError after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        shown = 0
+        if follow:
+            self._follow(timeout)
         while True:
             status = self.status()
-            if follow:
-                text = self.logs()
-                sys.stdout.write(text[shown:])
-                sys.stdout.flush()
-                shown = len(text)
             if status in TERMINAL:
                 return status
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.submission_id} still {status} after {timeout}s")
             time.sleep(poll_s)
+
+    def _follow(self, timeout: float | None) -> None:
+        """Echo the log as the job writes it, through the Jobs API's log stream (a websocket that
+        ends with the job), rather than re-reading the whole log, which grows for days on a TPU."""
+        import asyncio
+
+        async def tail() -> None:
+            async for chunk in self._client.tail_job_logs(self.submission_id):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+
+        # In its own thread: a notebook's thread already runs an event loop, where asyncio.run fails.
+        with _jobs_api(self.address, f"job {self.submission_id!r}"), ThreadPoolExecutor(1) as thread:
+            try:
+                thread.submit(asyncio.run, asyncio.wait_for(tail(), timeout)).result()
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"job {self.submission_id} still {self.status()} after {timeout}s") from None
 
     def stop(self) -> bool:
         """Ask Ray to stop the job; False if it had already ended."""
