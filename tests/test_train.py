@@ -74,6 +74,26 @@ def test_several_epochs_over_ragged_shards_trace_the_step_once(tmp_path, shards_
     evals = _records(tmp_path / "run", "eval")
     assert evals and {"eval_loss", "eval_accuracy", "perplexity"} <= set(evals[-1])
 
+    # The same records as TensorBoard scalars.
+    scalars = _tensorboard_scalars(tmp_path / "run" / "tensorboard")
+    assert sorted(scalars["train/loss"]) == [r["step"] for r in records]
+    assert scalars["train/loss"][40] == pytest.approx(records[-1]["loss"], rel=1e-6)
+    assert scalars["eval/perplexity"][40] == pytest.approx(evals[-1]["perplexity"], rel=1e-6)
+
+
+def _tensorboard_scalars(directory: Path) -> dict[str, dict[int, float]]:
+    """{tag: {step: value}} from every TensorBoard event file in `directory`, read by TensorFlow."""
+    import tensorflow as tf
+
+    out: dict[str, dict[int, float]] = {}
+    files = sorted(directory.glob("events.out.tfevents.*"))
+    assert files, f"no event files in {directory}"
+    for path in files:
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                out.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    return out
+
 
 def _train_cmd(cfg_path: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "tpu_ray.cli", "train", "--config", str(cfg_path), *extra]
@@ -173,6 +193,11 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     events = [json.loads(line) for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()]
     resumed = [e for e in events if e.get("event") == "resume"]
     assert resumed and resumed[-1]["step"] == 20 and resumed[-1]["checkpoint"] == f"{ckpts}/ckpt-20"
+
+    # TensorBoard events were uploaded too: both runs' evaluations are in them.
+    for p in storage.glob(f"{run}/tensorboard/events.out.tfevents.*"):
+        storage.download_file(p, str(tmp_path / "tb" / p.rsplit("/", 1)[-1]))
+    assert sorted(_tensorboard_scalars(tmp_path / "tb")["eval/eval_loss"]) == [20, 40]
 
     # `tpu-ray eval` restores the committed step-40 checkpoint: the same loss as training's last eval.
     from tpu_ray.evaluate import evaluate_run

@@ -22,7 +22,10 @@ class MetricsWriter:
     """Appends records. Local files are appended and flushed per record; object stores cannot
     append, so for gs:// the whole (small) file is rewritten at most every `remote_every_s`."""
 
-    def __init__(self, run_dir: str, remote_every_s: float = 30.0):
+    def __init__(self, run_dir: str, remote_every_s: float = 30.0, tensorboard: bool = True):
+        self.run_dir = run_dir
+        self.tensorboard = tensorboard  # train/eval records also go to <run_dir>/tensorboard
+        self._tb = None
         self.path = storage.join(run_dir, METRICS_FILE)
         self.remote = storage.is_remote(self.path)
         self._lines: list[str] = []
@@ -33,6 +36,8 @@ class MetricsWriter:
 
     def write(self, kind: str, **fields: Any) -> dict:
         record = {"kind": kind, "time": time.time(), **{k: _clean(v) for k, v in fields.items()}}
+        if kind in ("train", "eval") and self.tensorboard:
+            self._tensorboard().write(record)
         line = json.dumps(record) + "\n"
         if self.remote:
             self._lines.append(line)
@@ -44,9 +49,18 @@ class MetricsWriter:
         return record
 
     def flush(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
         if self.remote:
             storage.atomic_write_text(self.path, "".join(self._lines))
             self._last_upload = time.monotonic()
+
+    def _tensorboard(self):
+        if self._tb is None:  # imported on first use: reading metrics needs no TensorFlow
+            from tpu_ray.tensorboard import TensorBoardWriter
+
+            self._tb = TensorBoardWriter(self.run_dir)
+        return self._tb
 
     def event(self, event: str, **fields: Any) -> dict:
         return self.write("event", event=event, **fields)

@@ -219,7 +219,7 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
     chief = info.is_chief
     scratch = None if chief else tempfile.TemporaryDirectory(prefix="tpu-ray-worker-")
     if scratch is not None:
-        metrics = MetricsWriter(scratch.name)
+        metrics = MetricsWriter(scratch.name, tensorboard=False)
     elif metrics is None:
         storage.makedirs(cfg.run_dir)
         metrics = MetricsWriter(cfg.run_dir)
