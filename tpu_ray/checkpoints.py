@@ -53,6 +53,11 @@ class CheckpointStore:
         self.latest: str | None = (self.manager.latest_checkpoint if self.remote
                                    else tf.train.latest_checkpoint(directory))
 
+    @property
+    def latest_url(self) -> str | None:
+        """The latest committed checkpoint as it is named in `directory` (not its staged copy)."""
+        return storage.join(self.directory, os.path.basename(self.latest)) if self.latest else None
+
     def restore(self, checkpoint: tf.train.Checkpoint, partial: bool = False) -> None:
         """Load `self.latest` into `checkpoint`; every saved object must match unless `partial`."""
         status = checkpoint.restore(self.latest, options=self.options)

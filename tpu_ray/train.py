@@ -60,9 +60,8 @@ class TrainSetup:
 
 def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     """Model, optimizer and the checkpoint object over them, created inside the strategy's scope."""
-    from transformers import TFAutoModelForMaskedLM, create_optimizer
-
     import tf_keras
+    from transformers import TFAutoModelForMaskedLM, create_optimizer
 
     t = cfg.train
     warmup = t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
@@ -246,9 +245,8 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
                             f"to continue it or use a new --output-dir")
         ckpts.restore(s.checkpoint)
         start = int(s.step_var.numpy())
-        log.info("resumed from %s at step %d", ckpts.latest, start)
-        metrics.event("resume", stage="train", step=start,
-                      checkpoint=storage.join(ckpts.directory, ckpts.latest.rsplit("/", 1)[-1]))
+        log.info("resumed from %s at step %d", ckpts.latest_url, start)
+        metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url)
 
     spec = mask_spec(cfg, tok)
     seq_len = cfg.shard.seq_len
