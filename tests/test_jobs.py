@@ -289,6 +289,26 @@ def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, cap
     assert err.startswith("tpu-ray: error: job 'no-such-job': ") and "\n" not in err
 
 
+def test_following_a_running_job_stops_at_the_timeout(ray_head, capsys):
+    """wait(follow=True) streams while the job runs and gives up at its timeout (the job goes on)."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(ray_head.address)
+    sid = client.submit_job(entrypoint="python -u -c \"import time; print('tick', flush=True); time.sleep(300)\"")
+    job = JobHandle(sid, ray_head.address)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while "tick" not in job.logs():  # running, and its log has begun
+            assert time.monotonic() < deadline and job.status() in ("PENDING", "RUNNING"), job.logs()
+            time.sleep(0.5)
+        with pytest.raises(TimeoutError, match=f"job {sid} still RUNNING after 5"):
+            job.wait(timeout=5, follow=True)
+        assert job.status() == "RUNNING"
+        assert "tick" in capsys.readouterr().out
+    finally:
+        job.stop()
+
+
 def test_submitter_uses_the_local_token(tmp_path):
     """A head with token auth (what `ray start` does once ~/.ray/auth_token exists): tpu-ray's client
     sends the token it finds; with RAY_AUTH_MODE=disabled it gets a one-line error naming the fix."""

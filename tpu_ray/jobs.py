@@ -17,7 +17,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,8 @@ from tpu_ray.errors import UserError, first_line
 if TYPE_CHECKING:
     import pandas as pd
     from ray.job_submission import JobSubmissionClient
+
+log = logging.getLogger(__name__)
 
 STAGES = ("pretrain", "prepare", "train")
 # Never ship these with the job: virtualenvs and run outputs are huge, VCS data is useless there.
@@ -153,20 +154,44 @@ class JobHandle:
 
     def _follow(self, timeout: float | None) -> None:
         """Echo the log as the job writes it, through the Jobs API's log stream (a websocket that
-        ends with the job), rather than re-reading the whole log, which grows for days on a TPU."""
+        ends with the job), rather than re-reading the whole log, which grows for days on a TPU.
+
+        The stream runs on an event loop in a daemon thread (a notebook's own thread already runs
+        a loop), and this thread only waits for it, so Ctrl-C and the timeout end the wait at once.
+        A stream that cannot connect or drops is not an error: wait() then polls the job's status.
+        """
         import asyncio
+        import concurrent.futures
+        import threading
+
+        loop = asyncio.new_event_loop()
 
         async def tail() -> None:
-            async for chunk in self._client.tail_job_logs(self.submission_id):
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-
-        # In its own thread: a notebook's thread already runs an event loop, where asyncio.run fails.
-        with _jobs_api(self.address, f"job {self.submission_id!r}"), ThreadPoolExecutor(1) as thread:
             try:
-                thread.submit(asyncio.run, asyncio.wait_for(tail(), timeout)).result()
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"job {self.submission_id} still {self.status()} after {timeout}s") from None
+                async for chunk in self._client.tail_job_logs(self.submission_id):
+                    sys.stdout.write(chunk)
+                    sys.stdout.flush()
+            finally:  # also when cancelled: the stream's HTTP session has been closed by now
+                loop.stop()
+
+        def run_loop() -> None:
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        future = asyncio.run_coroutine_threadsafe(tail(), loop)
+        threading.Thread(target=run_loop, name="tpu-ray-log-tail", daemon=True).start()
+        try:
+            future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"job {self.submission_id} still {self.status()} after {timeout}s") from None
+        except concurrent.futures.CancelledError:
+            pass
+        except Exception as exc:  # any stream failure: fall back to polling
+            log.warning("job %s: log stream ended early (%s); waiting for the job without it",
+                        self.submission_id, first_line(exc))
+        finally:
+            future.cancel()  # a no-op once the stream has ended
 
     def stop(self) -> bool:
         """Ask Ray to stop the job; False if it had already ended."""
