@@ -154,7 +154,7 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
 
 
 def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_path, shards_dir,
-                                                             tiny_tokenizer_dir):
+                                                             tiny_tokenizer_dir, monkeypatch):
     """A gs:// run directory (emulator): checkpoints are uploaded in TF's own layout, the last K
     kept, a stray half-uploaded checkpoint is never taken for the latest, and --resume continues
     from the committed one."""
@@ -181,7 +181,22 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(local)))
     assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 20
 
-    # A run killed mid-upload leaves data without its state-file commit: it is not the latest.
+    # A run that dies while uploading ckpt-30 (its data is up, its index is not) never commits it.
+    real_copy = storage.atomic_copy_file
+
+    def copy_failing_on_the_index(src: str, dst: str) -> None:
+        if dst.endswith("ckpt-30.index"):
+            raise storage.StorageError(f"{dst}: upload interrupted (injected)")
+        real_copy(src, dst)
+
+    monkeypatch.setattr(storage, "atomic_copy_file", copy_failing_on_the_index)
+    with pytest.raises(storage.StorageError, match="injected"):
+        train(cfg.override({"train.steps": 40}), resume=True)
+    monkeypatch.undo()
+    assert storage.exists(f"{ckpts}/ckpt-30.data-00000-of-00001")
+    assert 'model_checkpoint_path: "ckpt-20"' in storage.read_text(f"{ckpts}/checkpoint")
+
+    # A stray half-written object is not a checkpoint either.
     storage.atomic_write_bytes(f"{ckpts}/ckpt-25.data-00000-of-00001", b"half")
     with pytest.raises(Exception, match="already has checkpoints"):
         train(cfg.override({"train.steps": 40}))
@@ -189,7 +204,7 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     assert summary["resumed_from"] == 20 and summary["steps"] == 40
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
     assert names == {"checkpoint", "ckpt-30.index", "ckpt-30.data-00000-of-00001",
-                     "ckpt-40.index", "ckpt-40.data-00000-of-00001"}  # the stray ckpt-25 pruned too
+                     "ckpt-40.index", "ckpt-40.data-00000-of-00001"}  # the strays pruned too
     events = [json.loads(line) for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()]
     resumed = [e for e in events if e.get("event") == "resume"]
     assert resumed and resumed[-1]["step"] == 20 and resumed[-1]["checkpoint"] == f"{ckpts}/ckpt-20"

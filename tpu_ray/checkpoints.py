@@ -22,6 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
+from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,13 @@ class CheckpointStore:
         self._staging = (tempfile.TemporaryDirectory(prefix="tpu-ray-ckpt-")
                          if self.remote or not write else None)
         local = self._staging.name if self._staging else directory
-        if self._staging and self.remote:
-            self._download_latest(local)
-        self.manager = tf.train.CheckpointManager(checkpoint, local, max_to_keep=keep)
+        try:
+            if self._staging and self.remote:
+                self._download_latest(local)
+            self.manager = tf.train.CheckpointManager(checkpoint, local, max_to_keep=keep)
+        except BaseException:
+            self.close()
+            raise
         # What restore() reads: the staged copy of a remote run, else the run's own directory.
         self.latest: str | None = (self.manager.latest_checkpoint if self.remote
                                    else tf.train.latest_checkpoint(directory))
@@ -69,18 +74,32 @@ class CheckpointStore:
     def save(self, step: int) -> str | None:
         """Save checkpoint `ckpt-<step>`, commit it and prune to the last `keep`; returns its path."""
         local_prefix = self.manager.save(checkpoint_number=step, options=self.options)
-        if not self.write:
+        name = os.path.basename(local_prefix)
+        if not self.write:  # a non-chief worker's part of the collective save: nobody reads it
+            self._drop_staged(name)
             return None
         if not self.remote:
             return local_prefix
-        name = os.path.basename(local_prefix)
-        files = sorted(f for f in os.listdir(self._staging.name) if f.startswith(name + "."))
-        for f in sorted(files, key=lambda f: f.endswith(".index")):  # the index after its data
+        staged = self._staged_files(name)
+        for f in sorted(staged, key=lambda f: f.endswith(".index")):  # the index after its data
             storage.atomic_copy_file(os.path.join(self._staging.name, f), storage.join(self.directory, f))
         storage.atomic_copy_file(os.path.join(self._staging.name, STATE_FILE),
                                  storage.join(self.directory, STATE_FILE))  # the commit
-        self._prune_remote()
+        # Only the state file is needed locally from here on: a TPU VM's boot disk should not hold
+        # `keep` copies of a large model's checkpoint.
+        self._drop_staged(name)
+        try:
+            self._prune_remote()
+        except storage.StorageError as exc:  # the commit stands; the next save prunes again
+            log.warning("%s: could not delete old checkpoints yet (%s)", self.directory, exc)
         return storage.join(self.directory, name)
+
+    def _staged_files(self, name: str) -> list[str]:
+        return sorted(f for f in os.listdir(self._staging.name) if f.startswith(name + "."))
+
+    def _drop_staged(self, name: str) -> None:
+        for f in self._staged_files(name):
+            os.remove(os.path.join(self._staging.name, f))
 
     def close(self) -> None:
         if self._staging is not None:
@@ -104,8 +123,11 @@ class CheckpointStore:
         if not match:
             return
         latest = os.path.basename(match.group(1))
-        for path in storage.listdir(self.directory):
-            base = path.rstrip("/").rsplit("/", 1)[-1]
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in storage.listdir(self.directory)]
+        if f"{latest}.index" not in names:
+            raise UserError(f"{state_path}: names checkpoint {latest}, but {latest}.index is missing; "
+                            f"restore the files or delete the state file to resume from nothing")
+        for base in names:
             found = _PREFIX.match(base)
             if found and found.group(1) == latest:
                 storage.download_file(storage.join(self.directory, base), os.path.join(local, base))
