@@ -242,3 +242,23 @@ def test_cli_report_missing_run_dir(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"tpu-ray: error: run directory not found: {tmp_path / 'nope'}"
+
+
+def test_metrics_writers_taking_turns_on_a_gs_run_keep_every_record(gcs_emulator):
+    """The pipeline's writer, then the trainer's, then the pipeline's again, on one gs:// run: an
+    upload adds to what is there, so no writer's records are lost to another's."""
+    from tpu_ray.metrics import MetricsWriter
+
+    run = f"{gcs_emulator.make_bucket()}/run"
+    pipeline = MetricsWriter(run, tensorboard=False)
+    pipeline.event("stage_start", stage="train")
+    trainer = MetricsWriter(run, tensorboard=False, remote_every_s=3600)
+    trainer.write("train", step=5, loss=1.0)
+    trainer.write("train", step=10, loss=0.9)  # held: the upload interval has not passed
+    trainer.event("train_end", stage="train")  # events upload at once
+    pipeline.event("stage_end", stage="train")
+    pipeline.flush()
+    df = load_metrics(run)
+    assert df["kind"].tolist() == ["event", "train", "train", "event", "event"]
+    assert df["event"].tolist()[::3] == ["stage_start", "train_end"]
+    assert df["event"].tolist()[-1] == "stage_end" and df["step"].tolist()[1:3] == [5, 10]

@@ -19,8 +19,13 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsWriter:
-    """Appends records. Local files are appended and flushed per record; object stores cannot
-    append, so for gs:// the whole (small) file is rewritten at most every `remote_every_s`."""
+    """Appends records. Local files are appended and flushed per record. Object stores cannot
+    append, so for gs:// new records are held and uploaded at most every `remote_every_s` (and at
+    once for evaluations and events) by rewriting the file as what is there plus what is new:
+    several writers that take turns on one run (the pipeline's, then the trainer's, then the
+    pipeline's again) all keep their records. An upload that fails during training is retried at
+    the next one instead of ending a long run; `flush()` itself raises.
+    """
 
     def __init__(self, run_dir: str, remote_every_s: float = 30.0, tensorboard: bool = True):
         self.run_dir = run_dir
@@ -28,11 +33,9 @@ class MetricsWriter:
         self._tb = None
         self.path = storage.join(run_dir, METRICS_FILE)
         self.remote = storage.is_remote(self.path)
-        self._lines: list[str] = []
+        self._pending: list[str] = []
         self._every = remote_every_s
         self._last_upload = 0.0
-        if self.remote and storage.exists(self.path):
-            self._lines = storage.read_text(self.path).splitlines(keepends=True)
 
     def write(self, kind: str, **fields: Any) -> dict:
         record = {"kind": kind, "time": time.time(), **{k: _clean(v) for k, v in fields.items()}}
@@ -40,20 +43,27 @@ class MetricsWriter:
             self._tensorboard().write(record)
         line = json.dumps(record) + "\n"
         if self.remote:
-            self._lines.append(line)
+            self._pending.append(line)
             if time.monotonic() - self._last_upload >= self._every or kind != "train":
-                self.flush()
+                try:
+                    self.flush()
+                except storage.StorageError as exc:
+                    log.warning("metrics upload failed, retried with the next records: %s", exc)
+                    self._last_upload = time.monotonic()
         else:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line)
         return record
 
     def flush(self) -> None:
+        """Upload held records (gs://) and TensorBoard events."""
+        if self.remote and self._pending:
+            existing = storage.read_text(self.path) if storage.exists(self.path) else ""
+            storage.atomic_write_text(self.path, existing + "".join(self._pending))
+            self._pending.clear()
+            self._last_upload = time.monotonic()
         if self._tb is not None:
             self._tb.flush()
-        if self.remote:
-            storage.atomic_write_text(self.path, "".join(self._lines))
-            self._last_upload = time.monotonic()
 
     def _tensorboard(self):
         if self._tb is None:  # imported on first use: reading metrics needs no TensorFlow
