@@ -232,6 +232,9 @@ def test_unreachable_emulator_fails_fast_with_a_hint(gcs_emulator, monkeypatch):
     ("http-403", "access denied"),
     ("http-401", "access denied"),
     ("http-500", "storage request failed"),
+    # what gcsfs raises for a real 403 from GCS: an OSError whose text starts with the reason
+    (OSError("Forbidden: https://storage.googleapis.com/storage/v1/b/bucket/o/x\nCaller does not have "
+             "storage.objects.get access"), "access denied"),
 ])
 def test_access_denied_is_decided_by_status_code_not_digits_in_the_message(error, expected):
     from gcsfs.retry import HttpError

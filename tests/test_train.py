@@ -378,20 +378,22 @@ def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("devices, expected", [
-    ({"0000:00:04.0": ("0x1ae0", "0x120000")}, True),    # a TPU chip (Google, processing accelerator)
-    ({"0000:00:05.0": ("0x1ae0", "0x020000")}, False),   # Google's virtual NIC: same vendor, network class
-    ({"0000:00:06.0": ("0x10de", "0x120000")}, False),   # someone else's accelerator
-    ({}, False),
+@pytest.mark.parametrize("layout, chips", [
+    ({"dev/accel0": "", "dev/accel1": ""}, 2),                               # v2-v4: /dev/accel<N>
+    ({"dev/accel/accel0": ""}, 0),                                           # NVIDIA 570+: a directory
+    ({"dev/vfio/0": "", "dev/vfio/1": "", "dev/vfio/vfio": "",
+      "iommu/0/devices/0000:00:04.0/vendor": "0x1ae0\n",
+      "iommu/1/devices/0000:00:05.0/vendor": "0x1ae0\n"}, 2),               # v5e+: Google's VFIO groups
+    ({"dev/vfio/96": "", "iommu/96/devices/0000:03:00.0/vendor": "0x15b3\n"}, 0),  # someone else's vfio device
+    ({"dev/null": ""}, 0),
 ])
-def test_a_tpu_is_recognised_on_the_pci_bus_by_vendor_and_class(tmp_path, devices, expected):
-    from tpu_ray.strategy import _google_pci_accelerator
+def test_tpu_chips_are_found_as_ray_finds_them(tmp_path, layout, chips):
+    from tpu_ray.strategy import local_tpu_chips
 
-    for name, (vendor, cls) in devices.items():
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "vendor").write_text(vendor + "\n")
-        (tmp_path / name / "class").write_text(cls + "\n")
-    assert _google_pci_accelerator(str(tmp_path)) is expected
+    for rel, text in layout.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert local_tpu_chips(str(tmp_path / "dev"), str(tmp_path / "iommu")) == chips
 
 
 def test_the_seed_fixes_the_initial_weights(tmp_path, shards_dir, tiny_tokenizer_dir):

@@ -244,13 +244,14 @@ def _is_access_denied(exc: BaseException) -> bool:
     connection to port 40367 names "403" too.
     """
     try:
-        from google.auth.exceptions import GoogleAuthError
+        from google.auth.exceptions import GoogleAuthError, TransportError
 
-        if isinstance(exc, GoogleAuthError):
+        # Refused or unusable credentials; not an unreachable metadata or token server.
+        if isinstance(exc, GoogleAuthError) and not isinstance(exc, TransportError):
             return True
     except ImportError:
         pass
-    code = getattr(exc, "code", None) or getattr(exc, "status", None)
+    code = getattr(exc, "status", None) or getattr(exc, "code", None)  # aiohttp deprecates .code
     if code in (401, 403):
         return True
     return re.search(r"\b(Forbidden|Unauthorized)\b", _first_line(exc)) is not None

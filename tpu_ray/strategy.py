@@ -37,6 +37,14 @@ class StrategyInfo:
         """The process that writes metrics, checkpoints and the export (always True but multi-worker)."""
         return bool(self.strategy.extended.should_checkpoint)
 
+    @property
+    def worker_index(self) -> int:
+        """This process's task index in a multi-worker cluster (TF_CONFIG); 0 everywhere else."""
+        if self.kind != "multiworker":
+            return 0
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        return int(getattr(resolver, "task_id", 0) or 0)
+
     def describe(self, global_batch: int) -> str:
         return (f"strategy={type(self.strategy).__name__} kind={self.kind} device={self.device} "
                 f"replicas={self.replicas} global_batch={global_batch} "
@@ -45,19 +53,30 @@ class StrategyInfo:
 
 
 def tpu_visible(cfg: TrainConfig) -> bool:
-    """Cheap TPU detection that never waits on a metadata server: a named TPU, TPU device files
-    (/dev/accel* up to v4) or a Google accelerator on the PCI bus (v5e and later use VFIO, and
-    /dev/vfio alone would also match any VM with a passed-through device)."""
-    return bool(cfg.tpu_name or os.environ.get("TPU_NAME") or glob.glob("/dev/accel*") or _google_pci_accelerator())
+    """Cheap TPU detection that never waits on a metadata server: a named TPU or TPU chips on this
+    host, found as Ray finds them (ray/_private/accelerators/tpu.py, not a public API)."""
+    return bool(cfg.tpu_name or os.environ.get("TPU_NAME") or local_tpu_chips())
 
 
-def _google_pci_accelerator(root: str = "/sys/bus/pci/devices") -> bool:
-    """A PCI device of Google (vendor 0x1ae0) in class 0x12 "processing accelerator": a TPU chip.
-    Google's virtual NIC has the same vendor but class 0x02 (network)."""
-    for device in glob.glob(os.path.join(root, "*")):
+def local_tpu_chips(dev: str = "/dev", iommu_groups: str = "/sys/kernel/iommu_groups") -> int:
+    """TPU chips of this host: `/dev/accel<N>` character devices (up to v4; NVIDIA 570+ drivers make
+    a `/dev/accel` directory, which is not one), else VFIO groups (v5e and later) whose device is
+    Google's (PCI vendor 0x1ae0): other devices bound to vfio-pci appear in /dev/vfio too."""
+    accel = [p for p in glob.glob(os.path.join(dev, "accel*")) if not os.path.isdir(p)]
+    if accel:
+        return len(accel)
+    try:
+        groups = [g for g in os.listdir(os.path.join(dev, "vfio")) if g.isdigit()]
+    except OSError:
+        return 0
+    return sum(1 for g in groups if _google_device_in(os.path.join(iommu_groups, g, "devices")))
+
+
+def _google_device_in(devices_dir: str) -> bool:
+    for vendor in glob.glob(os.path.join(devices_dir, "*", "vendor")):
         try:
-            with open(os.path.join(device, "vendor")) as v, open(os.path.join(device, "class")) as c:
-                if v.read().strip() == "0x1ae0" and c.read().strip().startswith("0x12"):
+            with open(vendor) as f:
+                if f.read().strip().lower() == "0x1ae0":
                     return True
         except OSError:
             continue

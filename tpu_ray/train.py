@@ -14,6 +14,7 @@ import logging
 import math
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,11 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
         optimizer._create_all_weights(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
+    # Multi-worker: the same initial weights everywhere (above), but each worker its own dropout
+    # stream, as the workers read different data (equal seeds would repeat worker 0's masks).
+    worker = info.worker_index
+    if worker:
+        tf.random.set_seed(cfg.seed + 7919 * worker)
     return TrainSetup(cfg, info, tok, model, optimizer, schedule, checkpoint, step_var)
 
 
@@ -216,20 +222,16 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
     # export. The others log metrics to a scratch directory and, in CheckpointStore(write=False),
     # save into scratch (TF requires every worker to take part in a save) and restore the chief's.
     chief = info.is_chief
-    scratch = None if chief else tempfile.TemporaryDirectory(prefix="tpu-ray-worker-")
-    if scratch is not None:
-        metrics = MetricsWriter(scratch.name, tensorboard=False)
-    elif metrics is None:
-        storage.makedirs(cfg.run_dir)
-        metrics = MetricsWriter(cfg.run_dir)
-    s = build(cfg, info, tok)
-    ckpts = checkpoint_store(s, write=chief)
-    try:
+    with ExitStack() as cleanup:
+        if not chief:
+            scratch = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="tpu-ray-worker-"))
+            metrics = MetricsWriter(scratch, tensorboard=False)
+        elif metrics is None:
+            storage.makedirs(cfg.run_dir)
+            metrics = MetricsWriter(cfg.run_dir)
+        s = build(cfg, info, tok)
+        ckpts = cleanup.enter_context(checkpoint_store(s, write=chief))
         return _train_loop(cfg, s, ckpts, metrics, resume, train_files, val_files, t_start)
-    finally:
-        ckpts.close()
-        if scratch is not None:
-            scratch.cleanup()
 
 
 def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
