@@ -24,5 +24,7 @@ def evaluate_run(cfg: RunConfig) -> dict:
     if evaluate is None:
         raise UserError(f"{cfg.shards_dir}: too few validation samples for one batch of {cfg.train.batch_size}")
     result = {"step": int(s.step_var.numpy()), **evaluate()}
-    MetricsWriter(cfg.run_dir).write("eval", **result)
+    metrics = MetricsWriter(cfg.run_dir)
+    metrics.write("eval", **result)
+    metrics.close()
     return result

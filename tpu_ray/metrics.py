@@ -65,6 +65,13 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.flush()
 
+    def close(self) -> None:
+        """Flush, and release the TensorBoard writer (its thread and staging directory)."""
+        self.flush()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
     def _tensorboard(self):
         if self._tb is None:  # imported on first use: reading metrics needs no TensorFlow
             from tpu_ray.tensorboard import TensorBoardWriter

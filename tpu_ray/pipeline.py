@@ -147,7 +147,7 @@ class Pipeline:
                    **result.train_summary}
         storage.atomic_write_text(storage.join(cfg.run_dir, "summary.json"), json.dumps(summary, indent=1) + "\n")
         metrics.event("run_end", stage="run", seconds=result.seconds)
-        metrics.flush()
+        metrics.close()
         log.info("done in %.1fs: %s", result.seconds, cfg.run_dir)
         return result
 

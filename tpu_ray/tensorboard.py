@@ -83,3 +83,9 @@ class TensorBoardWriter:
         if os.path.getsize(self._current) >= ROTATE_BYTES:
             self._writer.close()
             self._writer, self._current = self._new_writer()
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.close()
+        if self._staging is not None:
+            self._staging.cleanup()

@@ -229,6 +229,7 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
         elif metrics is None:
             storage.makedirs(cfg.run_dir)
             metrics = MetricsWriter(cfg.run_dir)
+            cleanup.callback(metrics.close)
         s = build(cfg, info, tok)
         ckpts = cleanup.enter_context(checkpoint_store(s, write=chief))
         return _train_loop(cfg, s, ckpts, metrics, resume, train_files, val_files, t_start)
