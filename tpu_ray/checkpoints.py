@@ -123,13 +123,12 @@ class CheckpointStore:
         if not match:
             return
         latest = os.path.basename(match.group(1))
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in storage.listdir(self.directory)]
-        if f"{latest}.index" not in names:
+        files = self._remote_checkpoint_files()
+        if f"{latest}.index" not in files:
             raise UserError(f"{state_path}: names checkpoint {latest}, but {latest}.index is missing; "
                             f"restore the files or delete the state file to resume from nothing")
-        for base in names:
-            found = _PREFIX.match(base)
-            if found and found.group(1) == latest:
+        for base, prefix in files.items():
+            if prefix == latest:
                 storage.download_file(storage.join(self.directory, base), os.path.join(local, base))
         with open(os.path.join(local, STATE_FILE), "w", encoding="utf-8") as f:
             f.write(state_text)  # last: the staged copy is complete before TF can see it
@@ -138,8 +137,11 @@ class CheckpointStore:
     def _prune_remote(self) -> None:
         """Delete remote files of checkpoints the manager no longer keeps (after the commit)."""
         kept = {os.path.basename(p) for p in self.manager.checkpoints}
-        for path in storage.listdir(self.directory):
-            base = path.rstrip("/").rsplit("/", 1)[-1]
-            found = _PREFIX.match(base)
-            if found and found.group(1) not in kept:
+        for base, prefix in self._remote_checkpoint_files().items():
+            if prefix not in kept:
                 storage.remove(storage.join(self.directory, base))
+
+    def _remote_checkpoint_files(self) -> dict[str, str]:
+        """{file name: its checkpoint prefix} for the checkpoint files in `directory`."""
+        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in storage.listdir(self.directory))
+        return {m.group(0): m.group(1) for m in map(_PREFIX.match, names) if m}

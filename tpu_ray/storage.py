@@ -197,9 +197,7 @@ def _bucket_missing(path: str) -> bool:
 def _missing_bucket_error(path: str) -> StorageError:
     bucket = _bucket(path)
     return MissingBucketError(f"{path}: bucket {bucket!r} does not exist or is not reachable; "
-                        "create it or fix the path")
-
-
+                              "create it or fix the path")
 
 
 @contextmanager

@@ -66,8 +66,8 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
 
     t = cfg.train
     warmup = t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
-    # `seed` fixes the initial weights and dropout too, not only data order and masks: the same
-    # config trains the same model, and a failing run can be repeated exactly.
+    # `seed` fixes the initial weights and dropout too, not only data order and masks: an
+    # uninterrupted run can be repeated exactly (after --resume only the dropout draws differ).
     tf_keras.utils.set_random_seed(cfg.seed)
     with info.strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
