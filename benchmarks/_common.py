@@ -24,12 +24,12 @@ def build_corpus(out: Path, megabytes: float) -> Path:
 
 
 def train_benchmark_tokenizer(out_dir: Path, vocab_size: int = 10_000, seq_len: int = 128) -> str:
-    """A Unigram tokenizer trained with tpu_ray.tokenizer on one copy of WikiText-2.
+    """A Unigram tokenizer trained with tpu_ray.prepare.tokenizer on one copy of WikiText-2.
 
     One copy suffices: the corpus is that text repeated, so more copies change nothing learned.
     """
     from tpu_ray.config import TokenizerConfig
-    from tpu_ray.tokenizer import save_tokenizer, train_tokenizer
+    from tpu_ray.prepare.tokenizer import save_tokenizer, train_tokenizer
 
     text = "".join((WIKITEXT / n).read_text(encoding="utf-8") for n in ("valid.txt", "test.txt"))
     lines = [s for s in text.splitlines() if s.strip()]

@@ -1,7 +1,7 @@
 """Sharding throughput: tpu-ray's `make_shards` against the reference workflow and the tokenizer alone.
 
 One run measures, on the same corpus (WikiText-2 repeated to `--mb` MB) and the same Unigram
-tokenizer (vocab 10k, trained with tpu_ray.tokenizer):
+tokenizer (vocab 10k, trained with tpu_ray.prepare.tokenizer):
 
 1. ceiling: `tokenizers`' own `encode_batch` over the corpus lines already in memory, all cores,
    no I/O, no chunking, no writing: what tokenization alone costs;
@@ -175,7 +175,7 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
     """make_shards on a fresh local cluster of `nodes` nodes sharing `cpus` CPUs."""
     import ray
 
-    from tpu_ray.shards import make_shards
+    from tpu_ray.prepare.shards import make_shards
 
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     cluster = None

@@ -37,9 +37,9 @@ def prepare(work: Path, vocab: int) -> "object":
     from tokenizers import Tokenizer
 
     from tpu_ray.config import RunConfig
-    from tpu_ray.corpus import plan_units
-    from tpu_ray.shards import _manifest, _write_manifest, process_unit
-    from tpu_ray.tokenizer import describe, save_tokenizer, train_tokenizer
+    from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.prepare.shards import _manifest, _write_manifest, process_unit
+    from tpu_ray.prepare.tokenizer import describe, save_tokenizer, train_tokenizer
 
     corpus = work / "wikitext-2.txt"
     corpus.write_bytes(b"".join((WIKITEXT / n).read_bytes() for n in ("valid.txt", "test.txt")))
@@ -67,9 +67,9 @@ def reference_round(cfg, steps: int, warmup: int) -> list[float]:
     import tf_keras
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling, TFAutoModelForMaskedLM, create_optimizer
 
-    from tpu_ray.model import hf_config
-    from tpu_ray.shards import shard_files
-    from tpu_ray.tokenizer import tokenizer_info
+    from tpu_ray.train.model import hf_config
+    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.tokenizer import tokenizer_info
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_dir)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="tf")
@@ -112,7 +112,7 @@ def reference_round(cfg, steps: int, warmup: int) -> list[float]:
 
 def tpu_ray_round(cfg, steps: int, warmup: int, work: Path, i: int, jit: bool = False) -> tuple[list[float], int]:
     """tpu-ray's trainer on the same shards; step times from its own metrics stream."""
-    from tpu_ray.train import train
+    from tpu_ray.train.loop import train
 
     out = work / f"ours-{i}{'-jit' if jit else ''}"
     run = cfg.override({"output_dir": str(out), "train.steps": steps, "train.jit_compile": jit})
@@ -124,10 +124,10 @@ def tpu_ray_round(cfg, steps: int, warmup: int, work: Path, i: int, jit: bool = 
 
 def input_batches_per_s(cfg, batches: int = 300) -> float:
     """The masked input pipeline alone, as the trainer builds it."""
-    from tpu_ray.data import train_dataset
-    from tpu_ray.shards import shard_files
-    from tpu_ray.tokenizer import tokenizer_info
-    from tpu_ray.train import mask_spec
+    from tpu_ray.train.inputs import train_dataset
+    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.loop import mask_spec
 
     files = [p for p, _ in shard_files(cfg.shards_dir, "train")]
     ds = train_dataset(files, SEQ_LEN, BATCH, mask_spec(cfg, tokenizer_info(cfg.tokenizer_dir)), 0, 2048)

@@ -12,9 +12,9 @@ from pathlib import Path
 # Jobs run from the working directory Ray ships; make the package importable from it too.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpu_ray.cli import EXIT_USAGE, load_config, setup_logging
-from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError, first_line
+from tpu_ray.config import RunConfig, load_run_config
+from tpu_ray.errors import EXIT_USAGE, UserError, first_line
+from tpu_ray.logs import setup_logging
 
 
 def absolute_run_dir(cfg: RunConfig) -> RunConfig:
@@ -37,21 +37,21 @@ def main(stage: str, argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     setup_logging()
     try:
-        cfg = absolute_run_dir(load_config(args))
+        cfg = absolute_run_dir(load_run_config(args.config, args.output_dir, args.corpus, args.overrides))
         logging.getLogger("tpu_ray").info("%s: run directory %s", stage, cfg.run_dir)
         from tpu_ray.pipeline import Pipeline, ensure_ray, prepare_run_dir, run_tokenizer
 
         if stage == "pretrain":
             Pipeline(cfg).run(resume=args.resume)
         elif stage == "prepare":
-            from tpu_ray.shards import make_shards
+            from tpu_ray.prepare.shards import make_shards
 
             prepare_run_dir(cfg, resume=True)
             run_tokenizer(cfg)
             ensure_ray(cfg)
             print(make_shards(cfg).line())
         elif stage == "train":
-            from tpu_ray.placement import run_training
+            from tpu_ray.cluster.placement import run_training
 
             prepare_run_dir(cfg, resume=args.resume)
             ensure_ray(cfg)

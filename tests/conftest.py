@@ -65,7 +65,7 @@ def ray_local():
 def tiny_tokenizer_dir(tmp_path_factory, small_corpus) -> str:
     """A Unigram tokenizer (vocab 800) trained on the small corpus, saved as a transformers dir."""
     from tpu_ray.config import TokenizerConfig
-    from tpu_ray.tokenizer import save_tokenizer, train_tokenizer
+    from tpu_ray.prepare.tokenizer import save_tokenizer, train_tokenizer
 
     lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
     tok = train_tokenizer([lines], TokenizerConfig(vocab_size=800))

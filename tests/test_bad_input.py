@@ -57,8 +57,8 @@ def flip_byte_in_first_train_shard(cfg: RunConfig) -> str:
 # Stage level
 # --------------------------------------------------------------------------------------------
 def _plan(corpus: str, tmp: Path):
-    from tpu_ray.corpus import plan_units
-    from tpu_ray.verify import preflight_corpus
+    from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.prepare.verify import preflight_corpus
 
     cfg = RunConfig.from_dict({"corpus": {"source": corpus}, "output_dir": str(tmp / "run")})
     preflight_corpus(cfg)
@@ -71,8 +71,8 @@ def _verify_truncated_shard(tmp: Path):
 
     import numpy as np
 
-    from tpu_ray.tfrecord import serialize_examples, write_records
-    from tpu_ray.verify import verify_for_training
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+    from tpu_ray.prepare.verify import verify_for_training
 
     path = tmp / "train-00000-4.tfrecord"
     with open(path, "wb") as f:
@@ -99,7 +99,7 @@ STAGES: list[tuple[str, Callable[[Path], object], str]] = [
     ("binary corpus", lambda t: _plan(str(write(t / "model.bin", bytes(range(256)) * 64)), t),
      "model.bin: byte 0: NUL byte, this looks like a binary file"),
     ("truncated tfrecord", _verify_truncated_shard, "train-00000-4.tfrecord: 367 bytes, manifest.json says 372 (truncated"),
-    ("tpu on a cpu machine", lambda t: __import__("tpu_ray.strategy").strategy.select(TrainConfig(strategy="tpu")),
+    ("tpu on a cpu machine", lambda t: __import__("tpu_ray.train.strategy").train.strategy.select(TrainConfig(strategy="tpu")),
      "run on CPU with train.strategy=cpu"),
 ]
 
@@ -154,7 +154,7 @@ def _train(tmp: Path, ctx: dict, *extra: str) -> list[str]:
 
 def _other_tokenizer(tmp: Path, ctx: dict) -> None:
     from tpu_ray.config import TokenizerConfig
-    from tpu_ray.tokenizer import save_tokenizer, train_tokenizer
+    from tpu_ray.prepare.tokenizer import save_tokenizer, train_tokenizer
 
     lines = [s for s in ctx["corpus"].read_text().splitlines()[:1500] if s.strip()]
     save_tokenizer(train_tokenizer([lines], TokenizerConfig(vocab_size=300)), str(tmp / "other-tok"), 64)

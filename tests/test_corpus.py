@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tpu_ray.config import CorpusConfig, ShardConfig
-from tpu_ray.corpus import plan_units, read_unit_text
+from tpu_ray.prepare.corpus import plan_units, read_unit_text
 from tpu_ray.errors import UserError
 
 

@@ -18,15 +18,15 @@ import pytest
 
 from tests.conftest import tiny_config
 from tpu_ray.config import RunConfig
-from tpu_ray.doctor import FAIL, PASS, WARN, parse_target, run_doctor, unsupported_ops, xla_probe
+from tpu_ray.doctor.checks import FAIL, PASS, WARN, parse_target, run_doctor, unsupported_ops, xla_probe
 from tpu_ray.errors import UserError
 
 
 def prepared_run(run_dir: Path, corpus: Path, tokenizer_dir: str, **overrides):
     """A run directory with the tokenizer and committed shards + manifest, like `tpu-ray shard` leaves."""
-    from tpu_ray.corpus import plan_units
-    from tpu_ray.shards import _manifest, _write_manifest, process_unit
-    from tpu_ray.tokenizer import describe, load_tokenizer_json
+    from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.prepare.shards import _manifest, _write_manifest, process_unit
+    from tpu_ray.prepare.tokenizer import describe, load_tokenizer_json
 
     shutil.copytree(tokenizer_dir, run_dir / "tokenizer")
     cfg = tiny_config(run_dir, corpus, **overrides)
@@ -164,7 +164,7 @@ def test_full_checksums_an_unsampled_shard(run):
 
 def test_manifest_from_another_tokenizer(tmp_path, small_corpus, tiny_tokenizer_dir):
     from tpu_ray.config import TokenizerConfig
-    from tpu_ray.tokenizer import save_tokenizer, train_tokenizer
+    from tpu_ray.prepare.tokenizer import save_tokenizer, train_tokenizer
 
     other = tmp_path / "other-tok"
     lines = [s for s in small_corpus.read_text().splitlines()[:2000] if s.strip()]
@@ -178,7 +178,7 @@ def test_manifest_from_another_tokenizer(tmp_path, small_corpus, tiny_tokenizer_
 
 
 def test_shards_with_ids_beyond_the_vocab(run):
-    from tpu_ray.tfrecord import serialize_examples, write_records
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
     manifest = manifest_of(run)
     entry = manifest["splits"]["train"]["shards"][0]

@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import wikitext_slice
 from tpu_ray.config import RunConfig
-from tpu_ray.jobs import EXCLUDES, STAGING_DIR, JobHandle, submit
+from tpu_ray.cluster.jobs import EXCLUDES, STAGING_DIR, JobHandle, submit
 from tpu_ray.report import load_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -272,7 +272,7 @@ def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, cap
                  *_overrides({"corpus.source": job_corpus})]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     sid, status = out[0], out[-1]  # the submission id, the streamed log, the final status
-    assert status == "SUCCEEDED" and any("tpu_ray.train: step" in line for line in out[1:-1])
+    assert status == "SUCCEEDED" and any("tpu_ray.train.loop: step" in line for line in out[1:-1])
     assert f"tpu-ray pretrain: SUCCEEDED run_dir={run}" in out[1:-1]  # streamed to the log's last line
     assert main(["status", sid, *addr]) == 0 and capsys.readouterr().out.strip() == "SUCCEEDED"
     assert main(["logs", sid, *addr]) == 0

@@ -5,7 +5,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tpu_ray.data import IGNORE, MaskSpec, mask_tokens, pad_to_multiple  # noqa: E402 (after importorskip)
+from tpu_ray.train.inputs import IGNORE, MaskSpec, mask_tokens, pad_to_multiple  # noqa: E402 (after importorskip)
 
 SPEC = MaskSpec(mask_prob=0.15, mask_id=4, vocab_size=1000, special_ids=(0, 1, 2, 3, 4))
 
@@ -68,7 +68,7 @@ def test_pad_to_multiple_keeps_distinct_shapes_few():
 
 
 def test_mlm_targets_gather_every_masked_position_with_static_shape():
-    from tpu_ray.data import mlm_targets, predictions_per_sequence
+    from tpu_ray.train.inputs import mlm_targets, predictions_per_sequence
 
     ids = tf.random.stateless_uniform([256, 128], [3, 4], minval=5, maxval=1000, dtype=tf.int32)
     _, labels = mask_tokens(ids, tf.constant([5, 6], tf.int64), SPEC)

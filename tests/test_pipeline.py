@@ -114,7 +114,7 @@ def test_log_lines_follow_stderr_when_it_is_replaced(monkeypatch):
     import io
     import logging
 
-    from tpu_ray.cli import setup_logging
+    from tpu_ray.logs import setup_logging
 
     setup_logging()
     first, second = io.StringIO(), io.StringIO()

@@ -247,7 +247,7 @@ def test_cli_report_missing_run_dir(tmp_path, capsys):
 def test_metrics_writers_taking_turns_on_a_gs_run_keep_every_record(gcs_emulator):
     """The pipeline's writer, then the trainer's, then the pipeline's again, on one gs:// run: an
     upload adds to what is there, so no writer's records are lost to another's."""
-    from tpu_ray.metrics import MetricsWriter
+    from tpu_ray.train.metrics import MetricsWriter
 
     run = f"{gcs_emulator.make_bucket()}/run"
     pipeline = MetricsWriter(run, tensorboard=False)

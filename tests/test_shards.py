@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import start_local_ray, tiny_config, wikitext_slice
-from tpu_ray import shards as shards_mod
+from tpu_ray.prepare import shards as shards_mod
 from tpu_ray.errors import UserError
-from tpu_ray.shards import chunk_ids, make_shards, read_manifest, shard_files
-from tpu_ray.tfrecord import read_records
+from tpu_ray.prepare.shards import chunk_ids, make_shards, read_manifest, shard_files
+from tpu_ray.prepare.tfrecord import read_records
 
 
 def _digest_dir(d: Path) -> dict[str, str]:
@@ -251,7 +251,7 @@ def test_seq_len_out_of_range(tmp_path, small_corpus, tiny_tokenizer_dir, over, 
 
 def test_units_do_not_depend_on_actor_count_and_split_lines_cleanly(mid_corpus, tmp_path):
     from tpu_ray.config import CorpusConfig, ShardConfig
-    from tpu_ray.corpus import plan_units, read_unit_text
+    from tpu_ray.prepare.corpus import plan_units, read_unit_text
 
     units = plan_units(CorpusConfig(source=str(mid_corpus)), ShardConfig(unit_bytes=65536), str(tmp_path))
     data = mid_corpus.read_bytes()
@@ -334,7 +334,7 @@ def test_reference_format_shards_train_here(tmp_path):
     """Shards as the reference script writes them (TFRecordWriter, <split>/dataset-<i>-<count>, no
     manifest) are found by count and come out of our tf.data pipeline as correct masked batches."""
     tf = pytest.importorskip("tensorflow")
-    from tpu_ray.data import IGNORE, MaskSpec, train_dataset
+    from tpu_ray.train.inputs import IGNORE, MaskSpec, train_dataset
 
     seq_len, specials = 16, (0, 1, 2, 3, 4)
     written = {}
@@ -363,12 +363,12 @@ def test_reference_format_shards_train_here(tmp_path):
 
 def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small_corpus, tiny_tokenizer_dir,
                                                                  ray_local, caplog):
-    from tpu_ray.progress import Progress
+    from tpu_ray.prepare.progress import Progress
 
     cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir)
     with caplog.at_level("INFO", logger="tpu_ray"):
         summary = make_shards(cfg, actors=2)
-    progress = [r.getMessage() for r in caplog.records if r.name == "tpu_ray.progress"]
+    progress = [r.getMessage() for r in caplog.records if r.name == "tpu_ray.prepare.progress"]
     # The last progress line is forced when every unit is done: units, samples and the rate.
     assert re.fullmatch(rf"\[shard\] {summary.units}/{summary.units} units, {summary.samples:,} samples, "
                         rf"[\d,]+ tokens/s", progress[-1]), progress
@@ -380,7 +380,7 @@ def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small
     assert re.search(r"seconds=\d+\.\d tokens/s=[\d,]+ ", line)
     assert summary.shards == len(list(Path(cfg.shards_dir).glob("*.tfrecord")))
     assert summary.peak_actor_rss_bytes > 0
-    assert any(line in r.getMessage() for r in caplog.records if r.name == "tpu_ray.shards")
+    assert any(line in r.getMessage() for r in caplog.records if r.name == "tpu_ray.prepare.shards")
     # The bar's text: units done, samples so far, and this run's tokens/s.
     bar = Progress("shard", total=8, done=2, samples=100, tokens=1000)
     bar.advance(1, samples=150, tokens=5000)

@@ -5,7 +5,7 @@ import io
 import numpy as np
 import pytest
 
-from tpu_ray.tfrecord import _varints, examples_file, read_records, serialize_examples, write_records
+from tpu_ray.prepare.tfrecord import _varints, examples_file, read_records, serialize_examples, write_records
 
 
 def _decode_varints(buf: bytes) -> list[int]:

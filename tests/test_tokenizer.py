@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpu_ray.config import SPECIAL_TOKENS, TokenizerConfig
-from tpu_ray.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
+from tpu_ray.prepare.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_the_hash_names_the_content(tmp_path, lines):
 
 
 def test_builtin_corpus_is_real_python_documentation_and_deterministic(tmp_path):
-    from tpu_ray.corpus import builtin_python_docs, materialize_builtin
+    from tpu_ray.prepare.corpus import builtin_python_docs, materialize_builtin
 
     text = builtin_python_docs()
     assert len(text) > 500_000

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, start_local_ray, tiny_config
-from tpu_ray.tfrecord import serialize_examples, write_records
+from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
 SEQ_LEN = 64
 # Shard sizes that are not multiples of the batch (16): several epochs cross ragged file ends.
@@ -35,7 +35,7 @@ def write_shards(shards_dir: Path, vocab_size: int, seed: int = 0) -> None:
 
 @pytest.fixture(scope="module")
 def shards_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
-    from tpu_ray.tokenizer import tokenizer_info
+    from tpu_ray.prepare.tokenizer import tokenizer_info
 
     d = tmp_path_factory.mktemp("shards")
     write_shards(d, tokenizer_info(tiny_tokenizer_dir).vocab_size)
@@ -60,7 +60,7 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
 
 
 def test_several_epochs_over_ragged_shards_trace_the_step_once(tmp_path, shards_dir, tiny_tokenizer_dir):
-    from tpu_ray.train import train
+    from tpu_ray.train.loop import train
 
     # 130 samples per epoch, batch 16: 40 steps are almost 5 epochs, none a multiple of the batch.
     cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.steps": 40, "train.eval_every": 40})
@@ -145,7 +145,7 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     # The learning-rate schedule continues from the right step: same values as an uninterrupted run.
     straight_dir = tmp_path / "straight"
     straight = _cfg(straight_dir, shards_dir, tiny_tokenizer_dir, **over)
-    from tpu_ray.train import train
+    from tpu_ray.train.loop import train
 
     train(straight)
     reference = {r["step"]: r["learning_rate"] for r in _records(straight_dir, "train")}
@@ -161,7 +161,7 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     import tensorflow as tf
 
     from tpu_ray import storage
-    from tpu_ray.train import train
+    from tpu_ray.train.loop import train
 
     run = f"{gcs_emulator.make_bucket()}/run"
     over = {"train.checkpoint_every": 10, "train.keep_checkpoints": 2, "train.eval_every": 100}
@@ -215,7 +215,7 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     assert sorted(_tensorboard_scalars(tmp_path / "tb")["eval/eval_loss"]) == [20, 40]
 
     # `tpu-ray eval` restores the committed step-40 checkpoint: the same loss as training's last eval.
-    from tpu_ray.evaluate import evaluate_run
+    from tpu_ray.train.evaluate import evaluate_run
 
     result = evaluate_run(cfg.override({"train.steps": 40}))
     last_eval = [e for e in events if e["kind"] == "eval"][-1]
@@ -226,14 +226,14 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
 EQUIVALENCE = r'''
 import json, sys
 import numpy as np
-from tpu_ray.strategy import use_logical_cpus
+from tpu_ray.train.strategy import use_logical_cpus
 use_logical_cpus(8)
 import tensorflow as tf
 from tpu_ray.config import RunConfig
-from tpu_ray.data import MaskSpec, mask_tokens, mlm_targets, predictions_per_sequence
-from tpu_ray.strategy import StrategyInfo, select
-from tpu_ray.tokenizer import TokenizerInfo
-from tpu_ray.train import build, make_replica_grads, make_train_step
+from tpu_ray.train.inputs import MaskSpec, mask_tokens, mlm_targets, predictions_per_sequence
+from tpu_ray.train.strategy import StrategyInfo, select
+from tpu_ray.prepare.tokenizer import TokenizerInfo
+from tpu_ray.train.loop import build, make_replica_grads, make_train_step
 
 cfg = RunConfig.from_dict({"shard": {"seq_len": 32}, "model": {"preset": "tiny", "dropout": 0.0},
                            "train": {"batch_size": 32, "cpu_replicas": 8, "warmup_steps": 0, "steps": 10}})
@@ -300,7 +300,7 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
     from ray.cluster_utils import Cluster
     from ray.util.placement_group import placement_group_table
 
-    from tpu_ray.placement import run_training
+    from tpu_ray.cluster.placement import run_training
 
     if ray.is_initialized():
         ray.shutdown()
@@ -329,7 +329,7 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
 
 def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_path, shards_dir,
                                                                          tiny_tokenizer_dir, ray_local):
-    from tpu_ray.placement import run_training
+    from tpu_ray.cluster.placement import run_training
 
     cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
                **{"train.steps": 6, "train.log_every": 3, "train.eval_every": 6, "train.workers": 2})
@@ -348,7 +348,7 @@ def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emul
     """The multi-node layout: a shared gs:// run directory (emulator). The chief uploads checkpoints
     and Ray Train's bookkeeping there; on --resume every worker restores the chief's checkpoint."""
     from tpu_ray import storage
-    from tpu_ray.placement import run_training
+    from tpu_ray.cluster.placement import run_training
 
     run = f"{gcs_emulator.make_bucket()}/run"
     cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
@@ -370,7 +370,7 @@ def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emul
 
 def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir, ray_local):
     from tpu_ray.errors import UserError
-    from tpu_ray.placement import run_training
+    from tpu_ray.cluster.placement import run_training
 
     cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.workers": 2, "train.batch_size": 15})
     with pytest.raises(UserError, match=r"^train.batch_size=15 is not divisible by the 2 replicas") as err:
@@ -388,7 +388,7 @@ def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_
     ({"dev/null": ""}, 0),
 ])
 def test_tpu_chips_are_found_as_ray_finds_them(tmp_path, layout, chips):
-    from tpu_ray.strategy import local_tpu_chips
+    from tpu_ray.train.strategy import local_tpu_chips
 
     for rel, text in layout.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -399,9 +399,9 @@ def test_tpu_chips_are_found_as_ray_finds_them(tmp_path, layout, chips):
 def test_the_seed_fixes_the_initial_weights(tmp_path, shards_dir, tiny_tokenizer_dir):
     import tensorflow as tf
 
-    from tpu_ray.strategy import StrategyInfo
-    from tpu_ray.tokenizer import tokenizer_info
-    from tpu_ray.train import build, weights_digest
+    from tpu_ray.train.strategy import StrategyInfo
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.loop import build, weights_digest
 
     tok = tokenizer_info(tiny_tokenizer_dir)
     info = StrategyInfo(strategy=tf.distribute.get_strategy(), kind="cpu", replicas=1, device="cpu",

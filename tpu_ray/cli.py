@@ -9,48 +9,16 @@ import os
 import sys
 from collections.abc import Callable
 
-from tpu_ray.errors import UserError
-
-EXIT_USAGE = 2
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever `sys.stderr` is now, not the stream it was made with: a notebook, a test
-    harness or a job runner may swap stderr after the first `main()` and close the old one."""
-
-    @property
-    def stream(self):  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-def setup_logging(level: int = logging.INFO) -> None:
-    """Readable lines for terminals and `ray job logs`; TensorFlow's C++ chatter kept down."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    root = logging.getLogger()
-    if not any(getattr(h, "_tpu_ray", False) for h in root.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        handler._tpu_ray = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    logging.getLogger("tpu_ray").setLevel(level)
+from tpu_ray.errors import EXIT_USAGE, UserError
+from tpu_ray.logs import setup_logging
 
 
 def load_config(args: argparse.Namespace):
     """The run config from --config, --output-dir, --corpus and dotted overrides, in that order."""
-    from tpu_ray.config import RunConfig, parse_overrides
+    from tpu_ray.config import load_run_config
 
-    cfg = RunConfig.from_yaml(args.config) if args.config else RunConfig()
-    overrides = parse_overrides(args.overrides or [])
-    if getattr(args, "output_dir", None):
-        overrides["output_dir"] = args.output_dir
-    if getattr(args, "corpus", None):
-        overrides["corpus.source"] = args.corpus
-    return cfg.override(overrides) if overrides else cfg
+    return load_run_config(args.config, getattr(args, "output_dir", None), getattr(args, "corpus", None),
+                           args.overrides or [])
 
 
 def _common(p: argparse.ArgumentParser, corpus: bool = False) -> None:
@@ -73,7 +41,7 @@ def cmd_run(args) -> int:
 
 def cmd_tokenizer(args) -> int:
     from tpu_ray.pipeline import prepare_run_dir, run_tokenizer
-    from tpu_ray.verify import preflight_corpus
+    from tpu_ray.prepare.verify import preflight_corpus
 
     cfg = load_config(args)
     preflight_corpus(cfg)  # bad corpus input fails before the run directory is written
@@ -85,8 +53,8 @@ def cmd_tokenizer(args) -> int:
 
 def cmd_shard(args) -> int:
     from tpu_ray.pipeline import ensure_ray, prepare_run_dir
-    from tpu_ray.shards import make_shards
-    from tpu_ray.verify import preflight_corpus
+    from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.prepare.verify import preflight_corpus
 
     cfg = load_config(args)
     preflight_corpus(cfg)  # bad corpus input fails before the run directory is written
@@ -99,7 +67,7 @@ def cmd_shard(args) -> int:
 
 def cmd_train(args) -> int:
     from tpu_ray.pipeline import ensure_ray, prepare_run_dir
-    from tpu_ray.placement import run_training
+    from tpu_ray.cluster.placement import run_training
 
     cfg = load_config(args)
     prepare_run_dir(cfg, resume=args.resume)
@@ -111,7 +79,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from tpu_ray.evaluate import evaluate_run
+    from tpu_ray.train.evaluate import evaluate_run
 
     cfg = load_config(args)
     print(json.dumps(evaluate_run(cfg)))
@@ -124,7 +92,7 @@ def cmd_fill_mask(args) -> int:
 
 
 def _fill_mask(model_dir: str, text: str, top_k: int) -> None:
-    from tpu_ray.export import fill_mask
+    from tpu_ray.train.export import fill_mask
 
     for pred in fill_mask(model_dir, text, top_k=top_k):
         print(f"{pred['score']:.4f}  {pred['token_str']!r:>16}  {pred['sequence']}")
@@ -140,13 +108,13 @@ def cmd_report(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from tpu_ray.doctor import run_doctor
+    from tpu_ray.doctor.checks import run_doctor
 
     return run_doctor(lambda: load_config(args), target=args.target, full=args.full)  # a bad config is a FAIL check
 
 
 def cmd_submit(args) -> int:
-    from tpu_ray.jobs import submit
+    from tpu_ray.cluster.jobs import submit
 
     job = submit(load_config(args), address=args.address, working_dir=args.working_dir)
     print(job.submission_id)
@@ -158,14 +126,14 @@ def cmd_submit(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from tpu_ray.jobs import JobHandle
+    from tpu_ray.cluster.jobs import JobHandle
 
     print(JobHandle(args.submission_id, args.address).status())
     return 0
 
 
 def cmd_logs(args) -> int:
-    from tpu_ray.jobs import JobHandle
+    from tpu_ray.cluster.jobs import JobHandle
 
     print(JobHandle(args.submission_id, args.address).logs(), end="")
     return 0

@@ -302,3 +302,16 @@ def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
             return None
         model = field.annotation
     return model
+
+
+def load_run_config(config_file: str | None, output_dir: str | None = None, corpus: str | None = None,
+                    overrides: list[str] | None = None) -> RunConfig:
+    """The run config every entry point builds: a YAML file (or the defaults), then --output-dir,
+    --corpus and dotted `section.key=value` overrides, in that order."""
+    cfg = RunConfig.from_yaml(config_file) if config_file else RunConfig()
+    values = parse_overrides(overrides or [])
+    if output_dir:
+        values["output_dir"] = output_dir
+    if corpus:
+        values["corpus.source"] = corpus
+    return cfg.override(values) if values else cfg

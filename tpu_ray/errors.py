@@ -1,5 +1,7 @@
 """Errors that mean "the user's input is wrong": one line, naming the culprit and the fix."""
 
+EXIT_USAGE = 2  # the exit code of every entry point for a UserError
+
 
 class UserError(Exception):
     """Bad input from the user: one-line message, CLI exit code 2."""

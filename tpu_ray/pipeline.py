@@ -85,8 +85,8 @@ def ensure_ray(cfg: RunConfig) -> None:
 
 def run_tokenizer(cfg: RunConfig, force: bool = False):
     """Train the tokenizer on the corpus (or reuse the run's / the configured one)."""
-    from tpu_ray.corpus import iter_train_text, plan_units
-    from tpu_ray.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
+    from tpu_ray.prepare.corpus import iter_train_text, plan_units
+    from tpu_ray.prepare.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
 
     if cfg.tokenizer.path or (not force and storage.exists(storage.join(cfg.tokenizer_dir, "tokenizer.json"))):
         info = tokenizer_info(cfg.tokenizer_dir)
@@ -120,9 +120,9 @@ class Pipeline:
         self.cfg = cfg
 
     def run(self, resume: bool = False) -> RunResult:
-        from tpu_ray.metrics import MetricsWriter
+        from tpu_ray.train.metrics import MetricsWriter
 
-        from tpu_ray.verify import preflight_corpus
+        from tpu_ray.prepare.verify import preflight_corpus
 
         cfg = self.cfg
         t0 = time.monotonic()
@@ -134,12 +134,12 @@ class Pipeline:
             run_tokenizer(cfg)
         with _stage(metrics, "shard"):
             ensure_ray(cfg)
-            from tpu_ray.shards import make_shards
+            from tpu_ray.prepare.shards import make_shards
 
             summary = make_shards(cfg)
             result.shard_summary = summary.__dict__ | {"tokens_per_s": summary.tokens_per_s}
         with _stage(metrics, "train"):
-            from tpu_ray.placement import run_training
+            from tpu_ray.cluster.placement import run_training
 
             result.train_summary = run_training(cfg, resume=resume)
         result.seconds = time.monotonic() - t0

@@ -22,16 +22,16 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
-from tpu_ray.checkpoints import CheckpointStore
+from tpu_ray.train.checkpoints import CheckpointStore
 from tpu_ray.config import RunConfig
-from tpu_ray.data import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
+from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
 from tpu_ray.errors import UserError
-from tpu_ray.metrics import MetricsWriter, eval_line, train_line
-from tpu_ray.model import hf_config, peak_flops, train_flops_per_token
-from tpu_ray.shards import read_manifest, shard_files
-from tpu_ray.strategy import StrategyInfo, select
-from tpu_ray.tokenizer import TokenizerInfo, tokenizer_info
-from tpu_ray.verify import guard_training
+from tpu_ray.train.metrics import MetricsWriter, eval_line, train_line
+from tpu_ray.train.model import hf_config, peak_flops, train_flops_per_token
+from tpu_ray.prepare.shards import read_manifest, shard_files
+from tpu_ray.train.strategy import StrategyInfo, select
+from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
+from tpu_ray.prepare.verify import guard_training
 
 log = logging.getLogger(__name__)
 

@@ -103,7 +103,7 @@ TARGET_EXAMPLES = "v2-8, v3-8, v3-8-node, v4-8, v4-16, v4-32, v5e-8 (v5litepod-8
 
 def parse_target(name: str | None, cfg: RunConfig) -> Target:
     """A target from its name (`v4-8`, `v3-8-node`, `a100-8`, `cpu`); default: train.tpu_topology or cpu."""
-    from tpu_ray.model import PEAK_FLOPS_PER_REPLICA
+    from tpu_ray.train.model import PEAK_FLOPS_PER_REPLICA
 
     name = (name or cfg.train.tpu_topology or "cpu").strip().lower()
     m = re.fullmatch(r"(v2|v3|v4|v5e|v5litepod|v5p)-(\d+)(?:-(node|vm))?", name)
@@ -148,7 +148,7 @@ def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 
     backward pass (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) per layer at 16 bits, no
     recomputation), and the vocabulary logits (compute dtype, float32 copy, float32 gradient) of
     the positions the MLM head scores (the trainer gathers `predictions_per_sequence` of them)."""
-    from tpu_ray.data import predictions_per_sequence
+    from tpu_ray.train.inputs import predictions_per_sequence
 
     s = cfg.model.sizes()
     h, layers, heads, seq = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], cfg.shard.seq_len
@@ -161,7 +161,7 @@ def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 
 
 def probe_batch(cfg: RunConfig, vocab: int, per_replica: int) -> int:
     """The largest batch <= per_replica (halving) whose CPU step stays under the probe budget; 0: none."""
-    from tpu_ray.model import train_flops_per_token
+    from tpu_ray.train.model import train_flops_per_token
 
     fpt = train_flops_per_token(cfg, vocab)
     b = max(1, per_replica)
@@ -305,7 +305,7 @@ class Doctor:
     def check_corpus(self) -> None:
         """The corpus sharding will read (skipped once shards exist: then it is no longer read)."""
         from tpu_ray.config import BUILTIN_CORPUS
-        from tpu_ray.verify import preflight_corpus
+        from tpu_ray.prepare.verify import preflight_corpus
 
         src = self.cfg.corpus.source
         if self.manifest is not None:
@@ -324,7 +324,7 @@ class Doctor:
             self.add("corpus", PASS, f"corpus.source={src}: {len(files)} file(s) of text")
 
     def check_tokenizer(self) -> None:
-        from tpu_ray.tokenizer import TOKENIZER_FILE, tokenizer_info
+        from tpu_ray.prepare.tokenizer import TOKENIZER_FILE, tokenizer_info
 
         cfg = self.cfg
         path = storage.join(cfg.tokenizer_dir, TOKENIZER_FILE)
@@ -350,7 +350,7 @@ class Doctor:
                      f"{self.tok.pad_id}, mask id {self.tok.mask_id}, sha256 {self.tok.sha256[:12]}")
 
     def load_manifest(self) -> None:
-        from tpu_ray.shards import manifest_path, read_manifest
+        from tpu_ray.prepare.shards import manifest_path, read_manifest
 
         path = manifest_path(self.cfg.shards_dir)
         state, detail = self.probe(path)
@@ -376,7 +376,7 @@ class Doctor:
 
     def check_vocab(self) -> None:
         """Tokenizer vs model config vs shards: vocab size, special ids, pad id."""
-        from tpu_ray.model import hf_config
+        from tpu_ray.train.model import hf_config
 
         cfg, tok, manifest = self.cfg, self.tok, self.manifest
         if tok is None:
@@ -414,7 +414,7 @@ class Doctor:
         """The largest token id in the first records of the sampled train shards (a cheap scan)."""
         import tensorflow as tf
 
-        from tpu_ray.verify import manifest_shards, sampled
+        from tpu_ray.prepare.verify import manifest_shards, sampled
 
         entries = [e for e in manifest_shards(self.manifest or {}) if e["split"] == "train"]
         biggest = None
@@ -509,7 +509,7 @@ class Doctor:
 
     def check_shards(self) -> None:
         """Manifest counts and per-shard sizes, checksums and record counts against the files."""
-        from tpu_ray.verify import check_shard, manifest_shards, sampled
+        from tpu_ray.prepare.verify import check_shard, manifest_shards, sampled
 
         manifest, shards_dir = self.manifest, self.cfg.shards_dir
         if manifest is None:
@@ -547,8 +547,8 @@ class Doctor:
     # -- the input pipeline and the XLA probe ----------------------------------------------------
     def vocab_and_spec(self):
         """The tokenizer (or a synthetic one with tpu-ray's special ids) and the trainer's MaskSpec."""
-        from tpu_ray.tokenizer import TokenizerInfo
-        from tpu_ray.train import mask_spec
+        from tpu_ray.prepare.tokenizer import TokenizerInfo
+        from tpu_ray.train.loop import mask_spec
 
         tok = self.tok or TokenizerInfo("synthetic", self.cfg.tokenizer.vocab_size, 0, 2, 1, 3, 4)
         return tok, mask_spec(self.cfg, tok)
@@ -556,13 +556,13 @@ class Doctor:
     def pipeline_files(self, batch: int) -> tuple[list[str], str]:
         """Train shard files for the probe: (up to 2 of) the run's own, else two synthetic ones."""
         if self.shards_ok and self.manifest:
-            from tpu_ray.verify import manifest_shards
+            from tpu_ray.prepare.verify import manifest_shards
 
             names = [e["path"] for e in manifest_shards(self.manifest) if e["split"] == "train"][:2]
             files = [f for f in (self._local_copy(n) for n in names) if f]
             if files:
                 return files, "the run's shards"
-        from tpu_ray.tfrecord import serialize_examples, write_records
+        from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
         tok, _ = self.vocab_and_spec()
         seq = self.cfg.shard.seq_len
@@ -579,7 +579,7 @@ class Doctor:
         return files, "2 synthetic shards of random ids"
 
     def dataset(self, files: list[str], batch: int):
-        from tpu_ray.data import train_dataset
+        from tpu_ray.train.inputs import train_dataset
 
         _, spec = self.vocab_and_spec()
         # The shuffle buffer only changes order, not shapes: keep it small so the probe starts fast.
@@ -599,7 +599,7 @@ class Doctor:
             self.add("static shapes", PASS, f"per-replica batch spec fully defined (drop_remainder): {shown}")
 
     def check_xla(self, step_factory: StepFactory | None) -> None:
-        from tpu_ray.model import train_flops_per_token
+        from tpu_ray.train.model import train_flops_per_token
 
         cfg = self.cfg
         tok, _ = self.vocab_and_spec()
@@ -630,7 +630,7 @@ class Doctor:
         self.add("xla compile", status, f"{label}: {evidence}" if status == PASS else evidence, fix)
 
     def check_memory_and_plan(self) -> None:
-        from tpu_ray.model import train_flops_per_token
+        from tpu_ray.train.model import train_flops_per_token
 
         cfg, tgt = self.cfg, self.target
         tok, _ = self.vocab_and_spec()
@@ -660,7 +660,7 @@ class Doctor:
         else:
             self.add("memory", PASS, line)
 
-        from tpu_ray.model import measure_cpu_peak
+        from tpu_ray.train.model import measure_cpu_peak
 
         peak = tgt.peak or measure_cpu_peak()
         flops_step = train_flops_per_token(cfg, tok.vocab_size) * gb * seq
@@ -706,8 +706,8 @@ def _model_step(cfg: RunConfig, tok) -> Callable[[dict], Any]:
     import tensorflow as tf
     import tf_keras
 
-    from tpu_ray.strategy import StrategyInfo
-    from tpu_ray.train import build, make_train_step
+    from tpu_ray.train.strategy import StrategyInfo
+    from tpu_ray.train.loop import build, make_train_step
 
     tf_keras.mixed_precision.set_global_policy("float32")  # bfloat16 on TPU; on this CPU float32
     info = StrategyInfo(strategy=tf.distribute.get_strategy(), kind="cpu", replicas=1, device="cpu",

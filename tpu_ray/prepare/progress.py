@@ -6,7 +6,7 @@ import logging
 import sys
 import time
 
-log = logging.getLogger("tpu_ray.progress")
+log = logging.getLogger("tpu_ray.prepare.progress")
 
 
 class Progress:

@@ -7,11 +7,11 @@ from tpu_ray.errors import UserError
 
 
 def evaluate_run(cfg: RunConfig) -> dict:
-    from tpu_ray.metrics import MetricsWriter
-    from tpu_ray.shards import shard_files
-    from tpu_ray.strategy import select
-    from tpu_ray.tokenizer import tokenizer_info
-    from tpu_ray.train import _evaluator, build, checkpoint_store
+    from tpu_ray.train.metrics import MetricsWriter
+    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.train.strategy import select
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.loop import _evaluator, build, checkpoint_store
 
     tok = tokenizer_info(cfg.tokenizer_dir)
     info = select(cfg.train)

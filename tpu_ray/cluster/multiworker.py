@@ -2,7 +2,7 @@
 
 Ray Train fits this case exactly: it starts `train.workers` worker actors, gives each a
 `TF_CONFIG` naming all of them, and runs the same function in each. Every worker runs
-`tpu_ray.train.train`; the strategy reads `TF_CONFIG`, each worker's input pipeline reads its own
+`tpu_ray.train.loop.train`; the strategy reads `TF_CONFIG`, each worker's input pipeline reads its own
 shard files (`InputContext`), and only the chief writes metrics, checkpoints and the export.
 (Not for TPUs: TensorFlow drives a TPU slice from one client process, see placement.py.)
 """
@@ -25,8 +25,8 @@ def _worker_loop(config: dict[str, Any]) -> None:
     """Runs in each Ray Train worker: train, then report what this worker read and ended with."""
     import ray.train
 
-    from tpu_ray.cli import setup_logging
-    from tpu_ray.train import train
+    from tpu_ray.logs import setup_logging
+    from tpu_ray.train.loop import train
 
     os.environ.update(config["env"])  # before storage's first use, as in shards.ShardWorker
     setup_logging()

@@ -125,8 +125,8 @@ def _train_task(cfg_dict: dict, resume: bool) -> dict:
     """Body of the remote training task (runs on the chosen node)."""
     import ray
 
-    from tpu_ray.cli import setup_logging
-    from tpu_ray.train import train
+    from tpu_ray.logs import setup_logging
+    from tpu_ray.train.loop import train
 
     setup_logging()
     summary = train(RunConfig.from_dict(cfg_dict), resume=resume)
@@ -138,7 +138,7 @@ def _train_task(cfg_dict: dict, resume: bool) -> dict:
 def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     """Train where the config and the cluster say; returns the training summary."""
     if cfg.train.workers > 1:
-        from tpu_ray.multiworker import train_multiworker
+        from tpu_ray.cluster.multiworker import train_multiworker
 
         return train_multiworker(cfg, resume=resume)
     if cfg.train.placement == "local" or (cfg.train.placement == "auto" and not _ray_up()):
@@ -196,6 +196,6 @@ def _ray_up() -> bool:
 
 
 def _local(cfg: RunConfig, resume: bool) -> dict:
-    from tpu_ray.train import train
+    from tpu_ray.train.loop import train
 
     return train(cfg, resume=resume)

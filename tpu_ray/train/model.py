@@ -6,7 +6,7 @@ import logging
 import time
 
 from tpu_ray.config import RunConfig
-from tpu_ray.tokenizer import TokenizerInfo
+from tpu_ray.prepare.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:
     Counts what executes: every layer's projections and attention, and the MLM head, which the
     trainer runs only on the `predictions_per_sequence` gathered positions of each sequence.
     """
-    from tpu_ray.data import predictions_per_sequence
+    from tpu_ray.train.inputs import predictions_per_sequence
 
     s = cfg.model.sizes()
     h, layers, inter, seq = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"], cfg.shard.seq_len

@@ -29,10 +29,10 @@ import numpy as np
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
-from tpu_ray.corpus import WorkUnit, check_unit_bytes, plan_units, read_unit_text
+from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, plan_units, read_unit_text
 from tpu_ray.errors import UserError
-from tpu_ray.tfrecord import examples_file
-from tpu_ray.tokenizer import TokenizerInfo, describe, load_tokenizer_json
+from tpu_ray.prepare.tfrecord import examples_file
+from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -312,7 +312,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
 
 def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], todo: list[WorkUnit],
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float) -> ShardSummary:
-    from tpu_ray.progress import Progress
+    from tpu_ray.prepare.progress import Progress
 
     out_dir = cfg.shards_dir
     skipped = len(results)

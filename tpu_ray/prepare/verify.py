@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError, first_line
-from tpu_ray.tfrecord import read_records
+from tpu_ray.prepare.tfrecord import read_records
 
 # Below this many bytes of shards, training hashes every shard before it starts.
 CHEAP_HASH_BYTES = 256 << 20
@@ -115,7 +115,7 @@ def guard_training(train_fn: F) -> F:
     def wrapper(cfg, *args: Any, **kwargs: Any) -> Any:
         import tensorflow as tf
 
-        from tpu_ray.shards import read_manifest, shard_files
+        from tpu_ray.prepare.shards import read_manifest, shard_files
 
         verify_for_training(cfg.shards_dir, read_manifest(cfg.shards_dir))
         try:
@@ -145,7 +145,7 @@ def preflight_corpus(cfg) -> list[str]:
     datasets are left to their stage (reading them writes or downloads). Returns the files checked.
     """
     from tpu_ray.config import BUILTIN_CORPUS
-    from tpu_ray.corpus import WorkUnit, _decode, resolve_files
+    from tpu_ray.prepare.corpus import WorkUnit, _decode, resolve_files
 
     checked: list[str] = []
     for field, source in (("corpus.source", cfg.corpus.source),

@@ -14,7 +14,7 @@ from typing import Any
 
 from tpu_ray import storage
 
-log = logging.getLogger("tpu_ray.metrics")
+log = logging.getLogger("tpu_ray.train.metrics")
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -74,7 +74,7 @@ class MetricsWriter:
 
     def _tensorboard(self):
         if self._tb is None:  # imported on first use: reading metrics needs no TensorFlow
-            from tpu_ray.tensorboard import TensorBoardWriter
+            from tpu_ray.train.tensorboard import TensorBoardWriter
 
             self._tb = TensorBoardWriter(self.run_dir)
         return self._tb

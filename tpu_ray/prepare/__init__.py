@@ -1,0 +1,1 @@
+"""Data preparation on CPU: corpus -> tokenizer -> TFRecord shards (no TensorFlow needed)."""

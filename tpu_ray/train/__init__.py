@@ -1,0 +1,1 @@
+"""Training with TensorFlow: tf.data inputs -> strategy -> model -> loop, checkpoints, metrics, export."""
