@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tpu_ray.config import RunConfig, load_run_config
-from tpu_ray.errors import EXIT_USAGE, UserError, first_line
+from tpu_ray.errors import first_line, guarded
 from tpu_ray.logs import setup_logging
 
 
@@ -36,31 +36,24 @@ def main(stage: str, argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = p.parse_args(argv)
     setup_logging()
-    try:
+
+    def body() -> int:
         cfg = absolute_run_dir(load_run_config(args.config, args.output_dir, args.corpus, args.overrides))
         logging.getLogger("tpu_ray").info("%s: run directory %s", stage, cfg.run_dir)
-        from tpu_ray.pipeline import Pipeline, ensure_ray, prepare_run_dir, run_tokenizer
+        from tpu_ray.pipeline import Pipeline
 
+        pipeline = Pipeline(cfg)
         if stage == "pretrain":
-            Pipeline(cfg).run(resume=args.resume)
+            pipeline.run(resume=args.resume)
         elif stage == "prepare":
-            from tpu_ray.prepare.shards import make_shards
-
-            prepare_run_dir(cfg, resume=True)
-            run_tokenizer(cfg)
-            ensure_ray(cfg)
-            print(make_shards(cfg).line())
+            print(pipeline.prepare().line())
         elif stage == "train":
-            from tpu_ray.cluster.placement import run_training
-
-            prepare_run_dir(cfg, resume=args.resume)
-            ensure_ray(cfg)
-            run_training(cfg, resume=args.resume)
+            pipeline.train(resume=args.resume)
         print(f"tpu-ray {stage}: SUCCEEDED run_dir={cfg.run_dir}", flush=True)
         return 0
-    except UserError as exc:
-        print(f"tpu-ray: error: {exc}", flush=True)
-        return EXIT_USAGE
+
+    try:
+        return guarded(body, sys.stdout)  # a UserError: one line, the log's last, exit 2
     except Exception as exc:  # an unexpected crash: traceback above, reason on the last line
         import traceback
 

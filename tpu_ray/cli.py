@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from tpu_ray.errors import EXIT_USAGE, UserError
+from tpu_ray.errors import guarded
 from tpu_ray.logs import setup_logging
 
 
@@ -40,49 +40,33 @@ def cmd_run(args) -> int:
 
 
 def cmd_tokenizer(args) -> int:
-    from tpu_ray.pipeline import prepare_run_dir, run_tokenizer
-    from tpu_ray.prepare.verify import preflight_corpus
+    from tpu_ray.pipeline import Pipeline
 
     cfg = load_config(args)
-    preflight_corpus(cfg)  # bad corpus input fails before the run directory is written
-    prepare_run_dir(cfg, resume=True)
-    info = run_tokenizer(cfg, force=args.force)
+    info = Pipeline(cfg).tokenizer(force=args.force)
     print(json.dumps({"tokenizer_dir": cfg.tokenizer_dir, "vocab_size": info.vocab_size, "sha256": info.sha256}))
     return 0
 
 
 def cmd_shard(args) -> int:
-    from tpu_ray.pipeline import ensure_ray, prepare_run_dir
-    from tpu_ray.prepare.shards import make_shards
-    from tpu_ray.prepare.verify import preflight_corpus
+    from tpu_ray.pipeline import Pipeline
 
-    cfg = load_config(args)
-    preflight_corpus(cfg)  # bad corpus input fails before the run directory is written
-    prepare_run_dir(cfg, resume=True)
-    ensure_ray(cfg)
-    summary = make_shards(cfg)
-    print(summary.line())
+    print(Pipeline(load_config(args)).shard().line())
     return 0
 
 
 def cmd_train(args) -> int:
-    from tpu_ray.pipeline import ensure_ray, prepare_run_dir
-    from tpu_ray.cluster.placement import run_training
+    from tpu_ray.pipeline import Pipeline
 
-    cfg = load_config(args)
-    prepare_run_dir(cfg, resume=args.resume)
-    if cfg.train.placement != "local" or cfg.train.workers > 1:
-        ensure_ray(cfg)
-    summary = run_training(cfg, resume=args.resume)
+    summary = Pipeline(load_config(args)).train(resume=args.resume)
     print(json.dumps({k: summary.get(k) for k in ("steps", "final_loss", "eval_loss", "perplexity", "model_dir")}))
     return 0
 
 
 def cmd_eval(args) -> int:
-    from tpu_ray.train.evaluate import evaluate_run
+    from tpu_ray.pipeline import Pipeline
 
-    cfg = load_config(args)
-    print(json.dumps(evaluate_run(cfg)))
+    print(json.dumps(Pipeline(load_config(args)).eval()))
     return 0
 
 
@@ -214,10 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*(args.overrides or []), *extra]
     setup_logging()
     try:
-        return args.fn(args)
-    except UserError as exc:
-        print(f"tpu-ray: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return guarded(lambda: args.fn(args))  # a UserError: one line, exit 2
     except KeyboardInterrupt:
         return 130
 

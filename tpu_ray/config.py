@@ -181,15 +181,15 @@ class RunConfig(_Section):
 
     @property
     def shards_dir(self) -> str:
-        from tpu_ray import storage
+        from tpu_ray import rundir
 
-        return self.shard.dir or storage.join(self.run_dir, "shards")
+        return self.shard.dir or rundir.path(self.run_dir, rundir.SHARDS_DIR)
 
     @property
     def tokenizer_dir(self) -> str:
-        from tpu_ray import storage
+        from tpu_ray import rundir
 
-        return self.tokenizer.path or storage.join(self.run_dir, "tokenizer")
+        return self.tokenizer.path or rundir.path(self.run_dir, rundir.TOKENIZER_DIR)
 
     # --- loading and overriding -------------------------------------------------------------
     @classmethod

@@ -22,3 +22,18 @@ def find_user_error(exc: BaseException | None) -> UserError | None:
         seen.add(id(exc))
         exc = getattr(exc, "cause", None) or exc.__cause__
     return None
+
+
+def guarded(body, stream=None) -> int:
+    """Run an entry point's body (CLI command, Ray job): the one place where a UserError, also one
+    wrapped by Ray or chained, becomes one line `tpu-ray: error: ...` on `stream` and exit code 2."""
+    import sys
+
+    try:
+        return body() or 0
+    except Exception as exc:
+        user_error = find_user_error(exc)
+        if user_error is None:
+            raise
+        print(f"tpu-ray: error: {user_error}", file=stream or sys.stderr, flush=True)
+        return EXIT_USAGE

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
+import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from tpu_ray import storage
+from tpu_ray import rundir, saved_config, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError, first_line
 
 log = logging.getLogger("tpu_ray")
-CONFIG_FILE = "config.yaml"
+CONFIG_FILE = rundir.CONFIG_FILE  # kept for importers; rundir owns the layout
 
 
 def versions() -> dict[str, str]:
@@ -39,35 +41,29 @@ def versions() -> dict[str, str]:
 
 
 def prepare_run_dir(cfg: RunConfig, resume: bool) -> None:
-    """Create the run directory and save the config; refuse a directory made for another config."""
-    run_dir = cfg.run_dir
-    saved_path = storage.join(run_dir, CONFIG_FILE)
-    if storage.exists(saved_path):
-        try:
-            saved = RunConfig.from_dict(yaml.safe_load(storage.read_text(saved_path)) or {}, origin=saved_path)
-        except UserError as exc:
-            raise UserError(f"{saved_path}: cannot read the saved config ({exc}); use a new --output-dir") from None
-        if saved.fingerprint() != cfg.fingerprint():
-            diff = _first_difference(saved.fingerprint(), cfg.fingerprint())
-            raise UserError(f"{run_dir}: this run directory belongs to a different config ({diff}); "
-                            f"use a new --output-dir or the original config")
-    storage.makedirs(run_dir)
-    storage.atomic_write_text(saved_path, cfg.to_yaml())
-    storage.atomic_write_text(storage.join(run_dir, "run_info.json"),
-                              json.dumps({"versions": versions(), "resume": resume, "started": time.time()},
-                                         indent=1) + "\n")
+    """Create the run directory and save the config; refuse a directory whose tokenizer, shards or
+    checkpoints were made with another config (see saved_config.check_config)."""
+    saved_config.check_config(cfg)
+    saved_config.save_config(cfg, resume, versions())
 
 
-def _first_difference(a: dict, b: dict, prefix: str = "") -> str:
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            found = _first_difference(va, vb, f"{prefix}{key}.")
-            if found:
-                return found
-        elif va != vb:
-            return f"{prefix}{key}: saved {va!r}, now {vb!r}"
-    return ""
+def check_ray_address(cfg: RunConfig, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not after Ray's ten-minute reconnect loop, when the configured Ray address
+    (ray.address, else RAY_ADDRESS) has nothing listening: a TCP connect to its host:port."""
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if not address or address in ("auto", "local"):
+        return
+    field = "ray.address" if cfg.ray.address else "RAY_ADDRESS"
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"{field}={address}: expected host:port (e.g. 127.0.0.1:6379) or ray://host:port")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(f"{field}={address}: no Ray cluster answers there ({reason}); start one "
+                        f"(ray start --head) or fix {field}") from None
 
 
 def ensure_ray(cfg: RunConfig) -> None:
@@ -75,6 +71,7 @@ def ensure_ray(cfg: RunConfig) -> None:
     import ray
 
     if not ray.is_initialized():
+        check_ray_address(cfg)
         kwargs: dict[str, Any] = {"log_to_driver": True, "include_dashboard": False}
         if cfg.ray.address:
             kwargs["address"] = cfg.ray.address
@@ -83,12 +80,17 @@ def ensure_ray(cfg: RunConfig) -> None:
         ray.init(**kwargs)
 
 
+def training_needs_ray(cfg: RunConfig) -> bool:
+    """Whether the train stage starts Ray: for any placement but an explicit local single worker."""
+    return cfg.train.placement != "local" or cfg.train.workers > 1
+
+
 def run_tokenizer(cfg: RunConfig, force: bool = False):
     """Train the tokenizer on the corpus (or reuse the run's / the configured one)."""
     from tpu_ray.prepare.corpus import iter_train_text, plan_units
     from tpu_ray.prepare.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
 
-    if cfg.tokenizer.path or (not force and storage.exists(storage.join(cfg.tokenizer_dir, "tokenizer.json"))):
+    if cfg.tokenizer.path or (not force and storage.exists(rundir.path(cfg.tokenizer_dir, rundir.TOKENIZER_FILE))):
         info = tokenizer_info(cfg.tokenizer_dir)
         log.info("tokenizer: using %s (vocab %d, sha256 %s)", cfg.tokenizer_dir, info.vocab_size, info.sha256[:12])
         return info
@@ -110,46 +112,109 @@ class RunResult:
 
     @property
     def model_dir(self) -> str:
-        return storage.join(self.run_dir, "model")
+        return rundir.path(self.run_dir, rundir.MODEL_DIR)
 
 
 class Pipeline:
-    """The whole run in-process, on whatever Ray cluster `ray.init()` finds."""
+    """The stage layer: every entry point (CLI, Ray job, Python API) runs a stage through here.
+
+    Each public stage does, in this order: the read-only checks of its input (corpus preflight,
+    Ray reachable), the run directory's lock (one writer), the saved-config check, and only then
+    saves config.yaml and runs. So a refused command leaves the directory as it was and its
+    corrected rerun is accepted, and two commands never write one directory at once.
+    """
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
 
-    def run(self, resume: bool = False) -> RunResult:
-        from tpu_ray.train.metrics import MetricsWriter
+    # --- stages ---------------------------------------------------------------------------------
+    def tokenizer(self, force: bool = False):
+        """Train (or reuse) the run's tokenizer; returns its TokenizerInfo."""
+        with self._open("tokenizer", resume=True, corpus=True):
+            return run_tokenizer(self.cfg, force=force)
 
-        from tpu_ray.prepare.verify import preflight_corpus
+    def shard(self):
+        """Write the TFRecord shards on Ray actors (resumes committed units); returns ShardSummary."""
+        with self._open("shard", resume=True, corpus=True, ray=True):
+            return self._shard()
+
+    def prepare(self):
+        """Tokenizer then shards (the `prepare` job); returns the ShardSummary."""
+        with self._open("prepare", resume=True, corpus=True, ray=True):
+            run_tokenizer(self.cfg)
+            return self._shard()
+
+    def train(self, resume: bool = False) -> dict[str, Any]:
+        """Train on the run's shards where the config and cluster say; returns the training summary."""
+        with self._open("train", resume=resume, ray=training_needs_ray(self.cfg)):
+            from tpu_ray.cluster.placement import run_training
+
+            return run_training(self.cfg, resume=resume)
+
+    def eval(self) -> dict[str, Any]:
+        """Evaluate the last checkpoint on the validation shards; returns the eval record."""
+        from tpu_ray.train.evaluate import evaluate_run
+
+        with self._lock("eval"):
+            return evaluate_run(self.cfg)
+
+    def run(self, resume: bool = False) -> RunResult:
+        """Tokenizer, shards, training and export in one go."""
+        from tpu_ray.train.metrics import MetricsWriter
 
         cfg = self.cfg
         t0 = time.monotonic()
-        preflight_corpus(cfg)  # a bad corpus fails before the run directory is written
-        prepare_run_dir(cfg, resume)
-        metrics = MetricsWriter(cfg.run_dir)
-        result = RunResult(cfg.run_dir)
-        with _stage(metrics, "tokenizer"):
-            run_tokenizer(cfg)
-        with _stage(metrics, "shard"):
-            ensure_ray(cfg)
-            from tpu_ray.prepare.shards import make_shards
+        with self._open("run", resume=resume, corpus=True, ray=True, start_ray=False):
+            metrics = MetricsWriter(cfg.run_dir)
+            result = RunResult(cfg.run_dir)
+            with _stage(metrics, "tokenizer"):
+                run_tokenizer(cfg)
+            with _stage(metrics, "shard"):
+                ensure_ray(cfg)
+                summary = self._shard()
+                result.shard_summary = summary.__dict__ | {"tokens_per_s": summary.tokens_per_s}
+            with _stage(metrics, "train"):
+                from tpu_ray.cluster.placement import run_training
 
-            summary = make_shards(cfg)
-            result.shard_summary = summary.__dict__ | {"tokens_per_s": summary.tokens_per_s}
-        with _stage(metrics, "train"):
-            from tpu_ray.cluster.placement import run_training
-
-            result.train_summary = run_training(cfg, resume=resume)
-        result.seconds = time.monotonic() - t0
-        summary = {"run_dir": cfg.run_dir, "seconds": result.seconds, "shards": result.shard_summary,
-                   **result.train_summary}
-        storage.atomic_write_text(storage.join(cfg.run_dir, "summary.json"), json.dumps(summary, indent=1) + "\n")
-        metrics.event("run_end", stage="run", seconds=result.seconds)
-        metrics.close()
+                result.train_summary = run_training(cfg, resume=resume)
+            result.seconds = time.monotonic() - t0
+            summary = {"run_dir": cfg.run_dir, "seconds": result.seconds, "shards": result.shard_summary,
+                       **result.train_summary}
+            storage.atomic_write_text(rundir.path(cfg.run_dir, rundir.SUMMARY_FILE),
+                                      json.dumps(summary, indent=1) + "\n")
+            metrics.event("run_end", stage="run", seconds=result.seconds)
+            metrics.close()
         log.info("done in %.1fs: %s", result.seconds, cfg.run_dir)
         return result
+
+    # --- the door every stage goes through ------------------------------------------------------
+    def _shard(self):
+        from tpu_ray.prepare.shards import make_shards
+
+        return make_shards(self.cfg)
+
+    def _lock(self, stage: str):
+        from tpu_ray.runlock import RunLock
+
+        return RunLock(self.cfg.run_dir, f"tpu-ray {stage}")
+
+    @contextmanager
+    def _open(self, stage: str, resume: bool, corpus: bool = False, ray: bool = False,
+              start_ray: bool = True) -> Iterator[None]:
+        """Checks, lock, config; the stage body runs inside (and the lock is held until it ends)."""
+        cfg = self.cfg
+        if corpus:
+            from tpu_ray.prepare.verify import preflight_corpus
+
+            preflight_corpus(cfg)  # a bad corpus fails before the run directory is written
+        if ray:
+            check_ray_address(cfg)
+        with self._lock(stage):
+            saved_config.check_config(cfg)
+            if ray and start_ray:
+                ensure_ray(cfg)
+            saved_config.save_config(cfg, resume, versions())
+            yield
 
 
 class _stage:

@@ -21,12 +21,10 @@ import fsspec
 import pandas as pd
 
 from tpu_ray.errors import UserError
+from tpu_ray.rundir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
 log = logging.getLogger("tpu_ray.report")
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-CONFIG_FILE = "config.yaml"
 PLOTS = ("loss.png", "throughput.png", "learning_rate.png", "accuracy.png")
 REPORT_FILE = "report.html"
 

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any
 
-from tpu_ray import storage
+from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError, find_user_error
 
@@ -35,7 +35,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     record = {"rank": rank, "files_read": summary["files_read"], "weights_sha256": summary["weights_sha256"],
               "steps": summary["steps"]}
-    storage.atomic_write_text(storage.join(cfg.run_dir, "workers", f"worker-{rank}.json"),
+    storage.atomic_write_text(rundir.path(cfg.run_dir, rundir.WORKERS_DIR, f"worker-{rank}.json"),
                               json.dumps(record, indent=1) + "\n")
     ray.train.report({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
 
@@ -66,7 +66,7 @@ def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
         if user_error is not None:
             raise user_error from None
         raise
-    records = [json.loads(storage.read_text(storage.join(cfg.run_dir, "workers", f"worker-{r}.json")))
+    records = [json.loads(storage.read_text(rundir.path(cfg.run_dir, rundir.WORKERS_DIR, f"worker-{r}.json")))
                for r in range(t.workers)]
     digests = {r["weights_sha256"] for r in records}
     if len(digests) != 1:
@@ -95,7 +95,7 @@ def _ray_train_storage(cfg: RunConfig) -> dict[str, Any]:
     """Ray Train's own bookkeeping goes to `<run_dir>/ray_train`. On gs:// it goes through our fsspec
     filesystem (wrapped for pyarrow, which Ray Train writes with), so it uses the same credentials
     and endpoint as the rest of the run (the emulator in tests) and no temp dir is left behind."""
-    path = storage.join(cfg.run_dir, "ray_train")
+    path = rundir.path(cfg.run_dir, rundir.RAY_TRAIN_DIR)
     if not storage.is_remote(path):
         return {"storage_path": os.path.abspath(path)}
     import pyarrow.fs

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tpu_ray import storage
+from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, plan_units, read_unit_text
 from tpu_ray.errors import UserError
@@ -35,7 +35,7 @@ from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
 
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
+MANIFEST = rundir.MANIFEST_FILE
 FORMAT = "tpu-ray-shards/1"
 SPLITS = ("train", "validation")
 MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about this many

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from tpu_ray import storage
+from tpu_ray import rundir, storage
 from tpu_ray.config import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, TokenizerConfig
 from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
-TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_FILE = rundir.TOKENIZER_FILE
 
 
 @dataclass(frozen=True)

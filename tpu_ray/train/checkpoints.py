@@ -23,10 +23,11 @@ import tensorflow as tf
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError
+from tpu_ray.rundir import CHECKPOINT_STATE_FILE
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "checkpoint"  # TF's name for the file that lists the checkpoints and the latest one
+STATE_FILE = CHECKPOINT_STATE_FILE  # TF's name for the file that lists the checkpoints and the latest one
 _PREFIX = re.compile(r"^(ckpt-\d+)\.(index|data-\d+-of-\d+)$")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_ray import storage
+from tpu_ray import rundir, storage
 from tpu_ray.train.checkpoints import CheckpointStore
 from tpu_ray.config import RunConfig
 from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
@@ -97,7 +97,7 @@ def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
     # Harmless on a TPU VM, where the client is the host.
     options = (tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
                if s.info.kind == "tpu" else None)
-    return CheckpointStore(s.checkpoint, storage.join(s.cfg.run_dir, "checkpoints"),
+    return CheckpointStore(s.checkpoint, rundir.checkpoints_dir(s.cfg.run_dir),
                            s.cfg.train.keep_checkpoints, write=write, options=options)
 
 
@@ -394,7 +394,7 @@ def export(s: TrainSetup) -> str:
 
     Written locally first; config.json is committed last, so a directory without it is incomplete.
     """
-    out = storage.join(s.cfg.run_dir, "model")
+    out = rundir.path(s.cfg.run_dir, rundir.MODEL_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         s.model.save_pretrained(tmp)
         for name in sorted(storage.listdir(s.cfg.tokenizer_dir)):

@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from tpu_ray import storage
+from tpu_ray.rundir import METRICS_FILE
 
 log = logging.getLogger("tpu_ray.train.metrics")
-METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsWriter:

@@ -24,8 +24,8 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util.tensor_util import make_tensor_proto
 
 from tpu_ray import storage
+from tpu_ray.rundir import TENSORBOARD_DIR
 
-TENSORBOARD_DIR = "tensorboard"
 ROTATE_BYTES = 1 << 20
 # What tf.summary.scalar writes: a float tensor tagged for TensorBoard's scalars plugin.
 _SCALAR = create_summary_metadata(display_name="", description="")

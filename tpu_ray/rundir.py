@@ -1,0 +1,50 @@
+"""The run directory's layout: the one owner of its file and directory names.
+
+    RUN/config.yaml  run_info.json  metrics.jsonl  summary.json  .lock
+    RUN/tokenizer/tokenizer.json    RUN/shards/manifest.json    RUN/checkpoints/ckpt-N.*
+    RUN/model/  RUN/tensorboard/  RUN/workers/  RUN/ray_train/
+
+Which saved config a directory belongs to is saved_config.py's job.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tpu_ray import storage
+
+CONFIG_FILE = "config.yaml"
+RUN_INFO_FILE = "run_info.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+LOCK_FILE = ".lock"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILE = "tokenizer.json"
+SHARDS_DIR = "shards"
+MANIFEST_FILE = "manifest.json"
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_STATE_FILE = "checkpoint"  # TensorFlow's name for the file listing the checkpoints
+MODEL_DIR = "model"
+TENSORBOARD_DIR = "tensorboard"
+WORKERS_DIR = "workers"
+RAY_TRAIN_DIR = "ray_train"
+
+_CKPT_FILE = re.compile(r"^ckpt-\d+\.(index|data-\d+-of-\d+)$")
+
+
+def path(run_dir: str, *names: str) -> str:
+    """A file or directory of the run: `path(run_dir, CONFIG_FILE)`."""
+    return storage.join(run_dir, *names)
+
+
+def checkpoints_dir(run_dir: str) -> str:
+    return path(run_dir, CHECKPOINTS_DIR)
+
+
+def checkpoint_files(run_dir: str) -> list[str]:
+    """Names of the `ckpt-*` files and TF's state file in the run's checkpoint directory."""
+    directory = checkpoints_dir(run_dir)
+    if not storage.exists(directory):
+        return []
+    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in storage.listdir(directory))
+    return sorted(n for n in names if _CKPT_FILE.match(n) or n == CHECKPOINT_STATE_FILE)

@@ -1,0 +1,102 @@
+"""Which config a run directory belongs to: config.yaml, checked part by part.
+
+Why part by part: a refused command (a batch not divisible by the replicas, a missing field in a
+jsonl corpus) must not block its own fix in the same directory. Only what the directory already
+holds pins the config: a tokenizer pins the corpus and tokenizer sections, shards pin those and the
+shard section, checkpoints pin everything that shapes the model (RunConfig.fingerprint). A change
+to a part nothing depends on yet replaces the saved config, with a log line saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+
+import yaml
+
+from tpu_ray import storage
+from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
+from tpu_ray.rundir import CONFIG_FILE, MANIFEST_FILE, RUN_INFO_FILE, TOKENIZER_FILE, checkpoint_files, path
+
+log = logging.getLogger("tpu_ray")
+
+# What each artifact of a run depends on: the saved config may change freely elsewhere.
+_PINNED_BY = {
+    "tokenizer": ("corpus", "tokenizer"),
+    "shards": ("corpus", "tokenizer", "shard"),
+    "checkpoints": None,  # everything in the fingerprint
+}
+
+
+def held_artifacts(cfg: RunConfig) -> list[str]:
+    """Which of the run's own tokenizer, shards and checkpoints exist (not external tokenizer.path/shard.dir)."""
+    held = []
+    if not cfg.tokenizer.path and storage.exists(path(cfg.tokenizer_dir, TOKENIZER_FILE)):
+        held.append("tokenizer")
+    if not cfg.shard.dir and storage.exists(path(cfg.shards_dir, MANIFEST_FILE)):
+        held.append("shards")
+    if checkpoint_files(cfg.run_dir):
+        held.append("checkpoints")
+    return held
+
+
+def read_saved_config(run_dir: str) -> RunConfig | None:
+    """The config the run directory was made with, or None for a new directory."""
+    saved_path = path(run_dir, CONFIG_FILE)
+    if not storage.exists(saved_path):
+        return None
+    try:
+        return RunConfig.from_dict(yaml.safe_load(storage.read_text(saved_path)) or {}, origin=saved_path)
+    except UserError as exc:
+        raise UserError(f"{saved_path}: cannot read the saved config ({exc}); use a new --output-dir") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"{saved_path}: cannot read the saved config ({type(exc).__name__}); "
+                        f"use a new --output-dir") from None
+
+
+def check_config(cfg: RunConfig) -> bool:
+    """Refuse a directory whose artifacts were made with another config; True if config.yaml must
+    be (re)written (new directory, or a change only to parts nothing there depends on yet)."""
+    saved = read_saved_config(cfg.run_dir)
+    if saved is None:
+        return True
+    old, new = saved.fingerprint(), cfg.fingerprint()
+    if old == new:
+        return False
+    for artifact in held_artifacts(cfg):
+        sections = _PINNED_BY[artifact]
+        a = old if sections is None else {k: old.get(k) for k in sections}
+        b = new if sections is None else {k: new.get(k) for k in sections}
+        diff = first_difference(a, b)
+        if diff:
+            raise UserError(f"{cfg.run_dir}: this run directory belongs to a different config ({diff}); its "
+                            f"{artifact} were made with the saved one; use a new --output-dir or the original config")
+    log.info("%s: replacing the saved config (%s); nothing in the directory depends on it yet",
+             cfg.run_dir, first_difference(old, new))
+    return True
+
+
+def save_config(cfg: RunConfig, resume: bool, versions: dict[str, str]) -> None:
+    """Write config.yaml and run_info.json (after the stage's checks passed)."""
+    storage.makedirs(cfg.run_dir)
+    storage.atomic_write_text(path(cfg.run_dir, CONFIG_FILE), cfg.to_yaml())
+    storage.atomic_write_text(path(cfg.run_dir, RUN_INFO_FILE),
+                              json.dumps({"versions": versions, "resume": resume, "started": time.time(),
+                                          "host": platform.node()}, indent=1) + "\n")
+
+
+def first_difference(a: dict, b: dict, prefix: str = "") -> str:
+    """The first differing dotted key of two nested dicts, as `key: saved X, now Y` ("" if equal)."""
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            found = first_difference(va, vb, f"{prefix}{key}.")
+            if found:
+                return found
+        elif va != vb:
+            return f"{prefix}{key}: saved {va!r}, now {vb!r}"
+    return ""
+
