@@ -160,6 +160,15 @@ def _other_tokenizer(tmp: Path, ctx: dict) -> None:
     save_tokenizer(train_tokenizer([lines], TokenizerConfig(vocab_size=300)), str(tmp / "other-tok"), 64)
 
 
+def _saved_with_checkpoint(cfg: RunConfig) -> None:
+    """The run's config saved and a checkpoint file present: checkpoints pin the whole config
+    (before any, a changed batch size simply replaces the saved config: see test_faults.py)."""
+    from tpu_ray.pipeline import prepare_run_dir
+
+    prepare_run_dir(cfg, resume=False)
+    write(Path(cfg.run_dir) / "checkpoints" / "ckpt-10.index", b"")
+
+
 CLI: list[Case] = [
     Case("malformed yaml", lambda t, c: ["tokenizer", "--config", str(write(t / "b.yaml", "a: [1\n")),
                                          "--output-dir", str(t / "out")], "malformed YAML", ["out"]),
@@ -200,8 +209,8 @@ CLI: list[Case] = [
          setup=_other_tokenizer),
     Case("resume with another config", lambda t, c: ["train", "--resume", "--config", c["yaml"], "train.placement=local",
                                                       "train.batch_size=8"],
-         "belongs to a different config (train.batch_size: saved 16, now 8)", ["run/checkpoints"], prepared=True,
-         setup=lambda t, c: __import__("tpu_ray.pipeline").pipeline.prepare_run_dir(c["cfg"], resume=False)),
+         "belongs to a different config (train.batch_size: saved 16, now 8)", ["run/model"], prepared=True,
+         setup=lambda t, c: _saved_with_checkpoint(c["cfg"])),
     Case("tpu on a cpu machine", lambda t, c: _train(t, c, "train.strategy=tpu"),
          "train.strategy=tpu: this machine has no TPU", ["run/checkpoints", "run/model"], prepared=True),
 ]

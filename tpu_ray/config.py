@@ -27,7 +27,8 @@ CLS, PAD, SEP, UNK, MASK = SPECIAL_TOKENS
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `train.learning_rate=.inf` is refused at load, not found as a NaN loss later.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class CorpusConfig(_Section):
@@ -130,6 +131,9 @@ class TrainConfig(_Section):
     num_gpus: int | None = Field(None, ge=1)
     # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
     workers: int = Field(1, ge=1)
+    # A NaN/inf loss or weights: "stop" with an error naming the step (the last good checkpoint is
+    # kept), or "continue" with a warning (checkpoints with non-finite weights are still not saved).
+    on_nan: Literal["stop", "continue"] = "stop"
 
 
 class RayConfig(_Section):
@@ -139,7 +143,7 @@ class RayConfig(_Section):
 
 class RunConfig(_Section):
     name: str = "run"
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32)  # numpy's and TF's seed range
     output_dir: str | None = None
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)

@@ -22,13 +22,53 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 from tpu_ray.rundir import CHECKPOINT_STATE_FILE
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = CHECKPOINT_STATE_FILE  # TF's name for the file that lists the checkpoints and the latest one
 _PREFIX = re.compile(r"^(ckpt-\d+)\.(index|data-\d+-of-\d+)$")
+_DATA = re.compile(r"^data-(\d+)-of-(\d+)$")
+_LATEST = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
+
+
+def missing_files(prefix: str, names: set[str]) -> list[str]:
+    """The files checkpoint `prefix` lacks: its index, or a data shard of the set its files name."""
+    mine = [n[len(prefix) + 1:] for n in names if n.startswith(prefix + ".")]
+    missing = [] if "index" in mine else [f"{prefix}.index"]
+    counts = {int(m.group(2)) for m in map(_DATA.match, mine) if m}
+    total = max(counts) if counts else 1
+    have = {int(m.group(1)) for m in map(_DATA.match, mine) if m}
+    missing += [f"{prefix}.data-{i:05d}-of-{total:05d}" for i in range(total) if i not in have]
+    return missing
+
+
+def pick_latest(directory: str, state_text: str | None, names: set[str]) -> tuple[str | None, str | None]:
+    """(checkpoint to restore, warning) from TF's state file and the names of the files present.
+
+    The state file names the latest checkpoint; if some of its files are gone (deleted, a copy cut
+    short), the newest complete checkpoint is taken instead and the warning says which. If none is
+    complete, a UserError names the missing file: never a silent restart from step 0.
+    """
+    prefixes = {m.group(1) for m in map(_PREFIX.match, names) if m}
+    complete = sorted((p for p in prefixes if not missing_files(p, names)), key=lambda p: int(p.split("-")[1]))
+    match = _LATEST.search(state_text or "")
+    named = os.path.basename(match.group(1)) if match else None
+    state_path = storage.join(directory, STATE_FILE)
+    if named and named in complete:
+        return named, None
+    if named:
+        gone = missing_files(named, names)[0]
+        why = f"{storage.join(directory, gone)} is missing (named as the latest by {state_path})"
+    elif prefixes:
+        why = f"{state_path} is missing or names no checkpoint"
+    else:
+        return None, None
+    if not complete:
+        raise UserError(f"{why} and no other checkpoint is complete; restore the file, or delete "
+                        f"{directory} to start over")
+    return complete[-1], f"{why}; resuming from {storage.join(directory, complete[-1])}, the newest complete checkpoint"
 
 
 class CheckpointStore:
@@ -48,29 +88,72 @@ class CheckpointStore:
         self._staging = (tempfile.TemporaryDirectory(prefix="tpu-ray-ckpt-")
                          if self.remote or not write else None)
         local = self._staging.name if self._staging else directory
+        self.present = False  # any checkpoint file at all (a fresh start must not overwrite them)
+        self.problem: UserError | None = None  # files present, none complete: raised by restore()
+        self.latest: str | None = None  # what restore() reads: a staged copy of a remote run
         try:
-            if self._staging and self.remote:
-                self._download_latest(local)
+            chosen = self._choose()
+            if chosen and self.remote:
+                self._download(chosen, local)
+            elif chosen and write and self._warning:  # drop the damaged one from TF's state file
+                tf.train.update_checkpoint_state(directory, chosen, self._kept)
             self.manager = tf.train.CheckpointManager(checkpoint, local, max_to_keep=keep)
         except BaseException:
             self.close()
             raise
-        # What restore() reads: the staged copy of a remote run, else the run's own directory.
-        self.latest: str | None = (self.manager.latest_checkpoint if self.remote
-                                   else tf.train.latest_checkpoint(directory))
+        if chosen:
+            self.latest = os.path.join(local if self.remote else directory, chosen)
+            if self._warning:
+                log.warning("%s", self._warning)
+
+    @property
+    def latest_saved(self) -> str | None:
+        """The newest checkpoint in `directory`: saved by this run, else the one restored."""
+        newest = self.manager.latest_checkpoint if self.write else None
+        return storage.join(self.directory, os.path.basename(newest)) if newest else self.latest_url
 
     @property
     def latest_url(self) -> str | None:
         """The latest committed checkpoint as it is named in `directory` (not its staged copy)."""
         return storage.join(self.directory, os.path.basename(self.latest)) if self.latest else None
 
+    def _choose(self) -> str | None:
+        """The checkpoint to restore (see pick_latest); sets `present`, `problem`, `_warning`."""
+        self._warning = None
+        if not storage.exists(self.directory):
+            return None
+        names = set(self._remote_checkpoint_files())
+        state_path = storage.join(self.directory, STATE_FILE)
+        state = storage.read_text(state_path) if storage.exists(state_path) else None
+        self.present = bool(names) or state is not None
+        try:
+            chosen, self._warning = pick_latest(self.directory, state, names)
+        except UserError as exc:
+            self.problem = exc
+            return None
+        prefixes = {m.group(1) for m in map(_PREFIX.match, names) if m}
+        step = (lambda p: int(p.split("-")[1]))
+        self._kept = sorted((p for p in prefixes if not missing_files(p, names) and chosen and step(p) <= step(chosen)),
+                            key=step)  # what TF's state file lists after a fallback or a download
+        return chosen
+
     def restore(self, checkpoint: tf.train.Checkpoint, partial: bool = False) -> None:
-        """Load `self.latest` into `checkpoint`; every saved object must match unless `partial`."""
-        status = checkpoint.restore(self.latest, options=self.options)
-        if partial:
-            status.expect_partial()
-        else:
-            status.assert_existing_objects_matched()
+        """Load `self.latest` into `checkpoint`; every saved object must match unless `partial`.
+
+        A checkpoint whose bytes fail TF's checksums is named, with the way back to the previous one.
+        """
+        if self.problem is not None:
+            raise self.problem
+        try:
+            status = checkpoint.restore(self.latest, options=self.options)
+            if partial:
+                status.expect_partial()
+            else:
+                status.assert_existing_objects_matched()
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError) as exc:
+            url = self.latest_url
+            raise UserError(f"{url}: checkpoint is corrupt ({first_line(exc, 120)}); to resume from the previous "
+                            f"checkpoint, delete {url}.* and rerun with --resume") from None
 
     def save(self, step: int) -> str | None:
         """Save checkpoint `ckpt-<step>`, commit it and prune to the last `keep`; returns its path."""
@@ -114,25 +197,13 @@ class CheckpointStore:
         self.close()
 
     # --- remote ---------------------------------------------------------------------------------
-    def _download_latest(self, local: str) -> None:
-        """Stage the committed state file and the files of the checkpoint it names as latest."""
-        state_path = storage.join(self.directory, STATE_FILE)
-        if not storage.exists(state_path):
-            return
-        state_text = storage.read_text(state_path)
-        match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', state_text, re.M)
-        if not match:
-            return
-        latest = os.path.basename(match.group(1))
-        files = self._remote_checkpoint_files()
-        if f"{latest}.index" not in files:
-            raise UserError(f"{state_path}: names checkpoint {latest}, but {latest}.index is missing; "
-                            f"restore the files or delete the state file to resume from nothing")
-        for base, prefix in files.items():
+    def _download(self, latest: str, local: str) -> None:
+        """Stage the files of checkpoint `latest`, then a state file naming it and the older
+        complete ones (which the manager keeps and prunes; only `latest` is staged)."""
+        for base, prefix in self._remote_checkpoint_files().items():
             if prefix == latest:
                 storage.download_file(storage.join(self.directory, base), os.path.join(local, base))
-        with open(os.path.join(local, STATE_FILE), "w", encoding="utf-8") as f:
-            f.write(state_text)  # last: the staged copy is complete before TF can see it
+        tf.train.update_checkpoint_state(local, latest, self._kept)  # last: TF sees a complete copy
         log.info("staged checkpoint %s from %s", latest, self.directory)
 
     def _prune_remote(self) -> None:

@@ -17,7 +17,7 @@ def evaluate_run(cfg: RunConfig) -> dict:
     info = select(cfg.train)
     s = build(cfg, info, tok)
     with checkpoint_store(s, write=False) as ckpts:
-        if not ckpts.latest:
+        if not ckpts.present:
             raise UserError(f"{ckpts.directory}: no checkpoint to evaluate; train first (tpu-ray train)")
         ckpts.restore(s.checkpoint, partial=True)
     evaluate = _evaluator(s, shard_files(cfg.shards_dir, "validation"), cfg.train.batch_size // info.replicas)

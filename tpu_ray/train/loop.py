@@ -242,7 +242,7 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     gb = cfg.train.batch_size
     per_replica = gb // info.replicas
     start = 0
-    if ckpts.latest:
+    if ckpts.present:  # any ckpt-* file, complete or not: a fresh start would overwrite them
         if not resume:
             raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
                             f"to continue it or use a new --output-dir")
@@ -291,17 +291,23 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
         acc.add(sums, n, time.perf_counter() - t0)
         prev, step = step, step + n
         s.step_var.assign(step)
-        if _crossed(prev, step, cfg.train.log_every) or step == total:
+        diverged = not math.isfinite(float(sums[0]))
+        if _crossed(prev, step, cfg.train.log_every) or step == total or diverged:
             last = metrics.write("train", step=step, **acc.record(s, gb, seq_len, flops_token, peak, info.replicas),
                                  train_traces=train_step.experimental_get_tracing_count()
                                  + train_steps.experimental_get_tracing_count())
             log.log(logging.INFO if chief else logging.DEBUG, train_line(last))
             acc = _Interval()
+        if diverged:
+            on_nonfinite(cfg, metrics, ckpts, step, f"the loss is {float(sums[0]) / max(float(sums[2]), 1.0)}")
         if evaluate and (_crossed(prev, step, cfg.train.eval_every) or step == total):
             last_eval = metrics.write("eval", step=step, **evaluate())
             log.log(logging.INFO if chief else logging.DEBUG, eval_line(last_eval))
         if _crossed(prev, step, cfg.train.checkpoint_every) or step == total:
-            ckpts.save(step)
+            if weights_finite(s.model):
+                ckpts.save(step)
+            else:  # never let a diverged model replace the last good checkpoint
+                on_nonfinite(cfg, metrics, ckpts, step, "the weights are not finite (not saved)")
     export_dir = export(s) if chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
@@ -323,6 +329,24 @@ def weights_digest(model: Any) -> str:
     for w in model.weights:
         digest.update(w.numpy().tobytes())
     return digest.hexdigest()
+
+
+def weights_finite(model: Any) -> bool:
+    """True if no weight is NaN or infinite (checked before every checkpoint save)."""
+    return all(bool(tf.reduce_all(tf.math.is_finite(w)).numpy()) for w in model.trainable_weights
+               if w.dtype.is_floating)
+
+
+def on_nonfinite(cfg: RunConfig, metrics: MetricsWriter, ckpts: CheckpointStore, step: int, what: str) -> None:
+    """A diverged run: stop with one line naming the step and the checkpoint that is kept (the
+    default, train.on_nan=stop), or warn and go on (train.on_nan=continue)."""
+    kept = ckpts.latest_saved or "none yet"
+    metrics.event("nonfinite", stage="train", step=step, what=what, checkpoint=kept)
+    if cfg.train.on_nan == "continue":
+        log.warning("step %d: %s; continuing (train.on_nan=continue), last good checkpoint: %s", step, what, kept)
+        return
+    raise UserError(f"step {step}: {what}, training stopped; the last good checkpoint is kept ({kept}); "
+                    f"lower train.learning_rate and rerun with --resume, or set train.on_nan=continue")
 
 
 def _crossed(prev: int, step: int, every: int) -> bool:

@@ -91,14 +91,19 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _num(v: Any, spec: str) -> str:
+    """`v` formatted with `spec`; NaN/inf (stored as None in the JSON record) print as nan."""
+    return "nan" if v is None else format(v, spec)
+
+
 def train_line(r: dict) -> str:
     mfu = f" mfu={r['mfu']:.1%}" if r.get("mfu") is not None else ""
     wait = f" input_wait={r['input_wait_s'] * 1e3:.1f}ms" if r.get("input_wait_s") is not None else ""
-    return (f"step {r['step']}: loss={r['loss']:.4f} acc={r['accuracy']:.3f} lr={r['learning_rate']:.2e} "
-            f"step_time={r['step_time_s'] * 1e3:.1f}ms {r['samples_per_s']:.1f} samples/s "
-            f"{r['tokens_per_s']:,.0f} tokens/s{mfu}{wait} traces={r['train_traces']}")
+    return (f"step {r['step']}: loss={_num(r['loss'], '.4f')} acc={_num(r['accuracy'], '.3f')} "
+            f"lr={_num(r['learning_rate'], '.2e')} step_time={r['step_time_s'] * 1e3:.1f}ms "
+            f"{r['samples_per_s']:.1f} samples/s {r['tokens_per_s']:,.0f} tokens/s{mfu}{wait} traces={r['train_traces']}")
 
 
 def eval_line(r: dict) -> str:
-    return (f"eval @ step {r['step']}: loss={r['eval_loss']:.4f} acc={r['eval_accuracy']:.3f} "
-            f"perplexity={r['perplexity']:.2f}")
+    return (f"eval @ step {r['step']}: loss={_num(r['eval_loss'], '.4f')} acc={_num(r['eval_accuracy'], '.3f')} "
+            f"perplexity={_num(r['perplexity'], '.2f')}")
