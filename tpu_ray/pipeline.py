@@ -14,7 +14,7 @@ import platform
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +75,7 @@ def ensure_ray(cfg: RunConfig) -> None:
         kwargs: dict[str, Any] = {"log_to_driver": True, "include_dashboard": False}
         if cfg.ray.address:
             kwargs["address"] = cfg.ray.address
-        if cfg.ray.num_cpus and not cfg.ray.address:
+        if cfg.ray.num_cpus and cfg.ray.address in (None, "local"):
             kwargs["num_cpus"] = cfg.ray.num_cpus
         ray.init(**kwargs)
 
@@ -193,10 +193,10 @@ class Pipeline:
 
         return make_shards(self.cfg)
 
-    def _lock(self, stage: str):
+    def _lock(self, stage: str, directory: str | None = None):
         from tpu_ray.runlock import RunLock
 
-        return RunLock(self.cfg.run_dir, f"tpu-ray {stage}")
+        return RunLock(directory or self.cfg.run_dir, f"tpu-ray {stage}")
 
     @contextmanager
     def _open(self, stage: str, resume: bool, corpus: bool = False, ray: bool = False,
@@ -209,7 +209,10 @@ class Pipeline:
             preflight_corpus(cfg)  # a bad corpus fails before the run directory is written
         if ray:
             check_ray_address(cfg)
-        with self._lock(stage):
+        with ExitStack() as held:
+            held.enter_context(self._lock(stage, cfg.run_dir))
+            if ray and corpus and cfg.shard.dir:  # shards written outside the run dir: one writer there too
+                held.enter_context(self._lock(stage, cfg.shard.dir))
             saved_config.check_config(cfg)
             if ray and start_ray:
                 ensure_ray(cfg)

@@ -96,7 +96,7 @@ class CheckpointStore:
             if chosen and self.remote:
                 self._download(chosen, local)
             elif chosen and write and self._warning:  # drop the damaged one from TF's state file
-                tf.train.update_checkpoint_state(directory, chosen, self._kept)
+                tf.compat.v1.train.update_checkpoint_state(directory, chosen, self._kept)
             self.manager = tf.train.CheckpointManager(checkpoint, local, max_to_keep=keep)
         except BaseException:
             self.close()
@@ -152,7 +152,13 @@ class CheckpointStore:
                 status.assert_existing_objects_matched()
         except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError) as exc:
             url = self.latest_url
-            raise UserError(f"{url}: checkpoint is corrupt ({first_line(exc, 120)}); to resume from the previous "
+            # The half-done restore warns about "unrestored values" when it is collected, after our
+            # one line; nothing of it is of use once the checkpoint is known to be corrupt.
+            logging.getLogger("tensorflow").setLevel(logging.ERROR)
+            reason = re.sub(r"\{\{[^}]*\}\}\s*", "", str(exc)).strip().splitlines()[0]
+            reason = re.sub(r"TensorBundle at \S+|\s*\[Op:\w+\]", lambda m: "data file" if m.group(0).startswith("T")
+                            else "", reason)[:160]
+            raise UserError(f"{url}: checkpoint is corrupt ({reason}); to resume from the previous "
                             f"checkpoint, delete {url}.* and rerun with --resume") from None
 
     def save(self, step: int) -> str | None:
@@ -203,7 +209,7 @@ class CheckpointStore:
         for base, prefix in self._remote_checkpoint_files().items():
             if prefix == latest:
                 storage.download_file(storage.join(self.directory, base), os.path.join(local, base))
-        tf.train.update_checkpoint_state(local, latest, self._kept)  # last: TF sees a complete copy
+        tf.compat.v1.train.update_checkpoint_state(local, latest, self._kept)  # last: TF sees a complete copy
         log.info("staged checkpoint %s from %s", latest, self.directory)
 
     def _prune_remote(self) -> None:
