@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from tpu_ray.errors import guarded
+from tpu_ray.errors import EXIT_USAGE, UserError, guarded  # noqa: F401 - EXIT_USAGE, UserError re-exported
 from tpu_ray.logs import setup_logging
 
 

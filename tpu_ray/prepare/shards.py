@@ -400,7 +400,10 @@ def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_d
 
 
 def _cleanup_temp(out_dir: str) -> None:
-    """Remove temp files of actors that died mid-write (never read: they are not in the manifest)."""
+    """Remove temp files of actors that died mid-write (never read: they are not in the manifest).
+
+    Safe because the stage holds the run directory's lock (and shard.dir's, see pipeline.py): every
+    temp file here is this run's or a dead writer's, never another live run's in-flight file."""
     for path in storage.glob(storage.join(out_dir, ".tmp-*")):
         storage.remove(path)
 
