@@ -308,3 +308,24 @@ def test_gcs_lock_create_if_absent_names_the_holder_and_takes_over_a_dead_one(gc
     assert json.loads(storage.read_text(f"{run}/.lock"))["command"] == "tpu-ray dead"
     with RunLock(run, "tpu-ray next"):
         assert json.loads(storage.read_text(f"{run}/.lock"))["command"] == "tpu-ray next"
+
+
+def test_pick_latest_decides_from_the_state_file_and_the_files_present():
+    """The pure decision behind the checkpoint cases above, one row per kind of damage."""
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.checkpoints import pick_latest
+
+    def files(*steps: int, parts: int = 1) -> set[str]:
+        return {f"ckpt-{s}.{x}" for s in steps for x in ["index", *(f"data-{i:05d}-of-{parts:05d}" for i in range(parts))]}
+
+    state = 'model_checkpoint_path: "ckpt-20"\n'
+    assert pick_latest("d", state, files(10, 20)) == ("ckpt-20", None)
+    assert pick_latest("d", None, set()) == (None, None)
+    chosen, warning = pick_latest("d", state, files(10, 20) - {"ckpt-20.index"})
+    assert chosen == "ckpt-10" and "d/ckpt-20.index is missing" in warning and "resuming from d/ckpt-10" in warning
+    chosen, warning = pick_latest("d", state, files(10, 20, parts=2) - {"ckpt-20.data-00001-of-00002"})
+    assert chosen == "ckpt-10" and "ckpt-20.data-00001-of-00002 is missing" in warning
+    chosen, warning = pick_latest("d", None, files(10, 20))  # state file lost: the newest complete one
+    assert chosen == "ckpt-20" and "d/checkpoint is missing" in warning
+    with pytest.raises(UserError, match="d/ckpt-20.index is missing .* no other checkpoint is complete"):
+        pick_latest("d", state, files(20) - {"ckpt-20.index"})
