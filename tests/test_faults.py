@@ -329,3 +329,16 @@ def test_pick_latest_decides_from_the_state_file_and_the_files_present():
     assert chosen == "ckpt-20" and "d/checkpoint is missing" in warning
     with pytest.raises(UserError, match="d/ckpt-20.index is missing .* no other checkpoint is complete"):
         pick_latest("d", state, files(20) - {"ckpt-20.index"})
+
+
+def test_every_entry_point_checks_the_corpus_before_writing_the_run_dir(tmp_path, capsys):
+    """One stage layer: the `prepare` Ray job refuses a missing corpus as `tpu-ray shard` does,
+    before the run directory exists (the job used to skip that check)."""
+    from jobs import _entry
+    config = tmp_path / "c.yaml"
+    config.write_text("name: t\n")
+    code = _entry.main("prepare", ["--config", str(config), "--output-dir", str(tmp_path / "run"),
+                                   "--corpus", str(tmp_path / "nope.txt")])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 2 and out[-1].startswith("tpu-ray: error: ") and "nope.txt" in out[-1]
+    assert not (tmp_path / "run").exists()
