@@ -130,6 +130,9 @@ class TrainConfig(_Section):
     num_gpus: int | None = Field(None, ge=1)
     # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
     workers: int = Field(1, ge=1)
+    # On --resume, accept train.steps / warmup / learning_rate that differ from the checkpoint's:
+    # the run continues under the new schedule from the checkpoint's step (e.g. to extend a run).
+    extend_schedule: bool = False
 
 
 class RayConfig(_Section):

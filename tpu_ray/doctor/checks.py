@@ -382,7 +382,11 @@ class Doctor:
         if tok is None:
             self.add("vocab", WARN, "no tokenizer to compare with the model config (see tokenizer)")
             return
-        hf = hf_config(cfg, tok)
+        try:
+            hf = hf_config(cfg, tok)
+        except UserError as exc:  # e.g. a RoBERTa tokenizer whose pad id is not 1
+            self.add("vocab", FAIL, str(exc), "retrain the tokenizer with tpu-ray tokenizer --force")
+            return
         problems = []
         if hf.vocab_size != tok.vocab_size:
             problems.append(f"model vocab_size {hf.vocab_size} != tokenizer {tok.vocab_size}")

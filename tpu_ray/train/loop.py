@@ -64,8 +64,10 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
+    from tpu_ray.train import schedule as lr_schedule
+
     t = cfg.train
-    warmup = t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
+    warmup = lr_schedule.warmup_steps(cfg)
     # `seed` fixes the initial weights and dropout too, not only data order and masks: an
     # uninterrupted run can be repeated exactly (after --resume only the dropout draws differ).
     tf_keras.utils.set_random_seed(cfg.seed)
@@ -81,7 +83,8 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
         # restore is complete before the first step.
         optimizer._create_all_weights(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var,
+                                         schedule=lr_schedule.variable(cfg))
     # Multi-worker: the same initial weights everywhere (above), but each worker its own dropout
     # stream, as the workers read different data (equal seeds would repeat worker 0's masks).
     worker = info.worker_index
@@ -246,7 +249,11 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
         if not resume:
             raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
                             f"to continue it or use a new --output-dir")
+        from tpu_ray.train import schedule as lr_schedule
+
+        lr_schedule.check_resume(ckpts.latest, cfg)
         ckpts.restore(s.checkpoint)
+        s.checkpoint.schedule.assign(lr_schedule.values(cfg))  # what the next checkpoint records
         start = int(s.step_var.numpy())
         log.info("resumed from %s at step %d", ckpts.latest_url, start)
         metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url)

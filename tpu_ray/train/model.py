@@ -6,6 +6,7 @@ import logging
 import time
 
 from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,7 @@ def hf_config(cfg: RunConfig, tok: TokenizerInfo):
     from transformers import AutoConfig
 
     sizes = cfg.model.sizes()
-    if cfg.model.model_type == "roberta" and tok.pad_id != 1:
-        # TF RoBERTa hard-codes padding_idx=1 for position ids: id 1 must be the pad token.
-        log.warning("tokenizer pad id is %d, but TF RoBERTa treats id 1 as padding; retrain the tokenizer "
-                    "with tpu-ray (pad = id 1)", tok.pad_id)
+    check_pad_id(cfg, tok)
     return AutoConfig.for_model(
         cfg.model.model_type,
         vocab_size=tok.vocab_size,
@@ -43,6 +41,21 @@ def hf_config(cfg: RunConfig, tok: TokenizerInfo):
         hidden_dropout_prob=cfg.model.dropout, attention_probs_dropout_prob=cfg.model.dropout,
         **sizes,
     )
+
+
+# Model types whose TF position ids hard-code padding_idx=1 (transformers modeling_tf_roberta.py).
+PAD_ONE_MODEL_TYPES = ("roberta",)
+
+
+def check_pad_id(cfg: RunConfig, tok: TokenizerInfo) -> None:
+    """Refuse a tokenizer whose pad id is not 1 for RoBERTa: its position ids would treat the token
+    with id 1 as padding (every one of them gets the padding position) and real pads as text."""
+    from tpu_ray.config import PAD
+
+    if cfg.model.model_type in PAD_ONE_MODEL_TYPES and tok.pad_id != 1:
+        raise UserError(f"{cfg.tokenizer_dir}: pad token {PAD} has id {tok.pad_id}, but TF {cfg.model.model_type} "
+                        f"treats id 1 as padding; retrain the tokenizer with tpu-ray tokenizer (pad = id 1) or "
+                        f"use model.model_type=bert")
 
 
 def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:
