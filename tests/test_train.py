@@ -59,6 +59,19 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in out if r["kind"] == kind]
 
 
+def checkpoint_weights(run_dir: Path) -> dict[str, np.ndarray]:
+    """The model variables of the run's latest checkpoint, by name."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("model/")}
+
+
+def max_abs_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
+
+
 def test_several_epochs_over_ragged_shards_trace_the_step_once(tmp_path, shards_dir, tiny_tokenizer_dir):
     from tpu_ray.train.loop import train
 
@@ -103,7 +116,9 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     from tpu_ray.cli import main
 
     # 120 steps: after step 25 is seen there are ~95 left (seconds, not one poll) to kill it in.
-    over = {"train.steps": 120, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 120}
+    # dropout 0: nothing random but data and masks, which resume reproduces; so the weights must match.
+    over = {"train.steps": 120, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 120,
+            "model.dropout": 0.0}
     cfg_path = tmp_path / "cfg.yaml"
     run_dir = tmp_path / "killed"
     cfg_path.write_text(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over).to_yaml())
@@ -151,6 +166,10 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     reference = {r["step"]: r["learning_rate"] for r in _records(straight_dir, "train")}
     for step, record in after.items():
         assert record["learning_rate"] == pytest.approx(reference[step], rel=1e-6), step
+    # Resume proves itself: killed + resumed ends with the weights of the uninterrupted run.
+    assert max_abs_difference(checkpoint_weights(run_dir), checkpoint_weights(straight_dir)) < 1e-5
+    losses = {r["step"]: r["loss"] for r in _records(straight_dir, "train")}
+    assert [after[k]["loss"] for k in sorted(after)] == pytest.approx([losses[k] for k in sorted(after)], rel=1e-4)
 
 
 def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_path, shards_dir,

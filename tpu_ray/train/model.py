@@ -5,25 +5,15 @@ from __future__ import annotations
 import logging
 import time
 
+from tpu_ray import accelerators
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
-# Peak dense bf16/fp16 FLOP/s of ONE replica. v2/v3: a replica is a core (2 per chip); v4 and
-# later: a replica is a chip (megacore). GPUs: dense tensor-core bf16, no sparsity.
-PEAK_FLOPS_PER_REPLICA = {
-    "TPU v2": 45e12 / 2,
-    "TPU v3": 123e12 / 2,
-    "TPU v4": 275e12,
-    "TPU v5e": 197e12,
-    "TPU v5litepod": 197e12,
-    "TPU v5p": 459e12,
-    "A100": 312e12,
-    "H100": 989e12,
-    "H200": 989e12,
-}
+# Peak FLOP/s of one replica, by device name: the one accelerator table (tpu_ray/accelerators.py).
+PEAK_FLOPS_PER_REPLICA = accelerators.PEAK_FLOPS_PER_REPLICA
 
 
 def hf_config(cfg: RunConfig, tok: TokenizerInfo):
@@ -77,9 +67,9 @@ def peak_flops(device: str, configured: float | None) -> float | None:
     """Per-replica peak: configured, from the table, or measured (CPU)."""
     if configured:
         return configured
-    for name, peak in PEAK_FLOPS_PER_REPLICA.items():
-        if name.lower() in device.lower():
-            return peak
+    peak = accelerators.peak_flops_for(device)
+    if peak:
+        return peak
     if device == "cpu":
         return measure_cpu_peak()
     return None

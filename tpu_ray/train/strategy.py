@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray.config import TrainConfig
-from tpu_ray.errors import UserError, first_line
+from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
 
