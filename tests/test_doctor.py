@@ -18,7 +18,9 @@ import pytest
 
 from tests.conftest import tiny_config
 from tpu_ray.config import RunConfig
-from tpu_ray.doctor.checks import FAIL, PASS, WARN, parse_target, run_doctor, unsupported_ops, xla_probe
+from tpu_ray.doctor.checks import FAIL, PASS, WARN, run_doctor, xla_probe
+from tpu_ray.doctor.program import unsupported_ops
+from tpu_ray.doctor.targets import parse_target
 from tpu_ray.errors import UserError
 
 
@@ -79,6 +81,11 @@ def test_clean_tiny_run_passes_with_xla(run):
                  "batch/replicas", "static shapes", "xla compile", "memory", "capacity plan"):
         assert checks[name][0] == PASS, (name, checks[name])
     assert "traced once" in checks["xla compile"][1] and "the run's shards" in checks["xla compile"][1]
+    # The program a v4-8 runs: 4 replicas (4 logical CPUs), bfloat16, TPU's 64 steps per execution,
+    # per-replica batch 16 / 4 = 4, and doctor says exactly that.
+    assert ("v4-8 program: 4 replica(s) as 4 logical CPU device(s), mixed_bfloat16, steps_per_execution=64 "
+            "(one compiled loop, run here with n=2), per-replica batch [4, 64], forward+backward under XLA"
+            in checks["xla compile"][1]), checks["xla compile"]
     assert "[4, 64]" in checks["static shapes"][1]  # 16 over 4 replicas
     assert "chip-hours" in checks["capacity plan"][1]
 

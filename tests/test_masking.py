@@ -40,7 +40,29 @@ def test_mask_statistics_on_a_large_batch():
     assert abs(to_mask.sum() / n - 0.80) < 0.02
     assert abs(random.sum() / n - 0.10) < 0.02
     assert abs(unchanged.sum() / n - 0.10) < 0.02
-    assert (masked[random] >= SPEC.random_low).all(), "random replacements never draw special tokens"
+    assert not np.isin(masked[random], SPEC.special_ids).any(), "random replacements never draw special tokens"
+
+
+def test_random_replacements_avoid_specials_at_the_end_of_the_vocabulary():
+    """Specials at the END (ids 995..999, [MASK] last), as some tokenizers order them: the 10% random
+    draws never produce one of them, yet still cover the whole rest of the vocabulary, id 0 included."""
+    specials = (995, 996, 997, 998, 999)
+    spec = MaskSpec(mask_prob=0.5, mask_id=999, vocab_size=1000, special_ids=specials)
+    ids = tf.constant(np.random.default_rng(3).integers(0, 995, size=(512, 128)), tf.int32)
+    draws = spec.random_ids(tf.constant([512, 128]), tf.constant([5, 6], tf.int64), tf.int32).numpy()
+    assert not np.isin(draws, specials).any()
+    assert draws.min() == 0 and draws.max() == 994 and len(np.unique(draws)) == 995
+    masked, labels = (t.numpy() for t in mask_tokens(ids, tf.constant([1, 2], tf.int64), spec))
+    orig = ids.numpy()
+    random = (labels != IGNORE) & (masked != spec.mask_id) & (masked != orig)
+    assert random.sum() > 1000  # ~10% of the selected positions
+    assert not np.isin(masked[random], specials).any(), "a random replacement drew a special token"
+
+
+def test_random_replacements_skip_specials_scattered_through_the_vocabulary():
+    spec = MaskSpec(mask_prob=0.15, mask_id=7, vocab_size=12, special_ids=(0, 3, 7, 11))
+    draws = spec.random_ids(tf.constant([4096]), tf.constant([9, 9], tf.int64), tf.int32).numpy()
+    assert sorted(np.unique(draws)) == [1, 2, 4, 5, 6, 8, 9, 10]
 
 
 def test_same_seed_same_masks_other_seed_other_masks():

@@ -59,6 +59,19 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in out if r["kind"] == kind]
 
 
+def checkpoint_weights(run_dir: Path) -> dict[str, np.ndarray]:
+    """The model variables of the run's latest checkpoint, by name."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("model/")}
+
+
+def max_abs_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
+
+
 def test_several_epochs_over_ragged_shards_trace_the_step_once(tmp_path, shards_dir, tiny_tokenizer_dir):
     from tpu_ray.train.loop import train
 
@@ -103,7 +116,9 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     from tpu_ray.cli import main
 
     # 120 steps: after step 25 is seen there are ~95 left (seconds, not one poll) to kill it in.
-    over = {"train.steps": 120, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 120}
+    # dropout 0: nothing random but data and masks, which resume reproduces; so the weights must match.
+    over = {"train.steps": 120, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 120,
+            "model.dropout": 0.0}
     cfg_path = tmp_path / "cfg.yaml"
     run_dir = tmp_path / "killed"
     cfg_path.write_text(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over).to_yaml())
@@ -151,6 +166,10 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     reference = {r["step"]: r["learning_rate"] for r in _records(straight_dir, "train")}
     for step, record in after.items():
         assert record["learning_rate"] == pytest.approx(reference[step], rel=1e-6), step
+    # Resume proves itself: killed + resumed ends with the weights of the uninterrupted run.
+    assert max_abs_difference(checkpoint_weights(run_dir), checkpoint_weights(straight_dir)) < 1e-5
+    losses = {r["step"]: r["loss"] for r in _records(straight_dir, "train")}
+    assert [after[k]["loss"] for k in sorted(after)] == pytest.approx([losses[k] for k in sorted(after)], rel=1e-4)
 
 
 def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_path, shards_dir,
@@ -191,7 +210,7 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
 
     monkeypatch.setattr(storage, "atomic_copy_file", copy_failing_on_the_index)
     with pytest.raises(storage.StorageError, match="injected"):
-        train(cfg.override({"train.steps": 40}), resume=True)
+        train(cfg.override({"train.steps": 40, "train.extend_schedule": True}), resume=True)
     monkeypatch.undo()
     assert storage.exists(f"{ckpts}/ckpt-30.data-00000-of-00001")
     assert 'model_checkpoint_path: "ckpt-20"' in storage.read_text(f"{ckpts}/checkpoint")
@@ -200,7 +219,7 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     storage.atomic_write_bytes(f"{ckpts}/ckpt-25.data-00000-of-00001", b"half")
     with pytest.raises(Exception, match="already has checkpoints"):
         train(cfg.override({"train.steps": 40}))
-    summary = train(cfg.override({"train.steps": 40}), resume=True)
+    summary = train(cfg.override({"train.steps": 40, "train.extend_schedule": True}), resume=True)
     assert summary["resumed_from"] == 20 and summary["steps"] == 40
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
     assert names == {"checkpoint", "ckpt-30.index", "ckpt-30.data-00000-of-00001",
@@ -289,13 +308,15 @@ def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
     """A Ray node shaped like a TPU VM host as Ray 2.60 detects it: resources and labels."""
     resources = {"TPU": 4, slice_name: 1, **({f"TPU-{pod_type}-head": 1} if worker == 0 else {})}
     return cluster.add_node(num_cpus=1, resources=resources, labels={
-        "ray.io/tpu-slice-name": slice_name, "ray.io/tpu-worker-id": str(worker), "ray.io/tpu-pod-type": pod_type})
+        "ray.io/tpu-slice-name": slice_name, "ray.io/tpu-worker-id": str(worker), "ray.io/tpu-pod-type": pod_type,
+        "ray.io/accelerator-type": "TPU-" + pod_type.split("-")[0].upper()})
 
 
 def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp_path, shards_dir,
-                                                                           tiny_tokenizer_dir):
+                                                                           tiny_tokenizer_dir, small_corpus):
     """Nodes that look like a v4-8 host and a two-host v4-16 slice: each run lands on its slice's
-    worker 0, reserves every host of that slice, and releases them afterwards."""
+    worker 0 with the environment TensorFlow needs there, reserves every host of that slice, and
+    releases them afterwards. Sharding actors on the same cluster stay off the TPU hosts."""
     import ray
     from ray.cluster_utils import Cluster
     from ray.util.placement_group import placement_group_table
@@ -306,7 +327,7 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         ray.shutdown()
     cluster = Cluster()
     try:
-        cluster.add_node(num_cpus=1)  # a CPU head, as in cluster.yaml
+        head = cluster.add_node(num_cpus=1)  # a CPU head, as in cluster.yaml
         v4_8 = _tpu_host(cluster, "v4-8", "slice-a", 0)
         v4_16 = [_tpu_host(cluster, "v4-16", "slice-b", w) for w in (1, 0)]  # worker 1 joins first
         ray.init(address=cluster.address, log_to_driver=False)
@@ -315,12 +336,26 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         small = run_training(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
                                   **common, **{"train.tpu_topology": "v4-8"}))
         assert small["node_id"] == v4_8.node_id and small["slice_nodes"] == [v4_8.node_id]
+        # One host: TensorFlow's PJRT TPU client, set in the task's runtime_env (no login shell).
+        assert small["tpu_env"] == {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+                                    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so", "TPU_ACCELERATOR_TYPE": "v4-8"}
+        # Two hosts, the slice named in the config: still one client that must not load libtpu.
         big = run_training(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
-                                **common, **{"train.tpu_topology": "v4-16"}))
+                                **common, **{"train.tpu_topology": "v4-16", "train.tpu_name": "named-slice"}))
         assert big["node_id"] == v4_16[1].node_id  # worker 0
         assert big["slice_nodes"] == [v4_16[1].node_id, v4_16[0].node_id]
         assert big["steps"] == 4
+        assert big["tpu_env"] == {"TPU_NAME": "named-slice", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}
         assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
+
+        # Sharding actors: only the CPU head may run them, though every TPU host has a free CPU.
+        from tpu_ray.prepare.shards import make_shards
+
+        shard_cfg = tiny_config(tmp_path / "s", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir})
+        seen: set[str] = set()
+        summary = make_shards(shard_cfg, actors=3,
+                              on_unit_done=lambda n, pool: seen.update(ray.get([a.node_id.remote() for a in pool])))
+        assert summary.units >= 3 and seen == {head.node_id}
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -359,7 +394,7 @@ def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emul
     assert 'model_checkpoint_path: "ckpt-4"' in storage.read_text(f"{run}/checkpoints/checkpoint")
     assert storage.glob(f"{run}/ray_train/*")  # Ray Train's bookkeeping beside the run, not in /tmp
 
-    second = run_training(cfg.override({"train.steps": 8}), resume=True)
+    second = run_training(cfg.override({"train.steps": 8, "train.extend_schedule": True}), resume=True)
     workers = second["workers"]
     assert [w["steps"] for w in workers] == [8, 8]
     assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]  # both resumed from step 4
@@ -409,3 +444,50 @@ def test_the_seed_fixes_the_initial_weights(tmp_path, shards_dir, tiny_tokenizer
     digests = [weights_digest(build(_cfg(tmp_path, shards_dir, tiny_tokenizer_dir, seed=seed), info, tok).model)
                for seed in (1, 1, 2)]
     assert digests[0] == digests[1] != digests[2]
+
+
+def _tokenizer_with_pad_at(out_dir: Path, order: tuple[str, ...]) -> str:
+    """A word-level tokenizer directory whose special tokens come in `order` (ids 0..4), then words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate((*order, *(f"w{i}" for i in range(795))))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    return str(out_dir)
+
+
+def test_a_roberta_tokenizer_whose_pad_id_is_not_1_is_refused(tmp_path, shards_dir, capsys):
+    """TF RoBERTa's position ids treat id 1 as padding: a tokenizer with <pad> at 3 (and [SEP] at 1)
+    is refused with exit 2, naming the token and its id; BERT, which does not care, trains."""
+    from tpu_ray.cli import main
+
+    tok = _tokenizer_with_pad_at(tmp_path / "tok", ("[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"))
+    cfg = _cfg(tmp_path / "run", shards_dir, tok, **{"train.steps": 2, "train.eval_every": 2, "train.log_every": 2})
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(cfg.to_yaml())
+    assert main(["train", "--config", str(cfg_path), "train.placement=local"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "pad token <pad> has id 3" in err and "treats id 1 as padding" in err, err
+    from tpu_ray.train.loop import train
+
+    assert train(cfg.override({"model.model_type": "bert", "output_dir": str(tmp_path / "bert")}))["steps"] == 2
+
+
+def test_resume_under_another_schedule_is_refused_unless_extending(tmp_path, shards_dir, tiny_tokenizer_dir):
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.loop import train
+
+    over = {"train.steps": 10, "train.checkpoint_every": 10, "train.eval_every": 10, "train.log_every": 5}
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **over)
+    train(cfg)
+    with pytest.raises(UserError, match=r"^--resume: .*ckpt-10 was trained with another schedule "
+                                        r"\(train.steps 10 -> 20, train.learning_rate 0.001 -> 0.002\)") as err:
+        train(cfg.override({"train.steps": 20, "train.learning_rate": 2e-3}), resume=True)
+    assert "train.extend_schedule=true" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError, match=r"warmup steps 2 -> 4"):
+        train(cfg.override({"train.warmup_steps": 4}), resume=True)
+    # The documented way to extend a run: say so, and the schedule is the new one from step 10 on.
+    extended = train(cfg.override({"train.steps": 20, "train.extend_schedule": True}), resume=True)
+    assert extended["resumed_from"] == 10 and extended["steps"] == 20

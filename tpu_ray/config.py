@@ -134,6 +134,9 @@ class TrainConfig(_Section):
     # A NaN/inf loss or weights: "stop" with an error naming the step (the last good checkpoint is
     # kept), or "continue" with a warning (checkpoints with non-finite weights are still not saved).
     on_nan: Literal["stop", "continue"] = "stop"
+    # On --resume, accept train.steps / warmup / learning_rate that differ from the checkpoint's:
+    # the run continues under the new schedule from the checkpoint's step (e.g. to extend a run).
+    extend_schedule: bool = False
 
 
 class RayConfig(_Section):

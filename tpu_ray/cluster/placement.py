@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 _HEAD = re.compile(r"^TPU-(v[0-9][a-z]*-[0-9]+)-head$")
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
+POD_TYPE_LABEL = "ray.io/tpu-pod-type"
 
 
 def tpu_head_resources(resources: dict[str, float]) -> list[str]:
@@ -71,6 +72,7 @@ class SliceReservation:
     hosts_pg: Any  # every host's TPUs, one bundle per host (None for an unlabeled single host)
     slice_name: str
     node_ids: list[str]  # worker 0 first
+    pod_type: str = ""  # e.g. "v4-16": the node label ray.io/tpu-pod-type, else from the head resource
 
     @property
     def multi_host(self) -> bool:
@@ -105,15 +107,17 @@ def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceRese
                         f"or the TPU hosts are not up); wait, or run on CPU with train.placement=local")
     head_node = placement_group_table(head_pg)["bundles_to_node_id"][0]
     nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
-    slice_name = nodes[head_node].get("Labels", {}).get(SLICE_LABEL)
+    labels = nodes[head_node].get("Labels", {})
+    slice_name = labels.get(SLICE_LABEL)
+    pod_type = labels.get(POD_TYPE_LABEL) or _HEAD.match(head_resource).group(1)
     if not slice_name:  # a head resource without Ray's TPU labels: a single host, held by its head resource
-        return SliceReservation(head_pg, None, "", [head_node])
+        return SliceReservation(head_pg, None, "", [head_node], pod_type)
     worker_id = {nid: int(n["Labels"].get(WORKER_LABEL, "0")) for nid, n in nodes.items()
                  if n.get("Labels", {}).get(SLICE_LABEL) == slice_name}
     slice_nodes = sorted(worker_id, key=worker_id.get)
     hosts_pg = placement_group([{slice_name: 1, "TPU": nodes[nid]["Resources"].get("TPU", 0)} for nid in slice_nodes],
                                strategy="STRICT_SPREAD")
-    reservation = SliceReservation(head_pg, hosts_pg, slice_name, slice_nodes)
+    reservation = SliceReservation(head_pg, hosts_pg, slice_name, slice_nodes, pod_type)
     if not hosts_pg.wait(timeout_s):
         reservation.release()
         raise UserError(f"TPU slice {slice_name}: could not reserve all {len(slice_nodes)} hosts; "
@@ -125,13 +129,19 @@ def _train_task(cfg_dict: dict, resume: bool) -> dict:
     """Body of the remote training task (runs on the chosen node)."""
     import ray
 
+    from tpu_ray.cluster.tpu_env import TPU_ENV_KEYS, settle_pjrt_library
     from tpu_ray.logs import setup_logging
+
+    cfg = RunConfig.from_dict(cfg_dict)
+    seen = {k: os.environ[k] for k in TPU_ENV_KEYS if k in os.environ}  # as the task received it
+    setup_logging()
+    settle_pjrt_library(cfg.train.strategy)  # before TensorFlow is imported
     from tpu_ray.train.loop import train
 
-    setup_logging()
-    summary = train(RunConfig.from_dict(cfg_dict), resume=resume)
+    summary = train(cfg, resume=resume)
     summary["node_id"] = ray.get_runtime_context().get_node_id()
     summary["hostname"] = os.uname().nodename
+    summary["tpu_env"] = seen
     return summary
 
 
@@ -175,13 +185,9 @@ def _tpu_client_options(cfg: RunConfig, reservation: SliceReservation) -> dict[s
     """The TF client task: in bundle 0 (worker 0), with the environment TensorFlow needs there."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    env: dict[str, str] = {}
-    # TPU-only: on a multi-host slice one client addresses the whole slice by name and must not
-    # load libtpu itself; on one host TPUClusterResolver(tpu="local") finds the chips.
-    if cfg.train.tpu_name:
-        env["TPU_NAME"] = cfg.train.tpu_name
-    elif reservation.multi_host:
-        env.update(TPU_NAME=reservation.slice_name, TPU_LOAD_LIBRARY="0")
+    from tpu_ray.cluster.tpu_env import client_env
+
+    env = client_env(cfg.train.tpu_name, reservation.multi_host, reservation.slice_name, reservation.pod_type)
     return {
         "num_cpus": 0,  # the host's CPUs stay free for tf.data
         "scheduling_strategy": PlacementGroupSchedulingStrategy(reservation.head_pg, placement_group_bundle_index=0),

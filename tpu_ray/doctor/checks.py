@@ -19,13 +19,18 @@ Nothing needs a Ray cluster or prepared data: without a tokenizer or shards the 
 them WARN "not prepared yet" and the pipeline is fed two small TFRecord shards of random ids.
 A config that fails validation is reported as a FAIL (exit 1): diagnosing it is doctor's job.
 Only an unknown --target is a usage error (exit 2).
+
+The doctor package: targets.py (what a target offers, from tpu_ray/accelerators.py), estimates.py
+(the pure arithmetic of memory and the plan), program.py (compiling the target's own program), and
+this module, the checklist. Why this module is over 400 lines: it is the Doctor class, one short
+method per check sharing the state the checks build up (tokenizer, manifest, reachability of
+buckets); cutting it by check would scatter one report over several files.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -38,25 +43,17 @@ import numpy as np
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
+from tpu_ray.doctor.estimates import (GB, HBM_WARN_FRACTION, PROBE_BYTES, PROBE_FLOPS, PROBE_MAX_LAYERS,
+                                      ASSUMED_UTILIZATION, fmt_bytes, fmt_count, fmt_duration, memory_per_replica,
+                                      param_count, probe_batch)
+from tpu_ray.doctor.program import op_origin, unsupported_ops
+from tpu_ray.doctor.targets import Target, parse_target
 from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
-# Assumed model FLOPs utilization for the capacity plan (a well-fed BERT-style model on TPU).
-ASSUMED_UTILIZATION = 0.40
-# HBM use above this fraction is a warning: XLA needs headroom for temporaries and fusion.
-HBM_WARN_FRACTION = 0.90
-# The CPU compile probe runs at most this many FLOPs per step and this much activation memory;
-# the per-replica batch is halved until it fits (XLA's op coverage does not depend on the batch).
-PROBE_FLOPS = 4e11
-PROBE_BYTES = 4 << 30
-# Deeper models are compiled with this many of their (identical) encoder layers: the same ops at
-# the same shapes, at a fraction of the XLA compile time on 2 CPU cores (base: ~20 s instead of
-# ~60-130 s). Memory and the capacity plan always use the full depth.
-PROBE_MAX_LAYERS = 2
 # A gs:// bucket that does not answer within this time is reported as unreachable, not waited on.
 STORAGE_TIMEOUT_S = 8.0
-GB = 1 << 30
 
 
 @dataclass
@@ -65,148 +62,6 @@ class Check:
     status: str
     evidence: str
     fix: str = ""
-
-
-# --------------------------------------------------------------------------------------------
-# Targets
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Target:
-    name: str
-    kind: str  # tpu | gpu | cpu
-    style: str  # tpu-vm | tpu-node | gpu | cpu
-    replicas: int
-    chips: float
-    hosts: int
-    hbm_bytes: float  # per replica
-    peak: float | None  # FLOP/s per replica (dense bf16)
-
-    def describe(self) -> str:
-        peak = f", {self.peak / 1e12:.0f} TFLOP/s each" if self.peak else ""
-        return (f"{self.name} ({self.style}, {self.replicas} replicas on {self.chips:g} chips, {self.hosts} "
-                f"host{'s' if self.hosts > 1 else ''}, {self.hbm_bytes / GB:.0f} GB each{peak})")
-
-
-# family: (HBM GB per replica, peak key, TensorCores per replica, TensorCores per chip, node-capable)
-# v2/v3: a replica is a core (2 per chip); v4/v5p: a replica is a chip (megacore); v5e: 1 core/chip.
-TPU_FAMILIES: dict[str, tuple[float, str, int, int, bool]] = {
-    "v2": (8, "TPU v2", 1, 2, True),
-    "v3": (16, "TPU v3", 1, 2, True),
-    "v4": (32, "TPU v4", 2, 2, False),
-    "v5e": (16, "TPU v5e", 1, 1, False),
-    "v5litepod": (16, "TPU v5e", 1, 1, False),
-    "v5p": (95, "TPU v5p", 2, 2, False),
-}
-GPUS: dict[str, tuple[float, str]] = {"a100": (40, "A100"), "a100-80gb": (80, "A100"), "h100": (80, "H100")}
-TARGET_EXAMPLES = "v2-8, v3-8, v3-8-node, v4-8, v4-16, v4-32, v5e-8 (v5litepod-8), v5p-8, a100, a100-8, h100, cpu"
-
-
-def parse_target(name: str | None, cfg: RunConfig) -> Target:
-    """A target from its name (`v4-8`, `v3-8-node`, `a100-8`, `cpu`); default: train.tpu_topology or cpu."""
-    from tpu_ray.train.model import PEAK_FLOPS_PER_REPLICA
-
-    name = (name or cfg.train.tpu_topology or "cpu").strip().lower()
-    m = re.fullmatch(r"(v2|v3|v4|v5e|v5litepod|v5p)-(\d+)(?:-(node|vm))?", name)
-    if m:
-        family, cores, style = m.group(1), int(m.group(2)), m.group(3) or "vm"
-        hbm, peak_key, per_replica, per_chip, node_ok = TPU_FAMILIES[family]
-        if style == "node" and not node_ok:
-            raise UserError(f"--target {name}: {family} exists only as TPU VM; drop '-node'")
-        if cores % per_replica or cores < 1 or (per_chip == 2 and cores % 8):
-            raise UserError(f"--target {name}: not a {family} slice size; e.g. {family}-8")
-        chips = cores / per_chip
-        hosts = max(1, int(chips // 4)) if family not in ("v5e", "v5litepod") else (1 if cores <= 8 else cores // 4)
-        return Target(name, "tpu", f"tpu-{style}", cores // per_replica, chips, hosts, hbm * GB,
-                      PEAK_FLOPS_PER_REPLICA[peak_key])
-    m = re.fullmatch(r"(a100|a100-80gb|h100)(?:[-x](\d+))?", name)
-    if m:
-        hbm, peak_key = GPUS[m.group(1)]
-        n = int(m.group(2) or 1)
-        return Target(name, "gpu", "gpu", n, n, max(1, -(-n // 8)), hbm * GB, PEAK_FLOPS_PER_REPLICA[peak_key])
-    if name == "cpu":
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        n = cfg.train.cpu_replicas
-        return Target("cpu", "cpu", "cpu", n, 1, 1, ram / n, None)
-    raise UserError(f"--target {name}: unknown accelerator; use one of {TARGET_EXAMPLES}")
-
-
-# --------------------------------------------------------------------------------------------
-# Estimates (pure functions: the numbers the plan prints)
-# --------------------------------------------------------------------------------------------
-def param_count(cfg: RunConfig, vocab: int) -> int:
-    """Parameters of the masked-LM model (decoder tied to the word embeddings)."""
-    s = cfg.model.sizes()
-    h, layers, inter = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"]
-    embeddings = vocab * h + cfg.max_positions() * h + 2 * h + 2 * h  # words, positions, type, LayerNorm
-    layer = 4 * (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h) + 2 * h
-    head = h * h + h + 2 * h + vocab  # dense, LayerNorm, output bias
-    return embeddings + layers * layer + head
-
-
-def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 2) -> dict[str, float]:
-    """Bytes per replica: float32 weights + gradients + AdamW's two moments, activations kept for the
-    backward pass (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) per layer at 16 bits, no
-    recomputation), and the vocabulary logits (compute dtype, float32 copy, float32 gradient) of
-    the positions the MLM head scores (the trainer gathers `predictions_per_sequence` of them)."""
-    from tpu_ray.train.inputs import predictions_per_sequence
-
-    s = cfg.model.sizes()
-    h, layers, heads, seq = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], cfg.shard.seq_len
-    params = param_count(cfg, vocab)
-    acts = layers * seq * batch * h * (34 + 5 * heads * seq / h) * act_bytes / 2
-    logits = batch * predictions_per_sequence(seq, cfg.train.mask_prob) * vocab * (act_bytes + 8)
-    return {"weights": 4.0 * params, "gradients": 4.0 * params, "adam": 8.0 * params,
-            "activations": acts, "logits": logits}
-
-
-def probe_batch(cfg: RunConfig, vocab: int, per_replica: int) -> int:
-    """The largest batch <= per_replica (halving) whose CPU step stays under the probe budget; 0: none."""
-    from tpu_ray.train.model import train_flops_per_token
-
-    fpt = train_flops_per_token(cfg, vocab)
-    b = max(1, per_replica)
-    while b >= 1:
-        mem = memory_per_replica(cfg, vocab, b, act_bytes=4)
-        if b * cfg.shard.seq_len * fpt <= PROBE_FLOPS and mem["activations"] + mem["logits"] <= PROBE_BYTES:
-            return b
-        b //= 2
-    return 0
-
-
-def unsupported_ops(message: str) -> list[str]:
-    """Op names from an XLA compile error ("No registered 'AsString' OpKernel for XLA_CPU_JIT")."""
-    ops = re.findall(r"No registered '([^']+)' OpKernel for XLA", message)
-    if not ops:
-        ops = re.findall(r"\{\{node ([^}]+)\}\}", message)
-    return list(dict.fromkeys(ops))
-
-
-def _op_origin(message: str) -> str:
-    """Where the first unsupported op was created, from TF's "The op is created at:" trace."""
-    tail = message.split("The op is created at:", 1)
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', tail[1]) if len(tail) > 1 else []
-    if not frames:
-        return ""
-    path, line, fn = frames[-1]
-    return f" (created at {Path(path).name}:{line} in {fn})"
-
-
-def _bytes(n: float) -> str:
-    for unit, div in (("GB", GB), ("MB", 1 << 20), ("kB", 1 << 10)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def _human(n: float) -> str:
-    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.1f}{unit}"
-    return f"{n:.0f}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,7 +237,11 @@ class Doctor:
         if tok is None:
             self.add("vocab", WARN, "no tokenizer to compare with the model config (see tokenizer)")
             return
-        hf = hf_config(cfg, tok)
+        try:
+            hf = hf_config(cfg, tok)
+        except UserError as exc:  # e.g. a RoBERTa tokenizer whose pad id is not 1
+            self.add("vocab", FAIL, str(exc), "retrain the tokenizer with tpu-ray tokenizer --force")
+            return
         problems = []
         if hf.vocab_size != tok.vocab_size:
             problems.append(f"model vocab_size {hf.vocab_size} != tokenizer {tok.vocab_size}")
@@ -609,21 +468,50 @@ class Doctor:
             need = memory_per_replica(cfg, tok.vocab_size, 1, act_bytes=4)
             flops = cfg.shard.seq_len * train_flops_per_token(cfg, tok.vocab_size)
             self.add("xla compile", WARN, f"skipped: one sample at seq_len {cfg.shard.seq_len} needs "
-                     f"{_human(flops)} FLOP and {(need['activations'] + need['logits']) / GB:.0f} GB on this CPU "
-                     f"(probe limit {_human(PROBE_FLOPS)} FLOP, {PROBE_BYTES / GB:.0f} GB)",
+                     f"{fmt_count(flops)} FLOP and {(need['activations'] + need['logits']) / GB:.0f} GB on this CPU "
+                     f"(probe limit {fmt_count(PROBE_FLOPS)} FLOP, {PROBE_BYTES / GB:.0f} GB)",
                      "lower shard.seq_len (see memory below)")
             return
         files, source = self.pipeline_files(batch)
-        batches = iter(self.dataset(files, batch))
         layers = cfg.model.sizes()["num_hidden_layers"]
         probe_cfg = cfg.override({"model.num_hidden_layers": PROBE_MAX_LAYERS}) if layers > PROBE_MAX_LAYERS else cfg
-        factory = step_factory or (lambda: _model_step(probe_cfg, tok))
         shape = f"[{batch}, {cfg.shard.seq_len}]"
         scaled = [f"per-replica batch {per_replica} scaled down for this CPU"] if batch < per_replica else []
         if probe_cfg is not cfg:
             scaled.append(f"{PROBE_MAX_LAYERS} of {layers} identical layers")
         note = f" ({'; '.join(scaled)})" if scaled else ""
-        self.add_xla(xla_probe(factory, batches), f"full train step at {shape}{note} on {source}")
+        if step_factory is not None:  # a planted step (tests): the one-device XLA probe
+            batches = iter(self.dataset(files, batch))
+            self.add_xla(xla_probe(step_factory, batches), f"full train step at {shape}{note} on {source}")
+            return
+        self.check_target_program(probe_cfg, tok, batch, files, f"{note} on {source}")
+
+    def check_target_program(self, probe_cfg: RunConfig, tok, batch: int, files: list[str], note: str) -> None:
+        """Compile what the target runs: its precision, steps per execution, replicas (see program.py)."""
+        from tpu_ray.doctor.program import Program, run_program, target_precision, target_steps_per_execution
+
+        tgt = self.target
+        program = Program(tgt.replicas, target_precision(self.cfg, tgt.kind),
+                          target_steps_per_execution(self.cfg, tgt.kind), batch, self.cfg.shard.seq_len)
+        result = run_program(probe_cfg, tok, program, files)
+        label = f"{tgt.name} program: {program.describe()}{note}"
+        if not result.get("ok"):
+            message = result.get("error", "")
+            ops = unsupported_ops(message)
+            if ops:
+                self.add("xla compile", FAIL, f"{label}: XLA cannot compile op(s) {', '.join(ops)}{op_origin(message)}",
+                         "replace them with XLA-compatible TF ops inside the step (no tf.py_function, string ops "
+                         "or data-dependent shapes)")
+            else:
+                self.add("xla compile", FAIL, f"{label}: compile failed: {message.strip()[:200]}",
+                         "see the XLA rules in the guide")
+            return
+        if result["traces"] != 1:
+            self.add("xla compile", FAIL, f"{label}: traced {result['traces']} times in 2 executions",
+                     "feed fixed shapes (drop_remainder=True, fixed seq_len) and tensors, not Python numbers")
+            return
+        self.add("xla compile", PASS, f"{label}: compiled + executed in {result['compile_s']:.1f}s, again in "
+                 f"{result['step_s']:.2f}s, traced once, loss {result['loss']:.2f}")
 
     def add_xla(self, result: tuple[str, str, str], label: str) -> None:
         status, evidence, fix = result
@@ -641,10 +529,10 @@ class Doctor:
         total = sum(mem.values())
         fixed = mem["weights"] + mem["gradients"] + mem["adam"]
         per_sample = (total - fixed) / per_replica
-        parts = (f"params {_human(param_count(cfg, tok.vocab_size))} -> weights+grads+AdamW "
-                 f"{_bytes(fixed)}, activations {_bytes(mem['activations'])}, logits {_bytes(mem['logits'])}")
+        parts = (f"params {fmt_count(param_count(cfg, tok.vocab_size))} -> weights+grads+AdamW "
+                 f"{fmt_bytes(fixed)}, activations {fmt_bytes(mem['activations'])}, logits {fmt_bytes(mem['logits'])}")
         share = total / tgt.hbm_bytes
-        line = (f"~{_bytes(total)} per replica at batch {per_replica}x{seq} of {_bytes(tgt.hbm_bytes)} "
+        line = (f"~{fmt_bytes(total)} per replica at batch {per_replica}x{seq} of {fmt_bytes(tgt.hbm_bytes)} "
                 f"({share:.0%}): {parts}")
         fits = int((HBM_WARN_FRACTION * tgt.hbm_bytes - fixed) // per_sample) if per_sample else per_replica
         if tgt.kind == "tpu" and fits >= 8:
@@ -669,7 +557,7 @@ class Doctor:
         unit = "chip-hours" if tgt.kind == "tpu" else ("GPU-hours" if tgt.kind == "gpu" else "machine-hours")
         chips = tgt.chips if tgt.kind != "cpu" else 1
         self.add("capacity plan", PASS,
-                 f"~{_duration(step_s)}/step, {_human(gb * seq / step_s)} tokens/s at {ASSUMED_UTILIZATION:.0%} "
+                 f"~{fmt_duration(step_s)}/step, {fmt_count(gb * seq / step_s)} tokens/s at {ASSUMED_UTILIZATION:.0%} "
                  f"of {tgt.replicas}x{peak / 1e12:.1f} TFLOP/s; {cfg.train.steps:,} steps = {hours:,.3g} h = "
                  f"{hours * chips:,.3g} {unit} ({chips:g} {'chips' if tgt.kind == 'tpu' else 'devices'})")
 
@@ -699,23 +587,6 @@ class Doctor:
         self._tmp.cleanup()
 
 
-def _model_step(cfg: RunConfig, tok) -> Callable[[dict], Any]:
-    """The trainer's own model, optimizer and train step (train.build / make_train_step), so the
-    probe compiles exactly what training runs. xla_probe wraps it in jit_compile=True: forward,
-    backward and the optimizer update all go through XLA, as they do on a TPU."""
-    import tensorflow as tf
-    import tf_keras
-
-    from tpu_ray.train.strategy import StrategyInfo
-    from tpu_ray.train.loop import build, make_train_step
-
-    tf_keras.mixed_precision.set_global_policy("float32")  # bfloat16 on TPU; on this CPU float32
-    info = StrategyInfo(strategy=tf.distribute.get_strategy(), kind="cpu", replicas=1, device="cpu",
-                        mixed_precision="float32", jit_compile=True, steps_per_execution=1)
-    train_step = make_train_step(build(cfg, info, tok))[0]
-    return lambda batch: train_step(batch)
-
-
 def xla_probe(step_factory: StepFactory, batches: Iterator[dict]) -> tuple[str, str, str]:
     """Compile `step_factory()` with jit_compile=True, run two steps on `batches`, count traces.
 
@@ -736,7 +607,7 @@ def xla_probe(step_factory: StepFactory, batches: Iterator[dict]) -> tuple[str, 
         message = exc.message or str(exc)
         ops = unsupported_ops(message)
         if ops:
-            return (FAIL, f"XLA cannot compile op(s) {', '.join(ops)}{_op_origin(message)}",
+            return (FAIL, f"XLA cannot compile op(s) {', '.join(ops)}{op_origin(message)}",
                     "replace them with XLA-compatible TF ops inside the step (no tf.py_function, string ops or "
                     "data-dependent shapes; see the guide's three XLA rules)")
         return FAIL, f"XLA compile failed: {message.strip().splitlines()[0][:200]}", "see the XLA rules in the guide"

@@ -164,6 +164,11 @@ class ShardWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 # --------------------------------------------------------------------------------------------
 # The driver
@@ -288,12 +293,16 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     results = _resume_state(read_manifest(out_dir), cfg, info, units, out_dir)
     todo = [u for u in units if u.index not in results]
 
-    cluster_cpus = max(1.0, ray.cluster_resources().get("CPU", 1.0))
+    from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
+
+    nodes = ray.nodes()
+    placement = off_tpu_options(nodes)  # never on TPU hosts (one process per host owns the TPU)
+    cluster_cpus = max(1.0, cpu_outside_tpu_hosts(nodes) if placement else ray.cluster_resources().get("CPU", 1.0))
     n_actors = actors or cfg.shard.num_actors or int(cluster_cpus)
     n_actors = max(1, min(n_actors, len(todo))) if todo else 0
     # One CPU per actor, or a fair share when more actors than CPUs are asked for (so all start).
     actor_cpus = min(1.0, cluster_cpus / max(n_actors, 1))
-    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0)(ShardWorker)
+    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0, **placement)(ShardWorker)
     tok_ref = ray.put(tokenizer_json)
     env = actor_env(cfg.shard.tokenizer_threads)
 

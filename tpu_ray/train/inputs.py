@@ -31,11 +31,18 @@ class MaskSpec:
     # Positions per sequence the MLM head scores (see mlm_targets); None: every position.
     predictions: int | None = None
 
-    @property
-    def random_low(self) -> int:
-        """Random replacements avoid special tokens when they occupy the first ids (ours do)."""
-        ids = sorted(self.special_ids)
-        return ids[-1] + 1 if ids == list(range(len(ids))) else 0
+    def random_ids(self, shape: tf.Tensor, seed: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        """Uniform draws over the vocabulary without its special tokens, wherever their ids are.
+
+        Draw r uniformly from [0, vocab - k) (k specials), then map r to the r-th non-special id:
+        add one for every special s_j (sorted, j from 0) with s_j - j <= r. Static shapes, no loop.
+        """
+        specials = sorted(set(self.special_ids))
+        r = tf.random.stateless_uniform(shape, seed, minval=0, maxval=self.vocab_size - len(specials), dtype=dtype)
+        if not specials:
+            return r
+        offsets = tf.constant([s - j for j, s in enumerate(specials)], dtype)
+        return r + tf.reduce_sum(tf.cast(offsets <= r[..., None], dtype), axis=-1)
 
 
 def parse_batch(serialized: tf.Tensor, seq_len: int) -> dict[str, tf.Tensor]:
@@ -59,8 +66,7 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     kind = tf.random.stateless_uniform(shape, s_kind)
     to_mask = tf.logical_and(selected, kind < 0.8)
     to_random = tf.logical_and(selected, tf.logical_and(kind >= 0.8, kind < 0.9))
-    random_ids = tf.random.stateless_uniform(shape, s_random, minval=spec.random_low, maxval=spec.vocab_size,
-                                             dtype=input_ids.dtype)
+    random_ids = spec.random_ids(shape, s_random, input_ids.dtype)
     masked = tf.where(to_mask, tf.cast(spec.mask_id, input_ids.dtype), input_ids)
     masked = tf.where(to_random, random_ids, masked)
     labels = tf.where(selected, input_ids, tf.cast(IGNORE, input_ids.dtype))

@@ -23,11 +23,13 @@ import tensorflow as tf
 
 from tpu_ray import rundir, storage
 from tpu_ray.train.checkpoints import CheckpointStore
+from tpu_ray.train.hooks import executions
+from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
 from tpu_ray.errors import UserError
-from tpu_ray.train.metrics import MetricsWriter, eval_line, train_line
-from tpu_ray.train.model import hf_config, peak_flops, train_flops_per_token
+from tpu_ray.train.metrics import MetricsWriter
+from tpu_ray.train.model import hf_config
 from tpu_ray.prepare.shards import read_manifest, shard_files
 from tpu_ray.train.strategy import StrategyInfo, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
@@ -64,8 +66,10 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
+    from tpu_ray.train import schedule as lr_schedule
+
     t = cfg.train
-    warmup = t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
+    warmup = lr_schedule.warmup_steps(cfg)
     # `seed` fixes the initial weights and dropout too, not only data order and masks: an
     # uninterrupted run can be repeated exactly (after --resume only the dropout draws differ).
     tf_keras.utils.set_random_seed(cfg.seed)
@@ -81,7 +85,8 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
         # restore is complete before the first step.
         optimizer._create_all_weights(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var,
+                                         schedule=lr_schedule.variable(cfg))
     # Multi-worker: the same initial weights everywhere (above), but each worker its own dropout
     # stream, as the workers read different data (equal seeds would repeat worker 0's masks).
     worker = info.worker_index
@@ -238,21 +243,50 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
 def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
                 train_files: list[tuple[str, int]], val_files: list[tuple[str, int]],
                 t_start: float) -> dict[str, Any]:
-    info, tok, chief = s.info, s.tok, s.info.is_chief
-    gb = cfg.train.batch_size
-    per_replica = gb // info.replicas
-    start = 0
-    if ckpts.present:  # any ckpt-* file, complete or not: a fresh start would overwrite them
-        if not resume:
-            raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
-                            f"to continue it or use a new --output-dir")
-        ckpts.restore(s.checkpoint)
-        start = int(s.step_var.numpy())
-        log.info("resumed from %s at step %d", ckpts.latest_url, start)
-        metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url)
+    """The loop, in named steps: restore, input, step functions, hooks, executions, summary."""
+    info = s.info
+    start = restore_or_start(cfg, s, ckpts, metrics, resume)
+    iterator, files_read = train_input(cfg, s, train_files, start)
+    train_step, train_steps = make_train_step(s)
+    state = LoopState()
+    hooks = default_hooks(cfg, s, ckpts, metrics, state, _evaluator(s, val_files, cfg.train.batch_size // info.replicas),
+                          lambda: train_step.experimental_get_tracing_count()
+                          + train_steps.experimental_get_tracing_count())
+    metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
+                  device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
+                  per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
+                  jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution)
+    step = start
+    for done in executions(start, cfg.train.steps, info.steps_per_execution, hooks,
+                           make_execute(s, iterator, train_step, train_steps)):
+        step = done.step
+    return finish(cfg, s, metrics, state, start, step, files_read, t_start)
 
-    spec = mask_spec(cfg, tok)
-    seq_len = cfg.shard.seq_len
+
+def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
+                     resume: bool) -> int:
+    """The step to start from: 0, or the latest checkpoint's with --resume (refused without it)."""
+    if not ckpts.present:  # any ckpt-* file, complete or not: a fresh start would overwrite them
+        return 0
+    if not resume:
+        raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
+                        f"to continue it or use a new --output-dir")
+    from tpu_ray.train import schedule as lr_schedule
+
+    lr_schedule.check_resume(ckpts.latest, cfg)
+    ckpts.restore(s.checkpoint)
+    s.checkpoint.schedule.assign(lr_schedule.values(cfg))  # what the next checkpoint records
+    start = int(s.step_var.numpy())
+    log.info("resumed from %s at step %d", ckpts.latest_url, start)
+    metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url)
+    return start
+
+
+def train_input(cfg: RunConfig, s: TrainSetup, train_files: list[tuple[str, int]], start: int):
+    """The distributed iterator over training batches, positioned after `start` steps, and the list
+    of files this process reads (filled as the strategy builds each input pipeline)."""
+    gb, seq_len = cfg.train.batch_size, cfg.shard.seq_len
+    spec = mask_spec(cfg, s.tok)
     files = [p for p, _ in train_files]
     files_read: list[str] = []
 
@@ -262,56 +296,40 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
                              cfg.train.shuffle_buffer,
                              start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx)
 
-    dist = info.strategy.distribute_datasets_from_function(dataset_fn)
-    iterator = iter(dist)
-    train_step, train_steps = make_train_step(s)
-    evaluate = _evaluator(s, val_files, per_replica)
-    flops_token = train_flops_per_token(cfg, tok.vocab_size)
-    peak = peak_flops(info.device, cfg.train.peak_flops)
-    spe = info.steps_per_execution
+    return iter(s.info.strategy.distribute_datasets_from_function(dataset_fn)), files_read
 
-    step, total = start, cfg.train.steps
-    acc = _Interval()
-    last: dict[str, Any] = {}
-    last_eval: dict[str, Any] = {}
-    metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
-                  device_kind=info.kind, replicas=info.replicas, global_batch=gb, per_replica_batch=per_replica,
-                  precision=info.mixed_precision, jit_compile=info.jit_compile, steps_per_execution=spe)
-    while step < total:
-        n = min(spe, total - step)
+
+def make_execute(s: TrainSetup, iterator, train_step, train_steps):
+    """`execute(n)`: run n steps in one host round trip -> (sums, seconds, input wait). With
+    steps_per_execution > 1 every execution (a short one at a hook boundary too) goes through the
+    one traced multi-step function, so the program traces once."""
+    single = s.info.steps_per_execution == 1
+
+    def execute(n: int) -> tuple[Any, float, float]:
         t0 = time.perf_counter()
-        if spe == 1:
+        if single:
             batch = next(iterator)
             t1 = time.perf_counter()
             sums = train_step(batch).numpy()
-            acc.input_wait += t1 - t0
+            wait = t1 - t0
         else:
             sums = train_steps(iterator, tf.constant(n)).numpy()
-            acc.input_wait = math.nan  # not separable from the step inside one execution
-        acc.add(sums, n, time.perf_counter() - t0)
-        prev, step = step, step + n
-        s.step_var.assign(step)
-        diverged = not math.isfinite(float(sums[0]))
-        if _crossed(prev, step, cfg.train.log_every) or step == total or diverged:
-            last = metrics.write("train", step=step, **acc.record(s, gb, seq_len, flops_token, peak, info.replicas),
-                                 train_traces=train_step.experimental_get_tracing_count()
-                                 + train_steps.experimental_get_tracing_count())
-            log.log(logging.INFO if chief else logging.DEBUG, train_line(last))
-            acc = _Interval()
-        if diverged:
-            on_nonfinite(cfg, metrics, ckpts, step, f"the loss is {float(sums[0]) / max(float(sums[2]), 1.0)}")
-        if evaluate and (_crossed(prev, step, cfg.train.eval_every) or step == total):
-            last_eval = metrics.write("eval", step=step, **evaluate())
-            log.log(logging.INFO if chief else logging.DEBUG, eval_line(last_eval))
-        if _crossed(prev, step, cfg.train.checkpoint_every) or step == total:
-            if weights_finite(s.model):
-                ckpts.save(step)
-            else:  # never let a diverged model replace the last good checkpoint
-                on_nonfinite(cfg, metrics, ckpts, step, "the weights are not finite (not saved)")
-    export_dir = export(s) if chief else None
+            wait = math.nan  # not separable from the steps inside one execution
+        s.step_var.assign_add(n)
+        return sums, time.perf_counter() - t0, wait
+
+    return execute
+
+
+def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, state: LoopState, start: int, step: int,
+           files_read: list[str], t_start: float) -> dict[str, Any]:
+    """Export (chief), the run summary, the train_end event."""
+    info = s.info
+    last, last_eval = state.last or {}, state.last_eval or {}
+    export_dir = export(s) if info.is_chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
-        "replicas": info.replicas, "global_batch": gb, "steps": step, "resumed_from": start,
+        "replicas": info.replicas, "global_batch": cfg.train.batch_size, "steps": step, "resumed_from": start,
         "train_traces": last.get("train_traces"), "final_loss": last.get("loss"),
         "eval_loss": last_eval.get("eval_loss"), "eval_accuracy": last_eval.get("eval_accuracy"),
         "perplexity": last_eval.get("perplexity"), "train_seconds": time.monotonic() - t_start,
@@ -329,60 +347,6 @@ def weights_digest(model: Any) -> str:
     for w in model.weights:
         digest.update(w.numpy().tobytes())
     return digest.hexdigest()
-
-
-def weights_finite(model: Any) -> bool:
-    """True if no weight is NaN or infinite (checked before every checkpoint save)."""
-    return all(bool(tf.reduce_all(tf.math.is_finite(w)).numpy()) for w in model.trainable_weights
-               if w.dtype.is_floating)
-
-
-def on_nonfinite(cfg: RunConfig, metrics: MetricsWriter, ckpts: CheckpointStore, step: int, what: str) -> None:
-    """A diverged run: stop with one line naming the step and the checkpoint that is kept (the
-    default, train.on_nan=stop), or warn and go on (train.on_nan=continue)."""
-    kept = ckpts.latest_saved or "none yet"
-    metrics.event("nonfinite", stage="train", step=step, what=what, checkpoint=kept)
-    if cfg.train.on_nan == "continue":
-        log.warning("step %d: %s; continuing (train.on_nan=continue), last good checkpoint: %s", step, what, kept)
-        return
-    raise UserError(f"step {step}: {what}, training stopped; the last good checkpoint is kept ({kept}); "
-                    f"lower train.learning_rate and rerun with --resume, or set train.on_nan=continue")
-
-
-def _crossed(prev: int, step: int, every: int) -> bool:
-    return step // every > prev // every
-
-
-class _Interval:
-    """Sums over one logging interval."""
-
-    def __init__(self) -> None:
-        self.loss = self.correct = self.count = 0.0
-        self.steps = 0
-        self.seconds = 0.0
-        self.input_wait = 0.0
-
-    def add(self, sums, n: int, seconds: float) -> None:
-        self.loss += float(sums[0])
-        self.correct += float(sums[1])
-        self.count += float(sums[2])
-        self.steps += n
-        self.seconds += seconds
-
-    def record(self, s: TrainSetup, gb: int, seq_len: int, flops_token: float, peak: float | None,
-               replicas: int) -> dict[str, Any]:
-        step_time = self.seconds / max(self.steps, 1)
-        tokens_s = gb * seq_len / step_time if step_time else 0.0
-        return {
-            "loss": self.loss / max(self.count, 1.0),
-            "accuracy": self.correct / max(self.count, 1.0),
-            "learning_rate": float(s.schedule(s.optimizer.iterations - 1)),
-            "step_time_s": step_time,
-            "samples_per_s": gb / step_time if step_time else 0.0,
-            "tokens_per_s": tokens_s,
-            "mfu": tokens_s * flops_token / (peak * replicas) if peak else None,
-            "input_wait_s": self.input_wait / max(self.steps, 1),
-        }
 
 
 def _evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int):

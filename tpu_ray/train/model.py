@@ -5,24 +5,15 @@ from __future__ import annotations
 import logging
 import time
 
+from tpu_ray import accelerators
 from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
-# Peak dense bf16/fp16 FLOP/s of ONE replica. v2/v3: a replica is a core (2 per chip); v4 and
-# later: a replica is a chip (megacore). GPUs: dense tensor-core bf16, no sparsity.
-PEAK_FLOPS_PER_REPLICA = {
-    "TPU v2": 45e12 / 2,
-    "TPU v3": 123e12 / 2,
-    "TPU v4": 275e12,
-    "TPU v5e": 197e12,
-    "TPU v5litepod": 197e12,
-    "TPU v5p": 459e12,
-    "A100": 312e12,
-    "H100": 989e12,
-    "H200": 989e12,
-}
+# Peak FLOP/s of one replica, by device name: the one accelerator table (tpu_ray/accelerators.py).
+PEAK_FLOPS_PER_REPLICA = accelerators.PEAK_FLOPS_PER_REPLICA
 
 
 def hf_config(cfg: RunConfig, tok: TokenizerInfo):
@@ -30,10 +21,7 @@ def hf_config(cfg: RunConfig, tok: TokenizerInfo):
     from transformers import AutoConfig
 
     sizes = cfg.model.sizes()
-    if cfg.model.model_type == "roberta" and tok.pad_id != 1:
-        # TF RoBERTa hard-codes padding_idx=1 for position ids: id 1 must be the pad token.
-        log.warning("tokenizer pad id is %d, but TF RoBERTa treats id 1 as padding; retrain the tokenizer "
-                    "with tpu-ray (pad = id 1)", tok.pad_id)
+    check_pad_id(cfg, tok)
     return AutoConfig.for_model(
         cfg.model.model_type,
         vocab_size=tok.vocab_size,
@@ -43,6 +31,21 @@ def hf_config(cfg: RunConfig, tok: TokenizerInfo):
         hidden_dropout_prob=cfg.model.dropout, attention_probs_dropout_prob=cfg.model.dropout,
         **sizes,
     )
+
+
+# Model types whose TF position ids hard-code padding_idx=1 (transformers modeling_tf_roberta.py).
+PAD_ONE_MODEL_TYPES = ("roberta",)
+
+
+def check_pad_id(cfg: RunConfig, tok: TokenizerInfo) -> None:
+    """Refuse a tokenizer whose pad id is not 1 for RoBERTa: its position ids would treat the token
+    with id 1 as padding (every one of them gets the padding position) and real pads as text."""
+    from tpu_ray.config import PAD
+
+    if cfg.model.model_type in PAD_ONE_MODEL_TYPES and tok.pad_id != 1:
+        raise UserError(f"{cfg.tokenizer_dir}: pad token {PAD} has id {tok.pad_id}, but TF {cfg.model.model_type} "
+                        f"treats id 1 as padding; retrain the tokenizer with tpu-ray tokenizer (pad = id 1) or "
+                        f"use model.model_type=bert")
 
 
 def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:
@@ -64,9 +67,9 @@ def peak_flops(device: str, configured: float | None) -> float | None:
     """Per-replica peak: configured, from the table, or measured (CPU)."""
     if configured:
         return configured
-    for name, peak in PEAK_FLOPS_PER_REPLICA.items():
-        if name.lower() in device.lower():
-            return peak
+    peak = accelerators.peak_flops_for(device)
+    if peak:
+        return peak
     if device == "cpu":
         return measure_cpu_peak()
     return None

@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray.config import TrainConfig
-from tpu_ray.errors import UserError, first_line
+from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -111,20 +111,23 @@ def _tpu_strategy(cfg: TrainConfig) -> tuple[Any, str]:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as exc:
-        raise UserError(f"train.strategy=tpu: no TPU reachable as {name!r} ({first_line(exc, 120)}); "
-                        f"run on CPU with train.strategy=cpu or auto") from None
+    except (ValueError, RuntimeError, OSError, tf.errors.OpError) as exc:  # OSError: URLError of a lookup
+        from tpu_ray.train.tpu_init import classify_tpu_error
+
+        raise classify_tpu_error(exc, name, local_tpu_chips()) from None
     strategy = tf.distribute.TPUStrategy(resolver)
     devices = tf.config.list_logical_devices("TPU")
     kind = getattr(devices[0], "device_type", "TPU") if devices else "TPU"
-    return strategy, _tpu_generation(resolver) or kind
+    return strategy, _tpu_generation() or kind
 
 
-def _tpu_generation(resolver: Any) -> str | None:
-    accel = os.environ.get("TPU_ACCELERATOR_TYPE") or getattr(resolver, "_tpu_accelerator_type", None)
-    if accel:  # e.g. "v4-8" -> "TPU v4"
-        return "TPU " + str(accel).split("-")[0]
-    return None
+def _tpu_generation() -> str | None:
+    """The device name ("TPU v4" for a v4-16) from the accelerator type as Ray finds it (env, else VM metadata); None
+    (logged) when unknown. TPUClusterResolver has no accelerator-type attribute to ask."""
+    from tpu_ray.accelerators import tpu_accelerator_type, tpu_generation
+
+    generation = tpu_generation(tpu_accelerator_type())
+    return generation.device if generation else None
 
 
 def select(cfg: TrainConfig) -> StrategyInfo:

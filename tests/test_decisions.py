@@ -1,0 +1,145 @@
+"""The pure decisions, tested directly: where training runs (placement_for), which strategy
+(detect_kind), the doctor's capacity arithmetic, the loop's execution lengths, the TPU client's
+environment and the CPU actors' node selector. No cluster, no training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
+
+
+def _cfg(**train) -> RunConfig:
+    return RunConfig.from_dict({"train": train})
+
+
+# -- placement_for ------------------------------------------------------------------------------
+TPU_CLUSTER = {"CPU": 8, "TPU": 8, "TPU-v4-8-head": 1, "TPU-v4-16-head": 1}
+
+
+@pytest.mark.parametrize("train, resources, expected", [
+    ({}, {"CPU": 8}, ("local", {})),
+    ({}, {"CPU": 8, "TPU": 4, "TPU-v4-8-head": 1}, ("tpu", {"head_resource": "TPU-v4-8-head"})),
+    ({"strategy": "cpu"}, {"CPU": 8, "TPU": 4, "TPU-v4-8-head": 1}, ("local", {})),  # TPU there, CPU asked
+    ({"tpu_topology": "v4-16"}, TPU_CLUSTER, ("tpu", {"head_resource": "TPU-v4-16-head"})),
+    ({"num_gpus": 2}, {"CPU": 8, "GPU": 4}, ("gpu", {"num_gpus": 2})),
+    ({"placement": "gpu"}, {"CPU": 8, "GPU": 1}, ("gpu", {"num_gpus": 1})),
+    ({"placement": "local", "tpu_topology": "v4-8"}, TPU_CLUSTER, ("local", {})),
+])
+def test_placement_for(train, resources, expected):
+    from tpu_ray.cluster.placement import placement_for
+
+    assert placement_for(_cfg(**train), resources) == expected
+
+
+@pytest.mark.parametrize("train, resources, message", [
+    ({"placement": "tpu"}, TPU_CLUSTER, r"cluster has TPU head resources \['TPU-v4-16-head', 'TPU-v4-8-head'\]"),
+    ({"tpu_topology": "v5p-8"}, TPU_CLUSTER, r"train.tpu_topology=v5p-8: no node offers TPU-v5p-8-head"),
+    ({"num_gpus": 4}, {"CPU": 8, "GPU": 2}, r"train.num_gpus=4: the Ray cluster has 2 GPUs"),
+])
+def test_placement_for_refuses_what_the_cluster_cannot_give(train, resources, message):
+    from tpu_ray.cluster.placement import placement_for
+
+    with pytest.raises(UserError, match=message):
+        placement_for(_cfg(**train), resources)
+
+
+# -- detect_kind --------------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy, env, expected", [
+    ("gpu", {}, "gpu"),
+    ("auto", {"TPU_NAME": "my-slice"}, "tpu"),
+    ("auto", {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}})},
+     "multiworker"),
+    ("auto", {}, "cpu"),
+])
+def test_detect_kind(monkeypatch, strategy, env, expected):
+    from tpu_ray.train.strategy import detect_kind
+
+    for key in ("TPU_NAME", "TF_CONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert detect_kind(_cfg(strategy=strategy).train) == expected
+
+
+def test_detect_kind_names_a_broken_tf_config(monkeypatch):
+    from tpu_ray.train.strategy import detect_kind
+
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(UserError, match="^TF_CONFIG: not valid JSON"):
+        detect_kind(_cfg().train)
+
+
+# -- capacity arithmetic (doctor/estimates.py) ---------------------------------------------------
+def test_param_count_matches_the_real_model():
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray.doctor.estimates import param_count
+    from tpu_ray.prepare.tokenizer import TokenizerInfo
+    from tpu_ray.train.model import hf_config
+
+    cfg = RunConfig.from_dict({"model": {"preset": "tiny"}, "shard": {"seq_len": 64}})
+    model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, TokenizerInfo("0" * 64, 800, 0, 2, 1, 3, 4)))
+    model(model.dummy_inputs)
+    assert param_count(cfg, 800) == pytest.approx(model.count_params(), rel=0.01)
+
+
+def test_memory_per_replica_splits_fixed_and_per_sample_parts():
+    from tpu_ray.doctor.estimates import memory_per_replica, param_count
+
+    cfg = RunConfig.from_dict({"model": {"preset": "tiny"}, "shard": {"seq_len": 64}})
+    one, four = memory_per_replica(cfg, 800, 1), memory_per_replica(cfg, 800, 4)
+    params = param_count(cfg, 800)
+    assert one["weights"] == four["weights"] == 4 * params and one["adam"] == 8 * params  # float32 + AdamW m, v
+    assert four["activations"] == pytest.approx(4 * one["activations"])
+    assert four["logits"] == pytest.approx(4 * one["logits"])
+    assert memory_per_replica(cfg, 800, 4, act_bytes=4)["activations"] == pytest.approx(2 * four["activations"])
+
+
+def test_probe_batch_halves_until_the_cpu_budget_fits():
+    from tpu_ray.doctor.estimates import PROBE_FLOPS, probe_batch
+    from tpu_ray.train.model import train_flops_per_token
+
+    cfg = RunConfig.from_dict({"model": {"preset": "base"}, "shard": {"seq_len": 512}})
+    b = probe_batch(cfg, 50_000, 64)
+    per_sample = 512 * train_flops_per_token(cfg, 50_000)
+    assert 1 <= b < 64 and b & (b - 1) == 0  # 64 halved
+    assert b * per_sample <= PROBE_FLOPS < 2 * b * per_sample
+
+
+# -- the loop's execution lengths, the TPU client environment, the actors' node selector ---------------
+@pytest.mark.parametrize("step, total, spe, everies, n", [
+    (0, 40, 4, [10, 20], 4), (8, 40, 4, [10, 20], 2), (10, 40, 100, [10, 20], 10),
+    (38, 40, 4, [None], 2), (0, 40, 1, [7], 1), (5, 40, 64, [None, 500], 35),
+])
+def test_next_length(step, total, spe, everies, n):
+    from tpu_ray.train.hooks import next_length
+
+    assert next_length(step, total, spe, everies) == n
+
+
+@pytest.mark.parametrize("name, multi_host, expected", [
+    (None, True, {"TPU_NAME": "slice-b", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}),
+    ("named", True, {"TPU_NAME": "named", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}),
+    (None, False, {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
+                   "TPU_ACCELERATOR_TYPE": "v4-16"}),
+])
+def test_tpu_client_env(name, multi_host, expected):
+    from tpu_ray.cluster.tpu_env import client_env
+
+    assert client_env(name, multi_host, "slice-b", "v4-16") == expected
+
+
+def test_cpu_actors_avoid_tpu_hosts_unless_there_is_nothing_else():
+    from tpu_ray.cluster.cpu_nodes import off_tpu_options
+
+    cpu = {"Alive": True, "Labels": {}, "Resources": {"CPU": 8}}
+    tpu = {"Alive": True, "Labels": {"ray.io/accelerator-type": "TPU-V4"}, "Resources": {"CPU": 240, "TPU": 4}}
+    selector = off_tpu_options([cpu, tpu])["label_selector"]["ray.io/accelerator-type"]
+    assert selector.startswith("!in(") and "TPU-V4" in selector and "TPU-V5P" in selector
+    assert off_tpu_options([tpu]) == {}
+    assert "label_selector" in off_tpu_options([{"Alive": True, "Labels": {}, "Resources": {"CPU": 0}}, tpu])

@@ -1,0 +1,117 @@
+"""The program a TPU runs, executed on CPU: several steps per execution on the user's grid, bfloat16
+and float16 (loss-scaled) precision, and resume that ends with the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tests.test_train import _cfg, _records, checkpoint_weights, max_abs_difference, shards_dir  # noqa: F401
+
+
+def test_hooks_grid_never_crosses_a_boundary():
+    from tpu_ray.train.hooks import Hook, executions
+
+    seen: dict[str, list[int]] = {"log": [], "ckpt": []}
+    lengths: list[int] = []
+    hooks = [Hook("log", 10, lambda i: seen["log"].append(i.step)), Hook("ckpt", 25, lambda i: seen["ckpt"].append(i.step))]
+
+    def execute(n):
+        lengths.append(n)
+        return None, 0.0, 0.0
+
+    steps = [i.step for i in executions(3, 57, 4, hooks, execute)]
+    assert seen == {"log": [10, 20, 30, 40, 50, 57], "ckpt": [25, 50, 57]}
+    assert max(lengths) == 4 and sum(lengths) == 54 and steps[-1] == 57
+    assert all(not (a // 10 < (b - 1) // 10) for a, b in zip([3, *steps], steps))  # no execution crosses 10s
+
+
+def test_steps_per_execution_4_ends_where_1_ends_on_the_asked_grid(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811
+    """dropout 0: 4 steps per execution and 1 reach the same step with the same weights (< 1e-5) and
+    the same metrics stream; with log_every=10 the records land at 10, 20, 30, 40 (not 12, 20, 32, 40)."""
+    from tpu_ray.train.loop import train
+
+    over = {"train.steps": 40, "train.log_every": 10, "train.eval_every": 20, "train.checkpoint_every": 20,
+            "model.dropout": 0.0}
+    runs = {}
+    for spe in (1, 4):
+        run_dir = tmp_path / f"spe{spe}"
+        summary = train(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over, **{"train.steps_per_execution": spe}))
+        runs[spe] = (summary, _records(run_dir, "train"), _records(run_dir, "eval"), checkpoint_weights(run_dir))
+    (s1, train1, eval1, w1), (s4, train4, eval4, w4) = runs[1], runs[4]
+    assert s1["steps"] == s4["steps"] == 40 and s4["train_traces"] == 1
+    assert [r["step"] for r in train4] == [r["step"] for r in train1] == [10, 20, 30, 40]
+    assert [r["step"] for r in eval4] == [r["step"] for r in eval1] == [20, 40]
+    assert max_abs_difference(w1, w4) < 1e-5
+    assert [r["loss"] for r in train4] == pytest.approx([r["loss"] for r in train1], rel=1e-5)
+    assert [r["eval_loss"] for r in eval4] == pytest.approx([r["eval_loss"] for r in eval1], rel=1e-6)
+    assert all(r["input_wait_s"] is None for r in train4)  # NaN (null): not separable inside an execution
+
+
+def test_mixed_bfloat16_trains_the_tiny_model_on_cpu(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811
+    """TPU precision on CPU: bfloat16 compute, float32 variables, logits cast to float32 for the loss."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.loop import build, masked_sums, mlm_logits, train
+    from tpu_ray.train.strategy import select
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 30, "train.log_every": 5, "train.eval_every": 30, "train.learning_rate": 2e-3,
+                  "train.mixed_precision": "mixed_bfloat16"})
+    try:
+        summary = train(cfg)
+        losses = [r["loss"] for r in _records(tmp_path / "run", "train")]
+        assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+        assert math.isfinite(summary["eval_loss"])
+        start = [e for e in _records(tmp_path / "run", "event") if e["event"] == "train_start"][-1]
+        assert start["precision"] == "mixed_bfloat16"
+
+        info = select(cfg.train)
+        assert tf_keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+        s = build(cfg, info, tokenizer_info(tiny_tokenizer_dir))
+        assert {w.dtype for w in s.model.weights} == {tf.float32}
+        ids = tf.fill([2, 64], 7)
+        batch = {"input_ids": ids, "attention_mask": tf.ones_like(ids), "mlm_positions": tf.fill([2, 4], 3),
+                 "mlm_labels": tf.fill([2, 4], 9)}
+        logits = mlm_logits(s.model, batch, training=True)
+        assert logits.dtype == tf.bfloat16
+        loss_sum, _, count = masked_sums(batch["mlm_labels"], logits)
+        assert loss_sum.dtype == tf.float32 and math.isfinite(float(loss_sum)) and float(count) == 8
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+
+
+def test_float16_with_loss_scaling_builds_and_steps(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811
+    """The GPU path (mixed_float16 + LossScaleOptimizer), forced on CPU: build() and three train steps."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.inputs import train_dataset
+    from tpu_ray.train.loop import build, make_train_step, mask_spec
+    from tpu_ray.train.strategy import StrategyInfo
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.learning_rate": 1e-3})
+    tok = tokenizer_info(tiny_tokenizer_dir)
+    files = sorted(str(p) for p in shards_dir.glob("train-*.tfrecord"))
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        info = StrategyInfo(tf.distribute.get_strategy(), "gpu", 1, "cpu", "mixed_float16", False, 1)
+        s = build(cfg, info, tok)
+        assert isinstance(s.optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+        assert {w.dtype for w in s.model.weights} == {tf.float32}
+        before = [w.numpy().copy() for w in s.model.trainable_weights]
+        train_step = make_train_step(s)[0]
+        batches = iter(train_dataset(files, cfg.shard.seq_len, 16, mask_spec(cfg, tok), cfg.seed, 64))
+        sums = [train_step(next(batches)).numpy() for _ in range(3)]
+        assert all(np.isfinite(x).all() and x[2] > 0 for x in sums)
+        assert float(s.optimizer.loss_scale) > 0
+        moved = max(float(np.max(np.abs(w.numpy() - b))) for w, b in zip(s.model.trainable_weights, before))
+        assert moved > 0
+        assert int(s.optimizer.iterations.numpy()) >= 1
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")

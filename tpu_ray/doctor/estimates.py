@@ -1,0 +1,78 @@
+"""doctor's estimates: pure arithmetic on a config (parameters, memory per replica, the CPU probe's
+batch) and the number formats the report prints. Unit-tested directly (tests/test_decisions.py)."""
+
+from __future__ import annotations
+
+from tpu_ray.config import RunConfig
+
+GB = 1 << 30
+# Assumed model FLOPs utilization for the capacity plan (a well-fed BERT-style model on TPU).
+ASSUMED_UTILIZATION = 0.40
+# HBM use above this fraction is a warning: XLA needs headroom for temporaries and fusion.
+HBM_WARN_FRACTION = 0.90
+# The CPU compile probe runs at most this many FLOPs per step and this much activation memory;
+# the per-replica batch is halved until it fits (XLA's op coverage does not depend on the batch).
+PROBE_FLOPS = 4e11
+PROBE_BYTES = 4 << 30
+# Deeper models are compiled with this many of their (identical) encoder layers: the same ops at
+# the same shapes, at a fraction of the XLA compile time on 2 CPU cores (base: ~20 s instead of
+# ~60-130 s). Memory and the capacity plan always use the full depth.
+PROBE_MAX_LAYERS = 2
+
+
+def param_count(cfg: RunConfig, vocab: int) -> int:
+    """Parameters of the masked-LM model (decoder tied to the word embeddings)."""
+    s = cfg.model.sizes()
+    h, layers, inter = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"]
+    embeddings = vocab * h + cfg.max_positions() * h + 2 * h + 2 * h  # words, positions, type, LayerNorm
+    layer = 4 * (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h) + 2 * h
+    head = h * h + h + 2 * h + vocab  # dense, LayerNorm, output bias
+    return embeddings + layers * layer + head
+
+
+def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 2) -> dict[str, float]:
+    """Bytes per replica: float32 weights + gradients + AdamW's two moments, activations kept for the
+    backward pass (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) per layer at 16 bits, no
+    recomputation), and the vocabulary logits (compute dtype, float32 copy, float32 gradient) of
+    the positions the MLM head scores (the trainer gathers `predictions_per_sequence` of them)."""
+    from tpu_ray.train.inputs import predictions_per_sequence
+
+    s = cfg.model.sizes()
+    h, layers, heads, seq = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], cfg.shard.seq_len
+    params = param_count(cfg, vocab)
+    acts = layers * seq * batch * h * (34 + 5 * heads * seq / h) * act_bytes / 2
+    logits = batch * predictions_per_sequence(seq, cfg.train.mask_prob) * vocab * (act_bytes + 8)
+    return {"weights": 4.0 * params, "gradients": 4.0 * params, "adam": 8.0 * params,
+            "activations": acts, "logits": logits}
+
+
+def probe_batch(cfg: RunConfig, vocab: int, per_replica: int) -> int:
+    """The largest batch <= per_replica (halving) whose CPU step stays under the probe budget; 0: none."""
+    from tpu_ray.train.model import train_flops_per_token
+
+    fpt = train_flops_per_token(cfg, vocab)
+    b = max(1, per_replica)
+    while b >= 1:
+        mem = memory_per_replica(cfg, vocab, b, act_bytes=4)
+        if b * cfg.shard.seq_len * fpt <= PROBE_FLOPS and mem["activations"] + mem["logits"] <= PROBE_BYTES:
+            return b
+        b //= 2
+    return 0
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, div in (("GB", GB), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def fmt_count(n: float) -> str:
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"

@@ -1,0 +1,117 @@
+"""The trainer's own hooks: accumulate every execution, then log, evaluate and checkpoint each on its
+own `every=` grid (see hooks.py for the timing). Split from loop.py so the loop reads as its steps."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
+from tpu_ray.train.hooks import Hook, StepInfo
+from tpu_ray.train.metrics import MetricsWriter, eval_line, train_line
+from tpu_ray.train.model import peak_flops, train_flops_per_token
+
+log = logging.getLogger("tpu_ray.train.loop")  # the trainer's log lines keep the trainer's name
+
+
+class Interval:
+    """Sums over one logging interval."""
+
+    def __init__(self) -> None:
+        self.loss = self.correct = self.count = 0.0
+        self.steps = 0
+        self.seconds = 0.0
+        self.input_wait = 0.0
+
+    def add(self, sums, n: int, seconds: float, input_wait: float = 0.0) -> None:
+        self.loss += float(sums[0])
+        self.correct += float(sums[1])
+        self.count += float(sums[2])
+        self.steps += n
+        self.seconds += seconds
+        self.input_wait += input_wait  # NaN once any execution ran several steps
+
+    def record(self, s: Any, gb: int, seq_len: int, flops_token: float, peak: float | None,
+               replicas: int) -> dict[str, Any]:
+        step_time = self.seconds / max(self.steps, 1)
+        tokens_s = gb * seq_len / step_time if step_time else 0.0
+        return {
+            "loss": self.loss / max(self.count, 1.0),
+            "accuracy": self.correct / max(self.count, 1.0),
+            "learning_rate": float(s.schedule(s.optimizer.iterations - 1)),
+            "step_time_s": step_time,
+            "samples_per_s": gb / step_time if step_time else 0.0,
+            "tokens_per_s": tokens_s,
+            "mfu": tokens_s * flops_token / (peak * replicas) if peak else None,
+            "input_wait_s": self.input_wait / max(self.steps, 1),
+        }
+
+
+@dataclass
+class LoopState:
+    interval: Interval | None = None
+    last: dict[str, Any] | None = None
+    last_eval: dict[str, Any] | None = None
+
+
+def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
+                  state: LoopState, evaluate, traces) -> list[Hook]:
+    """accumulate (every execution) -> log (log_every) -> eval (eval_every) -> checkpoint
+    (checkpoint_every); each also at the run's last step."""
+    t, info = cfg.train, s.info
+    level = logging.INFO if info.is_chief else logging.DEBUG
+    flops_token = train_flops_per_token(cfg, s.tok.vocab_size)
+    peak = peak_flops(info.device, t.peak_flops)
+    state.interval = Interval()
+
+    def accumulate(step: StepInfo) -> None:
+        state.interval.add(step.sums, step.steps, step.seconds, step.input_wait)
+        if not math.isfinite(float(step.sums[0])):  # log what was seen, then stop (or go on)
+            log_train(step)
+            on_nonfinite(cfg, metrics, ckpts, step.step,
+                         f"the loss is {float(step.sums[0]) / max(float(step.sums[2]), 1.0)}")
+
+    def log_train(step: StepInfo) -> None:
+        record = state.interval.record(s, t.batch_size, cfg.shard.seq_len, flops_token, peak, info.replicas)
+        state.last = metrics.write("train", step=step.step, **record, train_traces=traces())
+        log.log(level, train_line(state.last))
+        state.interval = Interval()
+
+    def run_eval(step: StepInfo) -> None:
+        state.last_eval = metrics.write("eval", step=step.step, **evaluate())
+        log.log(level, eval_line(state.last_eval))
+
+    hooks = [Hook("accumulate", None, accumulate), Hook("log", t.log_every, log_train)]
+    if evaluate:
+        hooks.append(Hook("eval", t.eval_every, run_eval))
+    def save(step: StepInfo) -> None:
+        if weights_finite(s.model):
+            ckpts.save(step.step)
+        else:  # never let a diverged model replace the last good checkpoint
+            on_nonfinite(cfg, metrics, ckpts, step.step, "the weights are not finite (not saved)")
+
+    hooks.append(Hook("checkpoint", t.checkpoint_every, save))
+    return hooks
+
+
+def weights_finite(model: Any) -> bool:
+    """True if no weight is NaN or infinite (checked before every checkpoint save)."""
+    import tensorflow as tf
+
+    return all(bool(tf.reduce_all(tf.math.is_finite(w)).numpy()) for w in model.trainable_weights
+               if w.dtype.is_floating)
+
+
+def on_nonfinite(cfg: RunConfig, metrics: MetricsWriter, ckpts: Any, step: int, what: str) -> None:
+    """A diverged run: stop with one line naming the step and the checkpoint that is kept (the
+    default, train.on_nan=stop), or warn and go on (train.on_nan=continue)."""
+    kept = ckpts.latest_saved or "none yet"
+    metrics.event("nonfinite", stage="train", step=step, what=what, checkpoint=kept)
+    if cfg.train.on_nan == "continue":
+        log.warning("step %d: %s; continuing (train.on_nan=continue), last good checkpoint: %s", step, what, kept)
+        return
+    raise UserError(f"step {step}: {what}, training stopped; the last good checkpoint is kept ({kept}); "
+                    f"lower train.learning_rate and rerun with --resume, or set train.on_nan=continue")
