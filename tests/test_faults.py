@@ -78,7 +78,7 @@ def copy_run(trained: Path, tmp_path: Path) -> tuple[Path, Path]:
 def test_missing_index_of_latest_checkpoint_resumes_from_the_previous_one_with_a_warning(trained, tmp_path):
     run, cfg = copy_run(trained, tmp_path)
     (run / "checkpoints" / "ckpt-20.index").unlink()
-    proc = tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", cwd=tmp_path)
+    proc = tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ckpt-20.index is missing" in proc.stderr and f"resuming from {run}/checkpoints/ckpt-10" in proc.stderr
     resumed = events(run, "resume")
@@ -100,7 +100,7 @@ def test_no_complete_checkpoint_is_one_line_naming_the_missing_file(trained, tmp
     run, cfg = copy_run(trained, tmp_path)
     for index in (run / "checkpoints").glob("*.index"):
         index.unlink()
-    line = error_line(tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", cwd=tmp_path))
+    line = error_line(tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path))
     assert f"{run}/checkpoints/ckpt-20.index is missing" in line and "no other checkpoint is complete" in line
     assert not (run / "checkpoints" / "ckpt-30.index").exists()
 
@@ -111,14 +111,14 @@ def test_flipped_byte_in_a_checkpoint_names_the_checkpoint_and_the_fix(trained, 
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     data.write_bytes(bytes(raw))
-    line = error_line(tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", cwd=tmp_path))
+    line = error_line(tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path))
     assert f"{run}/checkpoints/ckpt-20: checkpoint is corrupt" in line
     assert "tpu-ray shard" not in line and ".tfrecord" not in line  # not blamed on the shards
     assert f"delete {run}/checkpoints/ckpt-20.*" in line
     # The fix the line names works: the previous checkpoint takes over.
     for f in (run / "checkpoints").glob("ckpt-20.*"):
         f.unlink()
-    proc = tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", cwd=tmp_path)
+    proc = tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert events(run, "resume")[-1]["step"] == 10
 

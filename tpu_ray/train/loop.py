@@ -273,8 +273,8 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
                         f"to continue it or use a new --output-dir")
     from tpu_ray.train import schedule as lr_schedule
 
-    lr_schedule.check_resume(ckpts.latest, cfg)
     ckpts.restore(s.checkpoint)
+    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, cfg)
     s.checkpoint.schedule.assign(lr_schedule.values(cfg))  # what the next checkpoint records
     start = int(s.step_var.numpy())
     log.info("resumed from %s at step %d", ckpts.latest_url, start)

@@ -17,7 +17,6 @@ from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
-KEY = "schedule/.ATTRIBUTES/VARIABLE_VALUE"  # the variable's name inside a tf.train.Checkpoint
 NAMES = ("train.steps", "warmup steps", "train.learning_rate")
 
 
@@ -35,19 +34,19 @@ def variable(cfg: RunConfig) -> tf.Variable:
     return tf.Variable(values(cfg), dtype=tf.float64, trainable=False, name="schedule")
 
 
-def check_resume(checkpoint_path: str, cfg: RunConfig) -> None:
-    """Refuse resuming `checkpoint_path` under a different schedule (one line naming what changed)."""
-    reader = tf.train.load_checkpoint(checkpoint_path)
-    if not reader.has_tensor(KEY):
-        return  # a checkpoint from before schedules were saved: nothing to compare
-    saved, now = [float(x) for x in reader.get_tensor(KEY)], values(cfg)
-    changed = [f"{n} {_fmt(a)} -> {_fmt(b)}" for n, a, b in zip(NAMES, saved, now) if a != b]
+def check_resume(saved: tf.Variable, where: str, cfg: RunConfig) -> None:
+    """Refuse resuming the checkpoint at `where` under a different schedule (one line naming what
+    changed). `saved` is the schedule variable after the restore: read from the restored state, not
+    from the file again, so a damaged or fallen-back checkpoint is reported by the restore itself. A
+    checkpoint from before schedules were saved leaves the variable at this run's values: nothing to compare."""
+    changed = [f"{n} {_fmt(a)} -> {_fmt(b)}" for n, a, b in zip(NAMES, [float(x) for x in saved.numpy()], values(cfg))
+               if a != b]
     if not changed:
         return
     if cfg.train.extend_schedule:
         log.warning("resuming under a new learning-rate schedule (train.extend_schedule): %s", ", ".join(changed))
         return
-    raise UserError(f"--resume: {checkpoint_path} was trained with another schedule ({', '.join(changed)}); "
+    raise UserError(f"--resume: {where} was trained with another schedule ({', '.join(changed)}); "
                     f"resume with the original values, or set train.extend_schedule=true to continue under the "
                     f"new schedule from the checkpoint's step")
 
