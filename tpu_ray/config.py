@@ -68,6 +68,9 @@ class ShardConfig(_Section):
     tokenizer_threads: int = Field(1, ge=1)
     # Read/write shards here instead of <output_dir>/shards (e.g. existing or gs:// shards).
     dir: str | None = None
+    # A work unit whose actor dies is given to a fresh actor at most this many times, then the run
+    # fails naming the unit (a unit that always kills its actor would otherwise be retried forever).
+    max_unit_retries: int = Field(3, ge=0)
 
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
