@@ -325,9 +325,20 @@ def test_two_nodes_write_the_same_bytes_as_one(tmp_path, reference_run, mid_corp
 
     _, _, expected = reference_run
     assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
-    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir, **{"ray.shared_filesystem": True})  # one machine
     make_shards(cfg, actors=2)
     assert _digest_dir(Path(cfg.shards_dir)) == expected
+
+
+def test_a_local_shard_dir_on_two_nodes_is_refused_before_any_work(tmp_path, mid_corpus, tiny_tokenizer_dir,
+                                                                    ray_two_nodes):
+    """Each node's actors would write to their own disk: refused in one line naming the field."""
+    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+    with pytest.raises(UserError, match=r"^output_dir='.*': sharding on a 2-node Ray cluster needs a directory "
+                                        r"every node can read; use gs://.*ray.shared_filesystem=true") as err:
+        make_shards(cfg, actors=2)
+    assert "\n" not in str(err.value)
+    assert not Path(cfg.shards_dir).exists()
 
 
 def test_reference_format_shards_train_here(tmp_path):

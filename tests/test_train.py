@@ -312,6 +312,14 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         ray.init(address=cluster.address, log_to_driver=False)
         common = {"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.placement": "tpu",
                   "train.strategy": "cpu"}  # placed like a TPU job, trained on this CPU
+        from tpu_ray.errors import UserError
+
+        with pytest.raises(UserError, match=r"^output_dir=.*: training on a TPU node on a 4-node Ray cluster "
+                                            r"needs a directory every node can read"):
+            run_training(_cfg(tmp_path / "local", shards_dir, tiny_tokenizer_dir,
+                              **common, **{"train.tpu_topology": "v4-8"}))
+        assert not placement_group_table()  # refused before reserving anything
+        common["ray.shared_filesystem"] = True  # every node of this test cluster is this machine
         small = run_training(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
                                   **common, **{"train.tpu_topology": "v4-8"}))
         assert small["node_id"] == v4_8.node_id and small["slice_nodes"] == [v4_8.node_id]

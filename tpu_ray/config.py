@@ -138,6 +138,9 @@ class TrainConfig(_Section):
 class RayConfig(_Section):
     address: str | None = None
     num_cpus: int | None = Field(None, gt=0)
+    # Local paths (output_dir, shard.dir) are one mount every node shares (NFS, Filestore): allows
+    # them on a multi-node cluster, where they are otherwise refused for sharding and TPU/GPU runs.
+    shared_filesystem: bool = False
 
 
 class RunConfig(_Section):

@@ -148,6 +148,9 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     kind, options = placement_for(cfg, ray.cluster_resources())
     if kind == "local":
         return _local(cfg, resume)
+    from tpu_ray.cluster.shared_dir import require_shared
+
+    require_shared(cfg.run_dir, "output_dir", f"training on a {kind.upper()} node", cfg.ray.shared_filesystem)
     reservation = None
     if kind == "tpu":
         reservation = reserve_tpu_slice(options.pop("head_resource"))

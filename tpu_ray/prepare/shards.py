@@ -283,6 +283,9 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     info = describe(tokenizer_json, cfg.tokenizer_dir)
     if cfg.shard.seq_len + 2 > cfg.max_positions():  # also checked by config; here for explicit dirs
         raise UserError(f"shard.seq_len={cfg.shard.seq_len}: exceeds model positions {cfg.max_positions()} - 2")
+    from tpu_ray.cluster.shared_dir import require_shared
+
+    require_shared(out_dir, "shard.dir" if cfg.shard.dir else "output_dir", "sharding", cfg.ray.shared_filesystem)
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     storage.makedirs(out_dir)
     results = _resume_state(read_manifest(out_dir), cfg, info, units, out_dir)
