@@ -46,6 +46,13 @@ def _cfg(run_dir: Path, shards: Path, tok: str, **over):
     return tiny_config(run_dir, run_dir / "unused.txt", **{"tokenizer.path": tok, "shard.dir": str(shards), **over})
 
 
+def _gs_records(run: str) -> list[dict]:
+    """Every metrics record of a gs:// run (one object per writer), in time order."""
+    from tpu_ray.report import load_metrics
+
+    return [{k: v for k, v in r.items() if v == v and v is not None} for r in load_metrics(run).to_dict("records")]
+
+
 def _records(run_dir: Path, kind: str) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -172,7 +179,7 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     assert names == {"checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001",
                      "ckpt-20.index", "ckpt-20.data-00000-of-00001"}
     assert 'model_checkpoint_path: "ckpt-20"' in storage.read_text(f"{ckpts}/checkpoint")
-    assert storage.exists(f"{run}/model/config.json") and storage.exists(f"{run}/metrics.jsonl")
+    assert storage.exists(f"{run}/model/config.json") and storage.glob(f"{run}/metrics/*.jsonl")
 
     # What TF itself reads from a copy of the bucket: a complete checkpoint at step 20.
     local = tmp_path / "copy"
@@ -205,7 +212,7 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
     assert names == {"checkpoint", "ckpt-30.index", "ckpt-30.data-00000-of-00001",
                      "ckpt-40.index", "ckpt-40.data-00000-of-00001"}  # the strays pruned too
-    events = [json.loads(line) for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()]
+    events = _gs_records(run)
     resumed = [e for e in events if e.get("event") == "resume"]
     assert resumed and resumed[-1]["step"] == 20 and resumed[-1]["checkpoint"] == f"{ckpts}/ckpt-20"
 
@@ -371,7 +378,7 @@ def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emul
     workers = second["workers"]
     assert [w["steps"] for w in workers] == [8, 8]
     assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]  # both resumed from step 4
-    events = [json.loads(line) for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()]
+    events = _gs_records(run)
     assert [e["step"] for e in events if e.get("event") == "resume"] == [4]
     assert storage.exists(f"{run}/model/config.json")
 
