@@ -27,7 +27,8 @@ from tpu_ray.errors import UserError
 log = logging.getLogger(__name__)
 
 STATE_FILE = "checkpoint"  # TF's name for the file that lists the checkpoints and the latest one
-_PREFIX = re.compile(r"^(ckpt-\d+)\.(index|data-\d+-of-\d+)$")
+_PREFIX = re.compile(r"^(ckpt-\d+)\.(index|data-\d+-of-\d+|position\.json)$")
+POSITION_SUFFIX = ".position.json"  # the input position at that checkpoint (see input_position.py)
 
 
 class CheckpointStore:
@@ -71,14 +72,26 @@ class CheckpointStore:
         else:
             status.assert_existing_objects_matched()
 
-    def save(self, step: int) -> str | None:
-        """Save checkpoint `ckpt-<step>`, commit it and prune to the last `keep`; returns its path."""
+    def stored_position(self) -> str | None:
+        """The input position saved with the latest checkpoint (JSON text), if it has one."""
+        if not self.latest:
+            return None
+        path = self.latest + POSITION_SUFFIX
+        return storage.read_text(path) if storage.exists(path) else None
+
+    def save(self, step: int, position: str | None = None) -> str | None:
+        """Save checkpoint `ckpt-<step>` (with `position`, the input position, beside it), commit it
+        and prune to the last `keep`; returns its path."""
+        local_dir = self._staging.name if self._staging else self.directory
+        if position is not None and self.write:  # written first: committed with (or before) the index
+            storage.atomic_write_text(os.path.join(local_dir, f"ckpt-{step}{POSITION_SUFFIX}"), position)
         local_prefix = self.manager.save(checkpoint_number=step, options=self.options)
         name = os.path.basename(local_prefix)
         if not self.write:  # a non-chief worker's part of the collective save: nobody reads it
             self._drop_staged(name)
             return None
         if not self.remote:
+            self._prune_local_positions()
             return local_prefix
         staged = self._staged_files(name)
         for f in sorted(staged, key=lambda f: f.endswith(".index")):  # the index after its data
@@ -93,6 +106,13 @@ class CheckpointStore:
         except storage.StorageError as exc:  # the commit stands; the next save prunes again
             log.warning("%s: could not delete old checkpoints yet (%s)", self.directory, exc)
         return storage.join(self.directory, name)
+
+    def _prune_local_positions(self) -> None:
+        """TF's manager prunes its own files; the position files of pruned checkpoints go here."""
+        kept = {os.path.basename(p) for p in self.manager.checkpoints}
+        for f in os.listdir(self.directory):
+            if f.endswith(POSITION_SUFFIX) and f[: -len(POSITION_SUFFIX)] not in kept:
+                os.remove(os.path.join(self.directory, f))
 
     def _staged_files(self, name: str) -> list[str]:
         return sorted(f for f in os.listdir(self._staging.name) if f.startswith(name + "."))

@@ -24,6 +24,7 @@ import tensorflow as tf
 from tpu_ray import storage
 from tpu_ray.train.checkpoints import CheckpointStore
 from tpu_ray.config import RunConfig
+from tpu_ray.train.input_position import PositionTracker
 from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter, eval_line, train_line
@@ -249,20 +250,26 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
         ckpts.restore(s.checkpoint)
         start = int(s.step_var.numpy())
         log.info("resumed from %s at step %d", ckpts.latest_url, start)
-        metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url)
 
     spec = mask_spec(cfg, tok)
     seq_len = cfg.shard.seq_len
     files = [p for p, _ in train_files]
     files_read: list[str] = []
+    positions = PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         files_read.extend(host_files(files, ctx))
+        positions.bind(host_files(files, ctx), ctx.num_input_pipelines)
         return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
                              cfg.train.shuffle_buffer,
-                             start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx)
+                             start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx,
+                             counts=positions.counts)
 
     dist = info.strategy.distribute_datasets_from_function(dataset_fn)
+    if ckpts.latest:  # the position is checked against the stored one before the first step
+        at = positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url)
+        metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
+                      sample_in_epoch=at.sample_in_epoch, samples=at.samples)
     iterator = iter(dist)
     train_step, train_steps = make_train_step(s)
     evaluate = _evaluator(s, val_files, per_replica)
@@ -301,7 +308,7 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
             last_eval = metrics.write("eval", step=step, **evaluate())
             log.log(logging.INFO if chief else logging.DEBUG, eval_line(last_eval))
         if _crossed(prev, step, cfg.train.checkpoint_every) or step == total:
-            ckpts.save(step)
+            ckpts.save(step, position=positions.at(step).to_json())
     export_dir = export(s) if chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
