@@ -281,6 +281,50 @@ print(json.dumps({"grad_err": grad_err, "grad_scale": grad_scale, "sums1": sums1
 '''
 
 
+def test_a_slow_checkpoint_upload_does_not_stop_training(gcs_emulator, tmp_path, shards_dir, tiny_tokenizer_dir,
+                                                          monkeypatch):
+    """A storage stand-in that takes 4 s to upload ckpt-5's index: steps after the save run while it
+    uploads (their records are written before the upload ends), saves asked for meanwhile are
+    skipped rather than mixed into it, and every committed checkpoint is complete."""
+    import tensorflow as tf
+
+    from tpu_ray import storage
+    from tpu_ray.train.loop import train
+
+    run = f"{gcs_emulator.make_bucket()}/run"
+    cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 30, "train.checkpoint_every": 5, "train.log_every": 1,
+                  "train.eval_every": 100}).override({"output_dir": run})
+    real_copy = storage.atomic_copy_file
+    upload: dict[str, float] = {}
+
+    def slow_copy(src: str, dst: str) -> None:
+        if dst.endswith("ckpt-5.index"):
+            upload["start"] = time.time()
+            time.sleep(4.0)
+            real_copy(src, dst)
+            upload["end"] = time.time()
+        else:
+            real_copy(src, dst)
+
+    monkeypatch.setattr(storage, "atomic_copy_file", slow_copy)
+    assert train(cfg)["steps"] == 30
+    steps = [r for r in _gs_records(run) if r["kind"] == "train"]
+    during = [r["step"] for r in steps if upload["start"] < r["time"] < upload["end"]]
+    assert during and min(during) > 5, "no training step ran while ckpt-5 was uploading"
+    ckpts = f"{run}/checkpoints"
+    assert 'model_checkpoint_path: "ckpt-30"' in storage.read_text(f"{ckpts}/checkpoint")
+    local = tmp_path / "copy"
+    for p in storage.listdir(ckpts):
+        storage.download_file(p, str(local / p.rsplit("/", 1)[-1]))
+    state = tf.train.get_checkpoint_state(str(local))
+    for path in state.all_model_checkpoint_paths:  # every checkpoint the state names is complete
+        step = int(tf.train.load_checkpoint(path).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+        assert path.endswith(f"ckpt-{step}")
+    skipped = {f"ckpt-{s}" for s in during if s % 5 == 0 and s < 30}
+    assert not skipped & {Path(p).name for p in state.all_model_checkpoint_paths}  # saves during it: skipped
+
+
 def test_eight_cpu_replicas_take_the_same_step_as_one_device(tmp_path):
     """8 logical CPUs under MirroredStrategy stand in for a v3-8: same gradients, same update."""
     out = subprocess.run([sys.executable, "-c", EQUIVALENCE], cwd=REPO, capture_output=True, text=True,

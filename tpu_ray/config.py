@@ -115,6 +115,9 @@ class TrainConfig(_Section):
     eval_batches: int = Field(20, gt=0)
     checkpoint_every: int = Field(500, gt=0)
     keep_checkpoints: int = Field(3, gt=0)
+    # Also checkpoint when this many minutes passed since the last one: bounds the work a lost node
+    # costs in wall time, whatever the step time (None: by steps only).
+    checkpoint_every_minutes: float | None = Field(None, gt=0)
     steps_per_execution: int | None = Field(None, gt=0)
     shuffle_buffer: int = Field(10_000, gt=0)
     strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"

@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
-from tpu_ray.train.checkpoints import CheckpointStore
+from tpu_ray.train.checkpoints import CheckpointStore, CheckpointTimer
 from tpu_ray.config import RunConfig
 from tpu_ray.train.input_position import PositionTracker
 from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
@@ -99,7 +99,8 @@ def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
     options = (tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
                if s.info.kind == "tpu" else None)
     return CheckpointStore(s.checkpoint, storage.join(s.cfg.run_dir, "checkpoints"),
-                           s.cfg.train.keep_checkpoints, write=write, options=options)
+                           s.cfg.train.keep_checkpoints, write=write, options=options,
+                           skip_busy=s.info.kind != "multiworker")  # a collective save is never skipped
 
 
 def make_replica_grads(s: TrainSetup):
@@ -284,6 +285,8 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
                   device_kind=info.kind, replicas=info.replicas, global_batch=gb, per_replica_batch=per_replica,
                   precision=info.mixed_precision, jit_compile=info.jit_compile, steps_per_execution=spe)
+    # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
+    ckpt_timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
     while step < total:
         n = min(spe, total - step)
         t0 = time.perf_counter()
@@ -307,8 +310,9 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
         if evaluate and (_crossed(prev, step, cfg.train.eval_every) or step == total):
             last_eval = metrics.write("eval", step=step, **evaluate())
             log.log(logging.INFO if chief else logging.DEBUG, eval_line(last_eval))
-        if _crossed(prev, step, cfg.train.checkpoint_every) or step == total:
-            ckpts.save(step, position=positions.at(step).to_json())
+        if _crossed(prev, step, cfg.train.checkpoint_every) or step == total or ckpt_timer.due():
+            ckpts.save(step, position=positions.at(step).to_json(), final=step == total)
+            ckpt_timer.reset()
     export_dir = export(s) if chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
