@@ -386,6 +386,74 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         start_local_ray()  # put the suite's cluster back for the tests after this one
 
 
+@pytest.mark.slow  # a 3-node cluster and two TensorFlow start-ups: ~3.5 min on 2 cores
+def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, shards_dir, tiny_tokenizer_dir):
+    """Two single-host v4-8-like slices: after the run's first committed checkpoint the node that
+    trains is removed; the run reserves the other slice, resumes from that checkpoint, ends at the
+    final step, and the metrics show one node_lost and the step it resumed from."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.placement_group import placement_group_table
+
+    from tpu_ray.cluster.placement import run_training
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=1)  # the CPU head: the driver's side
+        hosts = {h.node_id: h for h in (_tpu_host(cluster, "v4-8", name, 0) for name in ("slice-a", "slice-b"))}
+        ray.init(address=cluster.address, log_to_driver=False)
+        run_dir = tmp_path / "run"
+        cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
+                   **{"train.steps": 400, "train.checkpoint_every": 20, "train.log_every": 20, "train.eval_every": 1000,
+                      "train.placement": "tpu", "train.strategy": "cpu", "train.tpu_topology": "v4-8",
+                      "ray.shared_filesystem": True})
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["summary"] = run_training(cfg)
+            except BaseException as exc:  # reported by the assertion below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
+            assert time.monotonic() < deadline, "no committed checkpoint within 300 s"
+            time.sleep(0.2)
+        def training_nodes() -> set[str]:  # where the slice's head bundle (the TF client) is
+            return {node for pg in placement_group_table().values() if pg["state"] == "CREATED"
+                    for b, node in pg["bundles_to_node_id"].items() if "TPU-v4-8-head" in pg["bundles"][b]}
+
+        while len(training_nodes()) != 1:
+            assert time.monotonic() < deadline, placement_group_table()
+            time.sleep(0.5)
+        victim = training_nodes().pop()
+        cluster.remove_node(hosts[victim], allow_graceful=False)
+        thread.join(timeout=600)
+        assert not thread.is_alive() and "error" not in outcome, outcome
+        summary = outcome["summary"]
+        assert summary["steps"] == 400 and summary["failures"] == 1 and summary["node_id"] != victim
+        events = _records(run_dir, "event")
+        lost = [e for e in events if e["event"] == "node_lost"]
+        assert len(lost) == 1 and lost[0]["last_checkpoint_step"] >= 20 and lost[0]["lost_s"] >= 0
+        back = [e for e in events if e["event"] == "resumed_after_failure"]
+        assert len(back) == 1 and back[0]["step"] == lost[0]["last_checkpoint_step"]
+        assert back[0]["node_id"] == summary["node_id"]
+        resumed = [e for e in events if e["event"] == "resume"]
+        assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
+        assert resumed[0]["samples"] == resumed[0]["step"] * cfg.train.batch_size  # no sample skipped or repeated
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        start_local_ray()
+
+
 def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_path, shards_dir,
                                                                          tiny_tokenizer_dir, ray_local):
     from tpu_ray.cluster.placement import run_training

@@ -136,6 +136,11 @@ class TrainConfig(_Section):
     num_gpus: int | None = Field(None, ge=1)
     # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
     workers: int = Field(1, ge=1)
+    # TPU/GPU placement: when the training node (or slice) is lost, wait for matching capacity and
+    # resume from the last committed checkpoint, at most this many times (0: the run fails).
+    max_failures: int = Field(3, ge=0)
+    # How long a resume waits for a replacement slice or GPU node before the run fails.
+    resume_wait_minutes: float = Field(60.0, gt=0)
 
 
 class RayConfig(_Section):
