@@ -325,9 +325,20 @@ def test_two_nodes_write_the_same_bytes_as_one(tmp_path, reference_run, mid_corp
 
     _, _, expected = reference_run
     assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
-    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir, **{"ray.shared_filesystem": True})  # one machine
     make_shards(cfg, actors=2)
     assert _digest_dir(Path(cfg.shards_dir)) == expected
+
+
+def test_a_local_shard_dir_on_two_nodes_is_refused_before_any_work(tmp_path, mid_corpus, tiny_tokenizer_dir,
+                                                                    ray_two_nodes):
+    """Each node's actors would write to their own disk: refused in one line naming the field."""
+    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+    with pytest.raises(UserError, match=r"^output_dir='.*': sharding on a 2-node Ray cluster needs a directory "
+                                        r"every node can read; use gs://.*ray.shared_filesystem=true") as err:
+        make_shards(cfg, actors=2)
+    assert "\n" not in str(err.value)
+    assert not Path(cfg.shards_dir).exists()
 
 
 def test_reference_format_shards_train_here(tmp_path):
@@ -398,3 +409,51 @@ def test_encoding_a_unit_in_batches_gives_the_same_ids(monkeypatch, small_corpus
     monkeypatch.setattr(shards_mod, "ENCODE_BATCH_LINES", 7)
     np.testing.assert_array_equal(shards_mod.encode_joined(tok, lines, sep_id=2), whole)
     assert len(whole) > 1000 and shards_mod.encode_joined(tok, [], sep_id=2).size == 0
+
+
+class PoisonWorker(shards_mod.ShardWorker):
+    """A real sharding actor whose process exits on unit 1: always if `<run>/poison-always` exists,
+    once if `<run>/poison-once` exists (the first actor to remove it dies)."""
+
+    def process(self, unit: dict) -> dict:
+        import os
+
+        run = Path(self.out_dir).parent
+        if unit["index"] == 1:
+            if (run / "poison-always").exists():
+                os._exit(1)
+            try:
+                (run / "poison-once").unlink()
+                os._exit(1)
+            except FileNotFoundError:
+                pass
+        return super().process(unit)
+
+
+def test_a_unit_that_always_kills_its_actor_fails_after_the_retries_naming_it(
+        tmp_path, monkeypatch, small_corpus, tiny_tokenizer_dir, ray_local):
+    cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir, **{"shard.max_unit_retries": 2})
+    Path(cfg.run_dir).mkdir(parents=True)
+    (Path(cfg.run_dir) / "poison-always").touch()
+    monkeypatch.setattr(shards_mod, "ShardWorker", PoisonWorker)
+    with pytest.raises(UserError) as err:
+        make_shards(cfg, actors=2)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert re.search(rf"shard unit 1 \({re.escape(str(small_corpus))} bytes \d+-\d+\) killed its actor 3 times",
+                     msg), msg
+    assert "likely cause" in msg and "shard.max_unit_retries=2" in msg
+    assert not read_manifest(cfg.shards_dir) or not read_manifest(cfg.shards_dir)["complete"]
+
+
+def test_a_unit_that_kills_its_actor_once_is_retried_and_gives_the_same_bytes(
+        tmp_path, monkeypatch, small_corpus, tiny_tokenizer_dir, ray_local):
+    ref = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir, name="ref")
+    make_shards(ref, actors=2)
+    cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir)
+    Path(cfg.run_dir).mkdir(parents=True)
+    (Path(cfg.run_dir) / "poison-once").touch()
+    monkeypatch.setattr(shards_mod, "ShardWorker", PoisonWorker)
+    make_shards(cfg, actors=2)
+    assert not (Path(cfg.run_dir) / "poison-once").exists()  # the unit did kill an actor
+    assert _digest_dir(Path(cfg.shards_dir)) == _digest_dir(Path(ref.shards_dir))

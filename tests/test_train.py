@@ -46,6 +46,13 @@ def _cfg(run_dir: Path, shards: Path, tok: str, **over):
     return tiny_config(run_dir, run_dir / "unused.txt", **{"tokenizer.path": tok, "shard.dir": str(shards), **over})
 
 
+def _gs_records(run: str) -> list[dict]:
+    """Every metrics record of a gs:// run (one object per writer), in time order."""
+    from tpu_ray.report import load_metrics
+
+    return [{k: v for k, v in r.items() if v == v and v is not None} for r in load_metrics(run).to_dict("records")]
+
+
 def _records(run_dir: Path, kind: str) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -188,10 +195,10 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     assert train(cfg)["steps"] == 20
     ckpts = f"{run}/checkpoints"
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
-    assert names == {"checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001",
-                     "ckpt-20.index", "ckpt-20.data-00000-of-00001"}
+    assert names == {"checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001", "ckpt-10.position.json",
+                     "ckpt-20.index", "ckpt-20.data-00000-of-00001", "ckpt-20.position.json"}
     assert 'model_checkpoint_path: "ckpt-20"' in storage.read_text(f"{ckpts}/checkpoint")
-    assert storage.exists(f"{run}/model/config.json") and storage.exists(f"{run}/metrics.jsonl")
+    assert storage.exists(f"{run}/model/config.json") and storage.glob(f"{run}/metrics/*.jsonl")
 
     # What TF itself reads from a copy of the bucket: a complete checkpoint at step 20.
     local = tmp_path / "copy"
@@ -222,9 +229,9 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     summary = train(cfg.override({"train.steps": 40, "train.extend_schedule": True}), resume=True)
     assert summary["resumed_from"] == 20 and summary["steps"] == 40
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
-    assert names == {"checkpoint", "ckpt-30.index", "ckpt-30.data-00000-of-00001",
-                     "ckpt-40.index", "ckpt-40.data-00000-of-00001"}  # the strays pruned too
-    events = [json.loads(line) for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()]
+    assert names == {"checkpoint", "ckpt-30.index", "ckpt-30.data-00000-of-00001", "ckpt-30.position.json",
+                     "ckpt-40.index", "ckpt-40.data-00000-of-00001", "ckpt-40.position.json"}  # strays pruned too
+    events = _gs_records(run)
     resumed = [e for e in events if e.get("event") == "resume"]
     assert resumed and resumed[-1]["step"] == 20 and resumed[-1]["checkpoint"] == f"{ckpts}/ckpt-20"
 
@@ -293,6 +300,50 @@ print(json.dumps({"grad_err": grad_err, "grad_scale": grad_scale, "sums1": sums1
 '''
 
 
+def test_a_slow_checkpoint_upload_does_not_stop_training(gcs_emulator, tmp_path, shards_dir, tiny_tokenizer_dir,
+                                                          monkeypatch):
+    """A storage stand-in that takes 4 s to upload ckpt-5's index: steps after the save run while it
+    uploads (their records are written before the upload ends), saves asked for meanwhile are
+    skipped rather than mixed into it, and every committed checkpoint is complete."""
+    import tensorflow as tf
+
+    from tpu_ray import storage
+    from tpu_ray.train.loop import train
+
+    run = f"{gcs_emulator.make_bucket()}/run"
+    cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 30, "train.checkpoint_every": 5, "train.log_every": 1,
+                  "train.eval_every": 100}).override({"output_dir": run})
+    real_copy = storage.atomic_copy_file
+    upload: dict[str, float] = {}
+
+    def slow_copy(src: str, dst: str) -> None:
+        if dst.endswith("ckpt-5.index"):
+            upload["start"] = time.time()
+            time.sleep(4.0)
+            real_copy(src, dst)
+            upload["end"] = time.time()
+        else:
+            real_copy(src, dst)
+
+    monkeypatch.setattr(storage, "atomic_copy_file", slow_copy)
+    assert train(cfg)["steps"] == 30
+    steps = [r for r in _gs_records(run) if r["kind"] == "train"]
+    during = [r["step"] for r in steps if upload["start"] < r["time"] < upload["end"]]
+    assert during and min(during) > 5, "no training step ran while ckpt-5 was uploading"
+    ckpts = f"{run}/checkpoints"
+    assert 'model_checkpoint_path: "ckpt-30"' in storage.read_text(f"{ckpts}/checkpoint")
+    local = tmp_path / "copy"
+    for p in storage.listdir(ckpts):
+        storage.download_file(p, str(local / p.rsplit("/", 1)[-1]))
+    state = tf.train.get_checkpoint_state(str(local))
+    for path in state.all_model_checkpoint_paths:  # every checkpoint the state names is complete
+        step = int(tf.train.load_checkpoint(path).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+        assert path.endswith(f"ckpt-{step}")
+    skipped = {f"ckpt-{s}" for s in during if s % 5 == 0 and s < 30}
+    assert not skipped & {Path(p).name for p in state.all_model_checkpoint_paths}  # saves during it: skipped
+
+
 def test_eight_cpu_replicas_take_the_same_step_as_one_device(tmp_path):
     """8 logical CPUs under MirroredStrategy stand in for a v3-8: same gradients, same update."""
     out = subprocess.run([sys.executable, "-c", EQUIVALENCE], cwd=REPO, capture_output=True, text=True,
@@ -333,6 +384,14 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         ray.init(address=cluster.address, log_to_driver=False)
         common = {"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.placement": "tpu",
                   "train.strategy": "cpu"}  # placed like a TPU job, trained on this CPU
+        from tpu_ray.errors import UserError
+
+        with pytest.raises(UserError, match=r"^output_dir=.*: training on a TPU node on a 4-node Ray cluster "
+                                            r"needs a directory every node can read"):
+            run_training(_cfg(tmp_path / "local", shards_dir, tiny_tokenizer_dir,
+                              **common, **{"train.tpu_topology": "v4-8"}))
+        assert not placement_group_table()  # refused before reserving anything
+        common["ray.shared_filesystem"] = True  # every node of this test cluster is this machine
         small = run_training(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
                                   **common, **{"train.tpu_topology": "v4-8"}))
         assert small["node_id"] == v4_8.node_id and small["slice_nodes"] == [v4_8.node_id]
@@ -360,6 +419,74 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         ray.shutdown()
         cluster.shutdown()
         start_local_ray()  # put the suite's cluster back for the tests after this one
+
+
+@pytest.mark.slow  # a 3-node cluster and two TensorFlow start-ups: ~3.5 min on 2 cores
+def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, shards_dir, tiny_tokenizer_dir):
+    """Two single-host v4-8-like slices: after the run's first committed checkpoint the node that
+    trains is removed; the run reserves the other slice, resumes from that checkpoint, ends at the
+    final step, and the metrics show one node_lost and the step it resumed from."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.placement_group import placement_group_table
+
+    from tpu_ray.cluster.placement import run_training
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=1)  # the CPU head: the driver's side
+        hosts = {h.node_id: h for h in (_tpu_host(cluster, "v4-8", name, 0) for name in ("slice-a", "slice-b"))}
+        ray.init(address=cluster.address, log_to_driver=False)
+        run_dir = tmp_path / "run"
+        cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
+                   **{"train.steps": 400, "train.checkpoint_every": 20, "train.log_every": 20, "train.eval_every": 1000,
+                      "train.placement": "tpu", "train.strategy": "cpu", "train.tpu_topology": "v4-8",
+                      "ray.shared_filesystem": True})
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["summary"] = run_training(cfg)
+            except BaseException as exc:  # reported by the assertion below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
+            assert time.monotonic() < deadline, "no committed checkpoint within 300 s"
+            time.sleep(0.2)
+        def training_nodes() -> set[str]:  # where the slice's head bundle (the TF client) is
+            return {node for pg in placement_group_table().values() if pg["state"] == "CREATED"
+                    for b, node in pg["bundles_to_node_id"].items() if "TPU-v4-8-head" in pg["bundles"][b]}
+
+        while len(training_nodes()) != 1:
+            assert time.monotonic() < deadline, placement_group_table()
+            time.sleep(0.5)
+        victim = training_nodes().pop()
+        cluster.remove_node(hosts[victim], allow_graceful=False)
+        thread.join(timeout=600)
+        assert not thread.is_alive() and "error" not in outcome, outcome
+        summary = outcome["summary"]
+        assert summary["steps"] == 400 and summary["failures"] == 1 and summary["node_id"] != victim
+        events = _records(run_dir, "event")
+        lost = [e for e in events if e["event"] == "node_lost"]
+        assert len(lost) == 1 and lost[0]["last_checkpoint_step"] >= 20 and lost[0]["lost_s"] >= 0
+        back = [e for e in events if e["event"] == "resumed_after_failure"]
+        assert len(back) == 1 and back[0]["step"] == lost[0]["last_checkpoint_step"]
+        assert back[0]["node_id"] == summary["node_id"]
+        resumed = [e for e in events if e["event"] == "resume"]
+        assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
+        assert resumed[0]["samples"] == resumed[0]["step"] * cfg.train.batch_size  # no sample skipped or repeated
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        start_local_ray()
 
 
 def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_path, shards_dir,
@@ -398,7 +525,7 @@ def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emul
     workers = second["workers"]
     assert [w["steps"] for w in workers] == [8, 8]
     assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]  # both resumed from step 4
-    events = [json.loads(line) for line in storage.read_text(f"{run}/metrics.jsonl").splitlines()]
+    events = _gs_records(run)
     assert [e["step"] for e in events if e.get("event") == "resume"] == [4]
     assert storage.exists(f"{run}/model/config.json")
 

@@ -69,6 +69,9 @@ class ShardConfig(_Section):
     tokenizer_threads: int = Field(1, ge=1)
     # Read/write shards here instead of <output_dir>/shards (e.g. existing or gs:// shards).
     dir: str | None = None
+    # A work unit whose actor dies is given to a fresh actor at most this many times, then the run
+    # fails naming the unit (a unit that always kills its actor would otherwise be retried forever).
+    max_unit_retries: int = Field(3, ge=0)
 
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
@@ -113,6 +116,9 @@ class TrainConfig(_Section):
     eval_batches: int = Field(20, gt=0)
     checkpoint_every: int = Field(500, gt=0)
     keep_checkpoints: int = Field(3, gt=0)
+    # Also checkpoint when this many minutes passed since the last one: bounds the work a lost node
+    # costs in wall time, whatever the step time (None: by steps only).
+    checkpoint_every_minutes: float | None = Field(None, gt=0)
     steps_per_execution: int | None = Field(None, gt=0)
     shuffle_buffer: int = Field(10_000, gt=0)
     strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"
@@ -137,11 +143,19 @@ class TrainConfig(_Section):
     # On --resume, accept train.steps / warmup / learning_rate that differ from the checkpoint's:
     # the run continues under the new schedule from the checkpoint's step (e.g. to extend a run).
     extend_schedule: bool = False
+    # TPU/GPU placement: when the training node (or slice) is lost, wait for matching capacity and
+    # resume from the last committed checkpoint, at most this many times (0: the run fails).
+    max_failures: int = Field(3, ge=0)
+    # How long a resume waits for a replacement slice or GPU node before the run fails.
+    resume_wait_minutes: float = Field(60.0, gt=0)
 
 
 class RayConfig(_Section):
     address: str | None = None
     num_cpus: int | None = Field(None, gt=0)
+    # Local paths (output_dir, shard.dir) are one mount every node shares (NFS, Filestore): allows
+    # them on a multi-node cluster, where they are otherwise refused for sharding and TPU/GPU runs.
+    shared_filesystem: bool = False
 
 
 class RunConfig(_Section):

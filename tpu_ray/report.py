@@ -21,7 +21,7 @@ import fsspec
 import pandas as pd
 
 from tpu_ray.errors import UserError
-from tpu_ray.rundir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SUMMARY_FILE
 
 log = logging.getLogger("tpu_ray.report")
 
@@ -66,6 +66,25 @@ def _read_text(path: str) -> str | None:
         return None
 
 
+def _read_metrics(run_dir: str) -> list[dict]:
+    """Records of `metrics.jsonl` and of every writer's `metrics/*.jsonl` object (gs:// runs write
+    one object per writer instead of appending to one file; see train.metrics.MetricsWriter)."""
+    path = _join(run_dir, METRICS_FILE)
+    text = _read_text(path)
+    records = _parse_lines(text, path) if text else []
+    fs, root = fsspec.core.url_to_fs(_join(run_dir, METRICS_DIR))
+    try:
+        fs.invalidate_cache(root)  # a live run adds objects: never answer from a cached listing
+        names = sorted(fs.glob(root.rstrip("/") + "/*.jsonl"))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        obj = _join(_join(run_dir, METRICS_DIR), name.rsplit("/", 1)[-1])
+        text = _read_text(obj)
+        records += _parse_lines(text, obj) if text else []
+    return records
+
+
 def _parse_lines(text: str, path: str) -> list[dict]:
     lines = text.split("\n")
     records = []
@@ -106,9 +125,7 @@ def load_metrics(run_dir: str, kind: str | None = None, missing_ok: bool = False
         if missing_ok:
             return _empty_frame(kind)
         raise
-    path = _join(run_dir, METRICS_FILE)
-    text = _read_text(path)
-    records = _parse_lines(text, path) if text else []
+    records = _read_metrics(run_dir)
     if kind is not None:
         records = [r for r in records if r.get("kind") == kind]
     if not records:

@@ -1,6 +1,6 @@
 """The run directory's layout: the one owner of its file and directory names.
 
-    RUN/config.yaml  run_info.json  metrics.jsonl  summary.json  .lock
+    RUN/config.yaml  run_info.json  metrics.jsonl (metrics/ on gs://)  summary.json  .lock
     RUN/tokenizer/tokenizer.json    RUN/shards/manifest.json    RUN/checkpoints/ckpt-N.*
     RUN/model/  RUN/tensorboard/  RUN/workers/  RUN/ray_train/
 
@@ -16,6 +16,7 @@ from tpu_ray import storage
 CONFIG_FILE = "config.yaml"
 RUN_INFO_FILE = "run_info.json"
 METRICS_FILE = "metrics.jsonl"
+METRICS_DIR = "metrics"  # gs:// runs: one object per metrics writer (see train/metrics.py)
 SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".lock"
 TOKENIZER_DIR = "tokenizer"

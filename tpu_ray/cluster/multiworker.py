@@ -85,7 +85,7 @@ def _check_shared_run_dir(cfg: RunConfig) -> None:
     if not ray.is_initialized():
         return  # Ray Train will start a local (one-node) cluster
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if len(nodes) > 1 and not storage.is_remote(cfg.run_dir):
+    if len(nodes) > 1 and not storage.is_remote(cfg.run_dir) and not cfg.ray.shared_filesystem:
         raise UserError(f"output_dir={cfg.run_dir!r}: train.workers={cfg.train.workers} on a {len(nodes)}-node "
                         f"Ray cluster needs a run directory every node can read; use gs://... or a shared mount "
                         f"given as a URL")

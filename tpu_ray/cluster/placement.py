@@ -158,13 +158,32 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     kind, options = placement_for(cfg, ray.cluster_resources())
     if kind == "local":
         return _local(cfg, resume)
+    from tpu_ray.cluster.shared_dir import require_shared
+
+    require_shared(cfg.run_dir, "output_dir", f"training on a {kind.upper()} node", cfg.ray.shared_filesystem)
+    from tpu_ray.cluster.recovery import run_with_recovery
+
+    return run_with_recovery(cfg, resume, lambda resume, wait_s, on_reserved: _placed_attempt(
+        cfg, resume, kind, dict(options), wait_s, on_reserved))
+
+
+def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, Any], wait_s: float | None,
+                    on_reserved) -> dict:
+    """Reserve the slice (or ask for the GPUs), run the training task there once, release."""
+    import ray
+
     reservation = None
     if kind == "tpu":
-        reservation = reserve_tpu_slice(options.pop("head_resource"))
+        head = options.pop("head_resource")
+        reservation = reserve_tpu_slice(head) if wait_s is None else reserve_tpu_slice(head, timeout_s=wait_s)
         options = _tpu_client_options(cfg, reservation)
         log.info("reserved TPU slice %s: %d host(s)", reservation.slice_name or "(single host)",
                  len(reservation.node_ids))
+        on_reserved({"slice": reservation.slice_name, "node_id": reservation.node_ids[0]})
+    else:
+        on_reserved({"kind": kind})  # the task itself waits for a GPU node (Ray queues it)
     log.info("training placed on Ray: %s %s", kind, options)
+    # max_retries=0: a lost node is handled by recovery.run_with_recovery (new reservation, resume).
     task = ray.remote(max_retries=0)(_train_task).options(**options)
     try:
         summary = ray.get(task.remote(cfg.model_dump(mode="json"), resume))

@@ -288,6 +288,9 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     info = describe(tokenizer_json, cfg.tokenizer_dir)
     if cfg.shard.seq_len + 2 > cfg.max_positions():  # also checked by config; here for explicit dirs
         raise UserError(f"shard.seq_len={cfg.shard.seq_len}: exceeds model positions {cfg.max_positions()} - 2")
+    from tpu_ray.cluster.shared_dir import require_shared
+
+    require_shared(out_dir, "shard.dir" if cfg.shard.dir else "output_dir", "sharding", cfg.ray.shared_filesystem)
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     storage.makedirs(out_dir)
     results = _resume_state(read_manifest(out_dir), cfg, info, units, out_dir)
@@ -327,7 +330,8 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
     skipped = len(results)
     n_actors = len(pool)
     # Pass 1: read every unit once so bad bytes fail before any shard is written.
-    _run_on_pool(pool, todo, "check", new_actor, lambda unit, res: None, None)
+    retries = cfg.shard.max_unit_retries
+    _run_on_pool(pool, todo, "check", new_actor, lambda unit, res: None, None, retries)
     stats = {"samples": sum(s["samples"] for r in results.values() for s in r["shards"]),
              "tokens": sum(r["tokens"] for r in results.values())}
     progress = Progress("shard", total=len(units), done=skipped, unit="units", **stats)
@@ -346,7 +350,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         if on_unit_done:
             on_unit_done(len(results), pool)
 
-    _run_on_pool(pool, todo, "process", new_actor, on_done, progress)
+    _run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
     _cleanup_temp(out_dir)
     manifest = _manifest(cfg, info, units, results, complete=True)
     _write_manifest(out_dir, manifest)
@@ -361,8 +365,10 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
     return summary
 
 
-def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress) -> None:
-    """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor.
+def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress,
+                 max_retries: int = 3) -> None:
+    """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor, at most
+    `max_retries` times (then `UnitFailedError`: a poison unit must not be retried forever).
 
     Finished actors get their next unit before the driver records the finished ones (manifest
     write, progress), so no actor waits on the driver's bookkeeping.
@@ -374,6 +380,7 @@ def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_d
     running: dict[Any, tuple[Any, WorkUnit]] = {}
     idle = list(pool)
     finished: list[tuple[WorkUnit, dict]] = []
+    deaths: dict[int, int] = {}
     while queue or running or finished:
         while queue and idle:
             actor = idle.pop()
@@ -392,8 +399,11 @@ def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_d
             try:
                 finished.append((unit, ray.get(ref)))
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
-                log.warning("actor died while on unit %d (%s); retrying it on a new actor",
-                            unit.index, type(exc).__name__)
+                deaths[unit.index] = deaths.get(unit.index, 0) + 1
+                if deaths[unit.index] > max_retries:
+                    raise UnitFailedError(unit_failure_line(unit, deaths[unit.index], exc)) from None
+                log.warning("actor died while on unit %d (%s); retry %d of %d on a new actor",
+                            unit.index, type(exc).__name__, deaths[unit.index], max_retries)
                 pool.remove(actor)
                 replacement = new_actor()
                 pool.append(replacement)
@@ -406,6 +416,28 @@ def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_d
                     raise cause from None
                 raise
             idle.append(actor)
+
+
+class UnitFailedError(UserError):
+    """A work unit killed its actor more than `shard.max_unit_retries` times."""
+
+
+def describe_unit(unit: WorkUnit) -> str:
+    """`file bytes a-b` (text) or `source rows a-b` (tables, datasets): where to look."""
+    what = "bytes" if unit.fmt in ("txt", "jsonl") else "rows"
+    return f"{unit.source} {what} {unit.start}-{unit.end}"
+
+
+def unit_failure_line(unit: WorkUnit, deaths: int, exc: BaseException) -> str:
+    """The one line a poison unit ends the run with: the unit, how often, the likely cause, the fix."""
+    text = str(exc).lower()
+    if "memory" in text or "oom" in text:
+        cause = "out of memory"
+    else:
+        cause = "the actor process died (most often out of memory, or a crash in the tokenizer)"
+    return (f"shard unit {unit.index} ({describe_unit(unit)}) killed its actor {deaths} times; likely cause: "
+            f"{cause}, e.g. a very long line with no newline, which a unit reads whole; split that text into "
+            f"lines or lower shard.unit_bytes (shard.max_unit_retries={deaths - 1})")
 
 
 def _cleanup_temp(out_dir: str) -> None:

@@ -28,7 +28,8 @@ from tpu_ray.rundir import CHECKPOINT_STATE_FILE
 log = logging.getLogger(__name__)
 
 STATE_FILE = CHECKPOINT_STATE_FILE  # TF's name for the file that lists the checkpoints and the latest one
-_PREFIX = re.compile(r"^(ckpt-\d+)\.(index|data-\d+-of-\d+)$")
+_PREFIX = re.compile(r"^(ckpt-\d+)\.(index|data-\d+-of-\d+|position\.json)$")
+POSITION_SUFFIX = ".position.json"  # the input position at that checkpoint (see input_position.py)
 _DATA = re.compile(r"^data-(\d+)-of-(\d+)$")
 _LATEST = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
 
@@ -71,6 +72,23 @@ def pick_latest(directory: str, state_text: str | None, names: set[str]) -> tupl
     return complete[-1], f"{why}; resuming from {storage.join(directory, complete[-1])}, the newest complete checkpoint"
 
 
+class CheckpointTimer:
+    """`due()` once `minutes` have passed since the last `reset()` (never if minutes is None)."""
+
+    def __init__(self, minutes: float | None):
+        import time
+
+        self._clock = time.monotonic
+        self.seconds = minutes * 60.0 if minutes else None
+        self._last = self._clock()
+
+    def due(self) -> bool:
+        return self.seconds is not None and self._clock() - self._last >= self.seconds
+
+    def reset(self) -> None:
+        self._last = self._clock()
+
+
 class CheckpointStore:
     """Save, find and restore the checkpoints of `directory` (local path or URL).
 
@@ -80,13 +98,19 @@ class CheckpointStore:
     """
 
     def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, keep: int, *,
-                 write: bool = True, options: tf.train.CheckpointOptions | None = None):
+                 write: bool = True, options: tf.train.CheckpointOptions | None = None,
+                 skip_busy: bool = True):
         self.directory = directory
+        self.skip_busy = skip_busy  # False: a save while an upload runs waits for it instead
         self.remote = storage.is_remote(directory)
         self.write = write
         self.options = options
         self._staging = (tempfile.TemporaryDirectory(prefix="tpu-ray-ckpt-")
                          if self.remote or not write else None)
+        self._executor = None
+        self._upload = None  # the Future of the upload in flight (gs:// only)
+        self.committed: list[str] = []  # checkpoints committed by this store, in order
+        self.skipped: list[int] = []  # steps whose save was skipped while an upload ran
         local = self._staging.name if self._staging else directory
         self.present = False  # any checkpoint file at all (a fresh start must not overwrite them)
         self.problem: UserError | None = None  # files present, none complete: raised by restore()
@@ -161,28 +185,84 @@ class CheckpointStore:
             raise UserError(f"{url}: checkpoint is corrupt ({reason}); to resume from the previous "
                             f"checkpoint, delete {url}.* and rerun with --resume") from None
 
-    def save(self, step: int) -> str | None:
-        """Save checkpoint `ckpt-<step>`, commit it and prune to the last `keep`; returns its path."""
+    def stored_position(self) -> str | None:
+        """The input position saved with the latest checkpoint (JSON text), if it has one."""
+        if not self.latest:
+            return None
+        path = self.latest + POSITION_SUFFIX
+        return storage.read_text(path) if storage.exists(path) else None
+
+    def save(self, step: int, position: str | None = None, final: bool = False) -> str | None:
+        """Save checkpoint `ckpt-<step>` (with `position`, the input position, beside it), commit it
+        and prune to the last `keep`; returns its path, or None if it was skipped.
+
+        On gs:// the save is written to local staging and uploaded by a background thread, so
+        training goes on while it uploads; it is committed (the state file) when the upload is
+        complete. A save asked for while the previous upload still runs is skipped (the next one
+        is at most an interval later), except a `final` one, which waits for it and for its own
+        upload. An upload error is raised by the next save, `final` or `close`.
+        """
+        if self.remote and self.write and self._upload is not None:
+            if not self._upload.done() and not final and self.skip_busy:
+                log.info("checkpoint at step %d skipped: the previous one is still uploading", step)
+                self.skipped.append(step)
+                return None
+            self._finish_upload()
+        local_dir = self._staging.name if self._staging else self.directory
+        if position is not None and self.write:  # written first: committed with (or before) the index
+            storage.atomic_write_text(os.path.join(local_dir, f"ckpt-{step}{POSITION_SUFFIX}"), position)
         local_prefix = self.manager.save(checkpoint_number=step, options=self.options)
         name = os.path.basename(local_prefix)
         if not self.write:  # a non-chief worker's part of the collective save: nobody reads it
             self._drop_staged(name)
             return None
         if not self.remote:
+            self._prune_local_positions()
             return local_prefix
+        # What the commit will say, as of now (the staged state file may change by the next save).
+        with open(os.path.join(self._staging.name, STATE_FILE), encoding="utf-8") as f:
+            state = f.read()
+        kept = [os.path.basename(p) for p in self.manager.checkpoints]
+        self._upload = self._uploader().submit(self._upload_and_commit, name, state, kept)
+        if final:
+            self._finish_upload()
+        return storage.join(self.directory, name)
+
+    def _uploader(self):
+        """One background thread: uploads are sequential, so commits happen in step order."""
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpu-ray-ckpt-upload")
+        return self._executor
+
+    def _upload_and_commit(self, name: str, state: str, kept: list[str]) -> None:
         staged = self._staged_files(name)
         for f in sorted(staged, key=lambda f: f.endswith(".index")):  # the index after its data
             storage.atomic_copy_file(os.path.join(self._staging.name, f), storage.join(self.directory, f))
-        storage.atomic_copy_file(os.path.join(self._staging.name, STATE_FILE),
-                                 storage.join(self.directory, STATE_FILE))  # the commit
+        storage.atomic_write_text(storage.join(self.directory, STATE_FILE), state)  # the commit
+        self.committed.append(name)
+        log.info("checkpoint %s committed to %s", name, self.directory)
         # Only the state file is needed locally from here on: a TPU VM's boot disk should not hold
         # `keep` copies of a large model's checkpoint.
         self._drop_staged(name)
         try:
-            self._prune_remote()
+            self._prune_remote(set(kept))
         except storage.StorageError as exc:  # the commit stands; the next save prunes again
             log.warning("%s: could not delete old checkpoints yet (%s)", self.directory, exc)
-        return storage.join(self.directory, name)
+
+    def _finish_upload(self) -> None:
+        """Wait for the upload in flight (if any); raise its error."""
+        upload, self._upload = self._upload, None
+        if upload is not None:
+            upload.result()
+
+    def _prune_local_positions(self) -> None:
+        """TF's manager prunes its own files; the position files of pruned checkpoints go here."""
+        kept = {os.path.basename(p) for p in self.manager.checkpoints}
+        for f in os.listdir(self.directory):
+            if f.endswith(POSITION_SUFFIX) and f[: -len(POSITION_SUFFIX)] not in kept:
+                os.remove(os.path.join(self.directory, f))
 
     def _staged_files(self, name: str) -> list[str]:
         return sorted(f for f in os.listdir(self._staging.name) if f.startswith(name + "."))
@@ -191,16 +271,28 @@ class CheckpointStore:
         for f in self._staged_files(name):
             os.remove(os.path.join(self._staging.name, f))
 
-    def close(self) -> None:
-        if self._staging is not None:
-            self._staging.cleanup()
-            self._staging = None
+    def close(self, wait: bool = True) -> None:
+        """Finish the upload in flight (raising its error) unless `wait` is False, then clean up."""
+        try:
+            if self._upload is not None:
+                if wait:
+                    self._finish_upload()
+                else:  # the run is failing anyway: let the upload end, keep the first error
+                    self._upload.exception()
+                    self._upload = None
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            if self._staging is not None:
+                self._staging.cleanup()
+                self._staging = None
 
     def __enter__(self) -> CheckpointStore:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(wait=exc_type is None)
 
     # --- remote ---------------------------------------------------------------------------------
     def _download(self, latest: str, local: str) -> None:
@@ -212,9 +304,8 @@ class CheckpointStore:
         tf.compat.v1.train.update_checkpoint_state(local, latest, self._kept)  # last: TF sees a complete copy
         log.info("staged checkpoint %s from %s", latest, self.directory)
 
-    def _prune_remote(self) -> None:
+    def _prune_remote(self, kept: set[str]) -> None:
         """Delete remote files of checkpoints the manager no longer keeps (after the commit)."""
-        kept = {os.path.basename(p) for p in self.manager.checkpoints}
         for base, prefix in self._remote_checkpoint_files().items():
             if prefix not in kept:
                 storage.remove(storage.join(self.directory, base))

@@ -10,7 +10,7 @@ are the same after a resume as in an uninterrupted run.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -119,22 +119,22 @@ def host_files(files: Sequence[str], ctx: tf.distribute.InputContext | None) -> 
 
 def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
                   shuffle_buffer: int, start_batch: int = 0,
-                  ctx: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+                  ctx: tf.distribute.InputContext | None = None,
+                  counts: Mapping[str, int] | None = None) -> tf.data.Dataset:
     """Endless, shuffled, masked batches of `batch_size` (the per-replica batch under a strategy).
 
-    `start_batch` skips batches already trained on (resume): skipping happens on serialized
-    records, before parsing, so it is cheap.
+    `start_batch` starts at that batch (resume) in time that does not grow with it: the record
+    order is `input_position.seekable_records` (files per epoch, then windows of `shuffle_buffer`
+    records shuffled by seed), so reaching a batch skips whole files by their record `counts`
+    (the manifest's; read from the files when not given) instead of re-reading every record.
     """
+    from tpu_ray.train.input_position import count_records, seekable_records
+
     mine = host_files(files, ctx)
     pipeline = ctx.input_pipeline_id if ctx else 0
-    ds = tf.data.Dataset.from_tensor_slices(mine)
-    ds = ds.shuffle(len(mine), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(mine), 16), block_length=16,
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    sizes = [counts[f] for f in mine] if counts is not None else count_records(mine)
+    ds = seekable_records(mine, sizes, seed, shuffle_buffer, start_sample=start_batch * batch_size)
     ds = ds.batch(batch_size, drop_remainder=True)
-    if start_batch:
-        ds = ds.skip(start_batch)
     ds = ds.enumerate(start=start_batch)
 
     def prepare(index: tf.Tensor, serialized: tf.Tensor) -> dict[str, tf.Tensor]:

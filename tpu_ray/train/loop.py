@@ -22,10 +22,11 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import rundir, storage
-from tpu_ray.train.checkpoints import CheckpointStore
+from tpu_ray.train.checkpoints import CheckpointStore, CheckpointTimer
 from tpu_ray.train.hooks import executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
+from tpu_ray.train.input_position import PositionTracker
 from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
@@ -103,7 +104,8 @@ def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
     options = (tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
                if s.info.kind == "tpu" else None)
     return CheckpointStore(s.checkpoint, rundir.checkpoints_dir(s.cfg.run_dir),
-                           s.cfg.train.keep_checkpoints, write=write, options=options)
+                           s.cfg.train.keep_checkpoints, write=write, options=options,
+                           skip_busy=s.info.kind != "multiworker")  # a collective save is never skipped
 
 
 def make_replica_grads(s: TrainSetup):
@@ -246,12 +248,15 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     """The loop, in named steps: restore, input, step functions, hooks, executions, summary."""
     info = s.info
     start = restore_or_start(cfg, s, ckpts, metrics, resume)
-    iterator, files_read = train_input(cfg, s, train_files, start)
+    iterator, files_read, positions = train_input(cfg, s, train_files, start, ckpts, metrics)
     train_step, train_steps = make_train_step(s)
     state = LoopState()
+    # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
+    timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
     hooks = default_hooks(cfg, s, ckpts, metrics, state, _evaluator(s, val_files, cfg.train.batch_size // info.replicas),
                           lambda: train_step.experimental_get_tracing_count()
-                          + train_steps.experimental_get_tracing_count())
+                          + train_steps.experimental_get_tracing_count(),
+                          position=lambda step: positions.at(step).to_json(), timer=timer)
     metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
                   device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
                   per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
@@ -278,25 +283,34 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     s.checkpoint.schedule.assign(lr_schedule.values(cfg))  # what the next checkpoint records
     start = int(s.step_var.numpy())
     log.info("resumed from %s at step %d", ckpts.latest_url, start)
-    metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url)
-    return start
+    return start  # the resume event is written by train_input, with the input position
 
 
-def train_input(cfg: RunConfig, s: TrainSetup, train_files: list[tuple[str, int]], start: int):
-    """The distributed iterator over training batches, positioned after `start` steps, and the list
-    of files this process reads (filled as the strategy builds each input pipeline)."""
+def train_input(cfg: RunConfig, s: TrainSetup, train_files: list[tuple[str, int]], start: int,
+                ckpts: CheckpointStore, metrics: MetricsWriter):
+    """The distributed iterator over training batches, positioned after `start` steps, the list
+    of files this process reads (filled as the strategy builds each input pipeline), and the
+    position tracker; on resume the position is checked against the one stored with the checkpoint."""
     gb, seq_len = cfg.train.batch_size, cfg.shard.seq_len
     spec = mask_spec(cfg, s.tok)
     files = [p for p, _ in train_files]
     files_read: list[str] = []
+    positions = PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         files_read.extend(host_files(files, ctx))
+        positions.bind(host_files(files, ctx), ctx.num_input_pipelines)
         return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
                              cfg.train.shuffle_buffer,
-                             start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx)
+                             start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx,
+                             counts=positions.counts)
 
-    return iter(s.info.strategy.distribute_datasets_from_function(dataset_fn)), files_read
+    dist = s.info.strategy.distribute_datasets_from_function(dataset_fn)
+    if ckpts.latest:  # resumed: the position is checked against the stored one before the first step
+        at = positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url)
+        metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
+                      sample_in_epoch=at.sample_in_epoch, samples=at.samples)
+    return iter(dist), files_read, positions
 
 
 def make_execute(s: TrainSetup, iterator, train_step, train_steps):

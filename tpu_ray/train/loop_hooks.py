@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,9 +59,11 @@ class LoopState:
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
-                  state: LoopState, evaluate, traces) -> list[Hook]:
+                  state: LoopState, evaluate, traces, position: Callable[[int], str] | None = None,
+                  timer: Any = None) -> list[Hook]:
     """accumulate (every execution) -> log (log_every) -> eval (eval_every) -> checkpoint
-    (checkpoint_every); each also at the run's last step."""
+    (checkpoint_every, and when `timer` is due: train.checkpoint_every_minutes); each also at the
+    run's last step. `position(step)` is the input position saved beside each checkpoint."""
     t, info = cfg.train, s.info
     level = logging.INFO if info.is_chief else logging.DEBUG
     flops_token = train_flops_per_token(cfg, s.tok.vocab_size)
@@ -89,11 +92,15 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
         hooks.append(Hook("eval", t.eval_every, run_eval))
     def save(step: StepInfo) -> None:
         if weights_finite(s.model):
-            ckpts.save(step.step)
+            ckpts.save(step.step, position=position(step.step) if position else None, final=step.last)
         else:  # never let a diverged model replace the last good checkpoint
             on_nonfinite(cfg, metrics, ckpts, step.step, "the weights are not finite (not saved)")
+        if timer is not None:
+            timer.reset()
 
     hooks.append(Hook("checkpoint", t.checkpoint_every, save))
+    if timer is not None:  # by time too: off the step grid, checked after every execution
+        hooks.append(Hook("checkpoint_timer", None, lambda step: save(step) if timer.due() else None))
     return hooks
 
 

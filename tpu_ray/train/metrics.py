@@ -13,18 +13,33 @@ import time
 from typing import Any
 
 from tpu_ray import storage
-from tpu_ray.rundir import METRICS_FILE
+from tpu_ray.rundir import METRICS_DIR, METRICS_FILE
 
 log = logging.getLogger("tpu_ray.train.metrics")
+SEGMENT_BYTES = 1 << 20
+
+
+def writer_id() -> str:
+    """Unique per writer and sortable by start time: `<ms since epoch>-<host>-<pid>-<random>`."""
+    import os
+    import socket
+    import uuid
+
+    host = "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname())[:40]
+    return f"{int(time.time() * 1000):013d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class MetricsWriter:
     """Appends records. Local files are appended and flushed per record. Object stores cannot
-    append, so for gs:// new records are held and uploaded at most every `remote_every_s` (and at
-    once for evaluations and events) by rewriting the file as what is there plus what is new:
-    several writers that take turns on one run (the pipeline's, then the trainer's, then the
-    pipeline's again) all keep their records. An upload that fails during training is retried at
-    the next one instead of ending a long run; `flush()` itself raises.
+    append, and a read-modify-write of one shared object loses records when two writers overlap
+    (the pipeline's and the trainer's, or a trainer restarted after a lost node beside the old
+    one's last upload). So on gs:// every writer owns its objects, `metrics/<writer id>-<n>.jsonl`,
+    and rewrites only its own current object (rolled over at SEGMENT_BYTES, so each upload stays
+    small); nobody reads before writing. `report.load_metrics` merges `metrics.jsonl` and all of
+    these by time. New records are uploaded at most every `remote_every_s` (at once for evaluations
+    and events), so a crash loses at most the records of the current interval. An upload that
+    fails during training is retried at the next one instead of ending a long run; `flush()`
+    itself raises.
     """
 
     def __init__(self, run_dir: str, remote_every_s: float = 30.0, tensorboard: bool = True):
@@ -36,6 +51,10 @@ class MetricsWriter:
         self._pending: list[str] = []
         self._every = remote_every_s
         self._last_upload = 0.0
+        self._writer_id = writer_id()
+        self._segment = 0
+        self._segment_lines: list[str] = []  # this writer's records in its current object
+        self._segment_bytes = 0
 
     def write(self, kind: str, **fields: Any) -> dict:
         record = {"kind": kind, "time": time.time(), **{k: _clean(v) for k, v in fields.items()}}
@@ -58,12 +77,20 @@ class MetricsWriter:
     def flush(self) -> None:
         """Upload held records (gs://) and TensorBoard events."""
         if self.remote and self._pending:
-            existing = storage.read_text(self.path) if storage.exists(self.path) else ""
-            storage.atomic_write_text(self.path, existing + "".join(self._pending))
+            if self._segment_bytes >= SEGMENT_BYTES:  # the current object is full: start the next
+                self._segment += 1
+                self._segment_lines, self._segment_bytes = [], 0
+            lines = self._segment_lines + self._pending
+            storage.atomic_write_text(self._object_path(), "".join(lines))
+            self._segment_lines = lines
+            self._segment_bytes = sum(map(len, lines))
             self._pending.clear()
             self._last_upload = time.monotonic()
         if self._tb is not None:
             self._tb.flush()
+
+    def _object_path(self) -> str:
+        return storage.join(self.run_dir, METRICS_DIR, f"{self._writer_id}-{self._segment:04d}.jsonl")
 
     def close(self) -> None:
         """Flush, and release the TensorBoard writer (its thread and staging directory)."""
