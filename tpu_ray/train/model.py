@@ -61,14 +61,14 @@ def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:
 
 
 def peak_flops(device: str, configured: float | None) -> float | None:
-    """Per-replica peak: configured, from the table, or measured (CPU)."""
+    """Per-replica peak: configured, or the device's published figure from the table. None on a
+    CPU: a measured matmul peak varied 4x between identical runs on a shared machine, so an MFU
+    against it says nothing (set train.peak_flops to get one)."""
     if configured:
         return configured
     for name, peak in PEAK_FLOPS_PER_REPLICA.items():
         if name.lower() in device.lower():
             return peak
-    if device == "cpu":
-        return measure_cpu_peak()
     return None
 
 
