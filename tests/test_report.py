@@ -246,7 +246,7 @@ def test_text_summary(run_dir):
     assert len(lines) < 25
     assert max(len(line) for line in lines) <= 80
     for needle in ("steps", "500", "perplexity", "tokens/s", "ms/step", "step traces", "TPUStrategy",
-                   "train 155.0 s", "MFU"):
+                   "train 155.0s", "MFU"):
         assert needle in text, needle
     assert "summary." not in text and "…" not in text  # no raw summary.json dump, nothing cut
     assert text.count("perplexity") == 1

@@ -26,8 +26,8 @@ VERBOSE_ENV = "TPU_RAY_VERBOSE"
 # find cuda drivers"), and the error-level "failed call to cuInit" that only means "no GPU here".
 _NATIVE_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|[IW]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] "
-    r"|E\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] failed call to cuInit"
+    r"|[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
+    r"|E\d{4} [\d:.]+ +\d+ \S+:\d+\] failed call to cuInit"
     r"|\s*$)")
 
 # Library loggers that speak at WARNING about normal events on a CPU, quieted unless verbose.
@@ -144,6 +144,8 @@ class _QuietLoader:
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
+        for finder in [f for f in sys.meta_path if isinstance(f, _QuietTensorFlowImport)]:
+            sys.meta_path.remove(finder)  # TensorFlow is imported once per process
         with native_stderr_filtered():
             self._loader.exec_module(module)
             try:  # the device scan prints "failed call to cuInit" on machines without a GPU
@@ -153,14 +155,14 @@ class _QuietLoader:
 
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
-    """Finds `tensorflow` once, for whichever module imports it first, and hands back its spec with
-    a filtering loader: no TensorFlow import is moved or added, and the hook then removes itself."""
+    """Finds `tensorflow` for whichever module imports it first and hands back its spec with a
+    filtering loader: no TensorFlow import is moved or added. It stays until TensorFlow is
+    executed (libraries probe with `importlib.util.find_spec("tensorflow")` long before), then
+    removes itself."""
 
     def find_spec(self, name, path, target=None):
         if name != "tensorflow":
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
             spec.loader = _QuietLoader(spec.loader)

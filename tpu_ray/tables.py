@@ -85,10 +85,14 @@ def metrics_table(df: pd.DataFrame, all_columns: bool = False) -> str:
             for col, head, spec in TABLE_COLUMNS[kind]:
                 if col in out.columns and out[col].notna().any():
                     table[head] = [_num(v, spec) for v in out[col]]
-        return table.to_string(index=False)
+        return _rstrip(table.to_string(index=False))
     out["time"] = _local_times(out["time"])
     out = out.dropna(axis=1, how="all")
-    return out.astype("object").where(out.notna(), "").to_string(index=False)
+    return _rstrip(out.astype("object").where(out.notna(), "").to_string(index=False))
+
+
+def _rstrip(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.splitlines())
 
 
 # Shared with tpu_ray.report (the HTML report's numbers are the same).
@@ -175,8 +179,8 @@ def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     stages = _stage_seconds(df)
     if stages:
         total = summary.get("seconds")
-        text = ", ".join(f"{k} {v:.1f} s" for k, v in stages)
-        rows.append(("time", text + (f"; total {total:.1f} s" if isinstance(total, (int, float)) else "")))
+        text = ", ".join(f"{k} {v:.1f}s" for k, v in stages)
+        rows.append(("time", text + (f"; total {total:.1f}s" if isinstance(total, (int, float)) else "")))
     shards = summary.get("shards")
     if isinstance(shards, dict) and shards.get("samples") is not None:
         rows.append(("shards", f"{shards.get('shards', '?')} files, {int(shards['samples']):,} samples, "

@@ -126,9 +126,10 @@ def _train_task(cfg_dict: dict, resume: bool) -> dict:
     import ray
 
     from tpu_ray.logs import setup_logging
+
+    setup_logging()  # before TensorFlow is imported: its start-up lines are filtered then
     from tpu_ray.train.loop import train
 
-    setup_logging()
     summary = train(RunConfig.from_dict(cfg_dict), resume=resume)
     summary["node_id"] = ray.get_runtime_context().get_node_id()
     summary["hostname"] = os.uname().nodename
