@@ -200,7 +200,7 @@ def cmd_metrics(args) -> int:
     if args.csv:
         sys.stdout.write(df.to_csv(index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ"))
     else:
-        print(metrics_table(df.tail(args.tail) if args.tail else df, all_columns=args.all))
+        print(metrics_table(df, all_columns=args.all, tail=args.tail))
     return 0
 
 

@@ -62,8 +62,8 @@ def _local_times(times: pd.Series) -> list[str]:
     return ["" if pd.isna(t) else t.strftime(fmt) for t in local]
 
 
-def metrics_table(df: pd.DataFrame, all_columns: bool = False) -> str:
-    """The rows of `df` (load_metrics' frame) as a readable table.
+def metrics_table(df: pd.DataFrame, all_columns: bool = False, tail: int = 0) -> str:
+    """The last `tail` rows (0: all) of `df` (load_metrics' frame) as a readable table.
 
     Default: step, time and the columns that matter for the kinds present (events are left out
     when there are train or eval records), empty columns dropped. `all_columns`: every column.
@@ -71,11 +71,13 @@ def metrics_table(df: pd.DataFrame, all_columns: bool = False) -> str:
     if df.empty:
         return "no metrics records yet"
     out = df.copy()
+    kinds = [k for k in ("train", "eval", "event") if (out["kind"] == k).any()]
+    if not all_columns and ("train" in kinds or "eval" in kinds):
+        kinds = [k for k in kinds if k != "event"]
+        out = out[out["kind"].isin(kinds)]
+    if tail:
+        out = out.tail(tail)
     if not all_columns:
-        kinds = [k for k in ("train", "eval", "event") if (out["kind"] == k).any()]
-        if "train" in kinds or "eval" in kinds:
-            kinds = [k for k in kinds if k != "event"]
-            out = out[out["kind"].isin(kinds)]
         table = pd.DataFrame(index=out.index)
         if len(kinds) > 1:
             table["kind"] = out["kind"]
