@@ -223,3 +223,37 @@ def test_verbose_shows_the_library_lines(interrupted_run, tmp_path):
     loud = _cli("fill-mask", "--model", str(run_dir / "model"), "a [MASK] b", "--verbose")
     assert loud.returncode == 0, loud.stderr
     assert "absl::InitializeLog" in loud.stderr and "Device set to use" in loud.stderr, loud.stderr
+
+
+# ---------------------------------------------------------------------------------------------- docs
+
+def _bash_blocks(path: Path) -> list[str]:
+    text = path.read_text()
+    return [b.split("\n", 1)[1] for b in text.split("```")[1::2] if b.startswith(("bash", "python"))]
+
+
+def test_documented_local_job_commands_set_up_token_auth_before_the_head_starts():
+    """Ray 2.60: `ray job submit` to a token-auth head fails without RAY_AUTH_MODE=token, and a head
+    started with it needs a token: every copied block that starts a local head does both first."""
+    blocks = [b for doc in (REPO / "README.md", REPO / "docs" / "jobs.md", REPO / "docs" / "cluster.md")
+              for b in _bash_blocks(doc) if "ray start --head" in b]
+    assert len(blocks) >= 2
+    for block in blocks:
+        order = [block.find(s) for s in ("export RAY_AUTH_MODE=token", "ray get-auth-token --generate",
+                                          "ray start --head", "ray job submit")]
+        assert -1 not in order and order == sorted(order), block
+
+
+def test_readme_api_snippet_keeps_the_job_run_dir_out_of_the_in_process_run():
+    api = next(b for b in _bash_blocks(REPO / "README.md") if "Pipeline(" in b and "submit(" in b)
+    assert '"output_dir": "/tmp/api-run"' in api and '"output_dir": "/tmp/api-job"' in api
+
+
+def test_cluster_docs_offline_check_installs_what_it_runs():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    block = next(b for b in _bash_blocks(REPO / "docs" / "cluster.md") if "tests/test_cluster_yaml.py" in b)
+    assert 'pip install -e ".[test]"' in block
+    test_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    for dist in ("pytest", "jsonschema", "google-api-python-client"):
+        assert any(req.startswith(dist) for req in test_extra), dist
