@@ -257,3 +257,66 @@ def test_cluster_docs_offline_check_installs_what_it_runs():
     test_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     for dist in ("pytest", "jsonschema", "google-api-python-client"):
         assert any(req.startswith(dist) for req in test_extra), dist
+
+
+# ------------------------------------------------------------------------------------ the Python API
+
+def test_api_logging_shows_our_lines_and_respects_a_programs_own_logging():
+    """Pipeline.run() sets this up: our INFO lines on stderr in a bare notebook; a program that set
+    up logging itself gets them through its own handlers, with no second copy from us."""
+    code = r"""
+import logging, sys
+from tpu_ray.logs import setup_api_logging
+if sys.argv[1] == "own":
+    logging.basicConfig(level=logging.WARNING, format="OWN %(message)s", stream=sys.stdout)
+setup_api_logging()
+logging.getLogger("tpu_ray").info("stage tokenizer: start")
+print(len(logging.getLogger().handlers))
+"""
+    bare = subprocess.run([sys.executable, "-c", code, "bare"], capture_output=True, text=True, env=_env(),
+                          cwd=REPO, timeout=60)
+    assert "INFO tpu_ray: stage tokenizer: start" in bare.stderr, bare.stderr
+    own = subprocess.run([sys.executable, "-c", code, "own"], capture_output=True, text=True, env=_env(),
+                         cwd=REPO, timeout=60)
+    assert "OWN stage tokenizer: start" in own.stdout and own.stdout.strip().endswith("1"), own.stdout
+    assert "stage tokenizer" not in own.stderr
+
+
+def test_run_result_repr_is_short_and_summary_has_the_numbers():
+    from tpu_ray.pipeline import RunResult
+
+    files = [f"/runs/r/shards/train-{i:05d}-100.tfrecord" for i in range(300)]
+    result = RunResult("/runs/r", {"shards": 300, "samples": 30000, "tokens": 3840000, "files": files},
+                       {"steps": 300, "eval_loss": 5.1234567, "perplexity": 167.9876, "final_loss": 5.2,
+                        "strategy": "_DefaultDistributionStrategy", "device": "cpu", "files_read": files},
+                       seconds=93.456)
+    text = repr(result)
+    assert text == "RunResult(run_dir='/runs/r', steps=300, eval_loss=5.123, perplexity=168, seconds=93.5)"
+    summary = result.summary()
+    assert summary["strategy"] == "default (one device)" and summary["samples"] == 30000
+    assert summary["model_dir"] == "/runs/r/model" and summary["perplexity"] == pytest.approx(167.9876)
+    assert all(not isinstance(v, (list, dict)) for v in summary.values())
+
+
+@pytest.mark.slow  # the whole pipeline in a fresh process: Ray, TensorFlow, about two minutes here
+def test_pipeline_run_from_python_shows_progress_without_library_noise(tmp_path, small_corpus):
+    code = f"""
+from tpu_ray import RunConfig, Pipeline
+cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({{
+    "output_dir": {str(tmp_path / "run")!r}, "corpus.source": {str(small_corpus)!r},
+    "tokenizer.vocab_size": 800, "shard.seq_len": 64, "shard.unit_bytes": 65536, "train.steps": 10,
+    "train.batch_size": 16, "train.warmup_steps": 2, "train.log_every": 5, "train.eval_every": 10,
+    "train.eval_batches": 2, "train.checkpoint_every": 10, "ray.num_cpus": 2}})
+result = Pipeline(cfg).run()
+print(repr(result))
+print(sorted(result.summary()))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=_env(),
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for needle in ("stage tokenizer: start", "stage shard: done", "step 5: loss=", "eval @ step 10"):
+        assert needle in proc.stderr, needle
+    for line in NOISE:
+        assert line not in proc.stderr, line
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("RunResult(run_dir=") and len(first) < 160, first
