@@ -209,6 +209,17 @@ def test_resume_leaves_one_train_row_per_step(interrupted_run):
     assert len(_train_steps(run_dir)) >= len(steps)  # the file keeps every record; the frame one per step
 
 
+def test_eval_names_the_run_like_report(interrupted_run, capsys):
+    """`tpu-ray eval RUN` reads RUN/config.yaml and evaluates the last checkpoint."""
+    _, run_dir, _, _ = interrupted_run
+    if not (run_dir / "model" / "config.json").exists():
+        pytest.skip("needs test_resume_leaves_one_train_row_per_step's finished run")
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["step"] == 80 and result["eval_loss"] > 0
+
+
 @pytest.mark.slow  # two more TensorFlow processes: about a minute
 def test_verbose_shows_the_library_lines(interrupted_run, tmp_path):
     """fill-mask on the exported model: quiet by default, the libraries' own lines with --verbose."""
@@ -306,7 +317,7 @@ cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({{
     "output_dir": {str(tmp_path / "run")!r}, "corpus.source": {str(small_corpus)!r},
     "tokenizer.vocab_size": 800, "shard.seq_len": 64, "shard.unit_bytes": 65536, "train.steps": 10,
     "train.batch_size": 16, "train.warmup_steps": 2, "train.log_every": 5, "train.eval_every": 10,
-    "train.eval_batches": 2, "train.checkpoint_every": 10, "ray.num_cpus": 2}})
+    "train.eval_batches": 2, "train.checkpoint_every": 10, "ray.address": "local"}})
 result = Pipeline(cfg).run()
 print(repr(result))
 print(sorted(result.summary()))

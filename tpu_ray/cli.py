@@ -134,8 +134,10 @@ def cmd_fill_mask(args) -> int:
     from tpu_ray import storage
 
     model = args.model
-    if not storage.exists(storage.join(model, "config.json")) and storage.exists(storage.join(model, "model", "config.json")):
-        model = storage.join(model, "model")  # named by its run directory, like report and metrics
+    run_model = storage.join(model, "model")  # a run named by its directory, like report and metrics
+    if (not storage.exists(storage.join(model, "config.json"))
+            and storage.exists(storage.join(run_model, "config.json"))):
+        model = run_model
     _fill_mask(model, args.text, args.top_k)
     return 0
 
@@ -239,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", nargs="?", metavar="RUN", help="the run directory (local path or gs://)")
     p.add_argument("--config", help="run config YAML (default: the one saved in RUN)")
     p.add_argument("--output-dir", help=argparse.SUPPRESS)  # the older way to name RUN
-    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides, e.g. train.eval_batches=50")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value",
+                   help="config overrides, e.g. train.eval_batches=50")
     p = add("fill-mask", cmd_fill_mask, "predict the [MASK] token with an exported model", common=False)
     p.add_argument("--model", required=True, help="exported model directory (RUN/model, or just RUN)")
     p.add_argument("--top-k", type=int, default=5, help="how many predictions to print (default: 5)")
@@ -254,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
     p.add_argument("--working-dir", default=".", help="directory shipped with the job (default: .)")
     p.add_argument("--wait", action="store_true", help="wait for the job and exit 0 only if it succeeded")
-    p.add_argument("--resume", action="store_true", help="continue the run directory from its last checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run directory from its last checkpoint")
     for name, fn, help in (("status", cmd_status, "a job's status"), ("logs", cmd_logs, "a job's logs")):
         p = add(name, fn, help, common=False)
         p.add_argument("submission_id", help="the id `tpu-ray submit` printed")

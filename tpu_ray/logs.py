@@ -94,7 +94,8 @@ def quiet_libraries(verbose: bool) -> None:
         logger = logging.getLogger(name)
         if logger.level < lvl:
             logger.setLevel(lvl)
-    if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
+    hooked = any(isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path)
+    if "tensorflow" not in sys.modules and not hooked:
         sys.meta_path.insert(0, _QuietTensorFlowImport())
 
 

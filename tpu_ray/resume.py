@@ -41,8 +41,9 @@ def refuse_existing_run(cfg: RunConfig, resume: bool) -> None:
         return
     found = latest_checkpoint(cfg.run_dir)
     if found:
-        raise UserError(f"{storage.join(cfg.run_dir, 'checkpoints')}: this run directory already has checkpoints "
-                        f"(latest {found[0]}); pass --resume to continue it or use a new --output-dir")
+        raise UserError(f"{storage.join(cfg.run_dir, 'checkpoints')}: this run directory already has "
+                        f"checkpoints (latest {found[0]}); pass --resume to continue it or use a new "
+                        f"--output-dir")
 
 
 def interrupted_message(run_dir: str, argv: list[str]) -> str:
