@@ -147,7 +147,8 @@ def interrupted_run(tmp_path_factory, shards_dir, tiny_tokenizer_dir):  # noqa: 
     """`tpu-ray train` stopped with Ctrl-C after its second checkpoint: (cfg path, run dir, result)."""
     tmp = tmp_path_factory.mktemp("ctrl-c")
     # 80 steps: after step 25 is seen there are ~55 left (seconds, not one poll) to interrupt in.
-    over = {"train.steps": 80, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 80}
+    over = {"train.steps": 80, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 80,
+            "train.placement": "local"}  # in this process: no Ray cluster to find or start
     cfg_path, run_dir = tmp / "cfg.yaml", tmp / "run"
     cfg_path.write_text(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over).to_yaml())
     proc = subprocess.Popen([sys.executable, "-m", "tpu_ray.cli", "train", "--config", str(cfg_path)], cwd=REPO,
@@ -198,11 +199,18 @@ def test_a_tensorflow_command_shows_our_lines_only(interrupted_run):
     assert "\n\n" not in err  # no blank lines from progress bars
 
 
+def _resumed(interrupted_run) -> Path:
+    """The interrupted run continued to its end with `tpu-ray train --resume` (once)."""
+    cfg_path, run_dir, _, _ = interrupted_run
+    if not (run_dir / "model" / "config.json").exists():
+        assert main(["train", "--config", str(cfg_path), "--resume"]) == 0
+    return run_dir
+
+
 def test_resume_leaves_one_train_row_per_step(interrupted_run):
     from tpu_ray.report import load_metrics
 
-    cfg_path, run_dir, _, _ = interrupted_run
-    assert main(["train", "--config", str(cfg_path), "--resume"]) == 0
+    run_dir = _resumed(interrupted_run)
     df = load_metrics(str(run_dir), kind="train")
     steps = df["step"].tolist()
     assert steps == sorted(set(steps)) and steps[-1] == 80
@@ -211,9 +219,7 @@ def test_resume_leaves_one_train_row_per_step(interrupted_run):
 
 def test_eval_names_the_run_like_report(interrupted_run, capsys):
     """`tpu-ray eval RUN` reads RUN/config.yaml and evaluates the last checkpoint."""
-    _, run_dir, _, _ = interrupted_run
-    if not (run_dir / "model" / "config.json").exists():
-        pytest.skip("needs test_resume_leaves_one_train_row_per_step's finished run")
+    run_dir = _resumed(interrupted_run)
     capsys.readouterr()
     assert main(["eval", str(run_dir)]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -223,9 +229,7 @@ def test_eval_names_the_run_like_report(interrupted_run, capsys):
 @pytest.mark.slow  # two more TensorFlow processes: about a minute
 def test_verbose_shows_the_library_lines(interrupted_run, tmp_path):
     """fill-mask on the exported model: quiet by default, the libraries' own lines with --verbose."""
-    _, run_dir, _, _ = interrupted_run
-    if not (run_dir / "model" / "config.json").exists():
-        pytest.skip("needs test_resume_leaves_one_train_row_per_step's export")
+    run_dir = _resumed(interrupted_run)
     quiet = _cli("fill-mask", "--model", str(run_dir), "a [MASK] b", "--top-k", "2")
     assert quiet.returncode == 0, quiet.stderr
     assert len(quiet.stdout.splitlines()) == 2
