@@ -277,6 +277,8 @@ def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, cap
     assert main(["status", sid, *addr]) == 0 and capsys.readouterr().out.strip() == "SUCCEEDED"
     assert main(["logs", sid, *addr]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run}"
+    assert main(["logs", sid, *addr, "--follow"]) == 0  # a finished job: the whole log, then it ends
+    assert f"tpu-ray pretrain: SUCCEEDED run_dir={run}" in capsys.readouterr().out
     assert main(["metrics", str(run), "--kind", "eval"]) == 0
     assert "eval_loss" in capsys.readouterr().out
 

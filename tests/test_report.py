@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import fsspec
+import pandas as pd
 import pytest
 
 from tpu_ray.errors import UserError
@@ -131,13 +132,47 @@ def test_load_metrics_empty_run_dir(tmp_path):
 
 
 def test_load_metrics_missing_run_dir(tmp_path):
+    """A job just submitted has no run directory yet: an empty frame with the documented columns
+    and types (step an integer, time a datetime), not an error; missing_ok=False (the CLI) refuses."""
     missing = tmp_path / "no-such-run"
+    df = load_metrics(str(missing))
+    assert df.empty
+    assert list(df.columns[:3]) == ["kind", "step", "time"]
+    assert {"loss", "mfu", "eval_loss", "perplexity", "event", "stage", "seconds"} <= set(df.columns)
+    assert pd.api.types.is_integer_dtype(df["step"])
+    assert pd.api.types.is_datetime64_any_dtype(df["time"])
+    df = load_metrics(str(missing), kind="train")
+    assert df.empty and {"kind", "step", "time", "loss"} <= set(df.columns) and "eval_loss" not in df.columns
     with pytest.raises(UserError) as exc:
-        load_metrics(str(missing))
+        load_metrics(str(missing), missing_ok=False)
     msg = str(exc.value)
     assert str(missing) in msg and "\n" not in msg
-    df = load_metrics(str(missing), kind="train", missing_ok=True)  # a job that has not started writing
-    assert df.empty and {"kind", "step", "time", "loss"} <= set(df.columns)
+
+
+def test_load_metrics_types_and_stable_columns(run_dir):
+    """The same columns whether or not a kind has records yet; step an integer, time a datetime."""
+    df = load_metrics(str(run_dir), kind="train")
+    assert df["step"].dtype == "int64"
+    assert str(df["time"].dtype) == "datetime64[ns, UTC]"
+    assert list(df.columns[:3]) == ["kind", "step", "time"]
+    assert list(load_metrics(str(run_dir / "nothing-yet")).columns) == list(load_metrics(str(run_dir)).columns[:19])
+
+
+def test_load_metrics_keeps_the_latest_record_of_a_repeated_step(tmp_path):
+    """After --resume the steps since the last checkpoint are logged again: one row per step, the
+    resumed run's."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [{"kind": "train", "step": s, "time": 1000.0 + s, "loss": 5.0} for s in (25, 50, 75)]
+    recs += [{"kind": "event", "event": "resume", "step": 50, "time": 1100.0}]
+    recs += [{"kind": "train", "step": s, "time": 1100.0 + s, "loss": 4.0} for s in (75, 100)]
+    recs += [{"kind": "eval", "step": 100, "time": 1300.0 + i, "eval_loss": 3.0 - i} for i in range(2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    train = load_metrics(str(run), kind="train")
+    assert train["step"].tolist() == [25, 50, 75, 100]
+    assert train.set_index("step")["loss"].to_dict() == {25: 5.0, 50: 5.0, 75: 4.0, 100: 4.0}
+    assert load_metrics(str(run), kind="eval")["eval_loss"].tolist() == [2.0]
+    assert len(load_metrics(str(run), kind="event")) == 1  # events are never merged
 
 
 # ------------------------------------------------------------------------------------ write_report
@@ -197,30 +232,45 @@ def test_remote_run_dir(run_dir):
         fs.pipe_file(f"/runs/r1/{p.name}", p.read_bytes())
     try:
         assert len(load_metrics("memory://runs/r1", kind="train")) == N_TRAIN
+        assert load_metrics("memory://runs/nope").empty
         with pytest.raises(UserError, match="memory://runs/nope"):
-            load_metrics("memory://runs/nope")
+            load_metrics("memory://runs/nope", missing_ok=False)
     finally:
         fs.rm("/runs", recursive=True)
 
 
 def test_text_summary(run_dir):
+    """80 columns, each number once, a user's strategy name, no row cut short."""
     text = text_summary(str(run_dir))
-    assert len(text.splitlines()) < 45
-    for needle in ("final step", "500", "perplexity", "median tokens/s", "median step time", "ms",
-                   "train traces", "summary.strategy", "TPUStrategy", "stage train"):
+    lines = text.splitlines()
+    assert len(lines) < 25
+    assert max(len(line) for line in lines) <= 80
+    for needle in ("steps", "500", "perplexity", "tokens/s", "ms/step", "step traces", "TPUStrategy",
+                   "train 155.0s", "MFU"):
         assert needle in text, needle
+    assert "summary." not in text and "…" not in text  # no raw summary.json dump, nothing cut
+    assert text.count("perplexity") == 1
     assert "\x1b[" not in text  # plain text, no ANSI codes
 
 
+def test_text_summary_names_the_cpu_strategy_and_gives_no_mfu_on_cpu(tmp_path):
+    run = make_run(tmp_path / "run", mfu=False)
+    (run / "summary.json").write_text(json.dumps({"strategy": "_DefaultDistributionStrategy", "kind": "cpu",
+                                                  "device": "cpu", "replicas": 1, "global_batch": 32}))
+    text = text_summary(str(run))
+    assert "_Default" not in text and "default (one device)" in text
+    assert "n/a on CPU" in text
+
+
 def test_text_summary_stays_one_screen_with_long_summary_values(tmp_path):
-    """summary.json lists every shard file read: the text summary shows a count, not the list."""
+    """summary.json lists every shard file read: the text summary shows counts, not the list."""
     run = make_run(tmp_path / "run")
     files = [f"gs://bucket/run/shards/train-{i:05d}-4096.tfrecord" for i in range(500)]
-    summary = {"files_read": files, "shards": {"shards": 500, "samples": 10**6}}
+    summary = {"files_read": files, "shards": {"shards": 500, "samples": 10**6, "tokens": 128 * 10**6}}
     (run / "summary.json").write_text(json.dumps(summary))
     text = text_summary(str(run))
-    assert len(text.splitlines()) < 45
-    assert "[500 items]" in text and "shards=500 samples=1000000" in text
+    assert len(text.splitlines()) < 25
+    assert "500 files, 1,000,000 samples, 128,000,000 tokens" in text
     assert "train-00499" not in text
 
 
@@ -229,7 +279,7 @@ def test_cli_report(run_dir, capsys):
 
     assert main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "final step" in out and f"report: {run_dir / 'report.html'}" in out
+    assert "perplexity" in out and f"report: {run_dir / 'report.html'}" in out
     page = (run_dir / "report.html").read_text()
     for name in PLOTS:
         _check_png(run_dir / name)

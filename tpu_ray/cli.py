@@ -12,13 +12,24 @@ from collections.abc import Callable
 from tpu_ray.errors import EXIT_USAGE, UserError, guarded  # noqa: F401 - EXIT_USAGE, UserError re-exported
 from tpu_ray.logs import setup_logging
 
+DESCRIPTION = """\
+Pretrain a Hugging Face masked language model (RoBERTa by default) with TensorFlow, from raw text
+to an exported model, on a TPU slice, GPUs or a CPU, orchestrated by Ray.
+
+  tpu-ray run --config jobs/configs/quickstart.yaml --output-dir /tmp/quickstart
+  tpu-ray report /tmp/quickstart        tpu-ray metrics /tmp/quickstart
+
+Each command takes --help. A run is named by its directory (local path or gs://)."""
+
 
 def load_config(args: argparse.Namespace):
     """The run config from --config, --output-dir, --corpus and dotted overrides, in that order."""
     from tpu_ray.config import load_run_config
 
-    return load_run_config(args.config, getattr(args, "output_dir", None), getattr(args, "corpus", None),
-                           args.overrides or [])
+    cfg = load_run_config(args.config, getattr(args, "output_dir", None), getattr(args, "corpus", None),
+                          args.overrides or [])
+    args.run_dir_for_interrupt = cfg.run_dir  # main() names it if Ctrl-C ends the command
+    return cfg
 
 
 def _common(p: argparse.ArgumentParser, corpus: bool = False) -> None:
@@ -64,14 +75,45 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from tpu_ray import storage
+    from tpu_ray.config import load_run_config
     from tpu_ray.pipeline import Pipeline
 
-    print(json.dumps(Pipeline(load_config(args)).eval()))
+    run = _positional_run(args)
+    if run is None and not args.config:
+        raise UserError("name the run to evaluate: tpu-ray eval RUN (its directory, local or gs://)")
+    config = args.config
+    if run is not None and not storage.exists(run):
+        raise UserError(f"run directory not found: {run}")
+    if config is None and storage.exists(storage.join(run, "config.yaml")):
+        config = storage.join(run, "config.yaml")  # the config the run saved
+    cfg = load_run_config(config, run, None, args.overrides or [])
+    if not storage.exists(cfg.run_dir):
+        raise UserError(f"run directory not found: {cfg.run_dir}")
+    print(json.dumps(Pipeline(cfg).eval()))
     return 0
 
 
+def _positional_run(args) -> str | None:
+    """`eval RUN` (or the older `--output-dir RUN`). A first word like a.b=1 is an override."""
+    run = getattr(args, "run", None)
+    if run is not None and "=" in run and not os.path.exists(run):
+        args.overrides = [run, *(args.overrides or [])]
+        run = None
+    if run is not None and args.output_dir and run != args.output_dir:
+        raise UserError(f"two runs named: {run} and --output-dir {args.output_dir}; name one")
+    return run or args.output_dir
+
+
 def cmd_fill_mask(args) -> int:
-    _fill_mask(args.model, args.text, args.top_k)
+    from tpu_ray import storage
+
+    model = args.model
+    run_model = storage.join(model, "model")  # a run named by its directory, like report and metrics
+    if (not storage.exists(storage.join(model, "config.json"))
+            and storage.exists(storage.join(run_model, "config.json"))):
+        model = run_model
+    _fill_mask(model, args.text, args.top_k)
     return 0
 
 
@@ -100,7 +142,7 @@ def cmd_doctor(args) -> int:
 def cmd_submit(args) -> int:
     from tpu_ray.cluster.jobs import submit
 
-    job = submit(load_config(args), address=args.address, working_dir=args.working_dir)
+    job = submit(load_config(args), address=args.address, working_dir=args.working_dir, resume=args.resume)
     print(job.submission_id)
     if args.wait:
         status = job.wait(follow=True)  # stream the job's log while waiting
@@ -119,15 +161,23 @@ def cmd_status(args) -> int:
 def cmd_logs(args) -> int:
     from tpu_ray.cluster.jobs import JobHandle
 
-    print(JobHandle(args.submission_id, args.address).logs(), end="")
+    handle = JobHandle(args.submission_id, args.address)
+    if args.follow:  # stream until the job ends, like `ray job logs --follow`
+        status = handle.wait(follow=True)
+        return 0 if status == "SUCCEEDED" else 1
+    print(handle.logs(), end="")
     return 0
 
 
 def cmd_metrics(args) -> int:
     from tpu_ray.report import load_metrics
+    from tpu_ray.tables import metrics_table
 
-    df = load_metrics(args.run_dir, kind=args.kind)
-    print(df.to_csv(index=False) if args.csv else df.tail(args.tail).to_string(index=False))
+    df = load_metrics(args.run_dir, kind=args.kind, missing_ok=False)
+    if args.csv:
+        sys.stdout.write(df.to_csv(index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ"))
+    else:
+        print(metrics_table(df, all_columns=args.all, tail=args.tail))
     return 0
 
 
@@ -141,11 +191,14 @@ def _print_summary(run_dir: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpu-ray", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="tpu-ray", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, fn: Callable, help: str, corpus: bool = False, common: bool = True):
         p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="also show library start-up messages (TensorFlow, Transformers, Ray)")
         if common:
             _common(p, corpus)
         p.set_defaults(fn=fn)
@@ -159,13 +212,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("shard", cmd_shard, "tokenize and write TFRecord shards on Ray actors (resumable)", corpus=True)
     p = add("train", cmd_train, "train on existing shards")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    add("eval", cmd_eval, "evaluate the last checkpoint on the validation shards")
+    p = add("eval", cmd_eval, "evaluate a run's last checkpoint on its validation shards", common=False)
+    p.add_argument("run", nargs="?", metavar="RUN", help="the run directory (local path or gs://)")
+    p.add_argument("--config", help="run config YAML (default: the one saved in RUN)")
+    p.add_argument("--output-dir", help=argparse.SUPPRESS)  # the older way to name RUN
+    p.add_argument("overrides", nargs="*", metavar="section.key=value",
+                   help="config overrides, e.g. train.eval_batches=50")
     p = add("fill-mask", cmd_fill_mask, "predict the [MASK] token with an exported model", common=False)
-    p.add_argument("--model", required=True, help="exported model directory (<run_dir>/model)")
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--model", required=True, help="exported model directory (RUN/model, or just RUN)")
+    p.add_argument("--top-k", type=int, default=5, help="how many predictions to print (default: 5)")
     p.add_argument("text", help="a sentence containing [MASK]")
     p = add("report", cmd_report, "plots, report.html and a text summary of a run", common=False)
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", metavar="RUN", help="the run directory (local path or gs://)")
     p.add_argument("--out", help="where to write (default: the run directory)")
     p = add("doctor", cmd_doctor, "check config, data and model on CPU before paying for a TPU")
     p.add_argument("--target", default=None, help="accelerator to plan for, e.g. v4-8, v3-8, v5e-8, a100")
@@ -174,15 +232,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
     p.add_argument("--working-dir", default=".", help="directory shipped with the job (default: .)")
     p.add_argument("--wait", action="store_true", help="wait for the job and exit 0 only if it succeeded")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run directory from its last checkpoint")
     for name, fn, help in (("status", cmd_status, "a job's status"), ("logs", cmd_logs, "a job's logs")):
         p = add(name, fn, help, common=False)
-        p.add_argument("submission_id")
-        p.add_argument("--address", default=None)
+        p.add_argument("submission_id", help="the id `tpu-ray submit` printed")
+        p.add_argument("--address", default=None, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
+        if name == "logs":
+            p.add_argument("-f", "--follow", action="store_true",
+                           help="stream the log until the job ends; exit 0 only if it succeeded")
     p = add("metrics", cmd_metrics, "print a run's metrics (a table or CSV)", common=False)
-    p.add_argument("run_dir")
-    p.add_argument("--kind", choices=["train", "eval", "event"], default=None)
-    p.add_argument("--tail", type=int, default=20)
-    p.add_argument("--csv", action="store_true")
+    p.add_argument("run_dir", metavar="RUN", help="the run directory (local path or gs://)")
+    p.add_argument("--kind", choices=["train", "eval", "event"], default=None,
+                   help="only these records (default: train and eval)")
+    p.add_argument("--tail", type=int, default=20, help="the last N rows (default: 20; 0: all)")
+    p.add_argument("--all", action="store_true", help="every column, not only the ones that matter")
+    p.add_argument("--csv", action="store_true", help="all rows and columns as CSV (time in UTC)")
     return parser
 
 
@@ -196,11 +261,36 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*(args.overrides or []), *extra]
-    setup_logging()
+    setup_logging(verbose=getattr(args, "verbose", False))
     try:
         return guarded(lambda: args.fn(args))  # a UserError: one line, exit 2
     except KeyboardInterrupt:
+        _say_interrupted(args, sys.argv[1:] if argv is None else argv)
         return 130
+    except BrokenPipeError:
+        return _closed_stdout()
+
+
+def _say_interrupted(args, argv: list[str]) -> None:
+    """Ctrl-C: where the last checkpoint is and the command that continues from it."""
+    run_dir = getattr(args, "run_dir_for_interrupt", None)
+    if args.command not in ("run", "train") or run_dir is None:
+        print("tpu-ray: interrupted", file=sys.stderr)
+        return
+    from tpu_ray.resume import interrupted_message
+
+    print(interrupted_message(run_dir, argv), file=sys.stderr)
+
+
+def _closed_stdout() -> int:
+    """The reader went away (`tpu-ray metrics --csv | head`): stop quietly. Point stdout at
+    /dev/null so the interpreter's final flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 if __name__ == "__main__":

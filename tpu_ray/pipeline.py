@@ -114,6 +114,34 @@ class RunResult:
     def model_dir(self) -> str:
         return rundir.path(self.run_dir, rundir.MODEL_DIR)
 
+    def __repr__(self) -> str:  # one short line in a notebook; summary() has the numbers
+        t = self.train_summary
+        parts = [f"run_dir={self.run_dir!r}", f"steps={t.get('steps')}"]
+        for key in ("eval_loss", "perplexity"):
+            if isinstance(t.get(key), (int, float)):
+                parts.append(f"{key}={t[key]:.4g}")
+        return f"RunResult({', '.join(parts)}, seconds={self.seconds:.1f})"
+
+    def summary(self) -> dict[str, Any]:
+        """The run's key numbers as a flat dict (`pd.Series(result.summary())` for a table)."""
+        from tpu_ray.tables import strategy_name
+
+        t, sh = self.train_summary, self.shard_summary
+        return {"run_dir": self.run_dir, "model_dir": t.get("model_dir") or self.model_dir,
+                "steps": t.get("steps"), "resumed_from": t.get("resumed_from"),
+                "final_loss": t.get("final_loss"), "eval_loss": t.get("eval_loss"),
+                "eval_accuracy": t.get("eval_accuracy"), "perplexity": t.get("perplexity"),
+                "strategy": strategy_name(t.get("strategy")), "device": t.get("device"),
+                "replicas": t.get("replicas"), "global_batch": t.get("global_batch"),
+                "shards": sh.get("shards"), "samples": sh.get("samples"), "tokens": sh.get("tokens"),
+                "train_seconds": t.get("train_seconds"), "seconds": self.seconds}
+
+    def metrics(self, kind: str | None = None):
+        """`load_metrics(run_dir, kind)`: the run's records as a DataFrame."""
+        from tpu_ray.report import load_metrics
+
+        return load_metrics(self.run_dir, kind=kind)
+
 
 class Pipeline:
     """The stage layer: every entry point (CLI, Ray job, Python API) runs a stage through here.
@@ -202,7 +230,13 @@ class Pipeline:
     def _open(self, stage: str, resume: bool, corpus: bool = False, ray: bool = False,
               start_ray: bool = True) -> Iterator[None]:
         """Checks, lock, config; the stage body runs inside (and the lock is held until it ends)."""
+        from tpu_ray.logs import setup_api_logging
+        from tpu_ray.resume import refuse_existing_run
+
+        setup_api_logging()  # the CLI's stage and step lines (API callers too), no library start-up noise
         cfg = self.cfg
+        if stage in ("run", "train"):
+            refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
         if corpus:
             from tpu_ray.prepare.verify import preflight_corpus
 

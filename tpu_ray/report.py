@@ -9,7 +9,6 @@ The run directory is the only channel between a training job and the people watc
 from __future__ import annotations
 
 import html
-import io
 import json
 import logging
 import math
@@ -22,6 +21,7 @@ import pandas as pd
 
 from tpu_ray.errors import UserError
 from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SUMMARY_FILE
+from tpu_ray.tables import _by_step, _col, _last, _median, mfu_text
 
 log = logging.getLogger("tpu_ray.report")
 
@@ -33,8 +33,9 @@ KIND_COLUMNS = {
     "train": ["elapsed_s", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
               "tokens_per_s", "mfu", "train_traces", "input_wait_s"],
     "eval": ["eval_loss", "eval_accuracy", "perplexity"],
-    "event": ["event", "stage"],
+    "event": ["event", "stage", "seconds"],
 }
+TEXT_COLUMNS = {"kind", "event", "stage"}
 
 
 # ----------------------------------------------------------------------------------------- reading
@@ -47,14 +48,13 @@ def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name if _is_remote(base) else os.path.join(base, name)
 
 
-def _check_run_dir(run_dir: str) -> None:
+def _check_run_dir(run_dir: str) -> bool:
+    """True if the run directory exists; a directory that cannot be read is a UserError."""
     try:
         fs, root = fsspec.core.url_to_fs(run_dir)
-        found = fs.exists(root)
+        return bool(fs.exists(root))
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read run directory {run_dir}: {exc}") from None
-    if not found:
-        raise UserError(f"run directory not found: {run_dir}")
 
 
 def _read_text(path: str) -> str | None:
@@ -104,43 +104,63 @@ def _parse_lines(text: str, path: str) -> list[dict]:
     return records
 
 
+def _documented(kind: str | None) -> list[str]:
+    """The columns load_metrics always returns for `kind` (all kinds' for None), as docs/jobs.md lists."""
+    kinds = [kind] if kind else list(KIND_COLUMNS)
+    return BASE_COLUMNS + [c for k in kinds for c in KIND_COLUMNS.get(k, [])]
+
+
+def _dtype(column: str) -> str:
+    if column == "step":
+        return "int64"
+    if column == "time":
+        return "datetime64[ns, UTC]"
+    return "object" if column in TEXT_COLUMNS else "float64"
+
+
 def _empty_frame(kind: str | None) -> pd.DataFrame:
-    cols = BASE_COLUMNS + (KIND_COLUMNS.get(kind, []) if kind else [])
-    return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("step", "time") else "object")
-                         for c in cols})
+    return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in _documented(kind)})
 
 
-def load_metrics(run_dir: str, kind: str | None = None, missing_ok: bool = False) -> pd.DataFrame:
+def load_metrics(run_dir: str, kind: str | None = None, missing_ok: bool = True) -> pd.DataFrame:
     """One row per record of `<run_dir>/metrics.jsonl`, sorted by time then step.
 
-    Columns are the union of the records' fields (the `kind` column is kept); `kind` ("train",
-    "eval", "event") keeps only those records. A half-written last line (live run) is skipped; a
-    missing or empty metrics file gives an empty frame with at least kind, step and time.
-    Raises UserError if the run directory does not exist, unless `missing_ok` (a job that has not
-    started writing yet), which gives the empty frame.
+    Columns: kind, step (integer), time (UTC datetime), then the documented columns of `kind`
+    ("train", "eval", "event"; all of them for None), then any other field the records carry.
+    A step logged twice (a resumed run repeats the steps after its last checkpoint) keeps its
+    latest train and eval record. A half-written last line (live run) is skipped. A run directory
+    that does not exist yet (a job that has not started writing) or has no metrics gives an empty
+    frame with the same columns; `missing_ok=False` makes a missing directory a UserError.
     """
-    try:
-        _check_run_dir(run_dir)
-    except UserError:
+    if not _check_run_dir(run_dir):
         if missing_ok:
             return _empty_frame(kind)
-        raise
+        raise UserError(f"run directory not found: {run_dir}")
     records = _read_metrics(run_dir)
     if kind is not None:
         records = [r for r in records if r.get("kind") == kind]
     if not records:
         return _empty_frame(kind)
     df = pd.DataFrame.from_records(records)
-    for c in BASE_COLUMNS:
+    for c in _documented(kind):
         if c not in df.columns:
-            df[c] = None
+            df[c] = pd.Series(dtype=_dtype(c) if c not in ("step", "time") else "float64", index=df.index)
     df["time"] = pd.to_numeric(df["time"], errors="coerce")
     df["step"] = pd.to_numeric(df["step"], errors="coerce")
     df = df.sort_values(["time", "step"], kind="mergesort", na_position="last").reset_index(drop=True)
-    if df["step"].notna().all():
-        df["step"] = df["step"].astype("int64")
-    front = [c for c in BASE_COLUMNS if c in df.columns]
+    df = _latest_per_step(df)
+    df["step"] = df["step"].astype("int64" if df["step"].notna().all() else "Int64")
+    df["time"] = pd.to_datetime(df["time"], unit="s", utc=True)
+    front = _documented(kind)
     return df[front + [c for c in df.columns if c not in front]]
+
+
+def _latest_per_step(df: pd.DataFrame) -> pd.DataFrame:
+    """Drop train/eval records whose step a later record of the same kind logged again."""
+    measured = df["kind"].isin(["train", "eval"]) & df["step"].notna()
+    repeated = df[measured].duplicated(["kind", "step"], keep="last")
+    drop = repeated[repeated].index
+    return df.drop(index=drop).reset_index(drop=True) if len(drop) else df
 
 
 def _load_summary(run_dir: str) -> dict:
@@ -156,29 +176,6 @@ def _load_summary(run_dir: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- numbers
-
-def _by_step(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per step, the latest record winning (a resumed run re-logs steps after its checkpoint)."""
-    if df.empty:
-        return df
-    return df.drop_duplicates("step", keep="last").sort_values("step", kind="mergesort")
-
-
-def _col(df: pd.DataFrame, name: str) -> pd.Series:
-    if name not in df.columns:
-        return pd.Series(dtype="float64")
-    return pd.to_numeric(df[name], errors="coerce")
-
-
-def _last(df: pd.DataFrame, name: str) -> float | None:
-    s = _col(df, name).dropna()
-    return float(s.iloc[-1]) if len(s) else None
-
-
-def _median(df: pd.DataFrame, name: str) -> float | None:
-    s = _col(df, name).dropna()
-    return float(s.median()) if len(s) else None
-
 
 def _fmt(v: Any, spec: str = "") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -215,7 +212,7 @@ def _stats(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
         ("median samples/s", _fmt(_median(train, "samples_per_s"), ",.1f")),
         ("median step time", _fmt(step_time * 1e3, ".1f") + " ms" if step_time is not None else "n/a"),
         ("median input wait", _fmt(wait * 1e3, ".1f") + " ms" if wait is not None else "n/a"),
-        ("median MFU", _fmt(mfu, ".1%")),
+        ("median MFU", mfu_text(mfu, summary.get("kind"), summary.get("device"))),
         ("train traces", _fmt(int(traces.max()) if len(traces) else None)),
         ("train records / eval records", f"{len(train)} / {len(ev)}"),
     ]
@@ -389,7 +386,7 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     `out_dir` defaults to `run_dir`. A remote (gs://) destination is rendered into a local temp
     directory and uploaded. Returns {file name: path written}.
     """
-    df = load_metrics(run_dir)
+    df = load_metrics(run_dir, missing_ok=False)
     summary = _load_summary(run_dir)
     config_text = _read_text(_join(run_dir, CONFIG_FILE))
     train = _by_step(df[df["kind"] == "train"]) if len(df) else df
@@ -423,39 +420,8 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
             tmp.cleanup()
 
 
-def _short(v: Any, width: int = 66) -> str:
-    """One table line per value, so the summary stays one screen (a summary lists every shard file)."""
-    if isinstance(v, list):
-        return f"[{len(v)} items]"
-    if isinstance(v, dict):
-        v = " ".join(f"{k}={_fmt(x)}" for k, x in v.items() if not isinstance(x, (dict, list)))
-    text = _fmt(v)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def text_summary(run_dir: str) -> str:
-    """A one-screen plain-text table of the run's key numbers (same as report.html's summary)."""
-    from rich.console import Console
-    from rich.table import Table
+    """The end-of-run summary: one screen, 80 columns, each number once (see tpu_ray.tables)."""
+    from tpu_ray.tables import render_summary
 
-    df = load_metrics(run_dir)
-    summary = _load_summary(run_dir)
-    table = Table(title=f"run {run_dir}", show_header=False, title_justify="left")
-    table.add_column("metric", style="bold")
-    table.add_column("value", justify="right")
-    if df.empty:
-        table.add_row("metrics", "no records yet")
-    for k, v in _stats(df, summary):
-        table.add_row(k, v)
-    stages = _stage_rows(df)
-    if stages:
-        table.add_section()
-        for k, v in stages:
-            table.add_row(f"stage {k}", v)
-    if summary:
-        table.add_section()
-        for k, v in summary.items():
-            table.add_row(f"summary.{k}", _short(v))
-    buf = io.StringIO()
-    Console(file=buf, width=100, color_system=None, force_terminal=False).print(table)
-    return buf.getvalue().rstrip("\n")
+    return render_summary(run_dir, load_metrics(run_dir, missing_ok=False), _load_summary(run_dir))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,6 +43,14 @@ class TokenizerInfo:
         return sorted({self.cls_id, self.sep_id, self.pad_id, self.unk_id, self.mask_id})
 
 
+def _show_progress() -> bool:
+    """The trainer's progress bars on a terminal only: in a log or a job they are blank lines."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def build_untrained(kind: str, lowercase: bool) -> tuple[Tokenizer, trainers.Trainer]:
     """A tokenizer model and its trainer for `kind`, with the project's special tokens."""
     norms = [normalizers.NFKC(), normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
@@ -52,17 +61,18 @@ def build_untrained(kind: str, lowercase: bool) -> tuple[Tokenizer, trainers.Tra
         tok = Tokenizer(models.Unigram())
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        trainer: trainers.Trainer = trainers.UnigramTrainer(unk_token=UNK, special_tokens=special)
+        trainer: trainers.Trainer = trainers.UnigramTrainer(unk_token=UNK, special_tokens=special,
+                                                                  show_progress=_show_progress())
     elif kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        trainer = trainers.BpeTrainer(special_tokens=special)
+        trainer = trainers.BpeTrainer(special_tokens=special, show_progress=_show_progress())
     elif kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(special_tokens=special)
+        trainer = trainers.WordPieceTrainer(special_tokens=special, show_progress=_show_progress())
     else:  # config validation makes this unreachable
         raise UserError(f"tokenizer.kind={kind!r}: expected unigram, bpe or wordpiece")
     tok.normalizer = normalizers.Sequence(norms)

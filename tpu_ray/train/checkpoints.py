@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
-from tpu_ray.errors import UserError, first_line
+from tpu_ray.errors import UserError
 from tpu_ray.rundir import CHECKPOINT_STATE_FILE
 
 log = logging.getLogger(__name__)

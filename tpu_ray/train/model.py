@@ -64,15 +64,12 @@ def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:
 
 
 def peak_flops(device: str, configured: float | None) -> float | None:
-    """Per-replica peak: configured, from the table, or measured (CPU)."""
+    """Per-replica peak: configured, or the device's published figure from the table. None on a
+    CPU: a measured matmul peak varied 4x between identical runs on a shared machine, so an MFU
+    against it says nothing (set train.peak_flops to get one)."""
     if configured:
         return configured
-    peak = accelerators.peak_flops_for(device)
-    if peak:
-        return peak
-    if device == "cpu":
-        return measure_cpu_peak()
-    return None
+    return accelerators.peak_flops_for(device)
 
 
 _CPU_PEAK: float | None = None

@@ -46,7 +46,9 @@ class StrategyInfo:
         return int(getattr(resolver, "task_id", 0) or 0)
 
     def describe(self, global_batch: int) -> str:
-        return (f"strategy={type(self.strategy).__name__} kind={self.kind} device={self.device} "
+        from tpu_ray.tables import strategy_name
+
+        return (f"strategy={strategy_name(type(self.strategy).__name__).split(' ')[0]} kind={self.kind} device={self.device} "
                 f"replicas={self.replicas} global_batch={global_batch} "
                 f"per_replica_batch={global_batch // max(self.replicas, 1)} precision={self.mixed_precision} "
                 f"jit_compile={self.jit_compile} steps_per_execution={self.steps_per_execution}")

@@ -1,0 +1,222 @@
+"""Plain-text views of a run for a terminal: the end-of-run summary and the `tpu-ray metrics` table.
+
+Both fit 80 columns and say each number once; the full data stays in `metrics.jsonl`,
+`summary.json` (and `tpu-ray metrics --all` / `--csv`).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+WIDTH = 80
+
+# Columns worth a glance, per record kind, with their heading and format.
+TABLE_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    "train": [("loss", "loss", ".4f"), ("accuracy", "acc", ".3f"), ("learning_rate", "lr", ".2e"),
+              ("step_time_s", "ms/step", "ms"), ("tokens_per_s", "tokens/s", ",.0f"), ("mfu", "mfu", ".1%")],
+    "eval": [("eval_loss", "eval_loss", ".4f"), ("eval_accuracy", "eval_acc", ".3f"),
+             ("perplexity", "perplexity", ".2f")],
+    "event": [("event", "event", ""), ("stage", "stage", ""), ("seconds", "seconds", ".1f")],
+}
+
+
+def strategy_name(name: str | None) -> str:
+    """A user's name for a tf.distribute strategy class (the CPU one is private in TensorFlow)."""
+    if not name:
+        return "n/a"
+    if name == "_DefaultDistributionStrategy":
+        return "default (one device)"
+    return name.lstrip("_")
+
+
+def mfu_text(mfu: float | None, kind: str | None, device: str | None) -> str:
+    """MFU only against a known hardware peak; otherwise say why there is none."""
+    if mfu is not None and math.isfinite(mfu):
+        return f"{mfu:.1%}"
+    if kind == "cpu" or device == "cpu":
+        return "n/a on CPU (no known peak; set train.peak_flops)"
+    return f"n/a (no known peak for {device or 'this device'}; set train.peak_flops)"
+
+
+def _num(v: Any, spec: str) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)) or v is pd.NA:
+        return ""
+    if spec == "ms":
+        return f"{float(v) * 1e3:.1f}"
+    if spec:
+        return format(float(v) if spec[-1] in "fe%" else v, spec)
+    return str(v)
+
+
+def _local_times(times: pd.Series) -> list[str]:
+    """Local wall-clock times; the date too when the rows span more than one day."""
+    if not len(times):
+        return []
+    tz = datetime.now().astimezone().tzinfo
+    local = pd.to_datetime(times, utc=True).dt.tz_convert(tz)
+    fmt = "%H:%M:%S" if local.dt.date.nunique() <= 1 else "%Y-%m-%d %H:%M:%S"
+    return ["" if pd.isna(t) else t.strftime(fmt) for t in local]
+
+
+def metrics_table(df: pd.DataFrame, all_columns: bool = False, tail: int = 0) -> str:
+    """The last `tail` rows (0: all) of `df` (load_metrics' frame) as a readable table.
+
+    Default: step, time and the columns that matter for the kinds present (events are left out
+    when there are train or eval records), empty columns dropped. `all_columns`: every column.
+    """
+    if df.empty:
+        return "no metrics records yet"
+    out = df.copy()
+    kinds = [k for k in ("train", "eval", "event") if (out["kind"] == k).any()]
+    if not all_columns and ("train" in kinds or "eval" in kinds):
+        kinds = [k for k in kinds if k != "event"]
+        out = out[out["kind"].isin(kinds)]
+    if tail:
+        out = out.tail(tail)
+    if not all_columns:
+        table = pd.DataFrame(index=out.index)
+        if len(kinds) > 1:
+            table["kind"] = out["kind"]
+        table["step"] = out["step"].astype("string").fillna("")
+        table["time"] = _local_times(out["time"])
+        for kind in kinds:
+            for col, head, spec in TABLE_COLUMNS[kind]:
+                if col in out.columns and out[col].notna().any():
+                    table[head] = [_num(v, spec) for v in out[col]]
+        return _rstrip(table.to_string(index=False))
+    out["time"] = _local_times(out["time"])
+    out = out.dropna(axis=1, how="all")
+    return _rstrip(out.astype("object").where(out.notna(), "").to_string(index=False))
+
+
+def _rstrip(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+# Shared with tpu_ray.report (the HTML report's numbers are the same).
+
+def _by_step(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per step, the latest record winning (a resumed run re-logs steps after its checkpoint)."""
+    if df.empty:
+        return df
+    return df.drop_duplicates("step", keep="last").sort_values("step", kind="mergesort")
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    if name not in df.columns:
+        return pd.Series(dtype="float64")
+    return pd.to_numeric(df[name], errors="coerce")
+
+
+def _last(df: pd.DataFrame, name: str) -> float | None:
+    s = _col(df, name).dropna()
+    return float(s.iloc[-1]) if len(s) else None
+
+
+def _median(df: pd.DataFrame, name: str) -> float | None:
+    s = _col(df, name).dropna()
+    return float(s.median()) if len(s) else None
+
+
+def _fmt(v: Any, spec: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return format(v, spec) if spec else str(v)
+
+
+def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
+    """(label, value) rows of the end-of-run summary: each number once, no internal names."""
+    train = _by_step(df[df["kind"] == "train"]) if len(df) else df
+    ev = _by_step(df[df["kind"] == "eval"]) if len(df) else df
+    start = {}
+    if len(df) and "event" in df.columns:
+        starts = df[(df["kind"] == "event") & (df["event"] == "train_start")]
+        if len(starts):
+            start = starts.iloc[-1].to_dict()
+    steps = pd.concat([_col(train, "step"), _col(ev, "step")]).dropna()
+    rows: list[tuple[str, str]] = []
+    final = summary.get("steps", int(steps.max()) if len(steps) else None)
+    resumed = summary.get("resumed_from") or 0
+    rows.append(("steps", _fmt(final) + (f" (resumed at {resumed})" if resumed else "")))
+    loss, acc = _last(train, "loss"), _last(train, "accuracy")
+    rows.append(("train loss / acc", f"{_fmt(loss, '.4f')} / {_fmt(acc, '.3f')}"))
+    if len(ev):
+        eval_step = _last(ev, "step")
+        at = f" (step {int(eval_step)})" if eval_step is not None else ""
+        rows.append(("eval loss / acc", f"{_fmt(_last(ev, 'eval_loss'), '.4f')} / "
+                     f"{_fmt(_last(ev, 'eval_accuracy'), '.3f')}{at}"))
+        rows.append(("perplexity", _fmt(_last(ev, "perplexity"), ".2f")))
+    tok, step_time = _median(train, "tokens_per_s"), _median(train, "step_time_s")
+    if tok is not None:
+        rows.append(("throughput", f"{tok:,.0f} tokens/s, "
+                     + (f"{step_time * 1e3:.1f} ms/step" if step_time is not None else "n/a ms/step")
+                     + " (median)"))
+    wait = _median(train, "input_wait_s")
+    if wait is not None:
+        rows.append(("input wait", f"{wait * 1e3:.1f} ms/step (median)"))
+    kind = summary.get("kind") or _str(start.get("device_kind"))
+    device = summary.get("device")
+    if len(train):
+        rows.append(("MFU", mfu_text(_median(train, "mfu"), kind, device)))
+    strategy = summary.get("strategy") or _str(start.get("strategy"))
+    replicas = summary.get("replicas") or start.get("replicas")
+    batch = summary.get("global_batch") or start.get("global_batch")
+    if strategy or device:
+        hw = [device or kind or "?", strategy_name(strategy)]
+        if replicas:
+            hw.append(f"{int(replicas)} replica{'s' if int(replicas) != 1 else ''}")
+        if batch:
+            hw.append(f"batch {int(batch)}")
+        precision = _str(start.get("precision"))
+        if precision:
+            hw.append(precision)
+        rows.append(("hardware", ", ".join(hw)))
+    traces = _col(train, "train_traces").dropna()
+    if len(traces):
+        rows.append(("step traces", str(int(traces.max()))))
+    stages = _stage_seconds(df)
+    if stages:
+        total = summary.get("seconds")
+        text = ", ".join(f"{k} {v:.1f}s" for k, v in stages)
+        rows.append(("time", text + (f"; total {total:.1f}s" if isinstance(total, (int, float)) else "")))
+    shards = summary.get("shards")
+    if isinstance(shards, dict) and shards.get("samples") is not None:
+        rows.append(("shards", f"{shards.get('shards', '?')} files, {int(shards['samples']):,} samples, "
+                     f"{int(shards.get('tokens') or 0):,} tokens"))
+    if summary.get("model_dir"):
+        rows.append(("model", str(summary["model_dir"])))
+    return rows
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def _stage_seconds(df: pd.DataFrame) -> list[tuple[str, float]]:
+    if df.empty or "event" not in df.columns:
+        return []
+    ends = df[(df["kind"] == "event") & (df["event"] == "stage_end")]
+    return [(str(r["stage"]), float(r["seconds"])) for _, r in ends.iterrows() if pd.notna(r.get("seconds"))]
+
+
+def render_summary(run_dir: str, df: pd.DataFrame, summary: dict) -> str:
+    """The summary as a two-column table of at most WIDTH characters; long values wrap, never cut."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"run {run_dir}", show_header=False, title_justify="left")
+    table.add_column("metric", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    rows = summary_rows(df, summary) if not df.empty or summary else []
+    if df.empty:
+        table.add_row("metrics", "no records yet")
+    for k, v in rows:
+        table.add_row(k, v)
+    console = Console(width=WIDTH, color_system=None, force_terminal=False)
+    with console.capture() as cap:
+        console.print(table)
+    return "\n".join(line.rstrip() for line in cap.get().rstrip("\n").splitlines())
