@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from tpu_ray.errors import EXIT_USAGE, UserError
+from tpu_ray.errors import EXIT_USAGE, UserError, describe_failure, first_line
 from tpu_ray.logs import setup_logging
 
 
@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    parser.add_argument("--verbose", action="store_true", help="library logs and full tracebacks (anywhere on the line)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv or os.environ.get("TPU_RAY_VERBOSE", "") not in ("", "0")
+    argv = [a for a in argv if a != "--verbose"]
     # Overrides may stand anywhere, also after an option (`train c.yaml a.b=1 --resume c.d=2`):
     # argparse takes one run of positionals, so later `key=value` words come back as extras.
     args, extra = parser.parse_known_args(argv)
@@ -212,14 +216,35 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*(args.overrides or []), *extra]
-    setup_logging()
+    setup_logging(verbose=verbose)
     try:
         return args.fn(args)
-    except UserError as exc:
-        print(f"tpu-ray: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        line, code = failure_line(exc)
+        if verbose and code != EXIT_USAGE:
+            raise
+        print(f"tpu-ray: error: {line}", file=sys.stderr)
+        return code
+
+
+def failure_line(exc: BaseException) -> tuple[str, int]:
+    """One line and the exit code for any failure: bad input and a refusing environment (full or
+    read-only disk, a file where a directory belongs, an unparsable file) exit 2; anything else is
+    a bug, one line too (--verbose shows the traceback), exit 1."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:  # Ray wraps the cause (RayTaskError.cause)
+        seen.add(id(cur))
+        if isinstance(cur, UserError):
+            return str(cur), EXIT_USAGE
+        described = describe_failure(cur)
+        if described:
+            return described, EXIT_USAGE
+        cur = getattr(cur, "cause", None) or cur.__cause__ or cur.__context__
+    return (f"{type(exc).__name__}: {first_line(exc)} (an internal error; rerun with --verbose for the "
+            f"traceback and report it)"), 1
 
 
 if __name__ == "__main__":

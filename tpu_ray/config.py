@@ -26,8 +26,19 @@ SPECIAL_TOKENS = ("[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]")
 CLS, PAD, SEP, UNK, MASK = SPECIAL_TOKENS
 
 
+INT64_MAX = 2**63 - 1
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _fits_int64(cls, v: Any) -> Any:
+        # Counts reach TensorFlow and numpy as int64: a larger value would crash there, not here.
+        if isinstance(v, int) and not isinstance(v, bool) and not -INT64_MAX - 1 <= v <= INT64_MAX:
+            raise ValueError(f"beyond int64 (at most {INT64_MAX}); use a smaller number")
+        return v
 
 
 class CorpusConfig(_Section):
@@ -208,6 +219,11 @@ class RunConfig(_Section):
             text = storage.read_text(path)
         except FileNotFoundError:
             raise UserError(f"{path}: config file not found; pass an existing YAML file") from None
+        except IsADirectoryError:
+            raise UserError(f"{path}: is a directory, not a config file; pass a YAML file") from None
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path}: byte {exc.start} is not UTF-8 text, this is not a YAML config; "
+                            f"pass a YAML file") from None
         try:
             # safe_load: a config is data, never code (no python/object tags).
             data = yaml.safe_load(text)

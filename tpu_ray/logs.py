@@ -21,8 +21,14 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    """Readable lines for terminals and `ray job logs`; TensorFlow's C++ chatter kept down."""
+# Libraries that log their own retries and tracebacks (gcsfs logs "_request out of retries" with a
+# traceback per attempt) before the exception that we turn into one line reaches the user.
+QUIET_LOGGERS = ("gcsfs", "fsspec", "aiohttp", "asyncio", "google.auth", "urllib3")
+
+
+def setup_logging(level: int = logging.INFO, verbose: bool = False) -> None:
+    """Readable lines for terminals and `ray job logs`; TensorFlow's C++ chatter and libraries'
+    own error logs kept down (their exceptions still reach us), unless `verbose`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     root = logging.getLogger()
     if not any(getattr(h, "_tpu_ray", False) for h in root.handlers):
@@ -30,5 +36,7 @@ def setup_logging(level: int = logging.INFO) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._tpu_ray = True  # type: ignore[attr-defined]
         root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    logging.getLogger("tpu_ray").setLevel(level)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger("tpu_ray").setLevel(logging.DEBUG if verbose else level)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.CRITICAL)

@@ -57,6 +57,8 @@ def _check_run_dir(run_dir: str) -> None:
         raise UserError(f"cannot read run directory {run_dir}: {exc}") from None
     if not found:
         raise UserError(f"run directory not found: {run_dir}")
+    if not fs.isdir(root):
+        raise UserError(f"{run_dir}: is a file, not a run directory; pass the run's --output-dir")
 
 
 def _read_text(path: str) -> str | None:
@@ -385,6 +387,8 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-report-") if remote else None
     local = tmp.name if tmp else out_dir
     try:
+        if os.path.exists(local) and not os.path.isdir(local):
+            raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
         os.makedirs(local, exist_ok=True)
         lp = {name: os.path.join(local, name) for name in (*PLOTS, REPORT_FILE)}
         _plot_loss(train, ev, lp["loss.png"])

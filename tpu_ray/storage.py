@@ -300,11 +300,15 @@ def makedirs(path: str) -> None:
         raise _missing_bucket_error(path)
 
 
-def glob(pattern: str) -> list[str]:
-    """Sorted matches, named with the same scheme as the pattern (gs://bucket/x for gs://)."""
+def glob(pattern: str, files_only: bool = False) -> list[str]:
+    """Sorted matches, named with the same scheme as the pattern (gs://bucket/x for gs://);
+    `files_only` leaves out directories (one listing, no extra call per match)."""
     fs, p = filesystem(pattern)
     with _remote_errors(pattern):
-        matches = fs.glob(p)
+        if files_only:
+            matches = [m for m, info in fs.glob(p, detail=True).items() if info.get("type") != "directory"]
+        else:
+            matches = fs.glob(p)
     return sorted(_unstrip(pattern, m) for m in matches)
 
 
@@ -376,7 +380,25 @@ def _temp_beside(final: str) -> tuple[int, str]:
     """
     directory = os.path.dirname(final) or "."
     os.makedirs(directory, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".tmp-{os.path.basename(final)}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(final)}.", suffix=".tmp", dir=directory)
+    # mkstemp creates 0600 whatever the umask; the committed file must read like any other file
+    # the process writes (0644 under umask 022), or other users sharing the run dir cannot read it.
+    os.fchmod(fd, 0o666 & ~current_umask())
+    return fd, tmp
+
+
+def current_umask() -> int:
+    """The process umask (Linux: read from /proc, so no window with a changed umask in threads)."""
+    try:
+        with builtins.open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: str) -> None:

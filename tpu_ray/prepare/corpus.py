@@ -108,12 +108,13 @@ def materialize_builtin(run_dir: str) -> str:
 def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
     """Expand a path, glob or gs:// URI into (file, format) pairs; one-line errors otherwise."""
     if any(ch in source for ch in "*?["):
-        files = storage.glob(source)
+        files = storage.glob(source, files_only=True)  # a directory the pattern matches is not text
         if not files:
-            raise UserError(f"{field}={source!r}: no files match this pattern; check the path")
+            what = "only directories match" if storage.glob(source) else "no files match"
+            raise UserError(f"{field}={source!r}: {what} this pattern; check the path")
     elif storage.exists(source):
         if storage.isdir(source):
-            files = [f for f in storage.glob(storage.join(source, "**")) if _fmt_of(f, strict=False)]
+            files = [f for f in storage.glob(storage.join(source, "**"), files_only=True) if _fmt_of(f, strict=False)]
             if not files:
                 raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.parquet files")
         else:
@@ -161,7 +162,7 @@ def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir:
     units: list[WorkUnit] = []
     for path, fmt in resolve_files(source, field):
         if fmt == "parquet":
-            n = _parquet_rows(path)
+            n = _parquet_rows(path, corpus.text_field)
             units += [WorkUnit(0, path, fmt, s, _row_split(s, e, frac), e, **common)
                       for s, e in _ranges(n, shard.unit_rows)]
             continue
@@ -204,11 +205,21 @@ def _align(path: str, pos: int, size: int) -> int:
             offset += len(window)
 
 
-def _parquet_rows(path: str) -> int:
+def _parquet_rows(path: str, text_field: str = "text") -> int:
+    """Rows of a parquet file; one-line errors for a file that is not parquet or lacks the column."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with storage.open(path, "rb") as f:
-        return pq.ParquetFile(f).metadata.num_rows
+        try:
+            pf = pq.ParquetFile(f)
+        except (pa.ArrowException, OSError) as exc:
+            raise UserError(f"{path}: not a readable parquet file ({first_line(exc)}); fix or remove it") from None
+        names = pf.schema_arrow.names
+        if text_field not in names:
+            raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(names[:8])}); "
+                            f"set corpus.text_field to the column that holds the text")
+        return pf.metadata.num_rows
 
 
 _HF_CACHE: dict[tuple, object] = {}

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from tpu_ray import storage
 from tpu_ray.config import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, TokenizerConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
 TOKENIZER_FILE = "tokenizer.json"
@@ -106,11 +106,18 @@ def load_tokenizer_json(tokenizer_dir: str) -> str:
         return storage.read_text(path)
     except FileNotFoundError:
         raise UserError(f"{path}: no tokenizer here; train one (tpu-ray tokenizer) or fix tokenizer.path") from None
+    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a tokenizer file ({first_line(exc)}); retrain it with "
+                        f"`tpu-ray tokenizer --force` or fix tokenizer.path") from None
 
 
 def describe(tokenizer_json: str, where: str) -> TokenizerInfo:
     """Hash and special-token ids; a one-line error if a special token is missing."""
-    tok = Tokenizer.from_str(tokenizer_json)
+    try:
+        tok = Tokenizer.from_str(tokenizer_json)
+    except Exception as exc:  # tokenizers raises a bare Exception for JSON it cannot parse
+        raise UserError(f"{storage.join(where, TOKENIZER_FILE)}: not a readable tokenizer ({first_line(exc)}); "
+                        f"retrain it with `tpu-ray tokenizer --force` or fix tokenizer.path") from None
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     missing = [t for t, i in ids.items() if i is None]
     if missing:

@@ -145,7 +145,7 @@ def preflight_corpus(cfg) -> list[str]:
     datasets are left to their stage (reading them writes or downloads). Returns the files checked.
     """
     from tpu_ray.config import BUILTIN_CORPUS
-    from tpu_ray.prepare.corpus import WorkUnit, _decode, resolve_files
+    from tpu_ray.prepare.corpus import WorkUnit, _decode, _parquet_rows, resolve_files
 
     checked: list[str] = []
     for field, source in (("corpus.source", cfg.corpus.source),
@@ -156,6 +156,8 @@ def preflight_corpus(cfg) -> list[str]:
         if all(storage.size(path) == 0 for path, _ in files):
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
         for path, fmt in files[:SNIFF_FILES]:
+            if fmt == "parquet":  # reads the footer only: not parquet, or no text column
+                _parquet_rows(path, cfg.corpus.text_field)
             if fmt in ("txt", "jsonl"):
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tpu_ray import storage
+from tpu_ray.config import MASK
 from tpu_ray.errors import UserError
 
 
@@ -12,10 +13,18 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
 
     if not storage.exists(storage.join(model_dir, "config.json")):
         raise UserError(f"{model_dir}: no exported model (config.json missing); train first or fix the path")
+    _one_mask(text, MASK)  # before loading TensorFlow: a refusal costs no model load
     # dtype=None: transformers 4.57's pipeline() evaluates `hasattr(torch, dtype)` for its default
     # dtype="auto" and raises NameError when PyTorch is not installed (our TF-only installs).
     unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
     mask = unmasker.tokenizer.mask_token
     if mask not in text:
         raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")
+    _one_mask(text, mask)
     return unmasker(text, top_k=top_k)
+
+
+def _one_mask(text: str, mask: str) -> None:
+    if text.count(mask) > 1:
+        raise UserError(f"fill-mask text {text!r}: contains {text.count(mask)} {mask} tokens; "
+                        f"give exactly one (predict one missing word at a time)")
