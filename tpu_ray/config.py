@@ -57,6 +57,9 @@ class CorpusConfig(_Section):
     encoding_errors: Literal["replace", "fail"] = "replace"
     # Read at most this many bytes (per source file): handy to shrink a corpus for a quick run.
     max_bytes: int | None = Field(None, gt=0)
+    # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
+    # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
+    max_line_bytes: int = Field(1 << 20, ge=1024)
 
 
 class TokenizerConfig(_Section):
@@ -162,8 +165,8 @@ class RunConfig(_Section):
     @field_validator("name")
     @classmethod
     def _name_is_a_path_part(cls, v: str) -> str:
-        if not v or "/" in v:
-            raise ValueError("must be a non-empty name without '/'")
+        if not v or "/" in v or "\\" in v or v in (".", ".."):
+            raise ValueError("must be a non-empty name without '/', and not '.' or '..'")
         return v
 
     @model_validator(mode="after")

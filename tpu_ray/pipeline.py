@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
@@ -44,7 +43,7 @@ def prepare_run_dir(cfg: RunConfig, resume: bool) -> None:
     saved_path = storage.join(run_dir, CONFIG_FILE)
     if storage.exists(saved_path):
         try:
-            saved = RunConfig.from_dict(yaml.safe_load(storage.read_text(saved_path)) or {}, origin=saved_path)
+            saved = RunConfig.from_yaml(saved_path)  # binary, truncated or malformed: one line
         except UserError as exc:
             raise UserError(f"{saved_path}: cannot read the saved config ({exc}); use a new --output-dir") from None
         if saved.fingerprint() != cfg.fingerprint():
@@ -78,9 +77,12 @@ def ensure_ray(cfg: RunConfig) -> None:
         kwargs: dict[str, Any] = {"log_to_driver": True, "include_dashboard": False}
         if cfg.ray.address:
             kwargs["address"] = cfg.ray.address
-        if cfg.ray.num_cpus and not cfg.ray.address:
+        if cfg.ray.num_cpus and cfg.ray.address in (None, "local"):
             kwargs["num_cpus"] = cfg.ray.num_cpus
-        ray.init(**kwargs)
+        from tpu_ray.cluster.local import loopback_only
+
+        with loopback_only(kwargs) as kwargs:  # a cluster started here listens on 127.0.0.1 only
+            ray.init(**kwargs)
 
 
 def run_tokenizer(cfg: RunConfig, force: bool = False):
@@ -94,7 +96,7 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
         return info
     t0 = time.monotonic()
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
-    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes), cfg.tokenizer)
+    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes), cfg.tokenizer)
     info = save_tokenizer(tok, cfg.tokenizer_dir, cfg.shard.seq_len)
     log.info("tokenizer: trained %s vocab %d in %.1fs -> %s (sha256 %s)", cfg.tokenizer.kind, info.vocab_size,
              time.monotonic() - t0, cfg.tokenizer_dir, info.sha256[:12])

@@ -295,7 +295,11 @@ def makedirs(path: str) -> None:
     checked there (a typo in an output bucket fails here, before any work is done)."""
     if not is_remote(path):
         fs, p = filesystem(path)
-        fs.makedirs(p, exist_ok=True)
+        try:
+            fs.makedirs(p, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StorageError(f"{path}: a file is in the way (not a directory); remove it or choose "
+                               f"another --output-dir") from None
     elif _bucket_missing(path):
         raise _missing_bucket_error(path)
 

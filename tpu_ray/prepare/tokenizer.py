@@ -69,10 +69,27 @@ def build_untrained(kind: str, lowercase: bool) -> tuple[Tokenizer, trainers.Tra
     return tok, trainer
 
 
+# A trained vocabulary below this fraction of tokenizer.vocab_size gets a warning with the reason.
+SMALL_VOCAB_FRACTION = 0.5
+
+
 def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig) -> Tokenizer:
     tok, trainer = build_untrained(cfg.kind, cfg.lowercase)
     trainer.vocab_size = cfg.vocab_size
-    tok.train_from_iterator(batches, trainer=trainer)
+    seen = {"lines": 0, "chars": 0}
+
+    def counted(batches: Iterable[list[str]]):
+        for batch in batches:
+            seen["lines"] += len(batch)
+            seen["chars"] += sum(map(len, batch))
+            yield batch
+
+    tok.train_from_iterator(counted(batches), trainer=trainer)
+    got = tok.get_vocab_size(with_added_tokens=True)
+    if got < cfg.vocab_size * SMALL_VOCAB_FRACTION:
+        log.warning("tokenizer: vocabulary of %d, far below tokenizer.vocab_size=%d: the training text "
+                    "(%d lines, %d characters) has too few distinct pieces; give more text or lower "
+                    "tokenizer.vocab_size", got, cfg.vocab_size, seen["lines"], seen["chars"])
     cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
     # Single sentences become "[CLS] text [SEP]" when a user encodes with special tokens (fill-mask).
     tok.post_processor = processors.TemplateProcessing(

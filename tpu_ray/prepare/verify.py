@@ -44,6 +44,14 @@ def sampled(entries: Sequence[dict], full: bool) -> list[dict]:
     return [entries[i] for i in picks]
 
 
+def deep_checked(entries: Sequence[dict], full: bool) -> set[str]:
+    """Paths of the shards whose sha256 and record counts are read: all of them when they total at
+    most CHEAP_HASH_BYTES (what training checks before it starts) or `full`, else a sample.
+    Training and `tpu-ray doctor` both use this, so the doctor never checks less than training."""
+    cheap = sum(int(e.get("bytes", 0)) for e in entries) <= CHEAP_HASH_BYTES
+    return {e["path"] for e in sampled(entries, full=full or cheap)}
+
+
 def count_records(data: bytes) -> int:
     """Records in TFRecord bytes; ValueError if the framing or a CRC is broken (truncation)."""
     return sum(1 for _ in read_records(io.BytesIO(data)))
@@ -89,8 +97,7 @@ def verify_for_training(shards_dir: str, manifest: dict | None) -> None:
     if not manifest:
         return
     entries = manifest_shards(manifest)
-    cheap = sum(int(e.get("bytes", 0)) for e in entries) <= CHEAP_HASH_BYTES
-    deep = {e["path"] for e in sampled(entries, full=cheap)}
+    deep = deep_checked(entries, full=False)
     for entry in entries:
         problem = check_shard(shards_dir, entry, deep=entry["path"] in deep)
         if problem:
