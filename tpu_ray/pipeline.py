@@ -48,7 +48,7 @@ def prepare_run_dir(cfg: RunConfig, resume: bool) -> None:
             raise UserError(f"{saved_path}: cannot read the saved config ({exc}); use a new --output-dir") from None
         if saved.fingerprint() != cfg.fingerprint():
             diff = _first_difference(saved.fingerprint(), cfg.fingerprint())
-            raise UserError(f"{run_dir}: this run directory belongs to a different config ({diff}); "
+            raise UserError(f"{saved_path}: this run directory belongs to a different config ({diff}); "
                             f"use a new --output-dir or the original config")
     storage.makedirs(run_dir)
     storage.atomic_write_text(saved_path, cfg.to_yaml())

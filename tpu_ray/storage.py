@@ -447,8 +447,11 @@ def _local_commit(final: str) -> Iterator[IO[bytes]]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         _silent_remove(tmp)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # A failed write() (a full disk) names no file: name the one being committed.
+            raise OSError(exc.errno, exc.strerror, final) from None
         raise
     _fsync_dir(os.path.dirname(final))
 
