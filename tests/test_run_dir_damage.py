@@ -35,6 +35,7 @@ class Rule:
     expect: dict[str, str] | str = "refuse"  # per damage kind, or one for all
     needle: str | None = None  # what the error line must name (default: the file's name)
     slow: str | None = None  # reason the rows are in the slow suite
+    each: bool = False  # damage every matching file in turn (else the first one stands for all)
 
     def expectation(self, damage: str) -> str:
         return self.expect if isinstance(self.expect, str) else self.expect.get(damage, "refuse")
@@ -52,7 +53,7 @@ RULES = [
     Rule("shards/train-*.tfrecord", "train"),
     Rule("shards/validation-*.tfrecord", "train"),
     Rule("checkpoints/*", "resume", slow="builds the model and restores a checkpoint"),
-    Rule("model/*", "fill-mask", needle="model"),
+    Rule("model/*", "fill-mask", needle="model", each=True),
     Rule("tensorboard/*", "train", {"truncated": "tolerate", "empty": "tolerate", "directory": "tolerate"},
          slow="written only (TensorBoard reads it); a train run appends a new events file"),
 ]
@@ -129,12 +130,24 @@ def test_damaged_run_file(rule, kind, real_run, tmp_path, capsys, monkeypatch):
                                                                  "train.placement": "local"})
     cfg_yaml = tmp_path / "cfg.yaml"
     cfg_yaml.write_text(cfg.to_yaml())
-    rel = next(f for f in run_files(run) if fnmatch.fnmatch(f, rule.pattern))
-    target = run / rel
-    damage(target, kind)
-    capsys.readouterr()
-    code = main(_argv(rule.command, run, str(cfg_yaml)))
-    err = capsys.readouterr().err
+    matches = [f for f in run_files(run) if fnmatch.fnmatch(f, rule.pattern)]
+    for rel in matches if rule.each else matches[:1]:
+        target = run / rel
+        kept = tmp_path / "kept"
+        shutil.copyfile(target, kept)
+        damage(target, kind)
+        capsys.readouterr()
+        check(rule, kind, rel, target, main_err(main(_argv(rule.command, run, str(cfg_yaml))), capsys))
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+        shutil.copyfile(kept, target)
+
+
+def main_err(code: int, capsys) -> tuple[int, str]:
+    return code, capsys.readouterr().err
+
+
+def check(rule: Rule, kind: str, rel: str, target: Path, result: tuple[int, str]) -> None:
+    code, err = result
     lines = [line for line in err.splitlines() if line.strip()]
     expect = rule.expectation(kind)
     if expect == "repair":

@@ -242,7 +242,7 @@ def failure_line(exc: BaseException) -> tuple[str, int]:
         described = describe_failure(cur)
         if described:
             return described, EXIT_USAGE
-        cur = getattr(cur, "cause", None) or cur.__cause__ or cur.__context__
+        cur = getattr(cur, "cause", None) or cur.__cause__
     return (f"{type(exc).__name__}: {first_line(exc)} (an internal error; rerun with --verbose for the "
             f"traceback and report it)"), 1
 

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError, first_line

@@ -449,8 +449,9 @@ def _local_commit(final: str) -> Iterator[IO[bytes]]:
         os.replace(tmp, final)
     except BaseException as exc:
         _silent_remove(tmp)
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
-            # A failed write() (a full disk) names no file: name the one being committed.
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (None, tmp):
+            # A failed write() (a full disk) names no file, a failed rename our temp name: name
+            # the file being committed instead.
             raise OSError(exc.errno, exc.strerror, final) from None
         raise
     _fsync_dir(os.path.dirname(final))

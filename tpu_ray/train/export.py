@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpu_ray import storage
 from tpu_ray.config import MASK
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 
 
 def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
@@ -16,7 +16,11 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     _one_mask(text, MASK)  # before loading TensorFlow: a refusal costs no model load
     # dtype=None: transformers 4.57's pipeline() evaluates `hasattr(torch, dtype)` for its default
     # dtype="auto" and raises NameError when PyTorch is not installed (our TF-only installs).
-    unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
+    try:
+        unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
+    except Exception as exc:  # transformers/h5py raise OSError, ValueError, JSON errors...: one line
+        raise UserError(f"{model_dir}: cannot load the exported model ({first_line(exc)}); export it again "
+                        f"(tpu-ray train --resume with the run's config)") from None
     mask = unmasker.tokenizer.mask_token
     if mask not in text:
         raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")
