@@ -153,4 +153,23 @@ def canonical_json(text: str) -> bytes:
 
 
 def tokenizer_info(tokenizer_dir: str) -> TokenizerInfo:
-    return describe(load_tokenizer_json(tokenizer_dir), tokenizer_dir)
+    info = describe(load_tokenizer_json(tokenizer_dir), tokenizer_dir)
+    check_json_files(tokenizer_dir, "retrain it with `tpu-ray tokenizer --force` or fix tokenizer.path")
+    return info
+
+
+def check_json_files(directory: str, fix: str) -> None:
+    """Every `*.json` of a saved tokenizer or model directory parses, else a one-line error naming it.
+
+    Why: transformers loads some of these files leniently (a damaged special_tokens_map.json is
+    skipped without a word), and damage must never be silent. A few small files: cheap.
+    """
+    for path in storage.listdir(directory):
+        if not path.endswith(".json"):
+            continue
+        if storage.isdir(path):
+            raise UserError(f"{path}: is a directory, not a JSON file; {fix}")
+        try:
+            json.loads(storage.read_text(path))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"{path}: damaged ({first_line(exc)}); {fix}") from None

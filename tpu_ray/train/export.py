@@ -14,6 +14,9 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     if not storage.exists(storage.join(model_dir, "config.json")):
         raise UserError(f"{model_dir}: no exported model (config.json missing); train first or fix the path")
     _one_mask(text, MASK)  # before loading TensorFlow: a refusal costs no model load
+    from tpu_ray.prepare.tokenizer import check_json_files
+
+    check_json_files(model_dir, "export it again (tpu-ray train --resume with the run's config)")
     # dtype=None: transformers 4.57's pipeline() evaluates `hasattr(torch, dtype)` for its default
     # dtype="auto" and raises NameError when PyTorch is not installed (our TF-only installs).
     try:
