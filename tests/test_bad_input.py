@@ -141,6 +141,8 @@ class Case:
     absent: list[str] = field(default_factory=list)
     prepared: bool = False  # needs a run directory with tokenizer + shards (ctx["cfg"])
     setup: Callable[[Path, dict], None] | None = None
+    only_line: bool = False  # stderr holds nothing but the error line (no library logs/tracebacks)
+    fixtures: tuple[str, ...] = ()  # extra pytest fixtures the case needs (e.g. "ray_local")
 
 
 def _tok(tmp: Path, corpus: str, *extra: str) -> list[str]:
@@ -150,6 +152,28 @@ def _tok(tmp: Path, corpus: str, *extra: str) -> list[str]:
 
 def _train(tmp: Path, ctx: dict, *extra: str) -> list[str]:
     return ["train", "--config", ctx["yaml"], "train.placement=local", *extra]
+
+
+def _parquet_without_text(tmp: Path) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp / "rows.parquet"
+    pq.write_table(pa.table({"body": ["a line of text"] * 20}), path)
+    return str(path)
+
+
+def _dir_where_file(path: Path) -> str:
+    path.mkdir(parents=True)
+    return str(path)
+
+
+def _manifest_entry_outside(tmp: Path, ctx: dict) -> None:
+    import json
+
+    manifest = manifest_of(ctx["cfg"])
+    manifest["splits"]["train"]["shards"][0]["path"] = "../../../../etc/hostname"
+    (Path(ctx["cfg"].shards_dir) / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _other_tokenizer(tmp: Path, ctx: dict) -> None:
@@ -213,6 +237,47 @@ CLI: list[Case] = [
          setup=lambda t, c: _saved_with_checkpoint(c["cfg"])),
     Case("tpu on a cpu machine", lambda t, c: _train(t, c, "train.strategy=tpu"),
          "train.strategy=tpu: this machine has no TPU", ["run/checkpoints", "run/model"], prepared=True),
+    # issue 15, class 4: failures that were tracebacks
+    Case("binary config", lambda t, c: ["tokenizer", "--config", str(write(t / "b.yaml", b"\x7fELF\x02\x01\xd0\xff" * 64)),
+                                        "--output-dir", str(t / "out")],
+         "b.yaml: byte 6 is not UTF-8 text, this is not a YAML config", ["out"], only_line=True),
+    Case("config is a directory", lambda t, c: ["tokenizer", "--config", _dir_where_file(t / "d.yaml"),
+                                                "--output-dir", str(t / "out")],
+         "d.yaml: is a directory, not a config file", ["out"], only_line=True),
+    Case("glob matches only a directory", lambda t, c: _tok(t, (_dir_where_file(t / "texts" / "a.txt"),
+                                                               str(t / "texts" / "*"))[1]),
+         "only directories match this pattern", ["out"], only_line=True),
+    Case("parquet without the text column", lambda t, c: _tok(t, _parquet_without_text(t)),
+         "rows.parquet: no column 'text' (columns: body); set corpus.text_field", ["out"], only_line=True),
+    Case("output dir is an existing file", lambda t, c: ["tokenizer", "--corpus", str(c["corpus"]), "--output-dir",
+                                                         str(write(t / "taken", "x"))],
+         "taken: a file is in the way (not a directory)", only_line=True),
+    Case("train.steps beyond int64", lambda t, c: ["tokenizer", "--output-dir", str(t / "out"),
+                                                   "train.steps=99999999999999999999999"],
+         "train.steps=99999999999999999999999: beyond int64", ["out"], only_line=True),
+    Case("fill-mask with two masks", lambda t, c: ["fill-mask", "--model", str(write(t / "m" / "config.json", "{}").parent),
+                                                   "a [MASK] and a [MASK]"],
+         "contains 2 [MASK] tokens; give exactly one", only_line=True),
+    Case("metrics pointed at a file", lambda t, c: ["metrics", str(write(t / "metrics.jsonl", "{}\n"))],
+         "metrics.jsonl: is a file, not a run directory", only_line=True),
+    Case("report --out an existing file", lambda t, c: ["report", str(t / "run"), "--out", str(write(t / "rep", "x"))],
+         "rep: --out is an existing file, not a directory", prepared=True, only_line=True),
+    Case("unreachable store", lambda t, c: ["tokenizer", "--corpus", str(c["corpus"]), "--output-dir",
+                                            "gs://some-bucket/run"],
+         "gs://some-bucket/run/config.yaml: storage request failed", only_line=True),
+    # issue 15, class 5: nothing to do is an error
+    Case("whitespace-only corpus", lambda t, c: _tok(t, str(write(t / "blank.txt", "   \n\t\n  \n\n   \n"))),
+         "blank.txt: no text to train the tokenizer on (empty or only whitespace)", only_line=True),
+    Case("fewer tokens than one sample", lambda t, c: ["shard", "--corpus", str(write(t / "short.txt", "Hello there.\n")),
+                                                       "--output-dir", str(t / "out"), f"tokenizer.path={c['tok']}",
+                                                       "shard.seq_len=64"],
+         "fewer than one training sample of shard.seq_len-2=62 tokens", fixtures=("ray_local",)),
+    # issue 15, class 7: paths stay inside
+    Case("manifest entry outside the shard dir", lambda t, c: _train(t, c),
+         "manifest.json: train.shards[0] path '../../../../etc/hostname' points outside the shard directory",
+         ["run/checkpoints", "run/model"], prepared=True, setup=_manifest_entry_outside),
+    Case("run name '..'", lambda t, c: ["tokenizer", "--corpus", str(c["corpus"]), "name=.."],
+         "name=\"..\": must be a non-empty name without '/', and not '.' or '..'", ["runs"], only_line=True),
 ]
 
 
@@ -221,8 +286,12 @@ def test_cli_refuses_with_exit_2_one_line_and_no_output(case, tmp_path, capsys, 
                                                         request, monkeypatch):
     if "bucket" in case.name:
         request.getfixturevalue("gcs_emulator")
+    if case.name == "unreachable store":  # nothing listens on port 1: gcsfs retries and logs tracebacks
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
+    for name in case.fixtures:
+        request.getfixturevalue(name)
     monkeypatch.chdir(tmp_path)  # a default runs/<name> would land here, not in the repository
-    ctx: dict = {"corpus": small_corpus}
+    ctx: dict = {"corpus": small_corpus, "tok": tiny_tokenizer_dir}
     if case.prepared:
         ctx["cfg"] = prepared_run(tmp_path / "run", small_corpus, tiny_tokenizer_dir)
         ctx["yaml"] = config_file(tmp_path, ctx["cfg"])
@@ -238,8 +307,68 @@ def test_cli_refuses_with_exit_2_one_line_and_no_output(case, tmp_path, capsys, 
     assert len(errors) == 1 and errors[0] == len(lines) - 1, err  # exactly one error line, and it is last
     needle = case.needle(ctx) if callable(case.needle) else case.needle
     assert needle in lines[-1]
+    if case.only_line:
+        assert len(lines) == 1, err
     for rel in case.absent:
         assert not (tmp_path / rel).exists(), f"{rel} left behind"
     if saved is not None:  # a refused resume must not rewrite the run's saved config
         assert (tmp_path / "run" / "config.yaml").read_text() == saved
     assert not list(tmp_path.rglob(".tmp-*")), "temporary files left behind"
+
+
+# --------------------------------------------------------------------------------------------
+# A full and a read-only filesystem: real tmpfs mounts (root only; skipped elsewhere)
+# --------------------------------------------------------------------------------------------
+@pytest.fixture()
+def tmpfs(tmp_path):
+    """mount(size, readonly) -> a fresh tmpfs directory; unmounted at the end."""
+    import os
+    import subprocess
+
+    mounts: list[Path] = []
+
+    def mount(size: str, readonly: bool = False) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        point = tmp_path / f"mnt{len(mounts)}"
+        point.mkdir()
+        opts = f"size={size}" + (",ro" if readonly else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(point)], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def _one_error_line(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    errors = [line for line in lines if line.startswith("tpu-ray: error: ")]
+    assert len(errors) == 1 and errors[0] == lines[-1], err
+    assert "internal error" not in lines[-1]
+    return lines[-1]
+
+
+def test_read_only_output_dir_is_one_line(tmpfs, small_corpus, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    ro = tmpfs("64k", readonly=True)
+    line = _one_error_line(capsys, ["tokenizer", "--corpus", str(small_corpus), "--output-dir", str(ro / "run"),
+                                    "tokenizer.vocab_size=100"])
+    assert f"{ro / 'run'}: read-only file system; the filesystem is read-only; choose a writable --output-dir" in line
+
+
+def test_full_disk_is_one_line_naming_the_file(tmpfs, small_corpus, capsys, monkeypatch, tmp_path):
+    """Two pages: the run's config.yaml and run_info.json fit, the tokenizer's files do not."""
+    monkeypatch.chdir(tmp_path)
+    full = tmpfs("8k")
+    line = _one_error_line(capsys, ["tokenizer", "--corpus", str(small_corpus), "--output-dir", str(full / "run"),
+                                    "tokenizer.vocab_size=100"])
+    assert f"{full / 'run' / 'tokenizer'}/" in line and ": no space left on device; free space" in line, line
+    assert not list((full / "run").rglob(".tmp-*")), "temporary files left on the full disk"

@@ -44,3 +44,45 @@ def test_a_jsonl_record_without_the_text_field_is_named(tmp_path):
     (tmp_path / "x.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
     with pytest.raises(UserError, match=r"x.jsonl: record at 17 has no field 'text'; set corpus.text_field"):
         _read(str(tmp_path / "x.jsonl"), tmp_path)
+
+
+def test_long_lines_are_split_at_whitespace_within_the_bound():
+    """Issue 15, class 6: a line over corpus.max_line_bytes becomes pieces of at most that many bytes,
+    cut after whitespace (every word whole, in order), or at the bound but never inside a character."""
+    from tpu_ray.prepare.corpus import split_long_lines
+
+    words = [f"wörd{i}" for i in range(5000)]
+    out, cut = split_long_lines(["short", " ".join(words)], 1024)
+    assert cut == 1 and out[0] == "short" and len(out) > 30
+    assert all(len(p.encode()) <= 1024 for p in out)
+    assert " ".join(out[1:]).split() == words
+    out, cut = split_long_lines(["é" * 3000], 1024)
+    assert cut == 1 and "".join(out) == "é" * 3000 and all(len(p.encode()) <= 1024 for p in out)
+
+
+def test_a_line_without_newline_is_cut_into_bounded_units(tmp_path):
+    """Unit boundaries fall after whitespace when no line ends within max_line_bytes: a huge line no
+    longer makes one huge unit (one actor's whole memory); every word is still read exactly once."""
+    words = [f"w{i % 977}x{i}" for i in range(300_000)]
+    path = tmp_path / "one-line.txt"
+    path.write_text(" ".join(words))  # ~3 MB, no newline at all
+    corpus = CorpusConfig(source=str(path), validation_fraction=0.1, max_line_bytes=64 * 1024)
+    units = plan_units(corpus, ShardConfig(unit_bytes=1 << 20), str(tmp_path))
+    assert len(units) >= 3
+    assert all(u.end - u.start <= (1 << 20) + 64 * 1024 for u in units)
+    assert [w for u in units for line in read_unit_text(u, "all") for w in line.split()] == words
+
+
+def test_directories_in_a_corpus_directory_or_glob_are_not_read(tmp_path):
+    """Issue 15, class 4: a subdirectory (even one named like a text file) was opened as a file."""
+    from pathlib import Path
+
+    from tpu_ray.prepare.corpus import resolve_files
+
+    root = tmp_path / "c"
+    (root / "sub.txt").mkdir(parents=True)
+    (root / "deeper").mkdir()
+    (root / "a.txt").write_text("hello\n")
+    (root / "deeper" / "b.txt").write_text("world\n")
+    assert [Path(f).name for f, _ in resolve_files(str(root))] == ["a.txt", "b.txt"]
+    assert [Path(f).name for f, _ in resolve_files(str(root / "*"))] == ["a.txt"]

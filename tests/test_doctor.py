@@ -285,3 +285,20 @@ def test_gs_run_on_tpu_node_and_missing_bucket(gcs_emulator, tmp_path, small_cor
     code, checks = doctor(cfg.override({"output_dir": "gs://no-such-bucket-doctor/run"}), "v3-8-node")
     assert code == 1 and checks["tokenizer"][0] == FAIL
     assert "bucket 'no-such-bucket-doctor' does not exist" in checks["data reach"][1]
+
+
+def test_doctor_checks_every_shard_that_training_checks(run):
+    """Issue 15: doctor sampled 3 shards and passed a flipped byte that training refuses. Under
+    training's size bound every shard is hashed, by both."""
+    from tpu_ray.prepare.verify import manifest_shards
+
+    entries = manifest_shards(manifest_of(run))
+    assert len(entries) > 3  # more shards than a sample of first, middle and last
+    entry = manifest_of(run)["splits"]["train"]["shards"][1]  # not first, middle or last
+    path = Path(run.shards_dir) / entry["path"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    code, checks = doctor(run)  # no --full
+    assert code == 1 and checks["shards"][0] == FAIL and entry["path"] in checks["shards"][1]
+    assert "sha256" in checks["shards"][1]

@@ -246,3 +246,23 @@ def test_access_denied_is_decided_by_status_code_not_digits_in_the_message(error
         with storage._remote_errors("gs://bucket/x"):
             raise error
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_respect_the_umask(tmp_path, umask, mode):
+    """Issue 15: shards, manifest.json and config.yaml were 0600 (mkstemp's mode) while the rest of a
+    run is 0644, so another user sharing the run directory could not read them."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        storage.atomic_write_text(str(tmp_path / "config.yaml"), "a: 1\n")
+        storage.atomic_write_bytes(str(tmp_path / "shard.tfrecord"), b"x" * 10)
+        src = tmp_path / "src.json"
+        src.write_text("{}")
+        storage.atomic_copy_file(str(src), str(tmp_path / "manifest.json"))
+    finally:
+        os.umask(old)
+    for name in ("config.yaml", "shard.tfrecord", "manifest.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name

@@ -52,3 +52,25 @@ def test_builtin_corpus_is_real_python_documentation_and_deterministic(tmp_path)
     assert text == builtin_python_docs()
     path = materialize_builtin(str(tmp_path))
     assert open(path, encoding="utf-8").read() == text
+
+
+def test_a_vocabulary_far_below_the_one_asked_warns_with_the_reason(caplog):
+    """Issue 15, class 5: 800 asked, a few dozen learnt from one short line: a warning says why."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="tpu_ray"):
+        tok = train_tokenizer([["Hello there, small text."]], TokenizerConfig(vocab_size=800))
+    assert tok.get_vocab_size() < 400
+    assert "far below tokenizer.vocab_size=800" in caplog.text and "(1 lines, 24 characters)" in caplog.text
+
+
+def test_whitespace_only_corpus_is_refused_before_training(tmp_path):
+    from tpu_ray.config import CorpusConfig, ShardConfig
+    from tpu_ray.errors import UserError
+    from tpu_ray.prepare.corpus import iter_train_text, plan_units
+
+    path = tmp_path / "blank.txt"
+    path.write_text("   \n\t\n \n\n")
+    units = plan_units(CorpusConfig(source=str(path)), ShardConfig(), str(tmp_path))
+    with pytest.raises(UserError, match="blank.txt: no text to train the tokenizer on"):
+        iter_train_text(units, 1 << 20)

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from tpu_ray.errors import EXIT_USAGE, UserError, guarded  # noqa: F401 - EXIT_USAGE, UserError re-exported
+from tpu_ray.errors import EXIT_USAGE, UserError, failure_line, guarded  # noqa: F401 - EXIT_USAGE, UserError re-exported
 from tpu_ray.logs import setup_logging
 
 DESCRIPTION = """\
@@ -253,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    parser.add_argument("--verbose", action="store_true", help="library logs and full tracebacks (anywhere on the line)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv or os.environ.get("TPU_RAY_VERBOSE", "") not in ("", "0")
+    argv = [a for a in argv if a != "--verbose"]
     # Overrides may stand anywhere, also after an option (`train c.yaml a.b=1 --resume c.d=2`):
     # argparse takes one run of positionals, so later `key=value` words come back as extras.
     args, extra = parser.parse_known_args(argv)
@@ -261,14 +265,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*(args.overrides or []), *extra]
-    setup_logging(verbose=getattr(args, "verbose", False))
+    verbose = verbose or getattr(args, "verbose", False)
+    setup_logging(verbose=verbose)
     try:
-        return guarded(lambda: args.fn(args))  # a UserError: one line, exit 2
+        return guarded(lambda: args.fn(args))  # bad input or a refusing environment: one line, exit 2
     except KeyboardInterrupt:
         _say_interrupted(args, sys.argv[1:] if argv is None else argv)
         return 130
     except BrokenPipeError:
         return _closed_stdout()
+    except Exception as exc:  # a bug: one line, exit 1 (--verbose: the traceback)
+        if verbose:
+            raise
+        print(f"tpu-ray: error: {failure_line(exc)[0]}", file=sys.stderr)
+        return 1
 
 
 def _say_interrupted(args, argv: list[str]) -> None:

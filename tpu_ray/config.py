@@ -26,9 +26,20 @@ SPECIAL_TOKENS = ("[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]")
 CLS, PAD, SEP, UNK, MASK = SPECIAL_TOKENS
 
 
+INT64_MAX = 2**63 - 1
+
+
 class _Section(BaseModel):
     # allow_inf_nan=False: `train.learning_rate=.inf` is refused at load, not found as a NaN loss later.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _fits_int64(cls, v: Any) -> Any:
+        # Counts reach TensorFlow and numpy as int64: a larger value would crash there, not here.
+        if isinstance(v, int) and not isinstance(v, bool) and not -INT64_MAX - 1 <= v <= INT64_MAX:
+            raise ValueError(f"beyond int64 (at most {INT64_MAX}); use a smaller number")
+        return v
 
 
 class CorpusConfig(_Section):
@@ -47,6 +58,9 @@ class CorpusConfig(_Section):
     encoding_errors: Literal["replace", "fail"] = "replace"
     # Read at most this many bytes (per source file): handy to shrink a corpus for a quick run.
     max_bytes: int | None = Field(None, gt=0)
+    # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
+    # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
+    max_line_bytes: int = Field(1 << 20, ge=1024)
 
 
 class TokenizerConfig(_Section):
@@ -172,8 +186,8 @@ class RunConfig(_Section):
     @field_validator("name")
     @classmethod
     def _name_is_a_path_part(cls, v: str) -> str:
-        if not v or "/" in v:
-            raise ValueError("must be a non-empty name without '/'")
+        if not v or "/" in v or "\\" in v or v in (".", ".."):
+            raise ValueError("must be a non-empty name without '/', and not '.' or '..'")
         return v
 
     @model_validator(mode="after")
@@ -229,6 +243,11 @@ class RunConfig(_Section):
             text = storage.read_text(path)
         except FileNotFoundError:
             raise UserError(f"{path}: config file not found; pass an existing YAML file") from None
+        except IsADirectoryError:
+            raise UserError(f"{path}: is a directory, not a config file; pass a YAML file") from None
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path}: byte {exc.start} is not UTF-8 text, this is not a YAML config; "
+                            f"pass a YAML file") from None
         try:
             # safe_load: a config is data, never code (no python/object tags).
             data = yaml.safe_load(text)

@@ -34,6 +34,9 @@ _NATIVE_NOISE = re.compile(
 _CHATTY_LOGGERS = {
     "ray._private.authentication.authentication_token_setup": logging.ERROR,  # "token auth is enabled"
     "transformers": logging.ERROR,  # "TF classes are deprecated", "All the layers ...", "Device set to use"
+    # Libraries that log their own retries and tracebacks (gcsfs logs "_request out of retries" with a
+    # traceback per attempt) before the exception we turn into one line reaches the user.
+    **{name: logging.CRITICAL for name in ("gcsfs", "fsspec", "aiohttp", "asyncio", "google.auth", "urllib3")},
 }
 
 

@@ -77,7 +77,10 @@ def ensure_ray(cfg: RunConfig) -> None:
             kwargs["address"] = cfg.ray.address
         if cfg.ray.num_cpus and cfg.ray.address in (None, "local"):
             kwargs["num_cpus"] = cfg.ray.num_cpus
-        ray.init(**kwargs)
+        from tpu_ray.cluster.local import loopback_only
+
+        with loopback_only(kwargs) as kwargs:  # a cluster started here listens on 127.0.0.1 only
+            ray.init(**kwargs)
 
 
 def training_needs_ray(cfg: RunConfig) -> bool:
@@ -96,7 +99,7 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
         return info
     t0 = time.monotonic()
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
-    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes), cfg.tokenizer)
+    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes), cfg.tokenizer)
     info = save_tokenizer(tok, cfg.tokenizer_dir, cfg.shard.seq_len)
     log.info("tokenizer: trained %s vocab %d in %.1fs -> %s (sha256 %s)", cfg.tokenizer.kind, info.vocab_size,
              time.monotonic() - t0, cfg.tokenizer_dir, info.sha256[:12])

@@ -52,7 +52,10 @@ def _check_run_dir(run_dir: str) -> bool:
     """True if the run directory exists; a directory that cannot be read is a UserError."""
     try:
         fs, root = fsspec.core.url_to_fs(run_dir)
-        return bool(fs.exists(root))
+        found = bool(fs.exists(root))
+        if found and not fs.isdir(root):
+            raise UserError(f"{run_dir}: is a file, not a run directory; pass the run's --output-dir")
+        return found
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read run directory {run_dir}: {exc}") from None
 
@@ -397,6 +400,8 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-report-") if remote else None
     local = tmp.name if tmp else out_dir
     try:
+        if os.path.exists(local) and not os.path.isdir(local):
+            raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
         os.makedirs(local, exist_ok=True)
         lp = {name: os.path.join(local, name) for name in (*PLOTS, REPORT_FILE)}
         _plot_loss(train, ev, lp["loss.png"])

@@ -295,16 +295,24 @@ def makedirs(path: str) -> None:
     checked there (a typo in an output bucket fails here, before any work is done)."""
     if not is_remote(path):
         fs, p = filesystem(path)
-        fs.makedirs(p, exist_ok=True)
+        try:
+            fs.makedirs(p, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StorageError(f"{path}: a file is in the way (not a directory); remove it or choose "
+                               f"another --output-dir") from None
     elif _bucket_missing(path):
         raise _missing_bucket_error(path)
 
 
-def glob(pattern: str) -> list[str]:
-    """Sorted matches, named with the same scheme as the pattern (gs://bucket/x for gs://)."""
+def glob(pattern: str, files_only: bool = False) -> list[str]:
+    """Sorted matches, named with the same scheme as the pattern (gs://bucket/x for gs://);
+    `files_only` leaves out directories (one listing, no extra call per match)."""
     fs, p = filesystem(pattern)
     with _remote_errors(pattern):
-        matches = fs.glob(p)
+        if files_only:
+            matches = [m for m, info in fs.glob(p, detail=True).items() if info.get("type") != "directory"]
+        else:
+            matches = fs.glob(p)
     return sorted(_unstrip(pattern, m) for m in matches)
 
 
@@ -376,7 +384,25 @@ def _temp_beside(final: str) -> tuple[int, str]:
     """
     directory = os.path.dirname(final) or "."
     os.makedirs(directory, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".tmp-{os.path.basename(final)}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(final)}.", suffix=".tmp", dir=directory)
+    # mkstemp creates 0600 whatever the umask; the committed file must read like any other file
+    # the process writes (0644 under umask 022), or other users sharing the run dir cannot read it.
+    os.fchmod(fd, 0o666 & ~current_umask())
+    return fd, tmp
+
+
+def current_umask() -> int:
+    """The process umask (Linux: read from /proc, so no window with a changed umask in threads)."""
+    try:
+        with builtins.open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: str) -> None:
@@ -421,8 +447,12 @@ def _local_commit(final: str) -> Iterator[IO[bytes]]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         _silent_remove(tmp)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (None, tmp):
+            # A failed write() (a full disk) names no file, a failed rename our temp name: name
+            # the file being committed instead.
+            raise OSError(exc.errno, exc.strerror, final) from None
         raise
     _fsync_dir(os.path.dirname(final))
 

@@ -368,7 +368,7 @@ class Doctor:
 
     def check_shards(self) -> None:
         """Manifest counts and per-shard sizes, checksums and record counts against the files."""
-        from tpu_ray.prepare.verify import check_shard, manifest_shards, sampled
+        from tpu_ray.prepare.verify import check_shard, deep_checked, manifest_shards
 
         manifest, shards_dir = self.manifest, self.cfg.shards_dir
         if manifest is None:
@@ -386,7 +386,7 @@ class Doctor:
                 self.add("shards", FAIL, f"{shards_dir}/manifest.json: {split} lists {listed} samples in its shards "
                          f"but a total of {info['samples']}", "delete the shards and rerun `tpu-ray shard`")
                 return
-        deep = {e["path"] for e in sampled(entries, self.full)}
+        deep = deep_checked(entries, self.full)  # at least what training checks
         try:
             for entry in entries:
                 problem = _call_with_timeout(

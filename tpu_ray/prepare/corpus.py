@@ -8,7 +8,9 @@ own train/validation split point, so the validation text is the tail of every un
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -22,6 +24,7 @@ Format = Literal["txt", "jsonl", "parquet", "hf"]
 TEXT_SUFFIXES = {".txt": "txt", ".text": "txt", ".md": "txt", ".jsonl": "jsonl", ".json": "jsonl",
                  ".parquet": "parquet"}
 _ALIGN_WINDOW = 64 * 1024
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,12 +111,13 @@ def materialize_builtin(run_dir: str) -> str:
 def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
     """Expand a path, glob or gs:// URI into (file, format) pairs; one-line errors otherwise."""
     if any(ch in source for ch in "*?["):
-        files = storage.glob(source)
+        files = storage.glob(source, files_only=True)  # a directory the pattern matches is not text
         if not files:
-            raise UserError(f"{field}={source!r}: no files match this pattern; check the path")
+            what = "only directories match" if storage.glob(source) else "no files match"
+            raise UserError(f"{field}={source!r}: {what} this pattern; check the path")
     elif storage.exists(source):
         if storage.isdir(source):
-            files = [f for f in storage.glob(storage.join(source, "**")) if _fmt_of(f, strict=False)]
+            files = [f for f in storage.glob(storage.join(source, "**"), files_only=True) if _fmt_of(f, strict=False)]
             if not files:
                 raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.parquet files")
         else:
@@ -161,16 +165,18 @@ def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir:
     units: list[WorkUnit] = []
     for path, fmt in resolve_files(source, field):
         if fmt == "parquet":
-            n = _parquet_rows(path)
+            n = _parquet_rows(path, corpus.text_field)
             units += [WorkUnit(0, path, fmt, s, _row_split(s, e, frac), e, **common)
                       for s, e in _ranges(n, shard.unit_rows)]
             continue
         size = storage.size(path)
+        limit = corpus.max_line_bytes
         if corpus.max_bytes is not None and corpus.max_bytes < size:
-            size = _align(path, corpus.max_bytes, size)
-        bounds = sorted({0, size, *(_align(path, b, size) for b in range(shard.unit_bytes, size, shard.unit_bytes))})
+            size = _align(path, corpus.max_bytes, size, limit)
+        bounds = sorted({0, size, *(_align(path, b, size, limit)
+                                    for b in range(shard.unit_bytes, size, shard.unit_bytes))})
         for s, e in zip(bounds, bounds[1:]):
-            split_at = e if frac == 0 else _align(path, s + int((e - s) * (1 - frac)), e)
+            split_at = e if frac == 0 else _align(path, s + int((e - s) * (1 - frac)), e, limit)
             if frac >= 1.0:
                 split_at = s
             units.append(WorkUnit(0, path, fmt, s, split_at, e, **common))
@@ -185,8 +191,10 @@ def _row_split(start: int, end: int, frac: float) -> int:
     return start + round((end - start) * (1 - frac))
 
 
-def _align(path: str, pos: int, size: int) -> int:
-    """The first line start at or after `pos` (or `size`): unit boundaries never cut a line."""
+def _align(path: str, pos: int, size: int, max_line_bytes: int | None = None) -> int:
+    """The first line start at or after `pos` (or `size`): unit boundaries never cut a line, unless
+    no line ends within `max_line_bytes` of `pos`: then right after the next whitespace (else at a
+    character boundary), so that a unit stays about unit_bytes however long a line is."""
     if pos <= 0:
         return 0
     if pos >= size:
@@ -199,16 +207,37 @@ def _align(path: str, pos: int, size: int) -> int:
             if not window:
                 return size
             nl = window.find(b"\n")
-            if nl >= 0:
+            if nl >= 0 and (max_line_bytes is None or offset + nl + 1 - pos <= max_line_bytes):
                 return min(offset + nl + 1, size)
             offset += len(window)
+            if max_line_bytes is not None and (nl >= 0 or offset - pos >= max_line_bytes):
+                break
+        f.seek(pos)
+        window = f.read(_ALIGN_WINDOW)
+    cuts = [i for i in (window.find(b" "), window.find(b"\t")) if i >= 0]
+    if cuts:
+        return min(pos + min(cuts) + 1, size)
+    i = 0
+    while i < len(window) and (window[i] & 0xC0) == 0x80:  # not inside a UTF-8 character
+        i += 1
+    return min(pos + i, size)
 
 
-def _parquet_rows(path: str) -> int:
+def _parquet_rows(path: str, text_field: str = "text") -> int:
+    """Rows of a parquet file; one-line errors for a file that is not parquet or lacks the column."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with storage.open(path, "rb") as f:
-        return pq.ParquetFile(f).metadata.num_rows
+        try:
+            pf = pq.ParquetFile(f)
+        except (pa.ArrowException, OSError) as exc:
+            raise UserError(f"{path}: not a readable parquet file ({first_line(exc)}); fix or remove it") from None
+        names = pf.schema_arrow.names
+        if text_field not in names:
+            raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(names[:8])}); "
+                            f"set corpus.text_field to the column that holds the text")
+        return pf.metadata.num_rows
 
 
 _HF_CACHE: dict[tuple, object] = {}
@@ -256,6 +285,7 @@ def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) 
         f.seek(lo)
         raw = f.read(hi - lo)
     text = _decode(raw, unit, lo)
+    del raw  # one copy of a unit's text at a time (a unit may be one huge line)
     if unit.fmt == "jsonl":
         out = []
         offset = lo
@@ -312,14 +342,77 @@ def _nonempty(lines) -> list[str]:
     return [s for s in (line.strip() for line in lines) if s]
 
 
-def iter_train_text(units: list[WorkUnit], max_bytes: int) -> Iterator[list[str]]:
-    """Batches of training lines in unit order, up to about max_bytes: the tokenizer's sample."""
+def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None = None) -> Iterator[list[str]]:
+    """Batches of training lines in unit order, up to about max_bytes: the tokenizer's sample.
+
+    The first batch is read now, not when the tokenizer asks for it: a corpus with no text at all
+    (only whitespace) is a one-line error here rather than a 5-token tokenizer.
+    """
+    batches = _train_batches(units, max_bytes, max_line_bytes)
+    first = next(batches, None)
+    if first is None:
+        sources = sorted({u.source for u in units})
+        shown = ", ".join(sources[:3]) + (f" (+{len(sources) - 3} more)" if len(sources) > 3 else "")
+        raise UserError(f"{shown}: no text to train the tokenizer on (empty or only whitespace); "
+                        f"point corpus.source at text")
+    return itertools.chain([first], batches)
+
+
+def _train_batches(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None) -> Iterator[list[str]]:
     seen = 0
-    for unit in units:
-        lines = read_unit_text(unit, "train")
-        if not lines:
+    split = 0
+    try:
+        for unit in units:
+            lines = read_unit_text(unit, "train")
+            if max_line_bytes:
+                lines, n = split_long_lines(lines, max_line_bytes)
+                split += n
+            if not lines:
+                continue
+            yield lines
+            seen += sum(len(s) for s in lines)
+            if seen >= max_bytes:
+                return
+    finally:
+        warn_split_lines(split, max_line_bytes, "tokenizer")
+
+
+def warn_split_lines(count: int, max_line_bytes: int | None, stage: str) -> None:
+    if count:
+        log.warning("%s: %d line(s) longer than corpus.max_line_bytes=%d were split at whitespace (or at that "
+                    "bound); raise it to keep longer lines whole", stage, count, max_line_bytes)
+
+
+def split_long_lines(lines: list[str], max_bytes: int) -> tuple[list[str], int]:
+    """`lines` with every line over `max_bytes` UTF-8 bytes cut into pieces of at most that many,
+    at the last whitespace of each piece when there is one; returns (lines, lines that were cut).
+
+    Why: a tokenizer's memory grows with the length of the text it encodes in one call (a 50 MB
+    line took a shard actor to 7 GB); pieces keep it flat. Most lines pass the cheap length test.
+    """
+    out: list[str] = []
+    cut = 0
+    for line in lines:
+        if len(line) * 4 <= max_bytes or len(data := line.encode("utf-8")) <= max_bytes:
+            out.append(line)
             continue
-        yield lines
-        seen += sum(len(s) for s in lines)
-        if seen >= max_bytes:
-            return
+        cut += 1
+        out.extend(_pieces(data, max_bytes))
+    return out, cut
+
+
+def _pieces(data: bytes, max_bytes: int) -> Iterator[str]:
+    start, n = 0, len(data)
+    while start < n:
+        end = min(start + max_bytes, n)
+        if end < n:
+            space = max(data.rfind(b" ", start + max_bytes // 2, end), data.rfind(b"\t", start + max_bytes // 2, end))
+            if space > start:
+                end = space + 1
+            else:
+                while end > start and (data[end] & 0xC0) == 0x80:  # not inside a UTF-8 character
+                    end -= 1
+        piece = data[start:end].decode("utf-8", errors="replace").strip()
+        if piece:
+            yield piece
+        start = end

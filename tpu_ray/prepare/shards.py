@@ -29,7 +29,8 @@ import numpy as np
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
-from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, plan_units, read_unit_text
+from tpu_ray.prepare.corpus import (WorkUnit, check_unit_bytes, plan_units, read_unit_text, split_long_lines,
+                                    warn_split_lines)
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
@@ -80,6 +81,7 @@ def encode_lines(tok: Any, lines: list[str]) -> list[list[int]]:
 
 
 ENCODE_BATCH_LINES = 2048  # lines per tokenizer call: bounds the Python lists alive at once
+ENCODE_BATCH_CHARS = 1 << 20  # ... and characters per call, so that long lines make smaller batches
 
 
 def encode_joined(tok: Any, lines: list[str], sep_id: int) -> np.ndarray:
@@ -88,16 +90,32 @@ def encode_joined(tok: Any, lines: list[str], sep_id: int) -> np.ndarray:
     Why batches: a unit's tokens as Python lists cost ~10x their numpy size; batching keeps only
     one batch of lists alive, so an actor's memory depends little on the unit size.
     """
-    parts = [join_ids(encode_lines(tok, lines[i:i + ENCODE_BATCH_LINES]), sep_id)
-             for i in range(0, len(lines), ENCODE_BATCH_LINES)]
+    parts = [join_ids(encode_lines(tok, batch), sep_id) for batch in _batches(lines)]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, out_dir: str) -> dict:
-    """Tokenize, chunk and write one unit's shards (atomically); returns its manifest entries."""
-    result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0}
+def _batches(lines: list[str]):
+    """Consecutive runs of at most ENCODE_BATCH_LINES lines and about ENCODE_BATCH_CHARS characters."""
+    start, chars = 0, 0
+    for i, line in enumerate(lines):
+        if i > start and (i - start >= ENCODE_BATCH_LINES or chars + len(line) > ENCODE_BATCH_CHARS):
+            yield lines[start:i]
+            start, chars = i, 0
+        chars += len(line)
+    if start < len(lines):
+        yield lines[start:]
+
+
+def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, out_dir: str,
+                 max_line_bytes: int | None = None) -> dict:
+    """Tokenize, chunk and write one unit's shards (atomically); returns its manifest entries
+    (and `split_lines`: lines over `max_line_bytes` that were cut, for the driver's warning)."""
+    result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0, "split_lines": 0}
     for split in SPLITS:
         lines = read_unit_text(unit, split)
+        if max_line_bytes:
+            lines, cut = split_long_lines(lines, max_line_bytes)
+            result["split_lines"] += cut
         if not lines:
             continue
         flat = encode_joined(tok, lines, info.sep_id)
@@ -138,7 +156,8 @@ def actor_env(threads: int) -> dict[str, str]:
 class ShardWorker:
     """One Ray actor: loads the tokenizer once, then processes units."""
 
-    def __init__(self, tokenizer_json: str, info: TokenizerInfo, seq_len: int, out_dir: str, env: dict[str, str]):
+    def __init__(self, tokenizer_json: str, info: TokenizerInfo, seq_len: int, out_dir: str, env: dict[str, str],
+                 max_line_bytes: int | None = None):
         # The environment (thread budget, storage endpoint) is set here, before the tokenizer or
         # storage first run, rather than through a runtime_env: env_vars in a runtime_env need
         # freshly started workers (~1 s each on 2 cores); this way the actor starts in one of
@@ -150,13 +169,15 @@ class ShardWorker:
         self.info = info
         self.seq_len = seq_len
         self.out_dir = out_dir
+        self.max_line_bytes = max_line_bytes
 
     def check(self, unit: dict) -> int:
         check_unit(WorkUnit.from_dict(unit))
         return unit["index"]
 
     def process(self, unit: dict) -> dict:
-        result = process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir)
+        result = process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir,
+                              self.max_line_bytes)
         # Peak resident memory of this actor so far (Linux reports KiB); not part of the manifest.
         result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return result
@@ -205,9 +226,40 @@ def read_manifest(shards_dir: str) -> dict | None:
     if not storage.exists(path):
         return None
     try:
-        return json.loads(storage.read_text(path))
-    except json.JSONDecodeError:
+        manifest = json.loads(storage.read_text(path))
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{path}: manifest is not valid JSON; delete it to rebuild the shards") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, not a manifest; remove it to rebuild the shards") from None
+    check_manifest(manifest, path)
+    return manifest
+
+
+def check_manifest(manifest: Any, path: str) -> None:
+    """The manifest's shape, and every shard path confined to the shard directory: a manifest is
+    input (copied, edited, downloaded), and `../../etc/hostname` must not be read or blamed."""
+    fix = "delete it to rebuild the shards"
+    splits = manifest.get("splits") if isinstance(manifest, dict) else None
+    if not isinstance(splits, dict) or not all(isinstance(splits.get(s), dict) for s in SPLITS):
+        raise UserError(f"{path}: not a tpu-ray shard manifest (no train/validation splits); {fix}")
+    for split in SPLITS:
+        shards = splits[split].get("shards")
+        if not isinstance(shards, list):
+            raise UserError(f"{path}: {split}.shards is not a list; {fix}")
+        for i, entry in enumerate(shards):
+            name = entry.get("path") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or not isinstance(entry.get("samples"), int):
+                raise UserError(f"{path}: {split}.shards[{i}] lacks a path or a sample count; {fix}")
+            if not is_confined(name):
+                raise UserError(f"{path}: {split}.shards[{i}] path {name!r} points outside the shard directory; "
+                                f"the manifest was edited or is not from tpu-ray: {fix}")
+
+
+def is_confined(rel: str) -> bool:
+    """True for a relative path that stays inside its directory (no '..', no absolute path or URL)."""
+    if not rel or rel.startswith(("/", "\\")) or "://" in rel or "\\" in rel or ":" in rel.split("/", 1)[0]:
+        return False
+    return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
 def _plan_digest(units: list[WorkUnit]) -> str:
@@ -310,7 +362,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     env = actor_env(cfg.shard.tokenizer_threads)
 
     def new_actor():
-        return Worker.remote(tok_ref, info, cfg.shard.seq_len, out_dir, env)
+        return Worker.remote(tok_ref, info, cfg.shard.seq_len, out_dir, env, cfg.corpus.max_line_bytes)
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
@@ -351,10 +403,12 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
             on_unit_done(len(results), pool)
 
     _run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
+    warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     _cleanup_temp(out_dir)
     manifest = _manifest(cfg, info, units, results, complete=True)
     _write_manifest(out_dir, manifest)
     progress.close()
+    _require_a_sample(cfg, manifest, len(units))
     summary = ShardSummary(
         shards=sum(len(manifest["splits"][s]["shards"]) for s in SPLITS),
         samples=sum(manifest["splits"][s]["samples"] for s in SPLITS),
@@ -363,6 +417,16 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0))
     log.info("shard summary: %s", summary.line())
     return summary
+
+
+def _require_a_sample(cfg: RunConfig, manifest: dict, units: int) -> None:
+    """Nothing to train on is a failure of this stage, not a success that the next stage refuses."""
+    if manifest["splits"]["train"]["samples"]:
+        return
+    body = cfg.shard.seq_len - 2
+    raise UserError(f"corpus.source={cfg.corpus.source!r}: {manifest['corpus_tokens']} tokens in {units} unit(s), "
+                    f"fewer than one training sample of shard.seq_len-2={body} tokens per unit; give more "
+                    f"text or lower shard.seq_len")
 
 
 def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress,

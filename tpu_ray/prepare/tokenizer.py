@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, TokenizerConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
 TOKENIZER_FILE = rundir.TOKENIZER_FILE
@@ -79,10 +79,27 @@ def build_untrained(kind: str, lowercase: bool) -> tuple[Tokenizer, trainers.Tra
     return tok, trainer
 
 
+# A trained vocabulary below this fraction of tokenizer.vocab_size gets a warning with the reason.
+SMALL_VOCAB_FRACTION = 0.5
+
+
 def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig) -> Tokenizer:
     tok, trainer = build_untrained(cfg.kind, cfg.lowercase)
     trainer.vocab_size = cfg.vocab_size
-    tok.train_from_iterator(batches, trainer=trainer)
+    seen = {"lines": 0, "chars": 0}
+
+    def counted(batches: Iterable[list[str]]):
+        for batch in batches:
+            seen["lines"] += len(batch)
+            seen["chars"] += sum(map(len, batch))
+            yield batch
+
+    tok.train_from_iterator(counted(batches), trainer=trainer)
+    got = tok.get_vocab_size(with_added_tokens=True)
+    if got < cfg.vocab_size * SMALL_VOCAB_FRACTION:
+        log.warning("tokenizer: vocabulary of %d, far below tokenizer.vocab_size=%d: the training text "
+                    "(%d lines, %d characters) has too few distinct pieces; give more text or lower "
+                    "tokenizer.vocab_size", got, cfg.vocab_size, seen["lines"], seen["chars"])
     cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
     # Single sentences become "[CLS] text [SEP]" when a user encodes with special tokens (fill-mask).
     tok.post_processor = processors.TemplateProcessing(
@@ -116,11 +133,18 @@ def load_tokenizer_json(tokenizer_dir: str) -> str:
         return storage.read_text(path)
     except FileNotFoundError:
         raise UserError(f"{path}: no tokenizer here; train one (tpu-ray tokenizer) or fix tokenizer.path") from None
+    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a tokenizer file ({first_line(exc)}); retrain it with "
+                        f"`tpu-ray tokenizer --force` or fix tokenizer.path") from None
 
 
 def describe(tokenizer_json: str, where: str) -> TokenizerInfo:
     """Hash and special-token ids; a one-line error if a special token is missing."""
-    tok = Tokenizer.from_str(tokenizer_json)
+    try:
+        tok = Tokenizer.from_str(tokenizer_json)
+    except Exception as exc:  # tokenizers raises a bare Exception for JSON it cannot parse
+        raise UserError(f"{storage.join(where, TOKENIZER_FILE)}: not a readable tokenizer ({first_line(exc)}); "
+                        f"retrain it with `tpu-ray tokenizer --force` or fix tokenizer.path") from None
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     missing = [t for t, i in ids.items() if i is None]
     if missing:
@@ -139,4 +163,23 @@ def canonical_json(text: str) -> bytes:
 
 
 def tokenizer_info(tokenizer_dir: str) -> TokenizerInfo:
-    return describe(load_tokenizer_json(tokenizer_dir), tokenizer_dir)
+    info = describe(load_tokenizer_json(tokenizer_dir), tokenizer_dir)
+    check_json_files(tokenizer_dir, "retrain it with `tpu-ray tokenizer --force` or fix tokenizer.path")
+    return info
+
+
+def check_json_files(directory: str, fix: str) -> None:
+    """Every `*.json` of a saved tokenizer or model directory parses, else a one-line error naming it.
+
+    Why: transformers loads some of these files leniently (a damaged special_tokens_map.json is
+    skipped without a word), and damage must never be silent. A few small files: cheap.
+    """
+    for path in storage.listdir(directory):
+        if not path.endswith(".json"):
+            continue
+        if storage.isdir(path):
+            raise UserError(f"{path}: is a directory, not a JSON file; {fix}")
+        try:
+            json.loads(storage.read_text(path))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"{path}: damaged ({first_line(exc)}); {fix}") from None

@@ -44,6 +44,14 @@ def sampled(entries: Sequence[dict], full: bool) -> list[dict]:
     return [entries[i] for i in picks]
 
 
+def deep_checked(entries: Sequence[dict], full: bool) -> set[str]:
+    """Paths of the shards whose sha256 and record counts are read: all of them when they total at
+    most CHEAP_HASH_BYTES (what training checks before it starts) or `full`, else a sample.
+    Training and `tpu-ray doctor` both use this, so the doctor never checks less than training."""
+    cheap = sum(int(e.get("bytes", 0)) for e in entries) <= CHEAP_HASH_BYTES
+    return {e["path"] for e in sampled(entries, full=full or cheap)}
+
+
 def count_records(data: bytes) -> int:
     """Records in TFRecord bytes; ValueError if the framing or a CRC is broken (truncation)."""
     return sum(1 for _ in read_records(io.BytesIO(data)))
@@ -89,8 +97,7 @@ def verify_for_training(shards_dir: str, manifest: dict | None) -> None:
     if not manifest:
         return
     entries = manifest_shards(manifest)
-    cheap = sum(int(e.get("bytes", 0)) for e in entries) <= CHEAP_HASH_BYTES
-    deep = {e["path"] for e in sampled(entries, full=cheap)}
+    deep = deep_checked(entries, full=False)
     for entry in entries:
         problem = check_shard(shards_dir, entry, deep=entry["path"] in deep)
         if problem:
@@ -145,7 +152,7 @@ def preflight_corpus(cfg) -> list[str]:
     datasets are left to their stage (reading them writes or downloads). Returns the files checked.
     """
     from tpu_ray.config import BUILTIN_CORPUS
-    from tpu_ray.prepare.corpus import WorkUnit, _decode, resolve_files
+    from tpu_ray.prepare.corpus import WorkUnit, _decode, _parquet_rows, resolve_files
 
     checked: list[str] = []
     for field, source in (("corpus.source", cfg.corpus.source),
@@ -156,6 +163,8 @@ def preflight_corpus(cfg) -> list[str]:
         if all(storage.size(path) == 0 for path, _ in files):
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
         for path, fmt in files[:SNIFF_FILES]:
+            if fmt == "parquet":  # reads the footer only: not parquet, or no text column
+                _parquet_rows(path, cfg.corpus.text_field)
             if fmt in ("txt", "jsonl"):
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)

@@ -156,7 +156,9 @@ class CheckpointStore:
             self.problem = exc
             return None
         prefixes = {m.group(1) for m in map(_PREFIX.match, names) if m}
-        step = (lambda p: int(p.split("-")[1]))
+        def step(prefix: str) -> int:
+            return int(prefix.split("-")[1])
+
         self._kept = sorted((p for p in prefixes if not missing_files(p, names) and chosen and step(p) <= step(chosen)),
                             key=step)  # what TF's state file lists after a fallback or a download
         return chosen

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tpu_ray import storage
-from tpu_ray.errors import UserError
+from tpu_ray.config import MASK
+from tpu_ray.errors import UserError, first_line
 
 
 def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
@@ -12,10 +13,25 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
 
     if not storage.exists(storage.join(model_dir, "config.json")):
         raise UserError(f"{model_dir}: no exported model (config.json missing); train first or fix the path")
+    _one_mask(text, MASK)  # before loading TensorFlow: a refusal costs no model load
+    from tpu_ray.prepare.tokenizer import check_json_files
+
+    check_json_files(model_dir, "export it again (tpu-ray train --resume with the run's config)")
     # dtype=None: transformers 4.57's pipeline() evaluates `hasattr(torch, dtype)` for its default
     # dtype="auto" and raises NameError when PyTorch is not installed (our TF-only installs).
-    unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
+    try:
+        unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
+    except Exception as exc:  # transformers/h5py raise OSError, ValueError, JSON errors...: one line
+        raise UserError(f"{model_dir}: cannot load the exported model ({first_line(exc)}); export it again "
+                        f"(tpu-ray train --resume with the run's config)") from None
     mask = unmasker.tokenizer.mask_token
     if mask not in text:
         raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")
+    _one_mask(text, mask)
     return unmasker(text, top_k=top_k)
+
+
+def _one_mask(text: str, mask: str) -> None:
+    if text.count(mask) > 1:
+        raise UserError(f"fill-mask text {text!r}: contains {text.count(mask)} {mask} tokens; "
+                        f"give exactly one (predict one missing word at a time)")

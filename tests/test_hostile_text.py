@@ -1,0 +1,112 @@
+"""Issue 15, class 6 and the loopback half of class 7: hostile text keeps memory flat, and a Ray
+cluster tpu-ray starts for itself listens on loopback only.
+
+Memory is measured, not timed: peak RSS (ru_maxrss) of real processes on a real 20 MB line with no
+newline, against the same bytes with ordinary line breaks in the same test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, WIKITEXT
+
+LINE_MB = 20
+
+
+def hostile_and_normal(tmp: Path, mb: int = LINE_MB) -> tuple[Path, Path]:
+    """The same `mb` MB of WikiText-2: once as one line (newlines made spaces), once as it is."""
+    text = (WIKITEXT / "valid.txt").read_bytes()
+    data = (text * (mb * 2**20 // len(text) + 1))[: mb * 2**20]
+    data = data[: data.rfind(b"\n")]
+    one, normal = tmp / "one-line.txt", tmp / "normal.txt"
+    one.write_bytes(data.replace(b"\n", b" "))
+    normal.write_bytes(data)
+    return one, normal
+
+
+TOKENIZER_CHILD = """
+import json, resource, sys
+from tpu_ray.config import RunConfig
+from tpu_ray.pipeline import run_tokenizer
+cfg = RunConfig.from_dict(json.loads(sys.argv[1]))
+info = run_tokenizer(cfg)
+print(json.dumps({"vocab": info.vocab_size, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def _tokenizer_peak(corpus: Path, out: Path) -> dict:
+    cfg = {"output_dir": str(out), "corpus": {"source": str(corpus)}, "tokenizer": {"vocab_size": 800,
+           "train_bytes": 4 << 20}, "shard": {"unit_bytes": 2 << 20}}
+    done = subprocess.run([sys.executable, "-c", TOKENIZER_CHILD, json.dumps(cfg)], capture_output=True, text=True,
+                          cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]) | {"stderr": done.stderr}
+
+
+def test_tokenizer_on_a_20mb_line_stays_near_normal_memory(tmp_path):
+    """Was: the whole line one unit, one sequence for the trainer (50 MB: 4.4 GB RSS, 81 s). Now the
+    trainer sees lines of at most corpus.max_line_bytes from units of about unit_bytes."""
+    one, normal = hostile_and_normal(tmp_path)
+    hostile = _tokenizer_peak(one, tmp_path / "a")
+    base = _tokenizer_peak(normal, tmp_path / "b")
+    print(f"tokenizer peak RSS: one {LINE_MB} MB line {hostile['rss'] / 2**20:.0f} MB, "
+          f"same text with newlines {base['rss'] / 2**20:.0f} MB")
+    assert hostile["vocab"] >= 400  # a real vocabulary came out of it
+    assert hostile["rss"] < 1.5 * base["rss"] + (256 << 20)
+    assert "were split at whitespace" in hostile["stderr"]
+
+
+@pytest.mark.slow
+def test_shard_actor_on_a_20mb_line_stays_near_normal_memory(tmp_path, tiny_tokenizer_dir, ray_local):
+    """Was: a shard actor peaked at 7.2 GB on a 50 MB line (137 MB normally)."""
+    from tests.conftest import tiny_config
+    from tpu_ray.prepare.shards import make_shards
+
+    one, normal = hostile_and_normal(tmp_path)
+    peaks = {}
+    for name, corpus in (("one", one), ("normal", normal)):
+        cfg = tiny_config(tmp_path / name, corpus, **{"tokenizer.path": tiny_tokenizer_dir,
+                                                      "shard.unit_bytes": 8 << 20})
+        summary = make_shards(cfg)
+        assert summary.samples > 0
+        peaks[name] = summary.peak_actor_rss_bytes
+    print(f"shard actor peak RSS: one {LINE_MB} MB line {peaks['one'] / 2**20:.0f} MB, "
+          f"same text with newlines {peaks['normal'] / 2**20:.0f} MB")
+    assert peaks["one"] < 1.5 * peaks["normal"] + (256 << 20)
+
+
+LOOPBACK_CHILD = """
+import json, sys, ray
+import psutil  # Ray ships it (its thirdparty_files are on sys.path once ray is imported)
+from tpu_ray.config import RunConfig
+from tpu_ray.pipeline import ensure_ray
+ensure_ray(RunConfig.from_dict({"ray": {"address": "local", "num_cpus": 1}}))
+node = ray._private.worker._global_node
+kids = psutil.Process().children(recursive=True)
+listening = set()
+for proc in kids:
+    try:
+        conns = proc.net_connections(kind="inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        continue
+    listening |= {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
+ray.shutdown()
+print(json.dumps({"node_ip": node.node_ip_address, "listening": sorted(listening)}))
+"""
+
+
+def test_a_cluster_tpu_ray_starts_listens_on_loopback_only():
+    """Issue 15, class 7: GCS, raylet and the agents listened on every interface."""
+    done = subprocess.run([sys.executable, "-c", LOOPBACK_CHILD], capture_output=True, text=True, cwd=REPO,
+                          timeout=300, env={**__import__("os").environ, "RAY_ADDRESS": ""})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["node_ip"] == "127.0.0.1"
+    assert seen["listening"], "no listening socket found"
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in seen["listening"]), seen
