@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import platform
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -38,6 +41,17 @@ def versions() -> dict[str, str]:
     return out
 
 
+def command_line() -> str:
+    """The command this process was started with, for the model card ("" in a notebook or REPL).
+
+    An absolute program path (a console script such as tpu-ray) is shortened to its name."""
+    argv = sys.argv or [""]
+    if not argv[0] or argv[0] == "-c" or "ipykernel" in argv[0]:
+        return ""
+    prog = Path(argv[0]).name if Path(argv[0]).is_absolute() else argv[0]
+    return shlex.join([prog, *argv[1:]])
+
+
 def prepare_run_dir(cfg: RunConfig, resume: bool) -> None:
     """Create the run directory and save the config; refuse a directory made for another config."""
     run_dir = cfg.run_dir
@@ -54,7 +68,8 @@ def prepare_run_dir(cfg: RunConfig, resume: bool) -> None:
     storage.makedirs(run_dir)
     storage.atomic_write_text(saved_path, cfg.to_yaml())
     storage.atomic_write_text(storage.join(run_dir, "run_info.json"),
-                              json.dumps({"versions": versions(), "resume": resume, "started": time.time()},
+                              json.dumps({"versions": versions(), "resume": resume, "started": time.time(),
+                                          "command": command_line()},
                                          indent=1) + "\n")
 
 

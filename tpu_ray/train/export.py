@@ -14,7 +14,10 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
         raise UserError(f"{model_dir}: no exported model (config.json missing); train first or fix the path")
     # dtype=None: transformers 4.57's pipeline() evaluates `hasattr(torch, dtype)` for its default
     # dtype="auto" and raises NameError when PyTorch is not installed (our TF-only installs).
-    unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
+    # use_safetensors=False: TF Transformers prefers model.safetensors (the PyTorch-layout copy) and
+    # fails to read it with safetensors >= 0.6 (transformers issue #40028, TF is deprecated there).
+    unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None,
+                        model_kwargs={"use_safetensors": False})
     mask = unmasker.tokenizer.mask_token
     if mask not in text:
         raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")

@@ -27,6 +27,7 @@ from tpu_ray.config import RunConfig
 from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter, eval_line, train_line
+from tpu_ray.train.export_safetensors import write_pytorch_files
 from tpu_ray.train.model import hf_config, peak_flops, train_flops_per_token
 from tpu_ray.prepare.shards import read_manifest, shard_files
 from tpu_ray.train.strategy import StrategyInfo, select
@@ -397,6 +398,7 @@ def export(s: TrainSetup) -> str:
     out = storage.join(s.cfg.run_dir, "model")
     with tempfile.TemporaryDirectory() as tmp:
         s.model.save_pretrained(tmp)
+        write_pytorch_files(tmp, s)  # model.safetensors (PyTorch layout, no torch) + README.md model card
         for name in sorted(storage.listdir(s.cfg.tokenizer_dir)):
             base = name.rsplit("/", 1)[-1]
             (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.cfg.tokenizer_dir, base)))
