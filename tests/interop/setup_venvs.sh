@@ -4,7 +4,8 @@
 #   .venv-interop/t5: torch 2.13.0 (CPU) + transformers 5.x
 # No TensorFlow in either: the test proves that RUN/model outlives TensorFlow.
 # Usage: tests/interop/setup_venvs.sh [DIR]   (DIR defaults to .venv-interop at the repo root;
-# the test reads TPU_RAY_INTEROP_VENVS for another place).
+# the test reads TPU_RAY_INTEROP_VENVS for another place; with TPU_RAY_REQUIRE_EXTRAS=1 it fails,
+# rather than skips, when they are missing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root="${1:-${TPU_RAY_INTEROP_VENVS:-.venv-interop}}"

@@ -104,7 +104,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str) -> str:
         f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
         f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
         quality,
-        f"- made by: {made_by}; the run's full config is `config.yaml` in the run directory",
+        f"- made by: {made_by}",
         "",
         "## Use",
         "",
@@ -119,6 +119,12 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str) -> str:
         "TensorFlow (Transformers 4.x, without PyTorch), from `tf_model.h5`:",
         '`pipeline("fill-mask", model="PATH/TO/model", framework="tf", dtype=None, '
         'model_kwargs={"use_safetensors": False})`.',
+        "",
+        "## The run's config",
+        "",
+        "```yaml",
+        cfg.to_yaml().rstrip("\n"),
+        "```",
         "",
     ]
     return "\n".join(lines)
