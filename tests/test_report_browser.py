@@ -95,3 +95,27 @@ def test_report_renders_in_chromium_with_every_image_loaded(tmp_path, capsys):
     assert colours[1] - colours[0] > 100, f"a blank screenshot: grey levels {colours}"
     with capsys.disabled():
         print(f"\nreport.html screenshot: {shot}")
+
+
+def test_mfu_above_100_percent_does_not_hide_the_tokens_line(tmp_path):
+    """A CPU peak measured under load gave MFU > 100%; the MFU axis then scaled exactly like the
+    tokens/s axis and the MFU line lay on the tokens/s line (one line visible instead of two)."""
+    import json
+
+    import numpy as np
+
+    from tpu_ray.report import _plot_throughput, load_metrics
+
+    run_dir = make_run(tmp_path / "run", partial=False)
+    path = run_dir / "metrics.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in recs:
+        if r.get("mfu") is not None:
+            r["mfu"] *= 4  # about 124%
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    fig = _plot_throughput(load_metrics(str(run_dir), "train"), str(tmp_path / "throughput.png"))
+    fig.draw_without_rendering()
+    tokens_line, mfu_line = (ax.get_lines()[0] for ax in fig.axes)
+    y_tokens = tokens_line.get_transform().transform(tokens_line.get_xydata())[:, 1]
+    y_mfu = mfu_line.get_transform().transform(mfu_line.get_xydata())[:, 1]
+    assert np.abs(y_tokens - y_mfu).min() > 20, "the MFU line lies on the tokens/s line (pixels apart)"

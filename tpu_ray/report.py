@@ -283,7 +283,10 @@ def _plot_throughput(train: pd.DataFrame, path: str):
         ax2.set_ylabel("MFU (%)", color="tab:purple")
         # MFU is proportional to tokens/s: on a matching scale the two lines would coincide. A 0-100%
         # axis keeps them apart and shows the distance from peak at a glance.
-        ax2.set_ylim(0, max(100.0, mfu.max() * 100 * 1.15))
+        # Above 100% (a CPU peak measured under load) the axis must not scale like tokens/s's own
+        # (x1.15), or the MFU line lies exactly on the tokens/s line and hides it.
+        top = mfu.max() * 100
+        ax2.set_ylim(0, 100.0 if top <= 100 / 1.15 else max(100.0, top * 1.6))
     elif handles:
         ax.set_title("Throughput (MFU not available)")
     if handles:
