@@ -39,7 +39,7 @@ def test_run_directory_is_complete(quickstart_run):
     d = quickstart_run
     for name in ("config.yaml", "run_info.json", "tokenizer/tokenizer.json", "shards/manifest.json",
                  "metrics.jsonl", "model/config.json", "model/tf_model.h5", "model/tokenizer.json",
-                 "summary.json"):
+                 "model/model.safetensors", "model/README.md", "summary.json"):
         assert (d / name).exists(), name
     saved = yaml.safe_load((d / "config.yaml").read_text())
     assert saved["train"]["steps"] == 40 and saved["corpus"]["source"].endswith("small.txt")
