@@ -12,10 +12,13 @@ import logging
 import os
 import platform
 import socket
+import shlex
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tpu_ray import rundir, saved_config, storage
@@ -40,11 +43,22 @@ def versions() -> dict[str, str]:
     return out
 
 
+def command_line() -> str:
+    """The command this process was started with, for the model card ("" in a notebook or REPL).
+
+    An absolute program path (a console script such as tpu-ray) is shortened to its name."""
+    argv = sys.argv or [""]
+    if not argv[0] or argv[0] == "-c" or "ipykernel" in argv[0]:
+        return ""
+    prog = Path(argv[0]).name if Path(argv[0]).is_absolute() else argv[0]
+    return shlex.join([prog, *argv[1:]])
+
+
 def prepare_run_dir(cfg: RunConfig, resume: bool) -> None:
     """Create the run directory and save the config; refuse a directory whose tokenizer, shards or
     checkpoints were made with another config (see saved_config.check_config)."""
     saved_config.check_config(cfg)
-    saved_config.save_config(cfg, resume, versions())
+    saved_config.save_config(cfg, resume, versions(), command_line())
 
 
 def check_ray_address(cfg: RunConfig, timeout_s: float = 5.0) -> None:
@@ -253,7 +267,7 @@ class Pipeline:
             saved_config.check_config(cfg)
             if ray and start_ray:
                 ensure_ray(cfg)
-            saved_config.save_config(cfg, resume, versions())
+            saved_config.save_config(cfg, resume, versions(), command_line())
             yield
 
 

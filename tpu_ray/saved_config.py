@@ -79,13 +79,14 @@ def check_config(cfg: RunConfig) -> bool:
     return True
 
 
-def save_config(cfg: RunConfig, resume: bool, versions: dict[str, str]) -> None:
-    """Write config.yaml and run_info.json (after the stage's checks passed)."""
+def save_config(cfg: RunConfig, resume: bool, versions: dict[str, str], command: str = "") -> None:
+    """Write config.yaml and run_info.json (after the stage's checks passed); `command` is what the
+    model card names as the command that made the run."""
     storage.makedirs(cfg.run_dir)
     storage.atomic_write_text(path(cfg.run_dir, CONFIG_FILE), cfg.to_yaml())
     storage.atomic_write_text(path(cfg.run_dir, RUN_INFO_FILE),
                               json.dumps({"versions": versions, "resume": resume, "started": time.time(),
-                                          "host": platform.node()}, indent=1) + "\n")
+                                          "host": platform.node(), "command": command}, indent=1) + "\n")
 
 
 def first_difference(a: dict, b: dict, prefix: str = "") -> str:

@@ -19,8 +19,11 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     check_json_files(model_dir, "export it again (tpu-ray train --resume with the run's config)")
     # dtype=None: transformers 4.57's pipeline() evaluates `hasattr(torch, dtype)` for its default
     # dtype="auto" and raises NameError when PyTorch is not installed (our TF-only installs).
+    # use_safetensors=False: TF Transformers prefers model.safetensors (the PyTorch-layout copy) and
+    # fails to read it with safetensors >= 0.6 (transformers issue #40028, TF is deprecated there).
     try:
-        unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None)
+        unmasker = pipeline("fill-mask", model=model_dir, framework="tf", dtype=None,
+                            model_kwargs={"use_safetensors": False})
     except Exception as exc:  # transformers/h5py raise OSError, ValueError, JSON errors...: one line
         raise UserError(f"{model_dir}: cannot load the exported model ({first_line(exc)}); export it again "
                         f"(tpu-ray train --resume with the run's config)") from None

@@ -31,6 +31,7 @@ from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, pre
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
+from tpu_ray.train.export_safetensors import write_pytorch_files
 from tpu_ray.prepare.shards import read_manifest, shard_files
 from tpu_ray.train.strategy import StrategyInfo, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
@@ -340,7 +341,7 @@ def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, state: LoopSta
     """Export (chief), the run summary, the train_end event."""
     info = s.info
     last, last_eval = state.last or {}, state.last_eval or {}
-    export_dir = export(s) if info.is_chief else None
+    export_dir = export(s, state.last_eval) if info.is_chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
         "replicas": info.replicas, "global_batch": cfg.train.batch_size, "steps": step, "resumed_from": start,
@@ -391,7 +392,7 @@ def _evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int
     return evaluate
 
 
-def export(s: TrainSetup) -> str:
+def export(s: TrainSetup, last_eval: dict[str, Any] | None = None) -> str:
     """`<run_dir>/model`: weights + config + tokenizer, loadable by pipeline("fill-mask").
 
     Written locally first; config.json is committed last, so a directory without it is incomplete.
@@ -399,6 +400,7 @@ def export(s: TrainSetup) -> str:
     out = rundir.path(s.cfg.run_dir, rundir.MODEL_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         s.model.save_pretrained(tmp)
+        write_pytorch_files(tmp, s, last_eval)  # model.safetensors (PyTorch layout, no torch) + README.md model card
         for name in sorted(storage.listdir(s.cfg.tokenizer_dir)):
             base = name.rsplit("/", 1)[-1]
             (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.cfg.tokenizer_dir, base)))

@@ -1,0 +1,124 @@
+"""The exported model in PyTorch's layout: `model.safetensors` and a model card, beside `tf_model.h5`.
+
+Why: Transformers 5 and most of the ecosystem load PyTorch/safetensors weights only, so a model
+that exists only as `tf_model.h5` dies with TensorFlow. Transformers' own TF->PT path
+(`load_tf2_model_in_pytorch_model`) needs PyTorch installed; tpu-ray never imports torch, so the
+weights are renamed with Transformers' name mapping (`convert_tf_weight_name_to_pt_weight_name`,
+`apply_transpose`) and written as numpy arrays by `safetensors.numpy`, with the `format: pt`
+metadata that `from_pretrained` checks. TF keeps tied weights once (the MLM decoder reuses the word
+embeddings; the decoder bias is the head's `bias`), and PyTorch's own `save_pretrained` drops the
+tied copies too, so no duplicates are written: `from_pretrained` ties them again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpu_ray import storage
+
+log = logging.getLogger(__name__)
+SAFETENSORS_FILE = "model.safetensors"
+MODEL_CARD = "README.md"
+
+
+def pytorch_state_dict(model: Any) -> dict[str, np.ndarray]:
+    """PyTorch parameter name -> float array, from a built transformers TF model's variables."""
+    from transformers.modeling_tf_pytorch_utils import apply_transpose, convert_tf_weight_name_to_pt_weight_name
+
+    out: dict[str, np.ndarray] = {}
+    for w in model.weights:
+        array = w.numpy()
+        name, transpose = convert_tf_weight_name_to_pt_weight_name(w.name, tf_weight_shape=array.shape)
+        if name in out:
+            raise RuntimeError(f"two TF variables map to the PyTorch name {name!r} (second: {w.name})")
+        # Dense kernels are [in, out] in TF and [out, in] in PyTorch.
+        out[name] = np.ascontiguousarray(apply_transpose(transpose, array, pt_to_tf=False))
+    return out
+
+
+def write_safetensors(model: Any, directory: str | Path) -> Path:
+    """`directory/model.safetensors` in the layout PyTorch Transformers' save_pretrained writes."""
+    from safetensors.numpy import save_file
+
+    path = Path(directory) / SAFETENSORS_FILE
+    save_file(pytorch_state_dict(model), str(path), metadata={"format": "pt"})
+    return path
+
+
+def _command(run_dir: str) -> str | None:
+    path = storage.join(run_dir, "run_info.json")
+    if not storage.exists(path):
+        return None
+    try:
+        return json.loads(storage.read_text(path)).get("command")
+    except json.JSONDecodeError:
+        return None
+
+
+def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None) -> str:
+    """README.md of the exported model: what it was trained on, how long, how well, and how."""
+    t = cfg.train
+    tokens = step * t.batch_size * cfg.shard.seq_len
+    ev = last_eval or {}  # the trainer's last eval record (read from memory: gs:// metrics may still be held)
+    if ev.get("eval_loss") is not None:
+        quality = (f"- final eval loss (masked tokens, step {ev.get('step')}): {ev['eval_loss']:.4f}; "
+                   f"perplexity {math.exp(min(ev['eval_loss'], 700.0)):.2f}; "
+                   f"accuracy {ev.get('eval_accuracy', float('nan')):.3f}")
+    else:
+        quality = "- final eval loss: not evaluated (no validation samples)"
+    command = _command(cfg.run_dir)
+    made_by = f"`{command}`" if command else "(not recorded)"
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: fill-mask",
+        "tags: [tpu-ray, masked-lm]",
+        "---",
+        f"# {cfg.name}: a {model_type} masked language model trained with tpu-ray",
+        "",
+        f"- corpus: `{cfg.corpus.source}`",
+        f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `[MASK]`)",
+        f"- model: {model_type}, preset `{cfg.model.preset}`, sequence length {cfg.shard.seq_len}",
+        f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
+        f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
+        quality,
+        f"- made by: {made_by}",
+        "",
+        "## Use",
+        "",
+        "PyTorch (Transformers 4.57 or 5), from `model.safetensors`:",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        'unmasker = pipeline("fill-mask", model="PATH/TO/model")',
+        f'unmasker("Some text with a {"[MASK]"} token.")',
+        "```",
+        "",
+        "TensorFlow (Transformers 4.x, without PyTorch), from `tf_model.h5`:",
+        '`pipeline("fill-mask", model="PATH/TO/model", framework="tf", dtype=None, '
+        'model_kwargs={"use_safetensors": False})`.',
+        "",
+        "## The run's config",
+        "",
+        "```yaml",
+        cfg.to_yaml().rstrip("\n"),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_pytorch_files(directory: str | Path, s: Any, last_eval: dict[str, Any] | None = None) -> None:
+    """The export hook: model.safetensors + README.md into the export staging `directory`.
+
+    `s` is the trainer's TrainSetup (model, cfg, tok, step_var); `last_eval` its last eval record.
+    """
+    write_safetensors(s.model, directory)
+    card = model_card(s.cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval)
+    (Path(directory) / MODEL_CARD).write_text(card, encoding="utf-8")
