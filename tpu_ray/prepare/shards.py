@@ -281,8 +281,9 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     out_dir = cfg.shards_dir
     tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
     info = describe(tokenizer_json, cfg.tokenizer_dir)
-    if cfg.shard.seq_len + 2 > cfg.max_positions():  # also checked by config; here for explicit dirs
-        raise UserError(f"shard.seq_len={cfg.shard.seq_len}: exceeds model positions {cfg.max_positions()} - 2")
+    if cfg.positions_needed() > cfg.max_positions():  # also checked by config; here for explicit dirs
+        raise UserError(f"shard.seq_len={cfg.shard.seq_len}: needs {cfg.positions_needed()} model positions, "
+                        f"model.max_position_embeddings is {cfg.max_positions()}")
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     storage.makedirs(out_dir)
     results = _resume_state(read_manifest(out_dir), cfg, info, units, out_dir)
