@@ -115,6 +115,7 @@ def test_seq_len_beyond_positions_fails(tmp_path, small_corpus):
 
 def test_quickstart_with_huge_seq_len_fails_on_memory():
     cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({"shard.seq_len": 100000,
+                                                                        "model.max_position_embeddings": 100002,
                                                                         "output_dir": "/nonexistent/doctor"})
     code, checks = doctor(cfg, "v4-8", xla=True)  # xla=True: the probe must skip, not try 100k tokens
     assert code == 1

@@ -106,3 +106,22 @@ def test_mlm_targets_gather_every_masked_position_with_static_shape():
         assert pos[row, :n].tolist() == masked.tolist()  # every masked position, in order
         assert got[row, :n].tolist() == lab[row, masked].tolist()
         assert (got[row, n:] == IGNORE).all()  # the rest are padding slots that the loss ignores
+
+
+def test_unk_is_an_ordinary_masking_target_and_other_specials_never_are():
+    """16: <unk> (3.3% of WikiText tokens) is masked and predicted like any token, as the reference's
+    collator does; [CLS] <pad> [SEP] [MASK] never are. The trainer's spec says so."""
+    from tpu_ray.prepare.tokenizer import TokenizerInfo
+    from tpu_ray.train.loop import mask_spec
+    from tpu_ray.config import RunConfig
+
+    tok = TokenizerInfo(sha256="", vocab_size=1000, cls_id=0, pad_id=1, sep_id=2, unk_id=3, mask_id=4)
+    spec = mask_spec(RunConfig(), tok)
+    assert spec.target_ids == (3,) and spec.never_masked == (0, 1, 2, 4)
+    ids = _batch(shape=(2048, 128))
+    masked, labels = (t.numpy() for t in mask_tokens(ids, tf.constant([3, 4], tf.int64), spec))
+    orig = ids.numpy()
+    unk_selected = (labels == 3) & (orig == 3)
+    assert abs(unk_selected.sum() / (orig == 3).sum() - 0.15) < 0.03  # unk: selected at the usual rate
+    assert not ((labels != IGNORE) & np.isin(orig, (0, 1, 2, 4))).any()
+    assert (masked[unk_selected & (masked != 3)] != 3).all() and (masked >= 0).all()

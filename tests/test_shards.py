@@ -18,7 +18,8 @@ from tpu_ray.prepare.tfrecord import read_records
 
 
 def _digest_dir(d: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.is_file()}
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*"))
+            if p.is_file()}
 
 
 def _cfg(tmp_path, corpus, tok, name="run", **over):
@@ -68,12 +69,12 @@ def test_manifest_describes_every_shard(reference_run):
             path = Path(cfg.shards_dir) / entry["path"]
             data = path.read_bytes()
             assert hashlib.sha256(data).hexdigest() == entry["sha256"]
-            assert re.fullmatch(rf"{split}-\d{{5}}-{entry['samples']}\.tfrecord", entry["path"])
+            assert re.fullmatch(rf"{split}/{split}-\d{{5}}-{entry['samples']}\.tfrecord", entry["path"])
             with open(path, "rb") as f:
                 assert sum(1 for _ in read_records(f)) == entry["samples"]
     assert summary.samples == sum(manifest["splits"][s]["samples"] for s in ("train", "validation"))
     assert manifest["corpus_tokens"] == summary.tokens and manifest["dropped_tokens"] == summary.dropped_tokens
-    assert not list(Path(cfg.shards_dir).glob(".tmp-*"))
+    assert not list(Path(cfg.shards_dir).rglob(".tmp-*"))
 
 
 def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
@@ -149,11 +150,20 @@ def test_a_killed_actor_loses_no_sample_and_duplicates_none(tmp_path, reference_
 
 
 def test_tensorflow_reads_our_shards_like_the_reference_trainer(reference_run):
-    """The reference run_mlm.py: counts from names, parse_single_example with fixed lengths."""
+    """The reference run_mlm.py pointed at RUN/shards/train: its glob `<folder>/*.tfrecord` finds the
+    train shards and only them (16.3), counts from names, parse_single_example with fixed lengths."""
     tf = pytest.importorskip("tensorflow")
     cfg, _, _ = reference_run
-    files = tf.io.gfile.glob(str(Path(cfg.shards_dir) / "train-*.tfrecord"))
+    manifest = read_manifest(cfg.shards_dir)
+    assert not list(Path(cfg.shards_dir).glob("*.tfrecord"))  # no shard outside its split's folder
+    for split in ("train", "validation"):
+        found = tf.io.gfile.glob(str(Path(cfg.shards_dir) / split / "*.tfrecord"))
+        assert sorted(Path(f).name for f in found) == sorted(
+            Path(e["path"]).name for e in manifest["splits"][split]["shards"]) and found
+        assert all(Path(f).name.startswith(f"{split}-") for f in found)
+    files = tf.io.gfile.glob(str(Path(cfg.shards_dir) / "train" / "*.tfrecord"))
     counts = [int(re.search(r"-\d+-(\d+)\.tfrecord", f).group(1)) for f in files]
+    assert sum(counts) == manifest["splits"]["train"]["samples"]
     features = {k: tf.io.FixedLenFeature([64], tf.int64) for k in ("input_ids", "attention_mask")}
     n = 0
     for rec in tf.data.TFRecordDataset(files):
@@ -183,7 +193,7 @@ def test_reference_format_shards_are_found_without_a_manifest(tmp_path):
 # ------------------------------------------------------------------------------------------
 def _no_shards(cfg) -> bool:
     d = Path(cfg.shards_dir)
-    return not d.exists() or not list(d.glob("*.tfrecord"))
+    return not d.exists() or not list(d.rglob("*.tfrecord"))
 
 
 def test_empty_corpus(tmp_path, tiny_tokenizer_dir, ray_local):
@@ -288,15 +298,17 @@ def test_gs_corpus_to_gs_shards_gives_the_local_bytes(gcs_emulator, tmp_path, re
     cfg = _cfg(tmp_path, f"{bucket}/corpus/mid.txt", tiny_tokenizer_dir,
                **{"shard.dir": f"{bucket}/shards"})
     summary = make_shards(cfg, actors=2)
-    remote = {p.rsplit("/", 1)[-1]: storage.read_bytes(p) for p in storage.listdir(f"{bucket}/shards")}
-    local = {p.name: p.read_bytes() for p in Path(cfg_local.shards_dir).iterdir()}
+    listed = storage.glob(f"{bucket}/shards/*") + storage.glob(f"{bucket}/shards/*/*")
+    remote = {p.split("/shards/", 1)[1]: storage.read_bytes(p) for p in listed if not storage.isdir(p)}
+    local = {str(p.relative_to(cfg_local.shards_dir)): p.read_bytes()
+             for p in Path(cfg_local.shards_dir).rglob("*") if p.is_file()}
     assert _shard_digests(remote) == _shard_digests(local) and len(_shard_digests(local)) >= 10
     assert _manifest_without_paths(remote["manifest.json"]) == _manifest_without_paths(local["manifest.json"])
     assert json.loads(remote["manifest.json"])["source"]["source"] == f"{bucket}/corpus/mid.txt"
-    assert not [n for n in remote if n.startswith(".tmp-")]
+    assert not [n for n in remote if n.rsplit("/", 1)[-1].startswith(".tmp-")]
     assert (summary.samples, summary.tokens) == (local_summary.samples, local_summary.tokens)
     found = shard_files(f"{bucket}/shards", "train")
-    assert found and all(path.startswith(f"{bucket}/shards/train-") for path, _ in found)
+    assert found and all(path.startswith(f"{bucket}/shards/train/train-") for path, _ in found)
 
 
 @pytest.fixture
@@ -389,7 +401,7 @@ def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small
                          ("tokens", manifest["corpus_tokens"]), ("dropped_remainder_tokens", manifest["dropped_tokens"])):
         assert f"{field}={value} " in line
     assert re.search(r"seconds=\d+\.\d tokens/s=[\d,]+ ", line)
-    assert summary.shards == len(list(Path(cfg.shards_dir).glob("*.tfrecord")))
+    assert summary.shards == len(list(Path(cfg.shards_dir).rglob("*.tfrecord")))
     assert summary.peak_actor_rss_bytes > 0
     assert any(line in r.getMessage() for r in caplog.records if r.name == "tpu_ray.prepare.shards")
     # The bar's text: units done, samples so far, and this run's tokens/s.
@@ -457,3 +469,26 @@ def test_a_unit_that_kills_its_actor_once_is_retried_and_gives_the_same_bytes(
     make_shards(cfg, actors=2)
     assert not (Path(cfg.run_dir) / "poison-once").exists()  # the unit did kill an actor
     assert _digest_dir(Path(cfg.shards_dir)) == _digest_dir(Path(ref.shards_dir))
+
+
+def test_old_one_folder_run_dirs_still_train_and_are_not_resharded_in_place(tmp_path, reference_run, mid_corpus,
+                                                                             tiny_tokenizer_dir):
+    """A run dir from before format /2 (train-* and validation-* side by side) still reads; sharding
+    into it again stops with one line instead of mixing the two layouts."""
+    import shutil
+
+    cfg_ref, _, _ = reference_run
+    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+    old = Path(cfg.shards_dir)
+    old.mkdir(parents=True)
+    manifest = read_manifest(cfg_ref.shards_dir)
+    manifest["format"] = "tpu-ray-shards/1"
+    for split in ("train", "validation"):
+        for entry in manifest["splits"][split]["shards"]:
+            shutil.copy(Path(cfg_ref.shards_dir) / entry["path"], old / Path(entry["path"]).name)
+            entry["path"] = Path(entry["path"]).name
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    found = shard_files(str(old), "train")
+    assert found and all(Path(p).parent == old and Path(p).exists() for p, _ in found)
+    with pytest.raises(UserError, match=r"manifest.json: shards in the old one-folder layout \(tpu-ray-shards/1\)"):
+        make_shards(cfg)

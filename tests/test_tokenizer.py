@@ -74,3 +74,40 @@ def test_whitespace_only_corpus_is_refused_before_training(tmp_path):
     units = plan_units(CorpusConfig(source=str(path)), ShardConfig(), str(tmp_path))
     with pytest.raises(UserError, match="blank.txt: no text to train the tokenizer on"):
         iter_train_text(units, 1 << 20)
+
+
+def _word_token(tok, word: str) -> int:
+    """The id of `word` as a word-initial token ("▁the" for Unigram/BPE, "the" for WordPiece)."""
+    ids = tok(" " + word, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 1, (word, tok.convert_ids_to_tokens(ids))
+    return ids[0]
+
+
+@pytest.mark.parametrize("kind", ["unigram", "bpe", "wordpiece"])
+def test_mask_token_takes_the_space_before_it_and_fill_mask_answers_whole_words(tmp_path, lines, kind):
+    """16.2: "word [MASK] ." has no stray piece before the mask (RoBERTa's <mask> is lstrip), so a
+    model that predicts a word-initial token fills in a whole word, spaced as the text was."""
+    import numpy as np
+    from transformers import AutoTokenizer, RobertaConfig, TFRobertaForMaskedLM
+
+    from tpu_ray.train.export import fill_mask
+
+    save_tokenizer(train_tokenizer([lines], TokenizerConfig(kind=kind, vocab_size=600)), str(tmp_path), 128)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    for text in ("word [MASK] .", "The river flows [MASK] the sea."):
+        pieces = tok.convert_ids_to_tokens(tok(text)["input_ids"])
+        before = pieces[pieces.index("[MASK]") - 1]
+        assert before.strip("▁ ") and not before.endswith(("▁", " ")), (kind, pieces)
+    # A real (tiny) TF RoBERTa whose output bias makes "the" the certain answer.
+    model = TFRobertaForMaskedLM(RobertaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                               num_attention_heads=2, intermediate_size=32, pad_token_id=1,
+                                               bos_token_id=0, eos_token_id=2, max_position_embeddings=130))
+    model(model.dummy_inputs)
+    bias = np.zeros(len(tok), np.float32)
+    bias[_word_token(tok, "the")] = 50.0
+    model.lm_head.bias.assign(bias)
+    model.save_pretrained(str(tmp_path))
+    [top] = fill_mask(str(tmp_path), "word [MASK] .", top_k=1)
+    assert top["token_str"].strip() == "the" and top["score"] > 0.99
+    # "word the ." (WordPiece's decoder may write "word the."): the answer is a word of its own.
+    assert top["sequence"].split()[:2] == ["word", "the"] or top["sequence"] == "word the.", top["sequence"]

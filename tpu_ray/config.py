@@ -96,6 +96,15 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 }
 
 
+# Each model type's published configuration (roberta-base, bert-base-uncased config.json): the
+# defaults of what the exported config.json says, so a user fine-tunes it as they would the
+# original. `position_offset`: RoBERTa's position ids start after padding_idx=1, BERT's at 0.
+PUBLISHED: dict[str, dict[str, Any]] = {
+    "roberta": dict(max_position_embeddings=514, layer_norm_eps=1e-5, type_vocab_size=1, position_offset=2),
+    "bert": dict(max_position_embeddings=512, layer_norm_eps=1e-12, type_vocab_size=2, position_offset=0),
+}
+
+
 class ModelConfig(_Section):
     model_type: Literal["roberta", "bert"] = "roberta"
     preset: Literal["tiny", "small", "base", "large"] = "tiny"
@@ -103,9 +112,16 @@ class ModelConfig(_Section):
     num_hidden_layers: int | None = Field(None, gt=0)
     num_attention_heads: int | None = Field(None, gt=0)
     intermediate_size: int | None = Field(None, gt=0)
-    # None -> seq_len + 2 (RoBERTa's positions start after padding_idx=1).
+    # None -> the model type's published value (RoBERTa 514, BERT 512); must fit seq_len + offset.
     max_position_embeddings: int | None = Field(None, gt=0)
+    # None -> the model type's published value (RoBERTa 1e-5, BERT 1e-12).
+    layer_norm_eps: float | None = Field(None, gt=0, lt=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+    def published(self, key: str) -> Any:
+        """A field's value, or the model type's published default when unset."""
+        value = getattr(self, key, None)
+        return PUBLISHED[self.model_type][key] if value is None else value
 
     def sizes(self) -> dict[str, int]:
         """Preset sizes with explicit fields taking precedence."""
@@ -193,10 +209,11 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         positions = self.max_positions()
-        if self.shard.seq_len + 2 > positions:
+        if self.positions_needed() > positions:
             raise ValueError(
                 f"shard.seq_len={self.shard.seq_len} needs model.max_position_embeddings >= "
-                f"{self.shard.seq_len + 2} (RoBERTa positions start at 2), got {positions}"
+                f"{self.positions_needed()} ({self.model.model_type} positions start at "
+                f"{self.model.published('position_offset')}), got {positions}"
             )
         sizes = self.model.sizes()
         if sizes["hidden_size"] % sizes["num_attention_heads"]:
@@ -208,7 +225,15 @@ class RunConfig(_Section):
 
     # --- derived values -------------------------------------------------------------------
     def max_positions(self) -> int:
-        return self.model.max_position_embeddings or self.shard.seq_len + 2
+        return int(self.model.published("max_position_embeddings"))
+
+    def positions_needed(self) -> int:
+        """Position embeddings a seq_len sample uses: seq_len + 2 for RoBERTa, seq_len for BERT."""
+        return self.shard.seq_len + int(self.model.published("position_offset"))
+
+    def max_input_tokens(self) -> int:
+        """The longest input the exported model takes (the tokenizer's model_max_length): 512."""
+        return self.max_positions() - int(self.model.published("position_offset"))
 
     @property
     def run_dir(self) -> str:

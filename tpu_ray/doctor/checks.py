@@ -221,13 +221,14 @@ class Doctor:
 
     def check_positions(self) -> None:
         cfg = self.cfg
-        need, have = cfg.shard.seq_len + 2, cfg.max_positions()
+        need, have = cfg.positions_needed(), cfg.max_positions()
+        offset = need - cfg.shard.seq_len
         if need > have:
             self.add("positions", FAIL, f"shard.seq_len={cfg.shard.seq_len} needs {need} position embeddings "
-                     f"(RoBERTa positions start at 2), model has {have}",
-                     f"set model.max_position_embeddings={need} or shard.seq_len<={have - 2}")
+                     f"({cfg.model.model_type} positions start at {offset}), model has {have}",
+                     f"set model.max_position_embeddings={need} or shard.seq_len<={have - offset}")
         else:
-            self.add("positions", PASS, f"seq_len {cfg.shard.seq_len} + 2 <= max_position_embeddings {have}")
+            self.add("positions", PASS, f"seq_len {cfg.shard.seq_len} + {offset} <= max_position_embeddings {have}")
 
     def check_vocab(self) -> None:
         """Tokenizer vs model config vs shards: vocab size, special ids, pad id."""

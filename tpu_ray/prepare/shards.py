@@ -1,7 +1,8 @@
 """Corpus -> fixed-length samples -> TFRecord shards, in parallel on Ray actors, with a manifest.
 
-Each work unit (see corpus.py) becomes `train-<unit:05d>-<count>.tfrecord` (and a `validation-...`
-shard for its tail). Samples are `[CLS] + seq_len-2 tokens + [SEP]` cut from the unit's lines
+Each work unit (see corpus.py) becomes `train/train-<unit:05d>-<count>.tfrecord` (and a
+`validation/validation-...` shard for its tail): one folder per split, the layout Hugging Face's
+reference scripts write and read (their trainer globs `<folder>/*.tfrecord`). Samples are `[CLS] + seq_len-2 tokens + [SEP]` cut from the unit's lines
 joined with [SEP]; the unit's remainder is dropped and counted. Because a shard depends only on
 its unit, output is byte-identical with any number of actors or nodes, and a retried unit rewrites
 the same bytes under the same name: exactly-once by construction.
@@ -37,7 +38,7 @@ from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_js
 
 log = logging.getLogger(__name__)
 MANIFEST = rundir.MANIFEST_FILE
-FORMAT = "tpu-ray-shards/1"
+FORMAT = "tpu-ray-shards/2"  # /2: one folder per split; /1 (one folder for both) is still read
 SPLITS = ("train", "validation")
 MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about this many
 
@@ -73,6 +74,11 @@ def chunk_ids(token_lists: list[list[int]], seq_len: int, cls_id: int, sep_id: i
 def shard_name(split: str, unit_index: int, count: int) -> str:
     """`<split>-<index:05d>-<count>.tfrecord`: the sample count in the name, as HF's TPU scripts read."""
     return f"{split}-{unit_index:05d}-{count}.tfrecord"
+
+
+def shard_path(split: str, unit_index: int, count: int) -> str:
+    """A shard's path relative to the shards dir, as the manifest records it: `<split>/<name>`."""
+    return f"{split}/{shard_name(split, unit_index, count)}"
 
 
 def encode_lines(tok: Any, lines: list[str]) -> list[list[int]]:
@@ -126,7 +132,9 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
         result["dropped_tokens"] += dropped
         if len(rows) == 0:
             continue
-        name = shard_name(split, unit.index, len(rows))
+        name = shard_path(split, unit.index, len(rows))
+        if not storage.is_remote(out_dir):  # object stores have no folders to make
+            storage.makedirs(storage.join(out_dir, split))
         digest, nbytes = _commit_shard(rows, storage.join(out_dir, name))
         result["shards"].append({"split": split, "path": name, "unit": unit.index, "samples": len(rows),
                                  "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
@@ -306,6 +314,9 @@ def _resume_state(previous: dict | None, cfg: RunConfig, info: TokenizerInfo, un
     """Units already committed by an earlier (crashed or finished) run with the same plan."""
     if not previous:
         return {}
+    if previous.get("format") != FORMAT:
+        raise UserError(f"{manifest_path(shards_dir)}: shards in the old one-folder layout ({previous.get('format')}); "
+                        f"they still train, but to shard again delete them or use a new output directory")
     same = (previous.get("plan_sha256") == _plan_digest(units)
             and previous.get("tokenizer_sha256") == info.sha256
             and previous.get("seq_len") == cfg.shard.seq_len)
@@ -338,8 +349,9 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     out_dir = cfg.shards_dir
     tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
     info = describe(tokenizer_json, cfg.tokenizer_dir)
-    if cfg.shard.seq_len + 2 > cfg.max_positions():  # also checked by config; here for explicit dirs
-        raise UserError(f"shard.seq_len={cfg.shard.seq_len}: exceeds model positions {cfg.max_positions()} - 2")
+    if cfg.positions_needed() > cfg.max_positions():  # also checked by config; here for explicit dirs
+        raise UserError(f"shard.seq_len={cfg.shard.seq_len}: needs {cfg.positions_needed()} model positions, "
+                        f"model.max_position_embeddings is {cfg.max_positions()}")
     from tpu_ray.cluster.shared_dir import require_shared
 
     require_shared(out_dir, "shard.dir" if cfg.shard.dir else "output_dir", "sharding", cfg.ray.shared_filesystem)
@@ -509,14 +521,16 @@ def _cleanup_temp(out_dir: str) -> None:
 
     Safe because the stage holds the run directory's lock (and shard.dir's, see pipeline.py): every
     temp file here is this run's or a dead writer's, never another live run's in-flight file."""
-    for path in storage.glob(storage.join(out_dir, ".tmp-*")):
-        storage.remove(path)
+    for folder in (out_dir, *(storage.join(out_dir, split) for split in SPLITS)):
+        for path in storage.glob(storage.join(folder, ".tmp-*")):
+            storage.remove(path)
 
 
 def shard_files(shards_dir: str, split: str, require_complete: bool = True) -> list[tuple[str, int]]:
     """(path, samples) of a split's shards: from our manifest, or from `-<index>-<count>` names.
 
-    The name fallback lets shards written by Hugging Face's reference scripts train here.
+    The name fallback lets shards written by Hugging Face's reference scripts train here: their
+    `<split>/*.tfrecord` folders, or (tpu-ray before format /2) `<split>-*.tfrecord` in one folder.
     """
     manifest = read_manifest(shards_dir)
     if manifest is not None:
@@ -524,8 +538,8 @@ def shard_files(shards_dir: str, split: str, require_complete: bool = True) -> l
             raise UserError(f"{manifest_path(shards_dir)}: sharding did not finish; rerun `tpu-ray shard` "
                             f"to resume it")
         return [(storage.join(shards_dir, s["path"]), s["samples"]) for s in manifest["splits"][split]["shards"]]
-    files = storage.glob(storage.join(shards_dir, f"{split}-*.tfrecord")) or (
-        storage.glob(storage.join(shards_dir, split, "*.tfrecord")))
+    files = storage.glob(storage.join(shards_dir, split, "*.tfrecord")) or (
+        storage.glob(storage.join(shards_dir, f"{split}-*.tfrecord")))
     out = []
     for path in files:
         stem = path.rsplit("/", 1)[-1][: -len(".tfrecord")]

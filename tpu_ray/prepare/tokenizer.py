@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, TokenizerConfig
@@ -106,7 +106,18 @@ def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig) -> Token
         single=f"{CLS} $A {SEP}", pair=f"{CLS} $A {SEP} {SEP} $B {SEP}",
         special_tokens=[(CLS, cls_id), (SEP, sep_id)],
     )
+    tok.add_special_tokens([mask_token()])
     return tok
+
+
+def mask_token() -> AddedToken:
+    """[MASK] takes the space before it (lstrip), as RoBERTa's <mask> does.
+
+    Why: in training a masked word's whole token, leading "▁" included, becomes [MASK]; without
+    lstrip, "in [MASK] ." would encode as `▁in ▁ [MASK]` with a lone "▁" the model never sees
+    before a mask, and fill-mask would answer that empty piece. Same for Unigram, BPE, WordPiece.
+    """
+    return AddedToken(MASK, lstrip=True, rstrip=False, single_word=False, normalized=False, special=True)
 
 
 def save_tokenizer(tok: Tokenizer, out_dir: str, model_max_length: int) -> TokenizerInfo:
@@ -115,7 +126,7 @@ def save_tokenizer(tok: Tokenizer, out_dir: str, model_max_length: int) -> Token
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=CLS, eos_token=SEP, cls_token=CLS, sep_token=SEP,
-        unk_token=UNK, pad_token=PAD, mask_token=MASK, model_max_length=model_max_length,
+        unk_token=UNK, pad_token=PAD, mask_token=mask_token(), model_max_length=model_max_length,
     )
     with tempfile.TemporaryDirectory() as tmp:
         fast.save_pretrained(tmp)

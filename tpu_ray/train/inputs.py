@@ -30,6 +30,13 @@ class MaskSpec:
     special_ids: tuple[int, ...]
     # Positions per sequence the MLM head scores (see mlm_targets); None: every position.
     predictions: int | None = None
+    # Special ids that are still masking targets: <unk> (README, "<unk> is a target").
+    target_ids: tuple[int, ...] = ()
+
+    @property
+    def never_masked(self) -> tuple[int, ...]:
+        """Ids never selected for masking: the special tokens other than `target_ids`."""
+        return tuple(i for i in self.special_ids if i not in self.target_ids)
 
     def random_ids(self, shape: tf.Tensor, seed: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
         """Uniform draws over the vocabulary without its special tokens, wherever their ids are.
@@ -60,7 +67,7 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     """
     shape = tf.shape(input_ids)
     s_select, s_kind, s_random = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
-    special = tf.reduce_any(input_ids[..., None] == tf.constant(spec.special_ids, input_ids.dtype), axis=-1)
+    special = tf.reduce_any(input_ids[..., None] == tf.constant(spec.never_masked, input_ids.dtype), axis=-1)
     selected = tf.logical_and(tf.random.stateless_uniform(shape, s_select) < spec.mask_prob,
                               tf.logical_not(special))
     kind = tf.random.stateless_uniform(shape, s_kind)

@@ -180,7 +180,7 @@ def make_eval_step(s: TrainSetup):
 
 def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
     return MaskSpec(cfg.train.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
-                    predictions_per_sequence(cfg.shard.seq_len, cfg.train.mask_prob))
+                    predictions_per_sequence(cfg.shard.seq_len, cfg.train.mask_prob), target_ids=(tok.unk_id,))
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:

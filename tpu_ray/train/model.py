@@ -26,8 +26,9 @@ def hf_config(cfg: RunConfig, tok: TokenizerInfo):
         cfg.model.model_type,
         vocab_size=tok.vocab_size,
         max_position_embeddings=cfg.max_positions(),
+        layer_norm_eps=cfg.model.published("layer_norm_eps"),
         pad_token_id=tok.pad_id, bos_token_id=tok.cls_id, eos_token_id=tok.sep_id,
-        type_vocab_size=1 if cfg.model.model_type == "roberta" else 2,
+        type_vocab_size=cfg.model.published("type_vocab_size"),
         hidden_dropout_prob=cfg.model.dropout, attention_probs_dropout_prob=cfg.model.dropout,
         **sizes,
     )
