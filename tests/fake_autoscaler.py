@@ -78,7 +78,9 @@ def autoscaling_head(cluster_yaml: Path, cpu_scale: int = 8, idle_timeout_minute
     config_path = Path(temp_dir) / "autoscaling.yaml"
     config_path.write_text(yaml.safe_dump(config))
     head_spec = config["available_node_types"][FAKE_HEAD_TYPE]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_API_SERVER", "RAY_AUTH"))}
+    # No STORAGE_EMULATOR_HOST: jobs must carry it themselves (runtime_env), as credentials on GCP.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_ADDRESS", "RAY_API_SERVER", "RAY_AUTH", "STORAGE_EMULATOR_HOST"))}
     env.update({"PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0",
                 "RAY_AUTH_MODE": "disabled", "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
                 # Autoscaler v2, as `ray up` starts it since Ray 2.50.
@@ -105,4 +107,5 @@ def autoscaling_head(cluster_yaml: Path, cpu_scale: int = 8, idle_timeout_minute
         yield head, config
     finally:
         head.stop()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        if not os.environ.get("TPU_RAY_KEEP_CLUSTER_LOGS"):  # set it to read the nodes' logs after a failure
+            shutil.rmtree(temp_dir, ignore_errors=True)
