@@ -161,9 +161,13 @@ def test_autoscaler_brings_cpu_workers_for_shards_then_the_tpu_node_for_training
             assert proc.returncode == 0, proc.stderr[-3000:]
             job = JobHandle(sid, head.address, run)
             during_training = ""
+            launching: dict[str, str] = {}  # node type -> `ray status` while it was being launched
             deadline = time.monotonic() + JOB_TIMEOUT_S
             while job.status() in ("PENDING", "RUNNING"):
                 assert time.monotonic() < deadline, job.logs()[-3000:]
+                for kind in (CPU_TYPE, TPU_TYPE):
+                    if kind in watch.launching and kind not in watch.first_up and kind not in launching:
+                        launching[kind] = ray_status(head.gcs_address)
                 if not during_training and TPU_TYPE in watch.first_up and "stage train: start" in job.logs():
                     during_training = ray_status(head.gcs_address)  # as a user would look at it
                 time.sleep(2.0)
@@ -214,5 +218,31 @@ def test_autoscaler_brings_cpu_workers_for_shards_then_the_tpu_node_for_training
     timeline = {"cpu_workers_up": watch.first_up[CPU_TYPE], "shards_done": events["shard_stage_end"],
                 "cpu_workers_released": watch.gone[CPU_TYPE], "tpu_node_up": watch.first_up[TPU_TYPE], "training_done": events["train_stage_end"],
                 "job_finished": finished, "nodes_released": released}
+    for kind, text in launching.items():
+        print(f"ray status while {kind} was launched:\n{text}")
+    print(f"ray status while training:\n{during_training}\nray status at the end:\n{final}")
     print("timeline (s from submit):", json.dumps({k: round(v - submitted, 1) for k, v in timeline.items()}))
     assert timeline["shards_done"] < timeline["tpu_node_up"] < timeline["training_done"] < timeline["nodes_released"]
+
+
+def test_waiting_for_a_tpu_slice_logs_and_ends_in_one_line_naming_the_resource(ray_local, caplog):
+    """No node offers TPU-v4-8-head: the wait logs what it waits for, then fails after the timeout
+    with one line naming the resource and the config field, and leaves no placement group behind."""
+    import logging
+
+    from ray.util.placement_group import placement_group_table
+
+    from tpu_ray.cluster.placement import reserve_tpu_slice
+    from tpu_ray.config import RunConfig
+    from tpu_ray.errors import UserError
+
+    timeout = RunConfig.from_dict({"train": {"tpu_wait_timeout_s": 3}}).train.tpu_wait_timeout_s
+    with caplog.at_level(logging.INFO, logger="tpu_ray.cluster.placement"):
+        with pytest.raises(UserError) as err:
+            reserve_tpu_slice(TPU_HEAD, timeout)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"train.tpu_wait_timeout_s=3: no free {TPU_HEAD} within 3s (")
+    assert "ray status" in message
+    assert any(r.getMessage().startswith(f"waiting for {TPU_HEAD}: ") for r in caplog.records), caplog.text
+    assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
