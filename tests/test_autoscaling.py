@@ -37,6 +37,18 @@ RELEASE_TIMEOUT_S = 180
 IDLE_TIMEOUT_MIN = 0.2  # 12 s (cluster.yaml: 10 min)
 
 
+INFEASIBLE_DRIVER = """
+import sys, ray
+from tpu_ray.cluster.placement import reserve_tpu_slice
+from tpu_ray.errors import UserError
+ray.init(address=sys.argv[1], log_to_driver=False)
+try:
+    reserve_tpu_slice("TPU-v4-16-head", timeout_s=600)
+except UserError as exc:
+    print(f"UserError: {exc}")
+"""
+
+
 class AutoscalerWatch:
     """Polls the autoscaler's status (what `ray status` prints) every second in a thread."""
 
@@ -178,6 +190,11 @@ def test_autoscaler_brings_cpu_workers_for_shards_then_the_tpu_node_for_training
             finished = time.time()
             released = watch.wait_released(RELEASE_TIMEOUT_S)
         final = ray_status(head.gcs_address)
+        # A slice no node type offers (v4-16 here): the wait ends as soon as the autoscaler calls
+        # the request infeasible, with one line naming the resource (well before the timeout).
+        infeasible = subprocess.run(
+            [str(VENV_BIN / "python"), "-c", INFEASIBLE_DRIVER, head.gcs_address], cwd=REPO, capture_output=True,
+            text=True, timeout=240)
         tasks = list_tasks(address=head.address, limit=10_000, detail=True, raise_on_missing_output=False)
 
     # The run completed, in the bucket.
@@ -210,6 +227,11 @@ def test_autoscaler_brings_cpu_workers_for_shards_then_the_tpu_node_for_training
     assert train_nodes == {tpu_id} and summary["node_id"] == tpu_id
     assert {t.name for t in tasks if t.node_id == tpu_id} == {"_train_task"}
     assert head_id not in shard_nodes | train_nodes
+
+    assert infeasible.returncode == 0, infeasible.stderr[-3000:]
+    assert infeasible.stdout.strip().splitlines()[-1] == (
+        "UserError: TPU-v4-16-head: no node type of this cluster's autoscaler offers it; set train.tpu_topology "
+        "to a slice the cluster has, or add a node type with TPU-v4-16-head to cluster.yaml (docs/cluster.md)")
 
     # The job said what it was waiting for while the autoscaler launched the TPU node.
     assert f"waiting for {TPU_HEAD}: autoscaler launching 1 node ({TPU_TYPE})" in log, log[-4000:]

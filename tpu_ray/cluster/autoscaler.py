@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 log = logging.getLogger(__name__)
+INFEASIBLE = "(infeasible)"  # how launch_summary() ends when no node type can serve the request
 
 
 def cluster_autoscales() -> bool:
@@ -50,7 +51,7 @@ def launch_summary(resource: str) -> str:
     infeasible = [r for g in state.infeasible_gang_resource_requests for r in g.requests] + list(
         state.infeasible_resource_requests)
     if any(resource in r.resources_bundle for r in infeasible):
-        return f"the autoscaler has no node type that offers {resource} (infeasible)"
+        return f"the autoscaler has no node type that offers {resource} {INFEASIBLE}"
     by_type: dict[str, int] = {}
     for req in state.pending_instance_requests:
         by_type[req.ray_node_type_name] = by_type.get(req.ray_node_type_name, 0) + req.count

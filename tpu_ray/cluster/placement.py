@@ -102,10 +102,16 @@ def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceRese
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+    from tpu_ray.cluster.autoscaler import INFEASIBLE
+
     head_pg = placement_group([{head_resource: 1}])
     waited = wait_for_placement(head_pg, head_resource, timeout_s)
     if waited is not None:
         remove_placement_group(head_pg)
+        if waited.endswith(INFEASIBLE):
+            raise UserError(f"{head_resource}: no node type of this cluster's autoscaler offers it; set "
+                            f"train.tpu_topology to a slice the cluster has, or add a node type with "
+                            f"{head_resource} to cluster.yaml (docs/cluster.md)")
         raise UserError(f"train.tpu_wait_timeout_s={timeout_s:g}: no free {head_resource} within {timeout_s:g}s "
                         f"({waited}); see `ray status` (TPU quota, the TPU node type, another job holding the "
                         f"slice), raise train.tpu_wait_timeout_s, or train on CPU with train.placement=local")
@@ -136,11 +142,12 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
 
     While waiting, logs what the autoscaler is doing about it every `log_every_s` (the first line
     after `first_log_s`): "waiting for TPU-v4-8-head: autoscaler launching 1 node (tpu_v4_8)".
-    On timeout returns the autoscaler's last state, for the caller's one-line error.
+    On timeout returns the autoscaler's last state, for the caller's one-line error; returns it
+    early when the autoscaler finds the request infeasible (no node type offers the resource).
     """
     import time
 
-    from tpu_ray.cluster.autoscaler import launch_summary
+    from tpu_ray.cluster.autoscaler import INFEASIBLE, launch_summary
 
     t0 = time.monotonic()
     next_log = first_log_s
@@ -154,8 +161,11 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
         if elapsed >= timeout_s:
             return launch_summary(resource)
         if elapsed >= next_log:
-            log.info("waiting for %s: %s (%.0fs of train.tpu_wait_timeout_s=%g)", resource,
-                     launch_summary(resource), elapsed, timeout_s)
+            summary = launch_summary(resource)
+            if summary.endswith(INFEASIBLE):
+                return summary
+            log.info("waiting for %s: %s (%.0fs of train.tpu_wait_timeout_s=%g)", resource, summary, elapsed,
+                     timeout_s)
             next_log = elapsed + log_every_s
 
 
