@@ -164,6 +164,8 @@ class TrainConfig(_Section):
     # host ("tpu": takes the TPU-<topology>-head resource), or on a GPU node ("gpu").
     placement: Literal["auto", "local", "tpu", "gpu"] = "auto"
     tpu_topology: str | None = Field(None, pattern=r"^v[0-9][a-z]*-[0-9]+$")
+    tpu_wait_timeout_s: float = Field(1800.0, gt=0, description="how long training waits for a free TPU slice "
+                                      "(e.g. while the autoscaler launches it) before failing")
     num_gpus: int | None = Field(None, ge=1)
     # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
     workers: int = Field(1, ge=1)

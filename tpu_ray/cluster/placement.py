@@ -30,8 +30,12 @@ def tpu_head_resources(resources: dict[str, float]) -> list[str]:
     return sorted(k for k in resources if _HEAD.match(k))
 
 
-def placement_for(cfg: RunConfig, cluster_resources: dict[str, float]) -> tuple[str, dict[str, Any]]:
-    """(kind, Ray options) for the training task; options are empty for local."""
+def placement_for(cfg: RunConfig, cluster_resources: dict[str, float],
+                  autoscaling: bool = False) -> tuple[str, dict[str, Any]]:
+    """(kind, Ray options) for the training task; options are empty for local.
+
+    `autoscaling`: the cluster's autoscaler may still launch a TPU slice that is not up yet.
+    """
     t = cfg.train
     kind = t.placement
     heads = tpu_head_resources(cluster_resources)
@@ -51,7 +55,7 @@ def placement_for(cfg: RunConfig, cluster_resources: dict[str, float]) -> tuple[
             raise UserError(f"train.placement=tpu: cluster has TPU head resources {heads or 'none'}; "
                             f"set train.tpu_topology (e.g. v4-8) to pick a slice, or run on CPU with "
                             f"train.placement=local")
-        if head not in cluster_resources:
+        if head not in cluster_resources and not autoscaling:
             raise UserError(f"train.tpu_topology={t.tpu_topology}: no node offers {head} in this Ray cluster "
                             f"(has {heads or 'no TPU slices'}); start the TPU nodes or use train.placement=local")
         return "tpu", {"head_resource": head}
@@ -100,11 +104,19 @@ def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceRese
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+    from tpu_ray.cluster.autoscaler import INFEASIBLE
+
     head_pg = placement_group([{head_resource: 1}])
-    if not head_pg.wait(timeout_s):
+    waited = wait_for_placement(head_pg, head_resource, timeout_s)
+    if waited is not None:
         remove_placement_group(head_pg)
-        raise UserError(f"{head_resource}: no free TPU slice within {timeout_s:.0f}s (another job holds it, "
-                        f"or the TPU hosts are not up); wait, or run on CPU with train.placement=local")
+        if waited.endswith(INFEASIBLE):
+            raise UserError(f"{head_resource}: no node type of this cluster's autoscaler offers it; set "
+                            f"train.tpu_topology to a slice the cluster has, or add a node type with "
+                            f"{head_resource} to cluster.yaml (docs/cluster.md)")
+        raise UserError(f"train.tpu_wait_timeout_s={timeout_s:g}: no free {head_resource} within {timeout_s:g}s "
+                        f"({waited}); see `ray status` (TPU quota, the TPU node type, another job holding the "
+                        f"slice), raise train.tpu_wait_timeout_s, or train on CPU with train.placement=local")
     head_node = placement_group_table(head_pg)["bundles_to_node_id"][0]
     nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     labels = nodes[head_node].get("Labels", {})
@@ -123,6 +135,42 @@ def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceRese
         raise UserError(f"TPU slice {slice_name}: could not reserve all {len(slice_nodes)} hosts; "
                         f"check that every host of the slice is up in the Ray cluster")
     return reservation
+
+
+WAIT_LOG_EVERY_S = 30.0  # while a TPU slice is being launched (minutes on GCP): one line this often
+
+
+def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: float = WAIT_LOG_EVERY_S,
+                       first_log_s: float = 2.0) -> str | None:
+    """Wait up to `timeout_s` for `pg` (which asks for `resource`); None once it is placed.
+
+    While waiting, logs what the autoscaler is doing about it every `log_every_s` (the first line
+    after `first_log_s`): "waiting for TPU-v4-8-head: autoscaler launching 1 node (tpu_v4_8)".
+    On timeout returns the autoscaler's last state, for the caller's one-line error; returns it
+    early when the autoscaler finds the request infeasible (no node type offers the resource).
+    """
+    import time
+
+    from tpu_ray.cluster.autoscaler import INFEASIBLE, launch_summary
+
+    t0 = time.monotonic()
+    next_log = first_log_s
+    while True:
+        elapsed = time.monotonic() - t0
+        if pg.wait(max(0.0, min(next_log, timeout_s) - elapsed)):
+            if elapsed >= first_log_s:
+                log.info("%s: placed after %.0fs", resource, time.monotonic() - t0)
+            return None
+        elapsed = time.monotonic() - t0
+        if elapsed >= timeout_s:
+            return launch_summary(resource)
+        if elapsed >= next_log:
+            summary = launch_summary(resource)
+            if summary.endswith(INFEASIBLE):
+                return summary
+            log.info("waiting for %s: %s (%.0fs of train.tpu_wait_timeout_s=%g)", resource, summary, elapsed,
+                     timeout_s)
+            next_log = elapsed + log_every_s
 
 
 def _train_task(cfg_dict: dict, resume: bool) -> dict:
@@ -155,7 +203,9 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         return _local(cfg, resume)
     import ray
 
-    kind, options = placement_for(cfg, ray.cluster_resources())
+    from tpu_ray.cluster.autoscaler import cluster_autoscales
+
+    kind, options = placement_for(cfg, ray.cluster_resources(), autoscaling=cluster_autoscales())
     if kind == "local":
         return _local(cfg, resume)
     from tpu_ray.cluster.shared_dir import require_shared
@@ -175,7 +225,8 @@ def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, 
     reservation = None
     if kind == "tpu":
         head = options.pop("head_resource")
-        reservation = reserve_tpu_slice(head) if wait_s is None else reserve_tpu_slice(head, timeout_s=wait_s)
+        # A recovery attempt waits as long as the recovery allows; a first attempt train.tpu_wait_timeout_s.
+        reservation = reserve_tpu_slice(head, cfg.train.tpu_wait_timeout_s if wait_s is None else wait_s)
         options = _tpu_client_options(cfg, reservation)
         log.info("reserved TPU slice %s: %d host(s)", reservation.slice_name or "(single host)",
                  len(reservation.node_ids))

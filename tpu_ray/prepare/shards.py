@@ -367,8 +367,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     cluster_cpus = max(1.0, cpu_outside_tpu_hosts(nodes) if placement else ray.cluster_resources().get("CPU", 1.0))
     n_actors = actors or cfg.shard.num_actors or int(cluster_cpus)
     n_actors = max(1, min(n_actors, len(todo))) if todo else 0
-    # One CPU per actor, or a fair share when more actors than CPUs are asked for (so all start).
-    actor_cpus = min(1.0, cluster_cpus / max(n_actors, 1))
+    actor_cpus = _actor_cpus(cluster_cpus, n_actors)
     Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0, **placement)(ShardWorker)
     tok_ref = ray.put(tokenizer_json)
     env = actor_env(cfg.shard.tokenizer_threads)
@@ -384,6 +383,21 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
         # leaked actors would hold every CPU and the next run would wait for them forever.
         for actor in pool:
             ray.kill(actor)
+
+
+def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
+    """One CPU per actor, or a fair share when more actors than CPUs are asked for (so all start).
+
+    On an autoscaling cluster (or one whose head offers no CPUs) always one CPU: the autoscaler
+    launches CPU workers for what is asked, and fractional asks would all fit on the first worker.
+    """
+    from tpu_ray.cluster.autoscaler import cluster_autoscales
+
+    import ray
+
+    if not ray.cluster_resources().get("CPU") or cluster_autoscales():
+        return 1.0
+    return min(1.0, cluster_cpus / max(n_actors, 1))
 
 
 def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], todo: list[WorkUnit],
