@@ -20,7 +20,6 @@ import subprocess
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
