@@ -342,3 +342,15 @@ def test_every_entry_point_checks_the_corpus_before_writing_the_run_dir(tmp_path
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 2 and out[-1].startswith("tpu-ray: error: ") and "nope.txt" in out[-1]
     assert not (tmp_path / "run").exists()
+
+
+def test_create_if_absent_creates_once(tmp_path):
+    """The lock's primitive: the second create of one path reports that it exists and keeps the
+    first content. (On gs:// it is `ifGenerationMatch=0`; the emulator ignores preconditions, so
+    the gs:// lock test above also reads the lock back.)"""
+    from tpu_ray import storage
+
+    path = str(tmp_path / "lock")
+    assert storage.create_if_absent(path, b"first") is True
+    assert storage.create_if_absent(path, b"second") is False
+    assert storage.read_bytes(path) == b"first"

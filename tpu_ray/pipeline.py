@@ -3,6 +3,10 @@
 Every stage is idempotent and resumable: a finished tokenizer is reused, committed shards are
 skipped, training continues from its last checkpoint with `resume=True`. The run directory
 remembers the config it belongs to, so resuming with a different config fails loudly.
+
+`Pipeline` is the one stage layer: the `tpu-ray` commands, the `jobs/` entrypoints and the Python
+API all call its methods (tokenizer, shard, prepare, train, eval, run), which own the checks before
+a stage, the run directory's lock and config, and Ray start-up; the callers only print.
 """
 
 from __future__ import annotations

@@ -135,20 +135,14 @@ class RunLock:
     # --- gs:// ----------------------------------------------------------------------------------
     def _acquire_remote(self) -> None:
         storage.makedirs(self.run_dir)  # a missing bucket is its own one-line error
-        fs, p = storage.filesystem(self.path)
         data = (json.dumps(self.info) + "\n").encode()
         for attempt in range(2):
             holder = self._remote_holder()
             if holder is None:
-                try:
-                    with storage._remote_errors(self.path):
-                        fs.pipe_file(p, data, mode="create")  # ifGenerationMatch=0: only if absent
-                except FileExistsError:
-                    holder = self._remote_holder() or {}
-                else:
-                    holder = self._remote_holder() or {}
-                    if holder.get("token") == self.info["token"]:
-                        return
+                storage.create_if_absent(self.path, data)  # ifGenerationMatch=0
+                holder = self._remote_holder() or {}
+                if holder.get("token") == self.info["token"]:
+                    return
             if attempt == 0 and holder.get("host") == self.info["host"] and not _pid_alive(holder.get("pid")):
                 log.warning("%s: taking over the lock of %s (that process is gone)", self.run_dir,
                             describe_holder(holder))
@@ -165,16 +159,13 @@ class RunLock:
 
     def _delete_if(self, holder: dict[str, Any]) -> None:
         """Delete the lock object only if it still has `holder`'s token (and its generation)."""
-        fs, p = storage.filesystem(self.path)
         try:
-            gen = fs.info(p).get("generation")
-            current = self._remote_holder()
-            if current is None or current.get("token") != holder.get("token"):
-                return
-            bucket, key = p.split("/", 1)
-            fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=gen)
+            gen = storage.generation(self.path)
         except FileNotFoundError:
-            pass
+            return
+        current = self._remote_holder()
+        if current is not None and current.get("token") == holder.get("token"):
+            storage.remove_if_generation(self.path, gen)
 
     def _release_remote(self) -> None:
         try:

@@ -72,8 +72,10 @@ def check_config(cfg: RunConfig) -> bool:
         b = new if sections is None else {k: new.get(k) for k in sections}
         diff = first_difference(a, b)
         if diff:
-            raise UserError(f"{cfg.run_dir}: this run directory belongs to a different config ({diff}); its "
-                            f"{artifact} were made with the saved one; use a new --output-dir or the original config")
+            made = "was" if artifact == "tokenizer" else "were"
+            raise UserError(f"{cfg.run_dir}: this run directory belongs to a different config ({diff}); the "
+                            f"{artifact} here {made} made with the saved one; use a new --output-dir or the "
+                            f"original config")
     log.info("%s: replacing the saved config (%s); nothing in the directory depends on it yet",
              cfg.run_dir, first_difference(old, new))
     return True

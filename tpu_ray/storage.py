@@ -494,3 +494,55 @@ def _silent_remove(path: str) -> None:
         os.remove(path)
     except OSError:
         pass
+
+
+# --------------------------------------------------------------------------------------------
+# Conditional writes (the run directory's lock)
+# --------------------------------------------------------------------------------------------
+def create_if_absent(path: str, data: bytes) -> bool:
+    """Create `path` holding `data` only if nothing is there: True if created, False if it exists.
+
+    gs:// sends `ifGenerationMatch=0` (GCS answers 412 when the object exists: gcsfs raises
+    FileExistsError); locally O_CREAT|O_EXCL does the same.
+    """
+    if is_remote(path):
+        fs, p = filesystem(path)
+        try:
+            with _remote_errors(path):
+                fs.pipe_file(p, data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+    local = _local(path)
+    try:
+        fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return True
+
+
+def remove_if_generation(path: str, generation: str | None = None) -> None:
+    """Delete `path` only while it is still `generation` (gs://: `ifGenerationMatch`; the current
+    generation when None). Local paths have no generations: plain delete."""
+    fs, p = filesystem(path)
+    if not is_remote(path):
+        _silent_remove(p)
+        return
+    with _remote_errors(path):
+        try:
+            gen = generation or fs.info(p).get("generation")
+            bucket, key = p.split("/", 1)
+            fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=gen)
+        except FileNotFoundError:
+            pass
+
+
+def generation(path: str) -> str | None:
+    """The object generation of a gs:// path (None locally or when the store has none)."""
+    if not is_remote(path):
+        return None
+    fs, p = filesystem(path)
+    with _remote_errors(path):
+        return fs.info(p).get("generation")
