@@ -5,6 +5,10 @@ positions of the *global* batch (an all-reduced count, so 8 replicas equal 1 dev
 train step's trace count and the host's input wait per interval, (3) resume at an exact step with
 the same data and masks. The loop is still Keras underneath: a transformers TF model, a tf-keras
 optimizer from `transformers.create_optimizer`, `steps_per_execution` steps per host round trip.
+
+`_train_loop` reads as its steps: restore_or_start -> train_input -> make_train_step ->
+default_hooks (loop_hooks.py: accumulate, log, eval, checkpoint, each with its own every=) ->
+executions (hooks.py: no execution crosses a hook's boundary) -> finish (export, summary).
 """
 
 from __future__ import annotations
