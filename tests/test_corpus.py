@@ -49,7 +49,7 @@ def test_a_jsonl_record_without_the_text_field_is_named(tmp_path):
 def test_long_lines_are_split_at_whitespace_within_the_bound():
     """Issue 15, class 6: a line over corpus.max_line_bytes becomes pieces of at most that many bytes,
     cut after whitespace (every word whole, in order), or at the bound but never inside a character."""
-    from tpu_ray.prepare.corpus import split_long_lines
+    from tpu_ray.prepare.lines import split_long_lines
 
     words = [f"wörd{i}" for i in range(5000)]
     out, cut = split_long_lines(["short", " ".join(words)], 1024)

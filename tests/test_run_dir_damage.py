@@ -35,6 +35,7 @@ class Rule:
     expect: dict[str, str] | str = "refuse"  # per damage kind, or one for all
     needle: str | None = None  # what the error line must name (default: the file's name)
     slow: str | None = None  # reason the rows are in the slow suite
+    xfail: str | None = None  # known open failure (non-strict: passes once fixed)
     each: bool = False  # damage every matching file in turn (else the first one stands for all)
 
     def expectation(self, damage: str) -> str:
@@ -52,9 +53,11 @@ RULES = [
     Rule("shards/manifest.json", "train"),
     Rule("shards/train-*.tfrecord", "train"),
     Rule("shards/validation-*.tfrecord", "train"),
-    Rule("checkpoints/*", "resume", slow="builds the model and restores a checkpoint"),
+    Rule("checkpoints/*", "resume", slow="builds the model and restores a checkpoint",
+         xfail="issue 15 class 1 (checkpoint damage) is another branch's work: a truncated `checkpoint` "
+               "state file resumes silently, an empty one or a directory is an internal error"),
     Rule("model/*", "fill-mask", needle="model", each=True),
-    Rule("tensorboard/*", "train", {"truncated": "tolerate", "empty": "tolerate", "directory": "tolerate"},
+    Rule("tensorboard/*", "resume", {"truncated": "tolerate", "empty": "tolerate", "directory": "tolerate"},
          slow="written only (TensorBoard reads it); a train run appends a new events file"),
 ]
 
@@ -64,7 +67,7 @@ def _argv(command: str, run: Path, cfg_yaml: str) -> list[str]:
     return {
         "tokenizer": ["tokenizer", *common],
         "train": ["train", *common, "train.steps=1"],
-        "resume": ["train", "--resume", *common],
+        "resume": ["train", "--resume", *common, "train.steps=6"],
         "metrics": ["metrics", str(run)],
         "report": ["report", str(run), "--out", str(run.parent / "report")],
         "fill-mask": ["fill-mask", "--model", str(run / "model"), "The [MASK] of the river."],
@@ -102,6 +105,8 @@ def _cases():
     for rule in RULES:
         for damage in DAMAGES:
             marks = [pytest.mark.slow] if rule.slow else []
+            if rule.xfail:
+                marks.append(pytest.mark.xfail(reason=rule.xfail, strict=False))
             yield pytest.param(rule, damage, id=f"{rule.pattern}-{damage}", marks=marks)
 
 

@@ -30,9 +30,10 @@ import numpy as np
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
-from tpu_ray.prepare.corpus import (WorkUnit, check_unit_bytes, plan_units, read_unit_text, split_long_lines,
-                                    warn_split_lines)
+from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, plan_units, read_unit_text
+from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
+from tpu_ray.prepare.manifest_check import check_manifest
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
 
@@ -241,33 +242,6 @@ def read_manifest(shards_dir: str) -> dict | None:
         raise UserError(f"{path}: is a directory, not a manifest; remove it to rebuild the shards") from None
     check_manifest(manifest, path)
     return manifest
-
-
-def check_manifest(manifest: Any, path: str) -> None:
-    """The manifest's shape, and every shard path confined to the shard directory: a manifest is
-    input (copied, edited, downloaded), and `../../etc/hostname` must not be read or blamed."""
-    fix = "delete it to rebuild the shards"
-    splits = manifest.get("splits") if isinstance(manifest, dict) else None
-    if not isinstance(splits, dict) or not all(isinstance(splits.get(s), dict) for s in SPLITS):
-        raise UserError(f"{path}: not a tpu-ray shard manifest (no train/validation splits); {fix}")
-    for split in SPLITS:
-        shards = splits[split].get("shards")
-        if not isinstance(shards, list):
-            raise UserError(f"{path}: {split}.shards is not a list; {fix}")
-        for i, entry in enumerate(shards):
-            name = entry.get("path") if isinstance(entry, dict) else None
-            if not isinstance(name, str) or not isinstance(entry.get("samples"), int):
-                raise UserError(f"{path}: {split}.shards[{i}] lacks a path or a sample count; {fix}")
-            if not is_confined(name):
-                raise UserError(f"{path}: {split}.shards[{i}] path {name!r} points outside the shard directory; "
-                                f"the manifest was edited or is not from tpu-ray: {fix}")
-
-
-def is_confined(rel: str) -> bool:
-    """True for a relative path that stays inside its directory (no '..', no absolute path or URL)."""
-    if not rel or rel.startswith(("/", "\\")) or "://" in rel or "\\" in rel or ":" in rel.split("/", 1)[0]:
-        return False
-    return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
 def _plan_digest(units: list[WorkUnit]) -> str:
