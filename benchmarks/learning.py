@@ -53,7 +53,7 @@ def prepare(work: Path, args) -> object:
     cfg = RunConfig.from_dict({
         "name": "learning", "output_dir": str(work / "run"),
         "corpus": {"source": str(corpus), "validation_fraction": 0.0},
-        "tokenizer": {"vocab_size": args.vocab, "path": str(work / "tokenizer")},
+        "tokenizer": {"kind": args.tokenizer, "vocab_size": args.vocab, "path": str(work / "tokenizer")},
         "shard": {"seq_len": args.seq_len, "unit_bytes": 65536, "dir": str(work / "shards")},
         "model": {"hidden_size": args.hidden, "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
                   "intermediate_size": 4 * args.hidden, "dropout": args.dropout},
@@ -168,6 +168,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--tokenizer", default="unigram", choices=["unigram", "bpe", "wordpiece"])
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -197,7 +198,7 @@ def main() -> None:
 
     n = int(batch["targets"].sum())
     print(f"WikiText-2 valid -> train, test held out ({n:,} masked test tokens); model hidden {args.hidden}, "
-          f"{args.layers} layers, vocab {args.vocab}, seq_len {args.seq_len}, batch {args.batch}, "
+          f"{args.layers} layers, {args.tokenizer} vocab {args.vocab}, seq_len {args.seq_len}, batch {args.batch}, "
           f"{args.steps} steps, lr {args.lr} (warm-up {args.warmup}, linear decay), dropout {args.dropout}")
     print(f"  tpu-ray train loss every 50 steps: {curve}")
     print(f"  {'':30s} {'test loss':>10s} {'top-1':>7s} {'seconds':>8s}")
