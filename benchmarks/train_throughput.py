@@ -61,8 +61,14 @@ def prepare(work: Path, vocab: int) -> "object":
 
 
 def reference_round(cfg, steps: int, warmup: int) -> list[float]:
+    """The reference loop for `steps` steps at lr 1e-4 without warm-up; returns steady step times."""
+    return reference_fit(cfg, steps, lr=1e-4, warmup_steps=0)[1][warmup:]
+
+
+def reference_fit(cfg, steps: int, lr: float, warmup_steps: int, seq_len: int = SEQ_LEN,
+                  batch: int = BATCH) -> tuple:
     """The reference workflow: TFRecordDataset -> parse -> shuffle -> batch -> the transformers
-    collator's tf_mask_tokens -> model.fit with create_optimizer. Returns steady step times."""
+    collator's tf_mask_tokens -> model.fit with create_optimizer. Returns (model, step times)."""
     import tensorflow as tf
     import tf_keras
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling, TFAutoModelForMaskedLM, create_optimizer
@@ -71,6 +77,7 @@ def reference_round(cfg, steps: int, warmup: int) -> list[float]:
     from tpu_ray.prepare.shards import shard_files
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
+    SEQ_LEN, BATCH = seq_len, batch  # noqa: N806 (the module's constants, overridable here)
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_dir)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="tf")
     files = [p for p, _ in shard_files(cfg.shards_dir, "train")]
@@ -91,7 +98,8 @@ def reference_round(cfg, steps: int, warmup: int) -> list[float]:
     ds = tf.data.TFRecordDataset(ds, num_parallel_reads=tf.data.AUTOTUNE).map(decode).shuffle(2048)
     ds = ds.repeat().batch(BATCH, drop_remainder=True).map(mask).prefetch(tf.data.AUTOTUNE)
     model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tokenizer_info(cfg.tokenizer_dir)))
-    optimizer, _ = create_optimizer(init_lr=1e-4, num_train_steps=steps, num_warmup_steps=0, weight_decay_rate=0.01)
+    optimizer, _ = create_optimizer(init_lr=lr, num_train_steps=steps, num_warmup_steps=warmup_steps,
+                                    weight_decay_rate=0.01)
     model.compile(optimizer=optimizer, metrics=["accuracy"])
 
     class Timer(tf_keras.callbacks.Callback):
@@ -107,7 +115,7 @@ def reference_round(cfg, steps: int, warmup: int) -> list[float]:
 
     timer = Timer()
     model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
-    return timer.times[warmup:]
+    return model, timer.times
 
 
 def tpu_ray_round(cfg, steps: int, warmup: int, work: Path, i: int, jit: bool = False) -> tuple[list[float], int]:

@@ -1,0 +1,225 @@
+"""Does the model learn from context? tpu-ray's trainer against the reference `model.fit` loop.
+
+WikiText-2: `valid.txt` trains (tokenizer and shards), `test.txt` is held out. One tokenizer and
+one set of shards feed both sides; both train the same model for the same steps with the same
+optimizer and schedule (transformers' `create_optimizer`: warm-up, then linear decay). Then one
+masked-LM evaluation written here scores both: 15% of the test tokens (not [CLS]/[SEP]; <unk> is a
+target on both sides) replaced by [MASK] with a fixed seed, cross-entropy and top-1 accuracy on
+those positions. The baseline is what a model without context can do: the word (token) frequencies
+counted in the training shards, the same prediction at every position.
+
+    python benchmarks/learning.py                   # table, then one JSON line
+    python benchmarks/learning.py --skip-reference  # tpu-ray and the baseline only (tuning)
+
+Last line: {"tpu_ray_test_loss", "reference_test_loss", "baseline_loss", "tpu_ray_top1",
+"reference_top1", "baseline_top1", "tpu_ray_seconds", "reference_seconds", ...}. Seconds are wall
+time of training (model build, tracing, steps; tpu-ray's also includes its checkpoint and export).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+
+EVAL_SEED = 1234
+EVAL_MASK_PROB = 0.15
+
+
+def prepare(work: Path, args) -> object:
+    """Tokenizer and shards from WikiText-2's valid split only (in-process, no Ray needed)."""
+    from tokenizers import Tokenizer
+
+    from tpu_ray.config import RunConfig
+    from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.prepare.shards import _manifest, _write_manifest, process_unit
+    from tpu_ray.prepare.tokenizer import describe, save_tokenizer, train_tokenizer
+
+    corpus = work / "train.txt"
+    if not corpus.exists():
+        corpus.write_bytes((WIKITEXT / "valid.txt").read_bytes())
+    cfg = RunConfig.from_dict({
+        "name": "learning", "output_dir": str(work / "run"),
+        "corpus": {"source": str(corpus), "validation_fraction": 0.0},
+        "tokenizer": {"kind": args.tokenizer, "vocab_size": args.vocab, "path": str(work / "tokenizer")},
+        "shard": {"seq_len": args.seq_len, "unit_bytes": 65536, "dir": str(work / "shards")},
+        "model": {"hidden_size": args.hidden, "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
+                  "intermediate_size": 4 * args.hidden, "dropout": args.dropout},
+        "train": {"steps": args.steps, "batch_size": args.batch, "learning_rate": args.lr,
+                  "warmup_steps": args.warmup, "eval_every": 10**6, "eval_batches": 1,
+                  "checkpoint_every": 10**6, "log_every": 50, "shuffle_buffer": 4096},
+    })
+    if (work / "shards" / "manifest.json").exists():  # --work of an earlier run: the same tokenizer/shards
+        return cfg
+    lines = [s for s in corpus.read_text().splitlines() if s.strip()]
+    info = save_tokenizer(train_tokenizer([lines], cfg.tokenizer), str(work / "tokenizer"), cfg.max_input_tokens())
+    tok = Tokenizer.from_file(str(work / "tokenizer" / "tokenizer.json"))
+    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
+    os.makedirs(cfg.shards_dir, exist_ok=True)
+    results = {u.index: process_unit(u, tok, info, args.seq_len, cfg.shards_dir) for u in units}
+    _write_manifest(cfg.shards_dir, _manifest(cfg, describe(tok.to_str(), "bench"), units, results, complete=True))
+    return cfg
+
+
+def test_batch(cfg) -> dict:
+    """The held-out text as shards are cut, 15% of its tokens masked with a fixed seed."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from tpu_ray.prepare.shards import chunk_ids, encode_lines
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+
+    info = tokenizer_info(cfg.tokenizer_dir)
+    tok = Tokenizer.from_file(str(Path(cfg.tokenizer_dir) / "tokenizer.json"))
+    lines = [s for s in (WIKITEXT / "test.txt").read_text().splitlines() if s.strip()]
+    rows, _, _ = chunk_ids(encode_lines(tok, lines), cfg.shard.seq_len, info.cls_id, info.sep_id)
+    rng = np.random.default_rng(EVAL_SEED)
+    targets = (rng.random(rows.shape) < EVAL_MASK_PROB) & ~np.isin(rows, [info.cls_id, info.sep_id, info.pad_id])
+    inputs = np.where(targets, info.mask_id, rows)
+    return {"input_ids": inputs, "labels": rows, "targets": targets}
+
+
+def evaluate(model, batch: dict, batch_size: int = 64) -> tuple[float, float]:
+    """Mean cross-entropy (nats) and top-1 accuracy over the masked test positions."""
+    import numpy as np
+    import tensorflow as tf
+
+    total, correct, count = 0.0, 0, 0
+    for i in range(0, len(batch["input_ids"]), batch_size):
+        ids = batch["input_ids"][i:i + batch_size]
+        sel = batch["targets"][i:i + batch_size]
+        # The encoder on every position, the MLM head on the masked ones only (the same logits as
+        # model(...).logits there, without projecting the other 85% onto the vocabulary).
+        hidden = getattr(model, model.base_model_prefix)(
+            input_ids=tf.constant(ids, tf.int32), attention_mask=tf.ones_like(ids, tf.int32), training=False)[0]
+        picked = model.lm_head(tf.boolean_mask(hidden, sel)[None], training=False)[0].numpy().astype(np.float64)
+        labels = batch["labels"][i:i + batch_size][sel]
+        logz = np.log(np.exp(picked - picked.max(-1, keepdims=True)).sum(-1)) + picked.max(-1)
+        total += float((logz - picked[np.arange(len(labels)), labels]).sum())
+        correct += int((picked.argmax(-1) == labels).sum())
+        count += len(labels)
+    return total / count, correct / count
+
+
+def baseline(cfg, batch: dict) -> tuple[float, float]:
+    """Token frequencies in the training shards (add-one smoothed) as the same prediction everywhere."""
+    import numpy as np
+
+    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.tfrecord import read_records
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    import tensorflow as tf
+
+    info = tokenizer_info(cfg.tokenizer_dir)
+    counts = np.ones(info.vocab_size)
+    spec = {"input_ids": tf.io.FixedLenFeature([cfg.shard.seq_len], tf.int64)}
+    for path, _ in shard_files(cfg.shards_dir, "train"):
+        with open(path, "rb") as f:
+            records = list(read_records(f))
+        ids = tf.io.parse_example(records, spec)["input_ids"].numpy().ravel()
+        counts += np.bincount(ids, minlength=info.vocab_size)
+    for special in (info.cls_id, info.sep_id, info.pad_id, info.mask_id):
+        counts[special] = 0  # never a target
+    with np.errstate(divide="ignore"):  # the special ids: -inf, never looked up
+        logp = np.log(counts / counts.sum())
+    labels = batch["labels"][batch["targets"]]
+    return float(-logp[labels].mean()), float((labels == counts.argmax()).mean())
+
+
+def run_tpu_ray(cfg, work: Path):
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray.train.loop import train
+
+    t = time.perf_counter()
+    summary = train(cfg)
+    seconds = time.perf_counter() - t
+    records = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    losses = [(r["step"], round(r["loss"], 3)) for r in records if r["kind"] == "train"]
+    return TFAutoModelForMaskedLM.from_pretrained(summary["model_dir"]), seconds, losses
+
+
+def run_reference(cfg, args):
+    from train_throughput import reference_fit
+
+    t = time.perf_counter()
+    model, _ = reference_fit(cfg, args.steps, lr=args.lr, warmup_steps=args.warmup, seq_len=args.seq_len,
+                             batch=args.batch)
+    return model, time.perf_counter() - t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--tokenizer", default="unigram", choices=["unigram", "bpe", "wordpiece"])
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--skip-reference", action="store_true", help="train tpu-ray only (for tuning)")
+    p.add_argument("--skip-tpu-ray", action="store_true",
+                   help="train the reference only (with --work of a tpu-ray run: same tokenizer and shards)")
+    p.add_argument("--work", help="keep the tokenizer, shards and runs here (default: a temp dir)")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    with tempfile.TemporaryDirectory(prefix="learning-bench-") as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        cfg = prepare(work, args)
+        batch = test_batch(cfg)
+        base_loss, base_top1 = baseline(cfg, batch)
+        ours_loss = ours_top1 = ours_s = None
+        curve: list = []
+        if not args.skip_tpu_ray:
+            model, ours_s, curve = run_tpu_ray(cfg, work)
+            ours_loss, ours_top1 = evaluate(model, batch)
+        ref_loss = ref_top1 = ref_s = None
+        if not args.skip_reference:
+            ref_model, ref_s = run_reference(cfg, args)
+            ref_loss, ref_top1 = evaluate(ref_model, batch)
+
+    n = int(batch["targets"].sum())
+    print(f"WikiText-2 valid -> train, test held out ({n:,} masked test tokens); model hidden {args.hidden}, "
+          f"{args.layers} layers, {args.tokenizer} vocab {args.vocab}, seq_len {args.seq_len}, batch {args.batch}, "
+          f"{args.steps} steps, lr {args.lr} (warm-up {args.warmup}, linear decay), dropout {args.dropout}")
+    print(f"  tpu-ray train loss every 50 steps: {curve}")
+    print(f"  {'':30s} {'test loss':>10s} {'top-1':>7s} {'seconds':>8s}")
+    print(f"  {'word-frequency baseline':30s} {base_loss:10.3f} {base_top1:7.1%} {'':>8s}")
+    if ours_loss is not None:
+        print(f"  {'tpu-ray trainer':30s} {ours_loss:10.3f} {ours_top1:7.1%} {ours_s:8.0f}")
+    if ref_loss is not None:
+        print(f"  {'reference model.fit':30s} {ref_loss:10.3f} {ref_top1:7.1%} {ref_s:8.0f}")
+    if ours_loss is not None and ref_loss is not None:
+        print(f"  tpu-ray vs reference: {ref_loss - ours_loss:+.3f} nats, {ref_s / ours_s:.2f}x faster")
+    if ours_loss is not None:
+        print(f"  tpu-ray vs baseline: {base_loss - ours_loss:+.3f} nats, perplexity {math.exp(ours_loss):.0f} "
+              f"vs {math.exp(base_loss):.0f}")
+    r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
+    out = {"tpu_ray_test_loss": r4(ours_loss), "reference_test_loss": ref_loss and round(ref_loss, 4),
+           "baseline_loss": round(base_loss, 4), "tpu_ray_top1": r4(ours_top1),
+           "reference_top1": ref_top1 and round(ref_top1, 4), "baseline_top1": round(base_top1, 4),
+           "tpu_ray_seconds": ours_s and round(ours_s, 1), "reference_seconds": ref_s and round(ref_s, 1),
+           "steps": args.steps, "masked_test_tokens": n}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
