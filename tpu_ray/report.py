@@ -2,7 +2,7 @@
 
 The run directory is the only channel between a training job and the people watching it:
 `<run_dir>/metrics.jsonl` (appended while the run goes on), `summary.json` (at the end) and
-`config.yaml`. Everything here reads those files with fsspec, so `run_dir` may be a local path or a
+`config.yaml`. Everything here reads and writes those files through tpu_ray.storage, so `run_dir` may be a local path or a
 `gs://` URI, and works on a live run (the last line may be half written: it is skipped).
 """
 
@@ -16,12 +16,12 @@ import os
 import tempfile
 from typing import Any
 
-import fsspec
 import pandas as pd
 
+from tpu_ray import storage
 from tpu_ray.errors import UserError
 from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SUMMARY_FILE
-from tpu_ray.tables import _by_step, _col, _last, _median, mfu_text
+from tpu_ray.tables import by_step, column_values, last_value, median_value, mfu_text
 
 log = logging.getLogger("tpu_ray.report")
 
@@ -40,31 +40,23 @@ TEXT_COLUMNS = {"kind", "event", "stage"}
 
 # ----------------------------------------------------------------------------------------- reading
 
-def _is_remote(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def _join(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + name if _is_remote(base) else os.path.join(base, name)
-
-
 def _check_run_dir(run_dir: str) -> bool:
-    """True if the run directory exists; a directory that cannot be read is a UserError."""
+    """True if the run directory exists; a file in its place, or a store that cannot be read
+    (missing bucket, access denied: storage's one-line errors), is a UserError."""
     try:
-        fs, root = fsspec.core.url_to_fs(run_dir)
-        found = bool(fs.exists(root))
-        if found and not fs.isdir(root):
-            raise UserError(f"{run_dir}: is a file, not a run directory; pass the run's --output-dir")
-        return found
+        found = storage.exists(run_dir)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read run directory {run_dir}: {exc}") from None
+    if found and not storage.isdir(run_dir):
+        raise UserError(f"{run_dir}: is a file, not a run directory; pass the run's --output-dir")
+    return found
 
 
 def _read_text(path: str) -> str | None:
-    """The file's text, or None if it does not exist."""
+    """The file's text (undecodable bytes replaced: a live writer may be mid-character), or None
+    if it does not exist."""
     try:
-        with fsspec.open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
+        return storage.read_bytes(path).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None
 
@@ -72,17 +64,17 @@ def _read_text(path: str) -> str | None:
 def _read_metrics(run_dir: str) -> list[dict]:
     """Records of `metrics.jsonl` and of every writer's `metrics/*.jsonl` object (gs:// runs write
     one object per writer instead of appending to one file; see train.metrics.MetricsWriter)."""
-    path = _join(run_dir, METRICS_FILE)
+    path = storage.join(run_dir, METRICS_FILE)
     text = _read_text(path)
     records = _parse_lines(text, path) if text else []
-    fs, root = fsspec.core.url_to_fs(_join(run_dir, METRICS_DIR))
+    fs, root = storage.filesystem(storage.join(run_dir, METRICS_DIR))
     try:
         fs.invalidate_cache(root)  # a live run adds objects: never answer from a cached listing
         names = sorted(fs.glob(root.rstrip("/") + "/*.jsonl"))
     except FileNotFoundError:
         names = []
     for name in names:
-        obj = _join(_join(run_dir, METRICS_DIR), name.rsplit("/", 1)[-1])
+        obj = storage.join(storage.join(run_dir, METRICS_DIR), name.rsplit("/", 1)[-1])
         text = _read_text(obj)
         records += _parse_lines(text, obj) if text else []
     return records
@@ -167,13 +159,13 @@ def _latest_per_step(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _load_summary(run_dir: str) -> dict:
-    text = _read_text(_join(run_dir, SUMMARY_FILE))
+    text = _read_text(storage.join(run_dir, SUMMARY_FILE))
     if not text:
         return {}
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        log.warning("%s is not valid JSON (still being written?): ignored", _join(run_dir, SUMMARY_FILE))
+        log.warning("%s is not valid JSON (still being written?): ignored", storage.join(run_dir, SUMMARY_FILE))
         return {}
     return data if isinstance(data, dict) else {"summary": data}
 
@@ -194,25 +186,25 @@ def _fmt(v: Any, spec: str = "") -> str:
 
 def _stats(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     """(label, formatted value) rows shared by the HTML report and the text summary."""
-    train = _by_step(df[df["kind"] == "train"]) if len(df) else df
-    ev = _by_step(df[df["kind"] == "eval"]) if len(df) else df
-    steps = pd.concat([_col(train, "step"), _col(ev, "step")]).dropna()
+    train = by_step(df[df["kind"] == "train"]) if len(df) else df
+    ev = by_step(df[df["kind"] == "eval"]) if len(df) else df
+    steps = pd.concat([column_values(train, "step"), column_values(ev, "step")]).dropna()
     final_step = int(steps.max()) if len(steps) else None
-    step_time = _median(train, "step_time_s")
-    mfu = _median(train, "mfu")
-    eval_step = _last(ev, "step")
-    traces = _col(train, "train_traces").dropna()
-    wait = _median(train, "input_wait_s")
+    step_time = median_value(train, "step_time_s")
+    mfu = median_value(train, "mfu")
+    eval_step = last_value(ev, "step")
+    traces = column_values(train, "train_traces").dropna()
+    wait = median_value(train, "input_wait_s")
     return [
         ("final step", _fmt(final_step)),
-        ("final train loss", _fmt(_last(train, "loss"), ".4f")),
-        ("final train accuracy", _fmt(_last(train, "accuracy"), ".4f")),
+        ("final train loss", _fmt(last_value(train, "loss"), ".4f")),
+        ("final train accuracy", _fmt(last_value(train, "accuracy"), ".4f")),
         ("eval loss" + (f" (step {int(eval_step)})" if eval_step is not None else ""),
-         _fmt(_last(ev, "eval_loss"), ".4f")),
-        ("eval accuracy", _fmt(_last(ev, "eval_accuracy"), ".4f")),
-        ("perplexity", _fmt(_last(ev, "perplexity"), ".2f")),
-        ("median tokens/s", _fmt(_median(train, "tokens_per_s"), ",.0f")),
-        ("median samples/s", _fmt(_median(train, "samples_per_s"), ",.1f")),
+         _fmt(last_value(ev, "eval_loss"), ".4f")),
+        ("eval accuracy", _fmt(last_value(ev, "eval_accuracy"), ".4f")),
+        ("perplexity", _fmt(last_value(ev, "perplexity"), ".2f")),
+        ("median tokens/s", _fmt(median_value(train, "tokens_per_s"), ",.0f")),
+        ("median samples/s", _fmt(median_value(train, "samples_per_s"), ",.1f")),
         ("median step time", _fmt(step_time * 1e3, ".1f") + " ms" if step_time is not None else "n/a"),
         ("median input wait", _fmt(wait * 1e3, ".1f") + " ms" if wait is not None else "n/a"),
         ("median MFU", mfu_text(mfu, summary.get("kind"), summary.get("device"))),
@@ -265,12 +257,12 @@ def _no_data(ax) -> None:
 def _plot_loss(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
     fig, ax = _new_figure("Masked LM loss", "step", "cross-entropy loss")
     drew = False
-    if _col(train, "loss").notna().any():
-        ax.plot(train["step"], _col(train, "loss"), label="train loss", color="tab:blue", lw=1.2,
-                **_dots(_col(train, "loss")))
+    if column_values(train, "loss").notna().any():
+        ax.plot(train["step"], column_values(train, "loss"), label="train loss", color="tab:blue", lw=1.2,
+                **_dots(column_values(train, "loss")))
         drew = True
-    if _col(ev, "eval_loss").notna().any():
-        ax.plot(ev["step"], _col(ev, "eval_loss"), "o-", label="eval loss", color="tab:orange", lw=1.5, ms=6)
+    if column_values(ev, "eval_loss").notna().any():
+        ax.plot(ev["step"], column_values(ev, "eval_loss"), "o-", label="eval loss", color="tab:orange", lw=1.5, ms=6)
         drew = True
     if drew:
         ax.legend(loc="upper right")
@@ -283,8 +275,8 @@ def _plot_loss(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
 def _plot_throughput(train: pd.DataFrame, path: str):
     """Returns the figure (tests check where its legend went)."""
     fig, ax = _new_figure("Throughput", "step", "tokens / s")
-    tok = _col(train, "tokens_per_s")
-    mfu = _col(train, "mfu")
+    tok = column_values(train, "tokens_per_s")
+    mfu = column_values(train, "mfu")
     handles = []
     if tok.notna().any():
         handles += ax.plot(train["step"], tok, label="tokens/s", color="tab:green", lw=1.2, **_dots(tok))
@@ -324,7 +316,7 @@ def _thousands():
 
 def _plot_lr(train: pd.DataFrame, path: str) -> None:
     fig, ax = _new_figure("Learning rate schedule", "step", "learning rate")
-    lr = _col(train, "learning_rate")
+    lr = column_values(train, "learning_rate")
     if lr.notna().any():
         ax.plot(train["step"], lr, label="learning rate (at logged steps)", color="tab:red", lw=1.2,
                 **_dots(lr))
@@ -340,12 +332,12 @@ def _plot_lr(train: pd.DataFrame, path: str) -> None:
 def _plot_accuracy(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
     fig, ax = _new_figure("Masked-token accuracy", "step", "accuracy")
     drew = False
-    if _col(train, "accuracy").notna().any():
-        ax.plot(train["step"], _col(train, "accuracy"), label="train accuracy", color="tab:blue", lw=1.2,
-                **_dots(_col(train, "accuracy")))
+    if column_values(train, "accuracy").notna().any():
+        ax.plot(train["step"], column_values(train, "accuracy"), label="train accuracy", color="tab:blue", lw=1.2,
+                **_dots(column_values(train, "accuracy")))
         drew = True
-    if _col(ev, "eval_accuracy").notna().any():
-        ax.plot(ev["step"], _col(ev, "eval_accuracy"), "o-", label="eval accuracy", color="tab:orange",
+    if column_values(ev, "eval_accuracy").notna().any():
+        ax.plot(ev["step"], column_values(ev, "eval_accuracy"), "o-", label="eval accuracy", color="tab:orange",
                 lw=1.5, ms=6)
         drew = True
     if drew:
@@ -399,12 +391,12 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     """
     df = load_metrics(run_dir, missing_ok=False)
     summary = _load_summary(run_dir)
-    config_text = _read_text(_join(run_dir, CONFIG_FILE))
-    train = _by_step(df[df["kind"] == "train"]) if len(df) else df
-    ev = _by_step(df[df["kind"] == "eval"]) if len(df) else df
+    config_text = _read_text(storage.join(run_dir, CONFIG_FILE))
+    train = by_step(df[df["kind"] == "train"]) if len(df) else df
+    ev = by_step(df[df["kind"] == "eval"]) if len(df) else df
 
     out_dir = out_dir or run_dir
-    remote = _is_remote(out_dir)
+    remote = storage.is_remote(out_dir)
     tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-report-") if remote else None
     local = tmp.name if tmp else out_dir
     try:
@@ -421,12 +413,10 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
             f.write(page)
         if not remote:
             return lp
-        fs, root = fsspec.core.url_to_fs(out_dir)
         out = {}
         for name, path in lp.items():
-            dest = _join(out_dir, name)
-            fs.put_file(path, _join(root, name))
-            out[name] = dest
+            out[name] = storage.join(out_dir, name)
+            storage.atomic_copy_file(path, out[name])
         return out
     finally:
         if tmp:

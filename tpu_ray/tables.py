@@ -99,26 +99,26 @@ def _rstrip(text: str) -> str:
 
 # Shared with tpu_ray.report (the HTML report's numbers are the same).
 
-def _by_step(df: pd.DataFrame) -> pd.DataFrame:
+def by_step(df: pd.DataFrame) -> pd.DataFrame:
     """One row per step, the latest record winning (a resumed run re-logs steps after its checkpoint)."""
     if df.empty:
         return df
     return df.drop_duplicates("step", keep="last").sort_values("step", kind="mergesort")
 
 
-def _col(df: pd.DataFrame, name: str) -> pd.Series:
+def column_values(df: pd.DataFrame, name: str) -> pd.Series:
     if name not in df.columns:
         return pd.Series(dtype="float64")
     return pd.to_numeric(df[name], errors="coerce")
 
 
-def _last(df: pd.DataFrame, name: str) -> float | None:
-    s = _col(df, name).dropna()
+def last_value(df: pd.DataFrame, name: str) -> float | None:
+    s = column_values(df, name).dropna()
     return float(s.iloc[-1]) if len(s) else None
 
 
-def _median(df: pd.DataFrame, name: str) -> float | None:
-    s = _col(df, name).dropna()
+def median_value(df: pd.DataFrame, name: str) -> float | None:
+    s = column_values(df, name).dropna()
     return float(s.median()) if len(s) else None
 
 
@@ -130,38 +130,38 @@ def _fmt(v: Any, spec: str = "") -> str:
 
 def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     """(label, value) rows of the end-of-run summary: each number once, no internal names."""
-    train = _by_step(df[df["kind"] == "train"]) if len(df) else df
-    ev = _by_step(df[df["kind"] == "eval"]) if len(df) else df
+    train = by_step(df[df["kind"] == "train"]) if len(df) else df
+    ev = by_step(df[df["kind"] == "eval"]) if len(df) else df
     start = {}
     if len(df) and "event" in df.columns:
         starts = df[(df["kind"] == "event") & (df["event"] == "train_start")]
         if len(starts):
             start = starts.iloc[-1].to_dict()
-    steps = pd.concat([_col(train, "step"), _col(ev, "step")]).dropna()
+    steps = pd.concat([column_values(train, "step"), column_values(ev, "step")]).dropna()
     rows: list[tuple[str, str]] = []
     final = summary.get("steps", int(steps.max()) if len(steps) else None)
     resumed = summary.get("resumed_from") or 0
     rows.append(("steps", _fmt(final) + (f" (resumed at {resumed})" if resumed else "")))
-    loss, acc = _last(train, "loss"), _last(train, "accuracy")
+    loss, acc = last_value(train, "loss"), last_value(train, "accuracy")
     rows.append(("train loss / acc", f"{_fmt(loss, '.4f')} / {_fmt(acc, '.3f')}"))
     if len(ev):
-        eval_step = _last(ev, "step")
+        eval_step = last_value(ev, "step")
         at = f" (step {int(eval_step)})" if eval_step is not None else ""
-        rows.append(("eval loss / acc", f"{_fmt(_last(ev, 'eval_loss'), '.4f')} / "
-                     f"{_fmt(_last(ev, 'eval_accuracy'), '.3f')}{at}"))
-        rows.append(("perplexity", _fmt(_last(ev, "perplexity"), ".2f")))
-    tok, step_time = _median(train, "tokens_per_s"), _median(train, "step_time_s")
+        rows.append(("eval loss / acc", f"{_fmt(last_value(ev, 'eval_loss'), '.4f')} / "
+                     f"{_fmt(last_value(ev, 'eval_accuracy'), '.3f')}{at}"))
+        rows.append(("perplexity", _fmt(last_value(ev, "perplexity"), ".2f")))
+    tok, step_time = median_value(train, "tokens_per_s"), median_value(train, "step_time_s")
     if tok is not None:
         rows.append(("throughput", f"{tok:,.0f} tokens/s, "
                      + (f"{step_time * 1e3:.1f} ms/step" if step_time is not None else "n/a ms/step")
                      + " (median)"))
-    wait = _median(train, "input_wait_s")
+    wait = median_value(train, "input_wait_s")
     if wait is not None:
         rows.append(("input wait", f"{wait * 1e3:.1f} ms/step (median)"))
     kind = summary.get("kind") or _str(start.get("device_kind"))
     device = summary.get("device")
     if len(train):
-        rows.append(("MFU", mfu_text(_median(train, "mfu"), kind, device)))
+        rows.append(("MFU", mfu_text(median_value(train, "mfu"), kind, device)))
     strategy = summary.get("strategy") or _str(start.get("strategy"))
     replicas = summary.get("replicas") or start.get("replicas")
     batch = summary.get("global_batch") or start.get("global_batch")
@@ -175,7 +175,7 @@ def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
         if precision:
             hw.append(precision)
         rows.append(("hardware", ", ".join(hw)))
-    traces = _col(train, "train_traces").dropna()
+    traces = column_values(train, "train_traces").dropna()
     if len(traces):
         rows.append(("step traces", str(int(traces.max()))))
     stages = _stage_seconds(df)

@@ -164,7 +164,7 @@ def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir:
     units: list[WorkUnit] = []
     for path, fmt in resolve_files(source, field):
         if fmt == "parquet":
-            n = _parquet_rows(path, corpus.text_field)
+            n = parquet_rows(path, corpus.text_field)
             units += [WorkUnit(0, path, fmt, s, _row_split(s, e, frac), e, **common)
                       for s, e in _ranges(n, shard.unit_rows)]
             continue
@@ -222,7 +222,7 @@ def _align(path: str, pos: int, size: int, max_line_bytes: int | None = None) ->
     return min(pos + i, size)
 
 
-def _parquet_rows(path: str, text_field: str = "text") -> int:
+def parquet_rows(path: str, text_field: str = "text") -> int:
     """Rows of a parquet file; one-line errors for a file that is not parquet or lacks the column."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -283,7 +283,7 @@ def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) 
     with storage.open(unit.source, "rb") as f:
         f.seek(lo)
         raw = f.read(hi - lo)
-    text = _decode(raw, unit, lo)
+    text = decode_text(raw, unit, lo)
     del raw  # one copy of a unit's text at a time (a unit may be one huge line)
     if unit.fmt == "jsonl":
         out = []
@@ -312,10 +312,10 @@ def check_unit_bytes(unit: WorkUnit) -> None:
     with storage.open(unit.source, "rb") as f:
         f.seek(unit.start)
         raw = f.read(unit.end - unit.start)
-    _decode(raw, unit, unit.start)
+    decode_text(raw, unit, unit.start)
 
 
-def _decode(raw: bytes, unit: WorkUnit, offset: int) -> str:
+def decode_text(raw: bytes, unit: WorkUnit, offset: int) -> str:
     if b"\x00" in raw:
         at = offset + raw.index(b"\x00")
         raise UserError(f"{unit.source}: byte {at}: NUL byte, this looks like a binary file, not text; "

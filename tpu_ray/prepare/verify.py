@@ -152,7 +152,7 @@ def preflight_corpus(cfg) -> list[str]:
     datasets are left to their stage (reading them writes or downloads). Returns the files checked.
     """
     from tpu_ray.config import BUILTIN_CORPUS
-    from tpu_ray.prepare.corpus import WorkUnit, _decode, _parquet_rows, resolve_files
+    from tpu_ray.prepare.corpus import WorkUnit, decode_text, parquet_rows, resolve_files
 
     checked: list[str] = []
     for field, source in (("corpus.source", cfg.corpus.source),
@@ -164,7 +164,7 @@ def preflight_corpus(cfg) -> list[str]:
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
         for path, fmt in files[:SNIFF_FILES]:
             if fmt == "parquet":  # reads the footer only: not parquet, or no text column
-                _parquet_rows(path, cfg.corpus.text_field)
+                parquet_rows(path, cfg.corpus.text_field)
             if fmt in ("txt", "jsonl"):
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)
@@ -172,6 +172,6 @@ def preflight_corpus(cfg) -> list[str]:
                 # encoding_errors=fail (whole lines only: a character cut at the sniff's end is fine).
                 lines = head[: head.rfind(b"\n") + 1]
                 policy = cfg.corpus.encoding_errors if lines else "replace"
-                _decode(lines or head, WorkUnit(0, path, fmt, 0, 0, len(head), encoding_errors=policy), 0)
+                decode_text(lines or head, WorkUnit(0, path, fmt, 0, 0, len(head), encoding_errors=policy), 0)
         checked += [path for path, _ in files]
     return checked

@@ -11,7 +11,7 @@ def evaluate_run(cfg: RunConfig) -> dict:
     from tpu_ray.prepare.shards import shard_files
     from tpu_ray.train.strategy import select
     from tpu_ray.prepare.tokenizer import tokenizer_info
-    from tpu_ray.train.loop import _evaluator, build, checkpoint_store
+    from tpu_ray.train.loop import evaluator, build, checkpoint_store
 
     tok = tokenizer_info(cfg.tokenizer_dir)
     info = select(cfg.train)
@@ -20,7 +20,7 @@ def evaluate_run(cfg: RunConfig) -> dict:
         if not ckpts.present:
             raise UserError(f"{ckpts.directory}: no checkpoint to evaluate; train first (tpu-ray train)")
         ckpts.restore(s.checkpoint, partial=True)
-    evaluate = _evaluator(s, shard_files(cfg.shards_dir, "validation"), cfg.train.batch_size // info.replicas)
+    evaluate = evaluator(s, shard_files(cfg.shards_dir, "validation"), cfg.train.batch_size // info.replicas)
     if evaluate is None:
         raise UserError(f"{cfg.shards_dir}: too few validation samples for one batch of {cfg.train.batch_size}")
     result = {"step": int(s.step_var.numpy()), **evaluate()}

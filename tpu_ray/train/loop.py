@@ -258,7 +258,7 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     state = LoopState()
     # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
     timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
-    hooks = default_hooks(cfg, s, ckpts, metrics, state, _evaluator(s, val_files, cfg.train.batch_size // info.replicas),
+    hooks = default_hooks(cfg, s, ckpts, metrics, state, evaluator(s, val_files, cfg.train.batch_size // info.replicas),
                           lambda: train_step.experimental_get_tracing_count()
                           + train_steps.experimental_get_tracing_count(),
                           position=lambda step: positions.at(step).to_json(), timer=timer)
@@ -368,7 +368,7 @@ def weights_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def _evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int):
+def evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int):
     """A function returning eval loss/accuracy/perplexity over a fixed validation subset, or None."""
     cfg, strategy = s.cfg, s.info.strategy
     samples = sum(n for _, n in val_files)
