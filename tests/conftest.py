@@ -1,4 +1,5 @@
-"""Shared fixtures: real data from ../shared/data, a real local Ray cluster, a tiny trained tokenizer."""
+"""Shared fixtures: real data from ../shared/data, a real local Ray cluster, a tiny trained tokenizer.
+Plain helper functions live in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-pytest_plugins = ["tests.gcs_emulator"] if (Path(__file__).parent / "gcs_emulator.py").exists() else []
+from tests.helpers import REPO, WIKITEXT, start_local_ray, tiny_config, wikitext_slice  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+pytest_plugins = ["tests.gcs_emulator"] if (Path(__file__).parent / "gcs_emulator.py").exists() else []
 
 
 @pytest.fixture(scope="session")
@@ -26,31 +26,10 @@ def wikitext() -> Path:
     return WIKITEXT
 
 
-def wikitext_slice(tmp_path_factory, nbytes: int, name: str) -> Path:
-    """The first ~nbytes of WikiText-2's validation text, cut at a line boundary, as a new file."""
-    data = (WIKITEXT / "valid.txt").read_bytes()[:nbytes]
-    path = tmp_path_factory.mktemp(name.split(".")[0]) / name
-    path.write_bytes(data[: data.rfind(b"\n") + 1])
-    return path
-
-
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory, wikitext) -> Path:
     """About 300 KB of real WikiText-2, cut at a line boundary."""
     return wikitext_slice(tmp_path_factory, 300_000, "small.txt")
-
-
-def start_local_ray():
-    """The suite's real local Ray cluster (2 CPUs, no dashboard), started if it is not running.
-
-    address="local": always a fresh cluster of our own, never one a `ray start` left running.
-    Tests that swap in a multi-node `Cluster` call this afterwards to put it back.
-    """
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    return ray
 
 
 @pytest.fixture(scope="session")
@@ -72,20 +51,3 @@ def tiny_tokenizer_dir(tmp_path_factory, small_corpus) -> str:
     out = str(tmp_path_factory.mktemp("tok") / "tokenizer")
     save_tokenizer(tok, out, 64)
     return out
-
-
-def tiny_config(run_dir: Path, corpus: Path, **overrides):
-    """A RunConfig for fast CPU tests (tiny model, short sequences)."""
-    from tpu_ray.config import RunConfig
-
-    base = {
-        "name": "t", "output_dir": str(run_dir),
-        "corpus": {"source": str(corpus), "validation_fraction": 0.1},
-        "tokenizer": {"vocab_size": 800},
-        "shard": {"seq_len": 64, "unit_bytes": 65536},
-        "model": {"preset": "tiny"},
-        "train": {"steps": 20, "batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 2, "log_every": 5,
-                  "eval_every": 10, "eval_batches": 2, "checkpoint_every": 10, "shuffle_buffer": 256},
-    }
-    cfg = RunConfig.from_dict(base)
-    return cfg.override(overrides) if overrides else cfg

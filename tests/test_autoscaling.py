@@ -23,7 +23,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import wikitext_slice
+from tests.helpers import wikitext_slice
 from tests.fake_autoscaler import FAKE_HEAD_TYPE, autoscaling_head
 from tests.test_jobs import REPO, RUN_DIR_FILES, SMALL, VENV_BIN
 from tpu_ray import storage

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.test_report import make_run
 from tests.test_train import _cfg, shards_dir, write_shards  # noqa: F401 - shards_dir is a fixture
 from tpu_ray.cli import build_parser, main

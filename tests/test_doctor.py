@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 from tpu_ray.config import RunConfig
 from tpu_ray.doctor.checks import FAIL, PASS, WARN, run_doctor, xla_probe
 from tpu_ray.doctor.program import unsupported_ops

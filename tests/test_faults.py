@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.test_doctor import prepared_run
 
 TRAIN = ("train.placement=local",)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, WIKITEXT
+from tests.helpers import REPO, WIKITEXT
 
 LINE_MB = 20
 
@@ -65,7 +65,7 @@ def test_tokenizer_on_a_20mb_line_stays_near_normal_memory(tmp_path):
 @pytest.mark.slow
 def test_shard_actor_on_a_20mb_line_stays_near_normal_memory(tmp_path, tiny_tokenizer_dir, ray_local):
     """Was: a shard actor peaked at 7.2 GB on a 50 MB line (137 MB normally)."""
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
     from tpu_ray.prepare.shards import make_shards
 
     one, normal = hostile_and_normal(tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
 COUNTS = (37, 29, 41, 23)  # ragged: windows and batches cross file ends

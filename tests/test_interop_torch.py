@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, tiny_config
+from tests.helpers import REPO, tiny_config
 from tests.test_train import write_shards
 
 VENVS = Path(os.environ.get("TPU_RAY_INTEROP_VENVS", REPO / ".venv-interop"))

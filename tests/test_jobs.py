@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wikitext_slice
+from tests.helpers import wikitext_slice
 from tpu_ray.config import RunConfig
 from tpu_ray.cluster.jobs import EXCLUDES, STAGING_DIR, JobHandle, submit
 from tpu_ray.report import load_metrics

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tpu_ray.cli import EXIT_USAGE, build_parser, main
 
 QUICKSTART = str(REPO / "jobs" / "configs" / "quickstart.yaml")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.test_report import make_run
 from tpu_ray.report import PLOTS, write_report
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 from tpu_ray.cli import main
 
 DAMAGES = ("truncated", "empty", "directory")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import start_local_ray, tiny_config, wikitext_slice
+from tests.helpers import start_local_ray, tiny_config, wikitext_slice
 from tpu_ray.prepare import shards as shards_mod
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.shards import chunk_ids, make_shards, read_manifest, shard_files

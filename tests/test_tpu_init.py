@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tpu_ray.errors import UserError
 
 # The real path, in a fresh process (connecting to a TPU cluster changes TensorFlow's global context):

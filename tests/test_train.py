@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, start_local_ray, tiny_config
+from tests.helpers import REPO, start_local_ray, tiny_config
 from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
 SEQ_LEN = 64

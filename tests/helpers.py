@@ -1,0 +1,47 @@
+"""Helpers the tests call (not fixtures): paths, a slice of the real corpus, the suite's Ray cluster,
+a tiny run config. Fixtures stay in conftest.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+
+
+def wikitext_slice(tmp_path_factory, nbytes: int, name: str) -> Path:
+    """The first ~nbytes of WikiText-2's validation text, cut at a line boundary, as a new file."""
+    data = (WIKITEXT / "valid.txt").read_bytes()[:nbytes]
+    path = tmp_path_factory.mktemp(name.split(".")[0]) / name
+    path.write_bytes(data[: data.rfind(b"\n") + 1])
+    return path
+
+
+def start_local_ray():
+    """The suite's real local Ray cluster (2 CPUs, no dashboard), started if it is not running.
+
+    address="local": always a fresh cluster of our own, never one a `ray start` left running.
+    Tests that swap in a multi-node `Cluster` call this afterwards to put it back.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+def tiny_config(run_dir: Path, corpus: Path, **overrides):
+    """A RunConfig for fast CPU tests (tiny model, short sequences)."""
+    from tpu_ray.config import RunConfig
+
+    base = {
+        "name": "t", "output_dir": str(run_dir),
+        "corpus": {"source": str(corpus), "validation_fraction": 0.1},
+        "tokenizer": {"vocab_size": 800},
+        "shard": {"seq_len": 64, "unit_bytes": 65536},
+        "model": {"preset": "tiny"},
+        "train": {"steps": 20, "batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 2, "log_every": 5,
+                  "eval_every": 10, "eval_batches": 2, "checkpoint_every": 10, "shuffle_buffer": 256},
+    }
+    cfg = RunConfig.from_dict(base)
+    return cfg.override(overrides) if overrides else cfg
