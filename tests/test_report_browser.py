@@ -45,10 +45,11 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("TPU
 def test_throughput_legend_covers_no_line(tmp_path):
     """What the screenshot showed: the legend sat on the MFU line (a CPU run's few % run along the
     bottom, where the legend was). It now sits outside the axes, so it covers no line at all."""
-    from tpu_ray.report import _plot_throughput, load_metrics
+    from tpu_ray.plots import plot_throughput
+    from tpu_ray.report import load_metrics
 
     run_dir = make_run(tmp_path / "run")
-    fig = _plot_throughput(load_metrics(str(run_dir), "train"), str(tmp_path / "throughput.png"))
+    fig = plot_throughput(load_metrics(str(run_dir), "train"), str(tmp_path / "throughput.png"))
     fig.draw_without_rendering()  # lays out as savefig did
     legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
     assert len(legends) == 1
@@ -104,7 +105,8 @@ def test_mfu_above_100_percent_does_not_hide_the_tokens_line(tmp_path):
 
     import numpy as np
 
-    from tpu_ray.report import _plot_throughput, load_metrics
+    from tpu_ray.plots import plot_throughput
+    from tpu_ray.report import load_metrics
 
     run_dir = make_run(tmp_path / "run", partial=False)
     path = run_dir / "metrics.jsonl"
@@ -113,7 +115,7 @@ def test_mfu_above_100_percent_does_not_hide_the_tokens_line(tmp_path):
         if r.get("mfu") is not None:
             r["mfu"] *= 4  # about 124%
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    fig = _plot_throughput(load_metrics(str(run_dir), "train"), str(tmp_path / "throughput.png"))
+    fig = plot_throughput(load_metrics(str(run_dir), "train"), str(tmp_path / "throughput.png"))
     fig.draw_without_rendering()
     tokens_line, mfu_line = (ax.get_lines()[0] for ax in fig.axes)
     y_tokens = tokens_line.get_transform().transform(tokens_line.get_xydata())[:, 1]

@@ -1,5 +1,8 @@
 """The one place that talks to storage: local paths and gs:// (or any fsspec URL) alike.
 
+Why over 400 lines: it is the single owner of every storage rule (gcsfs set-up, one-line errors,
+atomic commits, the lock primitives); split, those rules would drift apart again.
+
 Every artifact a later stage trusts is committed atomically (see DESIGN.md, "Contracts"):
 locally a temp file in the same directory is fsynced and renamed over the final name; on GCS a
 single object upload is already atomic (the object appears whole or not at all), so we upload

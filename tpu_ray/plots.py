@@ -1,0 +1,134 @@
+"""The report's four plots (loss, throughput and MFU, learning rate, accuracy) as PNG files, drawn with
+matplotlib's object API (no pyplot state, so plotting is safe in threads and notebooks)."""
+
+from __future__ import annotations
+
+
+import pandas as pd
+
+from tpu_ray.tables import column_values
+
+
+def new_figure(title: str, xlabel: str, ylabel: str):
+    # A bare Figure renders with Agg and never touches pyplot's global state or a display.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def dots(series: pd.Series) -> dict:
+    """Markers on sparse lines: the reader must see which steps were logged (a line joining three
+    records would otherwise pass for a measured curve, e.g. hide the warmup of the LR schedule)."""
+    return {"marker": "o", "ms": 3} if series.notna().sum() <= 60 else {}
+
+
+def from_step_zero(ax) -> None:
+    """A run starts at step 0: show how far into it the first record is."""
+    ax.set_xlim(left=0)
+
+
+def no_data(ax) -> None:
+    ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def plot_loss(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
+    fig, ax = new_figure("Masked LM loss", "step", "cross-entropy loss")
+    drew = False
+    if column_values(train, "loss").notna().any():
+        ax.plot(train["step"], column_values(train, "loss"), label="train loss", color="tab:blue", lw=1.2,
+                **dots(column_values(train, "loss")))
+        drew = True
+    if column_values(ev, "eval_loss").notna().any():
+        ax.plot(ev["step"], column_values(ev, "eval_loss"), "o-", label="eval loss", color="tab:orange", lw=1.5, ms=6)
+        drew = True
+    if drew:
+        ax.legend(loc="upper right")
+        from_step_zero(ax)
+    else:
+        no_data(ax)
+    fig.savefig(path)
+
+
+def plot_throughput(train: pd.DataFrame, path: str):
+    """Returns the figure (tests check where its legend went)."""
+    fig, ax = new_figure("Throughput", "step", "tokens / s")
+    tok = column_values(train, "tokens_per_s")
+    mfu = column_values(train, "mfu")
+    handles = []
+    if tok.notna().any():
+        handles += ax.plot(train["step"], tok, label="tokens/s", color="tab:green", lw=1.2, **dots(tok))
+        ax.yaxis.set_major_formatter(thousands())
+        ax.set_ylim(0, tok.max() * 1.15)  # headroom above the curve
+        ax.set_ylabel("tokens / s", color="tab:green")
+    if mfu.notna().any():
+        ax2 = ax.twinx()
+        handles += ax2.plot(train["step"], mfu * 100, label="MFU", color="tab:purple", lw=1.2, ls="--",
+                            **dots(mfu))
+        ax2.set_ylabel("MFU (%)", color="tab:purple")
+        # MFU is proportional to tokens/s: on a matching scale the two lines would coincide. A 0-100%
+        # axis keeps them apart and shows the distance from peak at a glance.
+        # Above 100% (a CPU peak measured under load) the axis must not scale like tokens/s's own
+        # (x1.15), or the MFU line lies exactly on the tokens/s line and hides it.
+        top = mfu.max() * 100
+        ax2.set_ylim(0, 100.0 if top <= 100 / 1.15 else max(100.0, top * 1.6))
+    elif handles:
+        ax.set_title("Throughput (MFU not available)")
+    if handles:
+        # Outside the axes, under the plot: inside, it covers the MFU line wherever that runs (a CPU
+        # run's MFU of a few % runs along the bottom, a TPU's 30-60% across the middle).
+        fig.legend(handles=handles, labels=[h.get_label() for h in handles], loc="outside lower center",
+                   ncols=len(handles), frameon=False)
+        from_step_zero(ax)
+    else:
+        no_data(ax)
+    fig.savefig(path)
+    return fig
+
+
+def thousands():
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _pos: f"{v:,.0f}")
+
+
+def plot_lr(train: pd.DataFrame, path: str) -> None:
+    fig, ax = new_figure("Learning rate schedule", "step", "learning rate")
+    lr = column_values(train, "learning_rate")
+    if lr.notna().any():
+        ax.plot(train["step"], lr, label="learning rate (at logged steps)", color="tab:red", lw=1.2,
+                **dots(lr))
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper right")
+        from_step_zero(ax)
+    else:
+        no_data(ax)
+    fig.savefig(path)
+
+
+def plot_accuracy(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
+    fig, ax = new_figure("Masked-token accuracy", "step", "accuracy")
+    drew = False
+    if column_values(train, "accuracy").notna().any():
+        ax.plot(train["step"], column_values(train, "accuracy"), label="train accuracy", color="tab:blue", lw=1.2,
+                **dots(column_values(train, "accuracy")))
+        drew = True
+    if column_values(ev, "eval_accuracy").notna().any():
+        ax.plot(ev["step"], column_values(ev, "eval_accuracy"), "o-", label="eval accuracy", color="tab:orange",
+                lw=1.5, ms=6)
+        drew = True
+    if drew:
+        ax.legend(loc="lower right")
+        from_step_zero(ax)
+    else:
+        no_data(ax)
+    fig.savefig(path)
+
+
+# -------------------------------------------------------------------------------------------- report
