@@ -94,8 +94,8 @@ def test_resume_with_dropout_0_ends_with_the_weights_of_an_uninterrupted_run(tmp
     cut = tiny_config(tmp_path / "cut", tmp_path / "x.txt", **over, **{"train.steps": 12})
     real_save = CheckpointStore.save
 
-    def crash_after_step_6(self, step, position=None):
-        real_save(self, step, position)
+    def crash_after_step_6(self, step, position=None, final=False):
+        real_save(self, step, position, final)
         raise KeyboardInterrupt("simulated loss of the node after the checkpoint of step 6")
 
     monkeypatch.setattr(CheckpointStore, "save", crash_after_step_6)

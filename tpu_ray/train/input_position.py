@@ -140,15 +140,16 @@ class PositionTracker:
         """The position to resume at: the stored one, which must describe these shards and `step`."""
         from tpu_ray.errors import UserError
 
-        expected = self.at(step)
         if stored is None:  # a checkpoint from before positions were stored: the step says it all
-            return expected
+            return self.at(step)
         saved = InputPosition.from_json(stored)
         if saved.shards_sha256 != self.digest:
             raise UserError(f"{where}: the checkpoint's input position refers to other shards than "
                             f"{len(self.counts)} files now in the shard directory; resume with the shards it "
                             f"was trained on, or start a new run")
-        if saved != expected:
-            raise UserError(f"{where}: stored input position (sample {saved.samples}) does not match step {step} "
-                            f"with train.batch_size={self.global_batch}; resume with the batch size of the run")
+        if saved.step != step:
+            raise UserError(f"{where}: stored input position is for step {saved.step}, the checkpoint is at step "
+                            f"{step}; the checkpoint directory was changed by hand, restore it or start a new run")
+        # (A multi-worker process may not have built its pipelines yet, so `at(step)` is not compared
+        # here; the batch size, which decides the sample, is part of the run's fingerprint.)
         return saved
