@@ -1,5 +1,9 @@
 """Corpus -> fixed-length samples -> TFRecord shards, in parallel on Ray actors, with a manifest.
 
+Why over 400 lines: the worker, the manifest (resume, the plan digest) and the driver change together
+(a manifest field is written by the driver from what the worker returns); the actor scheduler is
+prepare/actor_pool.py.
+
 Each work unit (see corpus.py) becomes `train/train-<unit:05d>-<count>.tfrecord` (and a
 `validation/validation-...` shard for its tail): one folder per split, the layout Hugging Face's
 reference scripts write and read (their trainer globs `<folder>/*.tfrecord`). Samples are `[CLS] + seq_len-2 tokens + [SEP]` cut from the unit's lines
@@ -34,6 +38,7 @@ from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, plan_units, read_
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.manifest_check import check_manifest
+from tpu_ray.prepare.actor_pool import run_on_pool
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
 
@@ -383,7 +388,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
     n_actors = len(pool)
     # Pass 1: read every unit once so bad bytes fail before any shard is written.
     retries = cfg.shard.max_unit_retries
-    _run_on_pool(pool, todo, "check", new_actor, lambda unit, res: None, None, retries)
+    run_on_pool(pool, todo, "check", new_actor, lambda unit, res: None, None, retries)
     stats = {"samples": sum(s["samples"] for r in results.values() for s in r["shards"]),
              "tokens": sum(r["tokens"] for r in results.values())}
     progress = Progress("shard", total=len(units), done=skipped, unit="units", **stats)
@@ -402,7 +407,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         if on_unit_done:
             on_unit_done(len(results), pool)
 
-    _run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
+    run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     _cleanup_temp(out_dir)
     manifest = _manifest(cfg, info, units, results, complete=True)
@@ -427,81 +432,6 @@ def _require_a_sample(cfg: RunConfig, manifest: dict, units: int) -> None:
     raise UserError(f"corpus.source={cfg.corpus.source!r}: {manifest['corpus_tokens']} tokens in {units} unit(s), "
                     f"fewer than one training sample of shard.seq_len-2={body} tokens per unit; give more "
                     f"text or lower shard.seq_len")
-
-
-def _run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress,
-                 max_retries: int = 3) -> None:
-    """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor, at most
-    `max_retries` times (then `UnitFailedError`: a poison unit must not be retried forever).
-
-    Finished actors get their next unit before the driver records the finished ones (manifest
-    write, progress), so no actor waits on the driver's bookkeeping.
-    """
-    import ray
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
-
-    queue = list(reversed(units))
-    running: dict[Any, tuple[Any, WorkUnit]] = {}
-    idle = list(pool)
-    finished: list[tuple[WorkUnit, dict]] = []
-    deaths: dict[int, int] = {}
-    while queue or running or finished:
-        while queue and idle:
-            actor = idle.pop()
-            unit = queue.pop()
-            running[getattr(actor, method).remote(unit.to_dict())] = (actor, unit)
-        for unit, res in finished:
-            on_done(unit, res)
-        finished.clear()
-        if not running:
-            continue
-        ready, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
-        if progress:
-            progress.tick()
-        for ref in ready:
-            actor, unit = running.pop(ref)
-            try:
-                finished.append((unit, ray.get(ref)))
-            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
-                deaths[unit.index] = deaths.get(unit.index, 0) + 1
-                if deaths[unit.index] > max_retries:
-                    raise UnitFailedError(unit_failure_line(unit, deaths[unit.index], exc)) from None
-                log.warning("actor died while on unit %d (%s); retry %d of %d on a new actor",
-                            unit.index, type(exc).__name__, deaths[unit.index], max_retries)
-                pool.remove(actor)
-                replacement = new_actor()
-                pool.append(replacement)
-                idle.append(replacement)
-                queue.append(unit)
-                continue
-            except RayTaskError as exc:
-                cause = exc.cause if hasattr(exc, "cause") else None
-                if isinstance(cause, UserError):
-                    raise cause from None
-                raise
-            idle.append(actor)
-
-
-class UnitFailedError(UserError):
-    """A work unit killed its actor more than `shard.max_unit_retries` times."""
-
-
-def describe_unit(unit: WorkUnit) -> str:
-    """`file bytes a-b` (text) or `source rows a-b` (tables, datasets): where to look."""
-    what = "bytes" if unit.fmt in ("txt", "jsonl") else "rows"
-    return f"{unit.source} {what} {unit.start}-{unit.end}"
-
-
-def unit_failure_line(unit: WorkUnit, deaths: int, exc: BaseException) -> str:
-    """The one line a poison unit ends the run with: the unit, how often, the likely cause, the fix."""
-    text = str(exc).lower()
-    if "memory" in text or "oom" in text:
-        cause = "out of memory"
-    else:
-        cause = "the actor process died (most often out of memory, or a crash in the tokenizer)"
-    return (f"shard unit {unit.index} ({describe_unit(unit)}) killed its actor {deaths} times; likely cause: "
-            f"{cause}, e.g. a very long line with no newline, which a unit reads whole; split that text into "
-            f"lines or lower shard.unit_bytes (shard.max_unit_retries={deaths - 1})")
 
 
 def _cleanup_temp(out_dir: str) -> None:

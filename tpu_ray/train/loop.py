@@ -1,5 +1,8 @@
 """Masked-LM training under a tf.distribute strategy, with checkpoints, resume, metrics and export.
 
+Why a little over 400 lines: build, the step functions and the loop's named steps read top to
+bottom as one program; the hooks' timing is hooks.py, their bodies loop_hooks.py.
+
 Why a custom loop rather than `model.fit`: we need (1) the loss and accuracy averaged over masked
 positions of the *global* batch (an all-reduced count, so 8 replicas equal 1 device), (2) the
 train step's trace count and the host's input wait per interval, (3) resume at an exact step with

@@ -1,0 +1,92 @@
+"""The scheduler of the shard actors: every actor busy with one work unit, a unit whose actor died
+retried on a fresh actor a bounded number of times.
+
+Why by hand rather than `ray.util.ActorPool` or Ray Data: neither requeues the unit of an actor
+that died on a fresh actor nor bounds the retries per unit, and the manifest needs each unit's
+result in the driver as soon as it is done (resume skips committed units).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tpu_ray.errors import UserError
+from tpu_ray.prepare.corpus import WorkUnit
+
+log = logging.getLogger("tpu_ray.prepare.shards")  # its lines belong to the sharding stage
+
+
+def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress,
+                 max_retries: int = 3) -> None:
+    """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor, at most
+    `max_retries` times (then `UnitFailedError`: a poison unit must not be retried forever).
+
+    Finished actors get their next unit before the driver records the finished ones (manifest
+    write, progress), so no actor waits on the driver's bookkeeping.
+    """
+    import ray
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+    queue = list(reversed(units))
+    running: dict[Any, tuple[Any, WorkUnit]] = {}
+    idle = list(pool)
+    finished: list[tuple[WorkUnit, dict]] = []
+    deaths: dict[int, int] = {}
+    while queue or running or finished:
+        while queue and idle:
+            actor = idle.pop()
+            unit = queue.pop()
+            running[getattr(actor, method).remote(unit.to_dict())] = (actor, unit)
+        for unit, res in finished:
+            on_done(unit, res)
+        finished.clear()
+        if not running:
+            continue
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
+        if progress:
+            progress.tick()
+        for ref in ready:
+            actor, unit = running.pop(ref)
+            try:
+                finished.append((unit, ray.get(ref)))
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+                deaths[unit.index] = deaths.get(unit.index, 0) + 1
+                if deaths[unit.index] > max_retries:
+                    raise UnitFailedError(unit_failure_line(unit, deaths[unit.index], exc)) from None
+                log.warning("actor died while on unit %d (%s); retry %d of %d on a new actor",
+                            unit.index, type(exc).__name__, deaths[unit.index], max_retries)
+                pool.remove(actor)
+                replacement = new_actor()
+                pool.append(replacement)
+                idle.append(replacement)
+                queue.append(unit)
+                continue
+            except RayTaskError as exc:
+                cause = exc.cause if hasattr(exc, "cause") else None
+                if isinstance(cause, UserError):
+                    raise cause from None
+                raise
+            idle.append(actor)
+
+
+class UnitFailedError(UserError):
+    """A work unit killed its actor more than `shard.max_unit_retries` times."""
+
+
+def describe_unit(unit: WorkUnit) -> str:
+    """`file bytes a-b` (text) or `source rows a-b` (tables, datasets): where to look."""
+    what = "bytes" if unit.fmt in ("txt", "jsonl") else "rows"
+    return f"{unit.source} {what} {unit.start}-{unit.end}"
+
+
+def unit_failure_line(unit: WorkUnit, deaths: int, exc: BaseException) -> str:
+    """The one line a poison unit ends the run with: the unit, how often, the likely cause, the fix."""
+    text = str(exc).lower()
+    if "memory" in text or "oom" in text:
+        cause = "out of memory"
+    else:
+        cause = "the actor process died (most often out of memory, or a crash in the tokenizer)"
+    return (f"shard unit {unit.index} ({describe_unit(unit)}) killed its actor {deaths} times; likely cause: "
+            f"{cause}, e.g. a very long line with no newline, which a unit reads whole; split that text into "
+            f"lines or lower shard.unit_bytes (shard.max_unit_retries={deaths - 1})")
