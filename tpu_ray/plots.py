@@ -37,22 +37,34 @@ def no_data(ax) -> None:
     ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def plot_loss(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
-    fig, ax = new_figure("Masked LM loss", "step", "cross-entropy loss")
-    drew = False
-    if column_values(train, "loss").notna().any():
-        ax.plot(train["step"], column_values(train, "loss"), label="train loss", color="tab:blue", lw=1.2,
-                **dots(column_values(train, "loss")))
-        drew = True
-    if column_values(ev, "eval_loss").notna().any():
-        ax.plot(ev["step"], column_values(ev, "eval_loss"), "o-", label="eval loss", color="tab:orange", lw=1.5, ms=6)
-        drew = True
+def finish(fig, ax, path: str, drew: bool, legend: str) -> None:
+    """Legend and x from step 0 when something was drawn, else "no data yet"; then the PNG."""
     if drew:
-        ax.legend(loc="upper right")
+        ax.legend(loc=legend)
         from_step_zero(ax)
     else:
         no_data(ax)
     fig.savefig(path)
+
+
+def plot_train_and_eval(train: pd.DataFrame, ev: pd.DataFrame, path: str, title: str, ylabel: str,
+                        train_col: str, eval_col: str, what: str, legend: str) -> None:
+    """One quantity as a thin train line and bold eval points (loss, accuracy)."""
+    fig, ax = new_figure(title, "step", ylabel)
+    drew = False
+    if column_values(train, train_col).notna().any():
+        ax.plot(train["step"], column_values(train, train_col), label=f"train {what}", color="tab:blue", lw=1.2,
+                **dots(column_values(train, train_col)))
+        drew = True
+    if column_values(ev, eval_col).notna().any():
+        ax.plot(ev["step"], column_values(ev, eval_col), "o-", label=f"eval {what}", color="tab:orange", lw=1.5, ms=6)
+        drew = True
+    finish(fig, ax, path, drew, legend)
+
+
+def plot_loss(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
+    plot_train_and_eval(train, ev, path, "Masked LM loss", "cross-entropy loss", "loss", "eval_loss", "loss",
+                        "upper right")
 
 
 def plot_throughput(train: pd.DataFrame, path: str):
@@ -105,30 +117,10 @@ def plot_lr(train: pd.DataFrame, path: str) -> None:
                 **dots(lr))
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
         ax.set_ylim(bottom=0)
-        ax.legend(loc="upper right")
-        from_step_zero(ax)
-    else:
-        no_data(ax)
-    fig.savefig(path)
+    finish(fig, ax, path, lr.notna().any(), "upper right")
 
 
 def plot_accuracy(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
-    fig, ax = new_figure("Masked-token accuracy", "step", "accuracy")
-    drew = False
-    if column_values(train, "accuracy").notna().any():
-        ax.plot(train["step"], column_values(train, "accuracy"), label="train accuracy", color="tab:blue", lw=1.2,
-                **dots(column_values(train, "accuracy")))
-        drew = True
-    if column_values(ev, "eval_accuracy").notna().any():
-        ax.plot(ev["step"], column_values(ev, "eval_accuracy"), "o-", label="eval accuracy", color="tab:orange",
-                lw=1.5, ms=6)
-        drew = True
-    if drew:
-        ax.legend(loc="lower right")
-        from_step_zero(ax)
-    else:
-        no_data(ax)
-    fig.savefig(path)
+    plot_train_and_eval(train, ev, path, "Masked-token accuracy", "accuracy", "accuracy", "eval_accuracy", "accuracy",
+                        "lower right")
 
-
-# -------------------------------------------------------------------------------------------- report
