@@ -264,7 +264,7 @@ CLI: list[Case] = [
          "rep: --out is an existing file, not a directory", prepared=True, only_line=True),
     Case("unreachable store", lambda t, c: ["tokenizer", "--corpus", str(c["corpus"]), "--output-dir",
                                             "gs://some-bucket/run"],
-         "gs://some-bucket/run/config.yaml: storage request failed", only_line=True),
+         "gs://some-bucket/run/.lock: storage request failed", only_line=True),
     # issue 15, class 5: nothing to do is an error
     Case("whitespace-only corpus", lambda t, c: _tok(t, str(write(t / "blank.txt", "   \n\t\n  \n\n   \n"))),
          "blank.txt: no text to train the tokenizer on (empty or only whitespace)", only_line=True),
@@ -365,9 +365,9 @@ def test_read_only_output_dir_is_one_line(tmpfs, small_corpus, capsys, monkeypat
 
 
 def test_full_disk_is_one_line_naming_the_file(tmpfs, small_corpus, capsys, monkeypatch, tmp_path):
-    """Two pages: the run's config.yaml and run_info.json fit, the tokenizer's files do not."""
+    """Three pages: the run's lock, config.yaml and run_info.json fit, the tokenizer's files do not."""
     monkeypatch.chdir(tmp_path)
-    full = tmpfs("8k")
+    full = tmpfs("12k")
     line = _one_error_line(capsys, ["tokenizer", "--corpus", str(small_corpus), "--output-dir", str(full / "run"),
                                     "tokenizer.vocab_size=100"])
     assert f"{full / 'run' / 'tokenizer'}/" in line and ": no space left on device; free space" in line, line
