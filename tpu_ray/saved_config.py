@@ -49,9 +49,18 @@ def read_saved_config(run_dir: str) -> RunConfig | None:
     if not storage.exists(saved_path):
         return None
     try:
-        return RunConfig.from_dict(yaml.safe_load(storage.read_text(saved_path)) or {}, origin=saved_path)
+        data = yaml.safe_load(storage.read_text(saved_path))
+        if not isinstance(data, dict) or not data:  # empty or cut to a scalar: damage, not "all defaults"
+            raise UserError(f"{saved_path}: the saved config is empty or not a mapping (damaged); restore it, "
+                            f"or use a new --output-dir")
+        return RunConfig.from_dict(data, origin=saved_path)
     except UserError as exc:
+        if str(exc).startswith(saved_path):
+            raise
         raise UserError(f"{saved_path}: cannot read the saved config ({exc}); use a new --output-dir") from None
+    except IsADirectoryError:
+        raise UserError(f"{saved_path}: is a directory, not the saved config; remove it, or use a new "
+                        f"--output-dir") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise UserError(f"{saved_path}: cannot read the saved config ({type(exc).__name__}); "
                         f"use a new --output-dir") from None
