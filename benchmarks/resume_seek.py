@@ -81,9 +81,9 @@ def main() -> None:
         rows = {}
         for step in args.steps:
             rows[step] = {
-                "seek": statistics.median(first_batch_s(lambda: seek_pipeline(files, counts, step))
+                "seek": statistics.median(first_batch_s(lambda s=step: seek_pipeline(files, counts, s))
                                           for _ in range(args.repeats)),
-                "skip": statistics.median(first_batch_s(lambda: skip_pipeline(files, step))
+                "skip": statistics.median(first_batch_s(lambda s=step: skip_pipeline(files, s))
                                           for _ in range(args.repeats)),
             }
     lo, hi = args.steps[:2]
