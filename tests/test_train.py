@@ -50,7 +50,11 @@ def _gs_records(run: str) -> list[dict]:
     """Every metrics record of a gs:// run (one object per writer), in time order."""
     from tpu_ray.report import load_metrics
 
-    return [{k: v for k, v in r.items() if v == v and v is not None} for r in load_metrics(run).to_dict("records")]
+    records = [{k: v for k, v in r.items() if v == v and v is not None} for r in load_metrics(run).to_dict("records")]
+    for r in records:  # load_metrics gives time as a datetime; the records hold seconds since the epoch
+        if hasattr(r.get("time"), "timestamp"):
+            r["time"] = r["time"].timestamp()
+    return records
 
 
 def _records(run_dir: Path, kind: str) -> list[dict]:
@@ -411,7 +415,8 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         # Sharding actors: only the CPU head may run them, though every TPU host has a free CPU.
         from tpu_ray.prepare.shards import make_shards
 
-        shard_cfg = tiny_config(tmp_path / "s", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir})
+        shard_cfg = tiny_config(tmp_path / "s", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir,
+                                                                  "ray.shared_filesystem": True})
         seen: set[str] = set()
         summary = make_shards(shard_cfg, actors=3,
                               on_unit_done=lambda n, pool: seen.update(ray.get([a.node_id.remote() for a in pool])))
