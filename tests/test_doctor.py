@@ -73,6 +73,7 @@ def run(tmp_path, small_corpus, tiny_tokenizer_dir):
     return prepared_run(tmp_path / "run", small_corpus, tiny_tokenizer_dir)
 
 
+@pytest.mark.slow  # about 1-2 minutes on 2 cores: the slow set (CI runs it too)
 def test_clean_tiny_run_passes_with_xla(run):
     code, checks = doctor(run, "v4-8", xla=True)
     assert code == 0, checks

@@ -203,6 +203,7 @@ def test_bad_seed_then_fixed(tmp_path, small_corpus):
     _refused_then_fixed(tmp_path, "tokenizer", small_corpus, ["seed=-1"], ["seed=1"], "seed=-1")
 
 
+@pytest.mark.slow  # about 1-2 minutes on 2 cores: the slow set (CI runs it too)
 def test_batch_not_divisible_by_replicas_then_fixed(tmp_path, small_corpus, tiny_tokenizer_dir):
     cfg = prepared_run(tmp_path / "run", small_corpus, tiny_tokenizer_dir, **{"train.steps": 4,
                                                                               "train.cpu_replicas": 2})

@@ -495,6 +495,7 @@ def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, 
         start_local_ray()
 
 
+@pytest.mark.slow  # about 1-2 minutes on 2 cores: the slow set (CI runs it too)
 def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_path, shards_dir,
                                                                          tiny_tokenizer_dir, ray_local):
     from tpu_ray.cluster.placement import run_training
@@ -511,6 +512,7 @@ def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_pat
     assert (tmp_path / "run" / "model" / "config.json").exists()  # the chief exported
 
 
+@pytest.mark.slow  # about 1-2 minutes on 2 cores: the slow set (CI runs it too)
 def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emulator, tmp_path, shards_dir,
                                                                       tiny_tokenizer_dir, ray_local):
     """The multi-node layout: a shared gs:// run directory (emulator). The chief uploads checkpoints
