@@ -128,12 +128,13 @@ def section(status: str, title: str) -> list[str]:
 
 
 def _events(run: str) -> dict[str, float]:
-    """`<stage>_<event>` -> wall time, from the run's metrics.jsonl."""
+    """`<stage>_<event>` -> wall time (seconds), from the run's metrics (on gs://: one object per writer)."""
+    from tpu_ray.report import load_metrics
+
     out = {}
-    for line in storage.read_text(f"{run}/metrics.jsonl").splitlines():
-        rec = json.loads(line)
-        if rec.get("kind") == "event" and rec.get("stage"):
-            out[f"{rec['stage']}_{rec['event']}"] = rec["time"]
+    for rec in load_metrics(run, kind="event").to_dict("records"):
+        if isinstance(rec.get("stage"), str) and isinstance(rec.get("event"), str):
+            out[f"{rec['stage']}_{rec['event']}"] = rec["time"].timestamp()
     return out
 
 
@@ -198,6 +199,9 @@ def test_autoscaler_brings_cpu_workers_for_shards_then_the_tpu_node_for_training
 
     # The run completed, in the bucket.
     for name in RUN_DIR_FILES:
+        if name == "metrics.jsonl":  # gs:// runs: one metrics object per writer, under metrics/
+            assert storage.glob(f"{run}/metrics/*.jsonl"), "metrics/*.jsonl"
+            continue
         assert storage.exists(f"{shards}/manifest.json" if name.startswith("shards/") else f"{run}/{name}"), name
     summary = json.loads(storage.read_text(f"{run}/summary.json"))
     assert summary["steps"] == 10

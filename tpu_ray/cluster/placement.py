@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_ray.cluster.tpu_env import TPU_ENV_KEYS, client_env, settle_pjrt_library
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError, find_user_error
 
@@ -177,7 +178,6 @@ def _train_task(cfg_dict: dict, resume: bool) -> dict:
     """Body of the remote training task (runs on the chosen node)."""
     import ray
 
-    from tpu_ray.cluster.tpu_env import TPU_ENV_KEYS, settle_pjrt_library
     from tpu_ray.logs import setup_logging
 
     cfg = RunConfig.from_dict(cfg_dict)
@@ -255,7 +255,6 @@ def _tpu_client_options(cfg: RunConfig, reservation: SliceReservation) -> dict[s
     """The TF client task: in bundle 0 (worker 0), with the environment TensorFlow needs there."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from tpu_ray.cluster.tpu_env import client_env
 
     env = client_env(cfg.train.tpu_name, reservation.multi_host, reservation.slice_name, reservation.pod_type)
     return {
