@@ -10,29 +10,26 @@ from __future__ import annotations
 import re
 import shlex
 
-from tpu_ray import storage
+from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 
-STATE_FILE = "checkpoint"  # TF's CheckpointManager state file: the commit point of each save
-_LATEST = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
 _STEP = re.compile(r"ckpt-(\d+)$")
 
 
 def latest_checkpoint(run_dir: str) -> tuple[str, int | None] | None:
     """(path of the latest committed checkpoint, its step) of `run_dir`, or None if it has none."""
-    state = storage.join(run_dir, "checkpoints", STATE_FILE)
+    state = rundir.path(rundir.checkpoints_dir(run_dir), rundir.CHECKPOINT_STATE_FILE)
     try:
         if not storage.exists(state):
             return None
-        match = _LATEST.search(storage.read_text(state))
+        name = rundir.latest_named(storage.read_text(state))
     except (OSError, storage.StorageError, UnicodeDecodeError):
         return None
-    if not match:
+    if not name:
         return None
-    name = match.group(1).replace("\\", "/").rsplit("/", 1)[-1]
     step = _STEP.search(name)
-    return storage.join(run_dir, "checkpoints", name), (int(step.group(1)) if step else None)
+    return rundir.path(rundir.checkpoints_dir(run_dir), name), (int(step.group(1)) if step else None)
 
 
 def refuse_existing_run(cfg: RunConfig, resume: bool) -> None:
@@ -41,7 +38,7 @@ def refuse_existing_run(cfg: RunConfig, resume: bool) -> None:
         return
     found = latest_checkpoint(cfg.run_dir)
     if found:
-        raise UserError(f"{storage.join(cfg.run_dir, 'checkpoints')}: this run directory already has "
+        raise UserError(f"{rundir.checkpoints_dir(cfg.run_dir)}: this run directory already has "
                         f"checkpoints (latest {found[0]}); pass --resume to continue it or use a new "
                         f"--output-dir")
 

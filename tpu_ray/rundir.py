@@ -49,3 +49,13 @@ def checkpoint_files(run_dir: str) -> list[str]:
         return []
     names = (p.rstrip("/").rsplit("/", 1)[-1] for p in storage.listdir(directory))
     return sorted(n for n in names if _CKPT_FILE.match(n) or n == CHECKPOINT_STATE_FILE)
+
+
+_LATEST = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
+
+
+def latest_named(state_text: str | None) -> str | None:
+    """The checkpoint TF's state file names as the latest (its base name, e.g. `ckpt-20`), read as
+    text: no TensorFlow needed (resume checks run before it is imported)."""
+    match = _LATEST.search(state_text or "")
+    return match.group(1).replace("\\", "/").rsplit("/", 1)[-1] if match else None

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError
-from tpu_ray.rundir import CHECKPOINT_STATE_FILE
+from tpu_ray.rundir import CHECKPOINT_STATE_FILE, latest_named
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,6 @@ STATE_FILE = CHECKPOINT_STATE_FILE  # TF's name for the file that lists the chec
 _PREFIX = re.compile(r"^(ckpt-\d+)\.(index|data-\d+-of-\d+|position\.json)$")
 POSITION_SUFFIX = ".position.json"  # the input position at that checkpoint (see input_position.py)
 _DATA = re.compile(r"^data-(\d+)-of-(\d+)$")
-_LATEST = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
 
 
 def missing_files(prefix: str, names: set[str]) -> list[str]:
@@ -54,8 +53,7 @@ def pick_latest(directory: str, state_text: str | None, names: set[str]) -> tupl
     """
     prefixes = {m.group(1) for m in map(_PREFIX.match, names) if m}
     complete = sorted((p for p in prefixes if not missing_files(p, names)), key=lambda p: int(p.split("-")[1]))
-    match = _LATEST.search(state_text or "")
-    named = os.path.basename(match.group(1)) if match else None
+    named = latest_named(state_text)
     state_path = storage.join(directory, STATE_FILE)
     if named and named in complete:
         return named, None
