@@ -187,9 +187,10 @@ def _other_tokenizer(tmp: Path, ctx: dict) -> None:
 def _saved_with_checkpoint(cfg: RunConfig) -> None:
     """The run's config saved and a checkpoint file present: checkpoints pin the whole config
     (before any, a changed batch size simply replaces the saved config: see test_faults.py)."""
-    from tpu_ray.pipeline import prepare_run_dir
+    from tpu_ray import saved_config
+    from tpu_ray.pipeline import versions
 
-    prepare_run_dir(cfg, resume=False)
+    saved_config.save_config(cfg, False, versions())
     write(Path(cfg.run_dir) / "checkpoints" / "ckpt-10.index", b"")
 
 

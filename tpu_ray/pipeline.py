@@ -58,13 +58,6 @@ def command_line() -> str:
     return shlex.join([prog, *argv[1:]])
 
 
-def prepare_run_dir(cfg: RunConfig, resume: bool) -> None:
-    """Create the run directory and save the config; refuse a directory whose tokenizer, shards or
-    checkpoints were made with another config (see saved_config.check_config)."""
-    saved_config.check_config(cfg)
-    saved_config.save_config(cfg, resume, versions(), command_line())
-
-
 def check_ray_address(cfg: RunConfig, timeout_s: float = 5.0) -> None:
     """Fail in seconds, not after Ray's ten-minute reconnect loop, when the configured Ray address
     (ray.address, else RAY_ADDRESS) has nothing listening: a TCP connect to its host:port."""

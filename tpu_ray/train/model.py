@@ -12,9 +12,6 @@ from tpu_ray.prepare.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
-# Peak FLOP/s of one replica, by device name: the one accelerator table (tpu_ray/accelerators.py).
-PEAK_FLOPS_PER_REPLICA = accelerators.PEAK_FLOPS_PER_REPLICA
-
 
 def hf_config(cfg: RunConfig, tok: TokenizerInfo):
     """A transformers config sized from the run config and matched to the tokenizer."""
