@@ -151,7 +151,10 @@ def run_tpu_ray(cfg, work: Path):
     seconds = time.perf_counter() - t
     records = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
     losses = [(r["step"], round(r["loss"], 3)) for r in records if r["kind"] == "train"]
-    return TFAutoModelForMaskedLM.from_pretrained(summary["model_dir"]), seconds, losses
+    # use_safetensors=False: the export also holds model.safetensors (PyTorch layout), which TF
+    # Transformers 4.57 prefers and cannot read (transformers #40028); tf_model.h5 is the TF weights.
+    model = TFAutoModelForMaskedLM.from_pretrained(summary["model_dir"], use_safetensors=False)
+    return model, seconds, losses
 
 
 def run_reference(cfg, args):

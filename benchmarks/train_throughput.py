@@ -78,6 +78,9 @@ def reference_fit(cfg, steps: int, lr: float, warmup_steps: int, seq_len: int = 
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
     SEQ_LEN, BATCH = seq_len, batch  # noqa: N806 (the module's constants, overridable here)
+    # The run's seed, as tpu-ray's trainer sets it, before anything random is built: both sides
+    # start from the same initial weights, and the reference's shuffle and masks are repeatable.
+    tf_keras.utils.set_random_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_dir)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="tf")
     files = [p for p, _ in shard_files(cfg.shards_dir, "train")]
