@@ -11,8 +11,10 @@ counted in the training shards, the same prediction at every position.
     python benchmarks/learning.py                   # table, then one JSON line
     python benchmarks/learning.py --skip-reference  # tpu-ray and the baseline only (tuning)
 
-The defaults (BPE vocab 8000, 1500 steps, lr 2e-3, warm-up 100) are the setting measured to learn
-from context on 2 cores in about 11 minutes per trainer (README, "Does it learn?").
+The defaults (BPE vocab 4000, 1500 steps, lr 2e-3, warm-up 100) are the setting measured to learn
+from context on 2 cores in about 5 minutes for tpu-ray's trainer (README, "Does it learn?"). With
+vocab 8000 two runs of one setting ended 0.6 nats apart (5.90 and 6.50): the model was still
+leaving the word-frequency plateau at the last step, so the result hung on when it left it.
 
 Last line: {"tpu_ray_test_loss", "reference_test_loss", "baseline_loss", "tpu_ray_top1",
 "reference_top1", "baseline_top1", "tpu_ray_seconds", "reference_seconds", ...}. Seconds are wall
@@ -173,7 +175,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--vocab", type=int, default=4000)
     p.add_argument("--tokenizer", default="bpe", choices=["unigram", "bpe", "wordpiece"])
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)

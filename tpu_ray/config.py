@@ -90,6 +90,8 @@ class ShardConfig(_Section):
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
+    # The quickstart's: the smallest size measured to learn from context in a few CPU minutes.
+    "mini": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512),
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
     "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
@@ -107,7 +109,7 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 
 class ModelConfig(_Section):
     model_type: Literal["roberta", "bert"] = "roberta"
-    preset: Literal["tiny", "small", "base", "large"] = "tiny"
+    preset: Literal["tiny", "mini", "small", "base", "large"] = "tiny"
     hidden_size: int | None = Field(None, gt=0)
     num_hidden_layers: int | None = Field(None, gt=0)
     num_attention_heads: int | None = Field(None, gt=0)
