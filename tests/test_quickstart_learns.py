@@ -33,10 +33,11 @@ def _train_frequency(run_dir: Path, token_id: int) -> float:
     """The token's share of all tokens in the run's training shards (what a frequency model predicts)."""
     import tensorflow as tf
 
+    from tpu_ray.config import RunConfig
     from tpu_ray.prepare.shards import shard_files
     from tpu_ray.prepare.tfrecord import read_records
 
-    seq_len = int(re.search(r"seq_len: (\d+)", (REPO / "jobs/configs/quickstart.yaml").read_text()).group(1))
+    seq_len = RunConfig.from_yaml(str(REPO / "jobs/configs/quickstart.yaml")).shard.seq_len
     spec = {"input_ids": tf.io.FixedLenFeature([seq_len], tf.int64)}
     hits = total = 0
     for path, _ in shard_files(str(run_dir / "shards"), "train"):
