@@ -142,22 +142,18 @@ def test_an_existing_run_is_refused_before_anything_starts(tmp_path):
         assert "ckpt-100" in proc.stderr
 
 
-INTERRUPTED_RUN_STEPS = 200
-
-
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory, shards_dir, tiny_tokenizer_dir):  # noqa: F811
     """`tpu-ray train` stopped with Ctrl-C after its second checkpoint: (cfg path, run dir, result)."""
     tmp = tmp_path_factory.mktemp("ctrl-c")
-    # After step 25 is seen, INTERRUPTED_RUN_STEPS - 25 steps are left to interrupt in: several
-    # seconds even at an idle machine's ~35 ms/step (80 steps once finished before the signal came).
-    over = {"train.steps": INTERRUPTED_RUN_STEPS, "train.checkpoint_every": 10, "train.log_every": 5,
-            "train.eval_every": INTERRUPTED_RUN_STEPS,
+    # 80 steps: after step 25 is seen there are ~55 left (seconds, not one poll) to interrupt in.
+    over = {"train.steps": 80, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 80,
             "train.placement": "local"}  # in this process: no Ray cluster to find or start
     cfg_path, run_dir = tmp / "cfg.yaml", tmp / "run"
     cfg_path.write_text(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over).to_yaml())
     proc = subprocess.Popen([sys.executable, "-m", "tpu_ray.cli", "train", "--config", str(cfg_path)], cwd=REPO,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 240
         while not _train_steps(run_dir) or max(_train_steps(run_dir)) < 25:
@@ -170,6 +166,13 @@ def interrupted_run(tmp_path_factory, shards_dir, tiny_tokenizer_dir):  # noqa: 
         if proc.poll() is None:
             proc.kill()
     return cfg_path, run_dir, proc.returncode, err
+
+
+def _default_sigint() -> None:
+    """In the child, SIGINT as a terminal delivers it. A suite started in the background
+    (`pytest &`, nohup) inherits SIGINT ignored, as shells set it for background jobs, and Python then
+    installs no KeyboardInterrupt handler: the signal would be dropped and the run finish."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _train_steps(run_dir: Path) -> list[int]:
@@ -218,7 +221,7 @@ def test_resume_leaves_one_train_row_per_step(interrupted_run):
     run_dir = _resumed(interrupted_run)
     df = load_metrics(str(run_dir), kind="train")
     steps = df["step"].tolist()
-    assert steps == sorted(set(steps)) and steps[-1] == INTERRUPTED_RUN_STEPS
+    assert steps == sorted(set(steps)) and steps[-1] == 80
     assert len(_train_steps(run_dir)) >= len(steps)  # the file keeps every record; the frame one per step
 
 
@@ -228,7 +231,7 @@ def test_eval_names_the_run_like_report(interrupted_run, capsys):
     capsys.readouterr()
     assert main(["eval", str(run_dir)]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["step"] == INTERRUPTED_RUN_STEPS and result["eval_loss"] > 0
+    assert result["step"] == 80 and result["eval_loss"] > 0
 
 
 @pytest.mark.slow  # two more TensorFlow processes: about a minute
