@@ -63,6 +63,50 @@ def test_training_loss_goes_down_and_the_step_traced_once(quickstart_run):
     assert summary["steps"] == 40 and summary["eval_loss"] == evals[-1]["eval_loss"]
 
 
+@pytest.fixture(scope="module")
+def staged_run(tmp_path_factory, small_corpus, ray_local, quickstart_run):
+    """The same run as quickstart_run, made by `tokenizer`, `shard` and `train` one after another."""
+    run_dir = tmp_path_factory.mktemp("staged") / "run"
+    common = ["--config", QUICKSTART, "--output-dir", str(run_dir), f"corpus.source={small_corpus}", *SHRINK]
+    for argv in (["tokenizer"], ["shard"], ["train"]):
+        assert main([*argv, *common]) == 0, argv
+    return run_dir
+
+
+def _numbers(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_staged_commands_leave_the_summary_that_run_leaves(staged_run, quickstart_run):
+    """Issue 25.3: `tokenizer`, `shard`, `train` alone write RUN/summary.json as `run` does, with the
+    same keys and the same numbers (same config, seed and corpus: the same shards and steps)."""
+    staged, whole = _numbers(staged_run), _numbers(quickstart_run)
+    assert set(staged) == set(whole)
+    assert set(staged["stage_seconds"]) == {"tokenizer", "shard", "train"} == set(whole["stage_seconds"])
+    assert staged["tokenizer"]["sha256"] == whole["tokenizer"]["sha256"]
+    for key in ("shards", "samples", "tokens", "units"):
+        assert staged["shards"][key] == whole["shards"][key], key
+    assert staged["steps"] == whole["steps"] == 40
+    for key in ("final_loss", "eval_loss", "perplexity"):
+        assert staged[key] == pytest.approx(whole[key], rel=1e-3), key
+
+
+def test_report_and_metrics_show_a_staged_run_like_a_run(staged_run, quickstart_run, capsys):
+    from tpu_ray.report import text_summary
+
+    def rows(run_dir: Path) -> dict[str, str]:
+        lines = [ln.strip("│ ").split("│") for ln in text_summary(str(run_dir)).splitlines() if "│" in ln]
+        return {cells[0].strip(): cells[-1].strip() for cells in lines if len(cells) > 1}
+
+    staged, whole = rows(staged_run), rows(quickstart_run)
+    assert set(staged) == set(whole)
+    assert staged["steps"] == whole["steps"]
+    for run_dir in (staged_run, quickstart_run):
+        assert main(["metrics", str(run_dir), "--kind", "event", "--tail", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("stage_end") >= 6  # tokenizer, shard, train in each
+
+
 def test_exported_model_answers_fill_mask(quickstart_run):
     from transformers import pipeline
 

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from tpu_ray.errors import EXIT_USAGE, UserError, failure_line, guarded  # noqa: F401 - EXIT_USAGE, UserError re-exported
 from tpu_ray.logs import setup_logging
@@ -32,17 +33,53 @@ def load_config(args: argparse.Namespace):
     return cfg
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what is wrong and where help is) and exit code 2,
+    like every other refusal: its default prints the whole usage block before the message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def whole_number(lo: int, meaning: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= lo. `meaning` documents the edge (e.g. "0: all rows")."""
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}, got {raw!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}{meaning}, got {value}")
+        return value
+    return parse
+
+
+def nonempty(what: str) -> Callable[[str], str]:
+    """An argparse type: a non-empty string. An empty path usually is an unset shell variable
+    (`--output-dir "$OUT"`): refused, never replaced by a default location."""
+    def parse(raw: str) -> str:
+        if not raw.strip():
+            raise argparse.ArgumentTypeError(f"is empty; give {what} (an unset shell variable?)")
+        return raw
+    return parse
+
+
 def _common(p: argparse.ArgumentParser, corpus: bool = False) -> None:
-    p.add_argument("--config", help="run config YAML (see jobs/configs/)")
-    p.add_argument("--output-dir", help="run directory (local path or gs://); default runs/<name>")
+    p.add_argument("--config", type=nonempty("a YAML file"), help="run config YAML (see jobs/configs/)")
+    p.add_argument("--output-dir", type=nonempty("a directory path or gs:// URI"),
+                   help="run directory (local path or gs://); default runs/<name>")
     if corpus:
-        p.add_argument("--corpus", help="corpus: builtin:python-docs, a path or glob, gs://..., or hf:NAME")
+        p.add_argument("--corpus", type=nonempty("a path, glob, gs:// URI, hf:NAME or builtin:python-docs"),
+                       help="corpus: builtin:python-docs, a path or glob, gs://..., or hf:NAME")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides, e.g. train.steps=50")
 
 
 def cmd_run(args) -> int:
     from tpu_ray.pipeline import Pipeline
+    from tpu_ray.train.export import check_fill_mask_text
 
+    if args.fill_mask:
+        check_fill_mask_text(args.fill_mask)  # before the run: a typo must not cost the whole run
     result = Pipeline(load_config(args)).run(resume=args.resume)
     _print_summary(result.run_dir)
     if args.fill_mask:
@@ -85,6 +122,8 @@ def cmd_eval(args) -> int:
     config = args.config
     if run is not None and not storage.exists(run):
         raise UserError(f"run directory not found: {run}")
+    if run is not None and os.path.isfile(run):
+        raise UserError(f"{run}: is a file, not a run directory; pass the run's --output-dir")
     if config is None and storage.exists(storage.join(run, "config.yaml")):
         config = storage.join(run, "config.yaml")  # the config the run saved
     cfg = load_run_config(config, run, None, args.overrides or [])
@@ -109,6 +148,8 @@ def cmd_fill_mask(args) -> int:
     from tpu_ray import storage
 
     model = args.model
+    if os.path.isfile(model):
+        raise UserError(f"--model {model}: is a file; pass the exported model directory (RUN/model) or the run directory")
     run_model = storage.join(model, "model")  # a run named by its directory, like report and metrics
     if (not storage.exists(storage.join(model, "config.json"))
             and storage.exists(storage.join(run_model, "config.json"))):
@@ -191,7 +232,7 @@ def _print_summary(run_dir: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpu-ray", description=DESCRIPTION,
+    parser = _Parser(prog="tpu-ray", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -206,46 +247,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run, "the whole pipeline: tokenizer, shards, training, export", corpus=True)
     p.add_argument("--resume", action="store_true", help="continue a run directory from its last checkpoint")
-    p.add_argument("--fill-mask", metavar="TEXT", help="after training, fill the [MASK] in TEXT")
+    p.add_argument("--fill-mask", metavar="TEXT", type=nonempty("a sentence with one [MASK]"),
+                   help="after training, fill the [MASK] in TEXT (checked before the run starts)")
     p = add("tokenizer", cmd_tokenizer, "train the tokenizer on the corpus", corpus=True)
     p.add_argument("--force", action="store_true", help="retrain even if the run has a tokenizer")
     add("shard", cmd_shard, "tokenize and write TFRecord shards on Ray actors (resumable)", corpus=True)
     p = add("train", cmd_train, "train on existing shards")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p = add("eval", cmd_eval, "evaluate a run's last checkpoint on its validation shards", common=False)
-    p.add_argument("run", nargs="?", metavar="RUN", help="the run directory (local path or gs://)")
-    p.add_argument("--config", help="run config YAML (default: the one saved in RUN)")
-    p.add_argument("--output-dir", help=argparse.SUPPRESS)  # the older way to name RUN
+    p.add_argument("run", nargs="?", metavar="RUN", type=nonempty("the run directory"),
+                   help="the run directory (local path or gs://)")
+    p.add_argument("--config", type=nonempty("a YAML file"), help="run config YAML (default: the one saved in RUN)")
+    p.add_argument("--output-dir", type=nonempty("the run directory"), help=argparse.SUPPRESS)  # the older way to name RUN
     p.add_argument("overrides", nargs="*", metavar="section.key=value",
                    help="config overrides, e.g. train.eval_batches=50")
     p = add("fill-mask", cmd_fill_mask, "predict the [MASK] token with an exported model", common=False)
-    p.add_argument("--model", required=True, help="exported model directory (RUN/model, or just RUN)")
-    p.add_argument("--top-k", type=int, default=5, help="how many predictions to print (default: 5)")
-    p.add_argument("text", help="a sentence containing [MASK]")
+    p.add_argument("--model", required=True, type=nonempty("a model directory (RUN/model) or a run directory"),
+                   help="exported model directory (RUN/model, or just RUN)")
+    p.add_argument("--top-k", type=whole_number(1), default=5,
+                   help="how many predictions to print (default: 5; more than the vocabulary prints all of it)")
+    p.add_argument("text", type=nonempty("a sentence with one [MASK]"), help="a sentence containing [MASK]")
     p = add("report", cmd_report, "plots, report.html and a text summary of a run", common=False)
-    p.add_argument("run_dir", metavar="RUN", help="the run directory (local path or gs://)")
-    p.add_argument("--out", help="where to write (default: the run directory)")
+    p.add_argument("run_dir", metavar="RUN", type=nonempty("the run directory"),
+                   help="the run directory (local path or gs://)")
+    p.add_argument("--out", type=nonempty("a directory"), help="where to write (default: the run directory)")
     p = add("doctor", cmd_doctor, "check config, data and model on CPU before paying for a TPU")
-    p.add_argument("--target", default=None, help="accelerator to plan for, e.g. v4-8, v3-8, v5e-8, a100")
+    p.add_argument("--target", default=None, type=nonempty("an accelerator name, e.g. v4-8"), help="accelerator to plan for, e.g. v4-8, v3-8, v5e-8, a100")
     p.add_argument("--full", action="store_true", help="checksum every shard, not a sample")
     p = add("submit", cmd_submit, "submit the pipeline as a Ray job", corpus=True)
-    p.add_argument("--address", default=None, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
-    p.add_argument("--working-dir", default=".", help="directory shipped with the job (default: .)")
+    p.add_argument("--address", default=None, type=nonempty("a Ray dashboard address"),
+                   help="Ray dashboard address, e.g. http://127.0.0.1:8265")
+    p.add_argument("--working-dir", default=".", type=nonempty("a directory"), help="directory shipped with the job (default: .)")
     p.add_argument("--wait", action="store_true", help="wait for the job and exit 0 only if it succeeded")
     p.add_argument("--resume", action="store_true",
                    help="continue the run directory from its last checkpoint")
     for name, fn, help in (("status", cmd_status, "a job's status"), ("logs", cmd_logs, "a job's logs")):
         p = add(name, fn, help, common=False)
-        p.add_argument("submission_id", help="the id `tpu-ray submit` printed")
-        p.add_argument("--address", default=None, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
+        p.add_argument("submission_id", type=nonempty("the id `tpu-ray submit` printed"),
+                       help="the id `tpu-ray submit` printed")
+        p.add_argument("--address", default=None, type=nonempty("a Ray dashboard address"), help="Ray dashboard address, e.g. http://127.0.0.1:8265")
         if name == "logs":
             p.add_argument("-f", "--follow", action="store_true",
                            help="stream the log until the job ends; exit 0 only if it succeeded")
     p = add("metrics", cmd_metrics, "print a run's metrics (a table or CSV)", common=False)
-    p.add_argument("run_dir", metavar="RUN", help="the run directory (local path or gs://)")
+    p.add_argument("run_dir", metavar="RUN", type=nonempty("the run directory"),
+                   help="the run directory (local path or gs://)")
     p.add_argument("--kind", choices=["train", "eval", "event"], default=None,
                    help="only these records (default: train and eval)")
-    p.add_argument("--tail", type=int, default=20, help="the last N rows (default: 20; 0: all)")
+    p.add_argument("--tail", type=whole_number(0, " (0: all rows)"), default=20, help="the last N rows (default: 20; 0: all)")
     p.add_argument("--all", action="store_true", help="every column, not only the ones that matter")
     p.add_argument("--csv", action="store_true", help="all rows and columns as CSV (time in UTC)")
     return parser

@@ -39,6 +39,10 @@ class _Section(BaseModel):
         # Counts reach TensorFlow and numpy as int64: a larger value would crash there, not here.
         if isinstance(v, int) and not isinstance(v, bool) and not -INT64_MAX - 1 <= v <= INT64_MAX:
             raise ValueError(f"beyond int64 (at most {INT64_MAX}); use a smaller number")
+        # An empty string is never a value here: it is an unset variable (`output_dir: $OUT`) or a
+        # slip, and taking it as "the default" would put a run where nobody asked for it.
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("is empty; give a value, or leave the key out for the default")
         return v
 
 
@@ -78,9 +82,9 @@ class ShardConfig(_Section):
     # Work-unit size: one unit -> one train shard (+ one validation shard). Independent of actors.
     unit_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     unit_rows: int = Field(50_000, ge=1)
-    num_actors: int | None = Field(None, ge=1)
+    num_actors: int | None = Field(None, ge=1, le=4096)
     # Rust threads per tokenizer actor: actors x threads should not exceed cores.
-    tokenizer_threads: int = Field(1, ge=1)
+    tokenizer_threads: int = Field(1, ge=1, le=256)
     # Read/write shards here instead of <output_dir>/shards (e.g. existing or gs:// shards).
     dir: str | None = None
     # A work unit whose actor dies is given to a fresh actor at most this many times, then the run
@@ -110,12 +114,15 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 class ModelConfig(_Section):
     model_type: Literal["roberta", "bert"] = "roberta"
     preset: Literal["tiny", "mini", "small", "base", "large"] = "tiny"
-    hidden_size: int | None = Field(None, gt=0)
-    num_hidden_layers: int | None = Field(None, gt=0)
-    num_attention_heads: int | None = Field(None, gt=0)
-    intermediate_size: int | None = Field(None, gt=0)
+    # Upper bounds: 16x the largest published masked LM (xlm-roberta-xl: hidden 2560, 36 layers,
+    # 32 heads, intermediate 10240), so a typo (an extra digit or two) fails here, not as an
+    # out-of-memory error after TensorFlow has started.
+    hidden_size: int | None = Field(None, gt=0, le=40_960)
+    num_hidden_layers: int | None = Field(None, gt=0, le=576)
+    num_attention_heads: int | None = Field(None, gt=0, le=512)
+    intermediate_size: int | None = Field(None, gt=0, le=163_840)
     # None -> the model type's published value (RoBERTa 514, BERT 512); must fit seq_len + offset.
-    max_position_embeddings: int | None = Field(None, gt=0)
+    max_position_embeddings: int | None = Field(None, gt=0, le=1 << 20)
     # None -> the model type's published value (RoBERTa 1e-5, BERT 1e-12).
     layer_norm_eps: float | None = Field(None, gt=0, lt=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
@@ -137,11 +144,14 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int = Field(1000, gt=0)
-    batch_size: int = Field(32, gt=0, description="global batch size, across all replicas")
-    learning_rate: float = Field(1e-4, gt=0)
+    # At most 2^20 sequences per step (LAMB-scale batches are 64k): beyond, one batch no longer fits.
+    batch_size: int = Field(32, gt=0, le=1 << 20, description="global batch size, across all replicas")
+    # AdamW: published MLM rates are 1e-4..6e-4 (2e-3 for tiny models); above 1 every step diverges.
+    learning_rate: float = Field(1e-4, gt=0, le=1)
     warmup_steps: int | None = Field(None, ge=0)
     warmup_ratio: float = Field(0.05, ge=0, le=1)
-    weight_decay: float = Field(0.01, ge=0)
+    # Decoupled weight decay (0 = none, 0.01 published): a rate over 1 flips the weights' sign.
+    weight_decay: float = Field(0.01, ge=0, le=1)
     mask_prob: float = Field(0.15, gt=0, lt=1)
     log_every: int = Field(10, gt=0)
     eval_every: int = Field(500, gt=0)
@@ -152,7 +162,8 @@ class TrainConfig(_Section):
     # costs in wall time, whatever the step time (None: by steps only).
     checkpoint_every_minutes: float | None = Field(None, gt=0)
     steps_per_execution: int | None = Field(None, gt=0)
-    shuffle_buffer: int = Field(10_000, gt=0)
+    # Samples held for shuffling (memory: buffer x seq_len x 16 bytes per input pipeline).
+    shuffle_buffer: int = Field(10_000, gt=0, le=10_000_000)
     strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"
     tpu_name: str | None = None
     mixed_precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
@@ -166,11 +177,11 @@ class TrainConfig(_Section):
     # host ("tpu": takes the TPU-<topology>-head resource), or on a GPU node ("gpu").
     placement: Literal["auto", "local", "tpu", "gpu"] = "auto"
     tpu_topology: str | None = Field(None, pattern=r"^v[0-9][a-z]*-[0-9]+$")
-    tpu_wait_timeout_s: float = Field(1800.0, gt=0, description="how long training waits for a free TPU slice "
-                                      "(e.g. while the autoscaler launches it) before failing")
-    num_gpus: int | None = Field(None, ge=1)
+    tpu_wait_timeout_s: float = Field(1800.0, gt=0, le=30 * 86400, description="how long training waits for a free TPU slice "
+                                      "(e.g. while the autoscaler launches it) before failing; at most 30 days")
+    num_gpus: int | None = Field(None, ge=1, le=1024)
     # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
-    workers: int = Field(1, ge=1)
+    workers: int = Field(1, ge=1, le=4096)
     # A NaN/inf loss or weights: "stop" with an error naming the step (the last good checkpoint is
     # kept), or "continue" with a warning (checkpoints with non-finite weights are still not saved).
     on_nan: Literal["stop", "continue"] = "stop"
@@ -181,12 +192,12 @@ class TrainConfig(_Section):
     # resume from the last committed checkpoint, at most this many times (0: the run fails).
     max_failures: int = Field(3, ge=0)
     # How long a resume waits for a replacement slice or GPU node before the run fails.
-    resume_wait_minutes: float = Field(60.0, gt=0)
+    resume_wait_minutes: float = Field(60.0, gt=0, le=30 * 1440)  # at most 30 days, as tpu_wait_timeout_s
 
 
 class RayConfig(_Section):
     address: str | None = None
-    num_cpus: int | None = Field(None, gt=0)
+    num_cpus: int | None = Field(None, gt=0, le=4096)
     # Local paths (output_dir, shard.dir) are one mount every node shares (NFS, Filestore): allows
     # them on a multi-node cluster, where they are otherwise refused for sharding and TPU/GPU runs.
     shared_filesystem: bool = False
@@ -219,6 +230,10 @@ class RunConfig(_Section):
                 f"{self.positions_needed()} ({self.model.model_type} positions start at "
                 f"{self.model.published('position_offset')}), got {positions}"
             )
+        warmup = self.train.warmup_steps
+        if warmup is not None and warmup > self.train.steps:
+            raise ValueError(f"train.warmup_steps={warmup} is more than train.steps={self.train.steps}: the "
+                             f"learning rate would never reach its peak; use a shorter warm-up")
         sizes = self.model.sizes()
         if sizes["hidden_size"] % sizes["num_attention_heads"]:
             raise ValueError(
@@ -319,8 +334,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise UserError(f"override {item!r}: expected section.key=value, e.g. train.steps=50")
         key, raw = item.split("=", 1)
+        if not raw.strip():  # `output_dir=$OUT` with OUT unset: never silently "the default"
+            raise UserError(f"override {item!r}: empty value; give one, or write {key.strip()}=null for "
+                            f"the default")
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw != "" else None
+            out[key.strip()] = yaml.safe_load(raw)
         except yaml.YAMLError:
             out[key.strip()] = raw
     return out

@@ -170,28 +170,29 @@ class Pipeline:
         self.cfg = cfg
 
     # --- stages ---------------------------------------------------------------------------------
+    # Each stage, run alone (`tpu-ray tokenizer`, `shard`, `train`) or inside `run`, records its
+    # start and end in the metrics stream and its numbers in RUN/summary.json, so `report` and
+    # `metrics` show a staged run exactly as they show a `run` run.
     def tokenizer(self, force: bool = False):
         """Train (or reuse) the run's tokenizer; returns its TokenizerInfo."""
-        with self._open("tokenizer", resume=True, corpus=True):
-            return run_tokenizer(self.cfg, force=force)
+        with self._open("tokenizer", resume=True, corpus=True), self._recorded() as rec:
+            return self._tokenizer(rec, force)
 
     def shard(self):
         """Write the TFRecord shards on Ray actors (resumes committed units); returns ShardSummary."""
-        with self._open("shard", resume=True, corpus=True, ray=True):
-            return self._shard()
+        with self._open("shard", resume=True, corpus=True, ray=True), self._recorded() as rec:
+            return self._shard(rec)
 
     def prepare(self):
         """Tokenizer then shards (the `prepare` job); returns the ShardSummary."""
-        with self._open("prepare", resume=True, corpus=True, ray=True):
-            run_tokenizer(self.cfg)
-            return self._shard()
+        with self._open("prepare", resume=True, corpus=True, ray=True), self._recorded() as rec:
+            self._tokenizer(rec)
+            return self._shard(rec)
 
     def train(self, resume: bool = False) -> dict[str, Any]:
         """Train on the run's shards where the config and cluster say; returns the training summary."""
-        with self._open("train", resume=resume, ray=training_needs_ray(self.cfg)):
-            from tpu_ray.cluster.placement import run_training
-
-            return run_training(self.cfg, resume=resume)
+        with self._open("train", resume=resume, ray=training_needs_ray(self.cfg)), self._recorded() as rec:
+            return self._train(rec, resume)
 
     def eval(self) -> dict[str, Any]:
         """Evaluate the last checkpoint on the validation shards; returns the eval record."""
@@ -202,38 +203,56 @@ class Pipeline:
 
     def run(self, resume: bool = False) -> RunResult:
         """Tokenizer, shards, training and export in one go."""
-        from tpu_ray.train.metrics import MetricsWriter
-
         cfg = self.cfg
         t0 = time.monotonic()
-        with self._open("run", resume=resume, corpus=True, ray=True, start_ray=False):
-            metrics = MetricsWriter(cfg.run_dir)
+        with self._open("run", resume=resume, corpus=True, ray=True, start_ray=False), self._recorded() as rec:
             result = RunResult(cfg.run_dir)
-            with _stage(metrics, "tokenizer"):
-                run_tokenizer(cfg)
-            with _stage(metrics, "shard"):
-                ensure_ray(cfg)
-                summary = self._shard()
-                result.shard_summary = summary.__dict__ | {"tokens_per_s": summary.tokens_per_s}
-            with _stage(metrics, "train"):
-                from tpu_ray.cluster.placement import run_training
-
-                result.train_summary = run_training(cfg, resume=resume)
+            self._tokenizer(rec)
+            ensure_ray(cfg)
+            self._shard(rec)
+            result.shard_summary = rec.summary["shards"]
+            result.train_summary = self._train(rec, resume)
             result.seconds = time.monotonic() - t0
-            summary = {"run_dir": cfg.run_dir, "seconds": result.seconds, "shards": result.shard_summary,
-                       **result.train_summary}
-            storage.atomic_write_text(rundir.path(cfg.run_dir, rundir.SUMMARY_FILE),
-                                      json.dumps(summary, indent=1) + "\n")
-            metrics.event("run_end", stage="run", seconds=result.seconds)
-            metrics.close()
+            rec.update(seconds=result.seconds)  # the whole command, start-up included
+            rec.metrics.event("run_end", stage="run", seconds=result.seconds)
         log.info("done in %.1fs: %s", result.seconds, cfg.run_dir)
         return result
 
-    # --- the door every stage goes through ------------------------------------------------------
-    def _shard(self):
+    # --- the stages' bodies, each recorded ------------------------------------------------------
+    def _tokenizer(self, rec: _Recorder, force: bool = False):
+        with _stage(rec, "tokenizer"):
+            info = run_tokenizer(self.cfg, force=force)
+        rec.update(tokenizer={"dir": self.cfg.tokenizer_dir, "kind": self.cfg.tokenizer.kind,
+                              "vocab_size": info.vocab_size, "sha256": info.sha256})
+        return info
+
+    def _shard(self, rec: _Recorder):
         from tpu_ray.prepare.shards import make_shards
 
-        return make_shards(self.cfg)
+        with _stage(rec, "shard"):
+            summary = make_shards(self.cfg)
+        rec.update(shards=summary.__dict__ | {"tokens_per_s": summary.tokens_per_s})
+        return summary
+
+    def _train(self, rec: _Recorder, resume: bool) -> dict[str, Any]:
+        from tpu_ray.cluster.placement import run_training
+
+        with _stage(rec, "train"):
+            summary = run_training(self.cfg, resume=resume)
+        rec.update(**summary)
+        return summary
+
+    @contextmanager
+    def _recorded(self) -> Iterator[_Recorder]:
+        from tpu_ray.train.metrics import MetricsWriter
+
+        metrics = MetricsWriter(self.cfg.run_dir)
+        try:
+            yield _Recorder(self.cfg.run_dir, metrics)
+        finally:
+            metrics.close()
+
+    # --- the door every stage goes through ------------------------------------------------------
 
     def _lock(self, stage: str, directory: str | None = None):
         from tpu_ray.runlock import RunLock
@@ -249,6 +268,7 @@ class Pipeline:
 
         setup_api_logging()  # the CLI's stage and step lines (API callers too), no library start-up noise
         cfg = self.cfg
+        rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if stage in ("run", "train"):
             refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
         if corpus:
@@ -268,11 +288,45 @@ class Pipeline:
             yield
 
 
-class _stage:
-    """Logs and records the start and end of a stage."""
+class _Recorder:
+    """A command's metrics writer and RUN/summary.json. The summary is read, updated and written
+    whole (atomically) after each stage, so a later stage adds to what an earlier command wrote:
+    `tokenizer`, `shard`, `train` run one by one leave the summary `run` leaves. `seconds` is the
+    command's wall time for `run`, else the sum of the stages' (`stage_seconds`)."""
 
-    def __init__(self, metrics, name: str):
-        self.metrics, self.name = metrics, name
+    def __init__(self, run_dir: str, metrics):
+        self.path = rundir.path(run_dir, rundir.SUMMARY_FILE)
+        self.metrics = metrics
+        self.summary: dict[str, Any] = {**_read_summary(self.path), "run_dir": run_dir}
+
+    def stage_done(self, name: str, seconds: float) -> None:
+        stages = {**self.summary.get("stage_seconds", {}), name: round(seconds, 3)}
+        self.update(stage_seconds=stages, seconds=sum(stages.values()))
+
+    def update(self, **fields: Any) -> None:
+        self.summary.update(fields)
+        storage.atomic_write_text(self.path, json.dumps(self.summary, indent=1, default=str) + "\n")
+
+
+def _read_summary(path: str) -> dict[str, Any]:
+    """An earlier command's summary; one that is not a JSON object is replaced, with a warning."""
+    if not storage.exists(path):
+        return {}
+    try:
+        data = json.loads(storage.read_text(path))
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, dict):
+        log.warning("%s is not a JSON object: replaced by this command's summary", path)
+        return {}
+    return data
+
+
+class _stage:
+    """Logs and records the start and end of a stage (in the metrics stream and the summary)."""
+
+    def __init__(self, rec: _Recorder, name: str):
+        self.rec, self.metrics, self.name = rec, rec.metrics, name
 
     def __enter__(self):
         self.t0 = time.monotonic()
@@ -284,6 +338,7 @@ class _stage:
         if exc is None:
             log.info("stage %s: done in %.1fs", self.name, seconds)
             self.metrics.event("stage_end", stage=self.name, seconds=seconds)
+            self.rec.stage_done(self.name, seconds)
         else:
             self.metrics.event("stage_failed", stage=self.name, seconds=seconds, error=first_line(exc))
         return False

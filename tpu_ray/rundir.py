@@ -59,3 +59,20 @@ def latest_named(state_text: str | None) -> str | None:
     text: no TensorFlow needed (resume checks run before it is imported)."""
     match = _LATEST.search(state_text or "")
     return match.group(1).replace("\\", "/").rsplit("/", 1)[-1] if match else None
+
+
+def refuse_misplaced_files(output_dir: str | None, shards_dir: str | None, tokenizer_path: str | None) -> None:
+    """Refuse, before anything is written, a local file where a run's directory belongs (and a
+    configured tokenizer that is not a directory): one line naming the config key, not an OSError
+    from deep inside a stage after the config was already saved."""
+    import os
+
+    from tpu_ray.errors import UserError
+
+    for key, value in (("output_dir", output_dir), ("shard.dir", shards_dir), ("tokenizer.path", tokenizer_path)):
+        if value and not storage.is_remote(value) and os.path.isfile(value):
+            raise UserError(f"{key}={value}: is a file, a directory belongs here; a file is in the way, "
+                            f"remove it or choose another path")
+    if tokenizer_path and not storage.is_remote(tokenizer_path) and not os.path.isdir(tokenizer_path):
+        raise UserError(f"tokenizer.path={tokenizer_path}: no such directory; pass a tokenizer directory "
+                        f"(with {TOKENIZER_FILE}), or leave tokenizer.path out to train one")

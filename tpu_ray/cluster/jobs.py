@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from tpu_ray import storage
+from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError, first_line
 
@@ -220,6 +220,9 @@ def submit(cfg: RunConfig, address: str | None = None, working_dir: str = ".", s
     if not os.path.isfile(entry):
         raise UserError(f"working_dir {working_dir!r} has no jobs/{stage}.py; pass the tpu-ray repository "
                         f"directory as working_dir")
+    # A local path names this machine's disk, which a local cluster's job writes: refuse a file in
+    # the way here, before the job is queued, not in the job's log.
+    rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, None)  # tokenizer.path: the cluster's
     submission_id = submission_id or f"tpu-ray-{cfg.name}-{uuid.uuid4().hex[:8]}"
     run_dir = _resolve_run_dir(cfg, submission_id)
     cfg = cfg.override({"output_dir": run_dir})

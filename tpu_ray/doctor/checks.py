@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from tpu_ray import storage
+from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.doctor.estimates import (GB, HBM_WARN_FRACTION, PROBE_BYTES, PROBE_FLOPS, PROBE_MAX_LAYERS,
                                       ASSUMED_UTILIZATION, fmt_bytes, fmt_count, fmt_duration, memory_per_replica,
@@ -629,14 +629,14 @@ def run_doctor(cfg: RunConfig | Callable[[], RunConfig], target: str | None = No
     """
     t0 = time.monotonic()
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its retry tracebacks; we report one line
-    if callable(cfg) and not isinstance(cfg, RunConfig):
-        try:
-            cfg = cfg()
-        except UserError as exc:
-            print(f"{FAIL}  {'config':<15} {exc}", file=out, flush=True)
-            print(f"{'':6}{'':<15} fix: correct the config (the message names the field)", file=out, flush=True)
-            print(f"doctor: 1 FAIL, nothing else checked ({time.monotonic() - t0:.0f}s)", file=out, flush=True)
-            return 1
+    try:
+        cfg = cfg() if callable(cfg) and not isinstance(cfg, RunConfig) else cfg
+        rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
+    except UserError as exc:
+        print(f"{FAIL}  {'config':<15} {exc}", file=out, flush=True)
+        print(f"{'':6}{'':<15} fix: correct the config (the message names the field)", file=out, flush=True)
+        print(f"doctor: 1 FAIL, nothing else checked ({time.monotonic() - t0:.0f}s)", file=out, flush=True)
+        return 1
     tgt = parse_target(target, cfg)
     print(f"tpu-ray doctor: run {cfg.name}, target {tgt.describe()}", file=out, flush=True)
     doctor = Doctor(cfg, tgt, full, out)

@@ -13,7 +13,7 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
 
     if not storage.exists(storage.join(model_dir, "config.json")):
         raise UserError(f"{model_dir}: no exported model (config.json missing); train first or fix the path")
-    _one_mask(text, MASK)  # before loading TensorFlow: a refusal costs no model load
+    check_fill_mask_text(text)  # before loading TensorFlow: a refusal costs no model load
     from tpu_ray.prepare.tokenizer import check_json_files
 
     check_json_files(model_dir, "export it again (tpu-ray train --resume with the run's config)")
@@ -31,7 +31,17 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     if mask not in text:
         raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")
     _one_mask(text, mask)
-    return unmasker(text, top_k=top_k)
+    if top_k < 1:
+        raise UserError(f"--top-k {top_k}: must be >= 1 (how many predictions to print)")
+    # More than the vocabulary means "all of it": TensorFlow's top_k would refuse k > vocabulary.
+    return unmasker(text, top_k=min(top_k, len(unmasker.tokenizer)))
+
+
+def check_fill_mask_text(text: str, mask: str = MASK) -> None:
+    """Refuse a fill-mask sentence that cannot be answered (empty, or more than one mask)."""
+    if not text.strip():
+        raise UserError(f"fill-mask text {text!r}: is empty; give a sentence with one {mask}")
+    _one_mask(text, mask)
 
 
 def _one_mask(text: str, mask: str) -> None:
