@@ -366,9 +366,10 @@ def test_read_only_output_dir_is_one_line(tmpfs, small_corpus, capsys, monkeypat
 
 
 def test_full_disk_is_one_line_naming_the_file(tmpfs, small_corpus, capsys, monkeypatch, tmp_path):
-    """Three pages: the run's lock, config.yaml and run_info.json fit, the tokenizer's files do not."""
+    """Four pages: the run's lock, config.yaml, run_info.json and metrics.jsonl (the stage's start)
+    fit, the tokenizer's files do not."""
     monkeypatch.chdir(tmp_path)
-    full = tmpfs("12k")
+    full = tmpfs("16k")
     line = _one_error_line(capsys, ["tokenizer", "--corpus", str(small_corpus), "--output-dir", str(full / "run"),
                                     "tokenizer.vocab_size=100"])
     assert f"{full / 'run' / 'tokenizer'}/" in line and ": no space left on device; free space" in line, line

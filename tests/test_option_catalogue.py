@@ -312,7 +312,7 @@ CONFIG_ROWS: dict[str, object] = {
     "train.steps": gt0("huge: trains until stopped; --resume continues"),
     "train.batch_size": Num(0, 1 << 20, lo_open=True),
     "train.learning_rate": Num(0, 1, lo_open=True),
-    "train.warmup_steps": Num(0, 1000, meaning="0: no warm-up; at most train.steps (default 1000)"),
+    "train.warmup_steps": Num(0, meaning="0: no warm-up; more than train.steps: the rate rises all run"),
     "train.warmup_ratio": fraction(hi_open=False),
     "train.weight_decay": fraction(hi_open=False),  # 0: no weight decay
     "train.mask_prob": fraction(lo_open=True),

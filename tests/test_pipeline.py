@@ -117,6 +117,16 @@ def test_exported_model_answers_fill_mask(quickstart_run):
     assert all("[MASK]" not in p["sequence"] and 0 < p["score"] <= 1 for p in preds)
 
 
+def test_fill_mask_top_k_beyond_the_vocabulary_prints_all(quickstart_run, capsys):
+    """Issue 25: a huge --top-k is meaningful (the whole vocabulary, best first), not a TopKV2 crash."""
+    assert main(["fill-mask", "--model", str(quickstart_run), "The [MASK] of the river.", "--top-k", str(10**15)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    vocab = json.loads((quickstart_run / "model" / "config.json").read_text())["vocab_size"]
+    assert len(lines) == vocab
+    scores = [float(line.split()[0]) for line in lines]
+    assert scores == sorted(scores, reverse=True)
+
+
 def test_tokenizer_pad_id_matches_tf_roberta_padding_index(quickstart_run):
     from transformers import AutoTokenizer
 

@@ -185,7 +185,7 @@ class Pipeline:
 
     def prepare(self):
         """Tokenizer then shards (the `prepare` job); returns the ShardSummary."""
-        with self._open("prepare", resume=True, corpus=True, ray=True), self._recorded() as rec:
+        with self._open("prepare", resume=True, corpus=True, ray=True), self._recorded(announce=True) as rec:
             self._tokenizer(rec)
             return self._shard(rec)
 
@@ -205,7 +205,8 @@ class Pipeline:
         """Tokenizer, shards, training and export in one go."""
         cfg = self.cfg
         t0 = time.monotonic()
-        with self._open("run", resume=resume, corpus=True, ray=True, start_ray=False), self._recorded() as rec:
+        with (self._open("run", resume=resume, corpus=True, ray=True, start_ray=False),
+              self._recorded(announce=True) as rec):
             result = RunResult(cfg.run_dir)
             self._tokenizer(rec)
             ensure_ray(cfg)
@@ -243,14 +244,21 @@ class Pipeline:
         return summary
 
     @contextmanager
-    def _recorded(self) -> Iterator[_Recorder]:
+    def _recorded(self, announce: bool = False) -> Iterator[_Recorder]:
+        """`announce`: log each stage's start and end (`run`, `prepare`); a one-stage command's own
+        result line says it all."""
         from tpu_ray.train.metrics import MetricsWriter
 
         metrics = MetricsWriter(self.cfg.run_dir)
         try:
-            yield _Recorder(self.cfg.run_dir, metrics)
-        finally:
-            metrics.close()
+            yield _Recorder(self.cfg.run_dir, metrics, announce)
+        except BaseException:
+            try:  # the stage's error is the one to report, not a flush that fails after it
+                metrics.close()
+            except OSError:
+                pass
+            raise
+        metrics.close()
 
     # --- the door every stage goes through ------------------------------------------------------
 
@@ -294,9 +302,9 @@ class _Recorder:
     `tokenizer`, `shard`, `train` run one by one leave the summary `run` leaves. `seconds` is the
     command's wall time for `run`, else the sum of the stages' (`stage_seconds`)."""
 
-    def __init__(self, run_dir: str, metrics):
+    def __init__(self, run_dir: str, metrics, announce: bool = False):
         self.path = rundir.path(run_dir, rundir.SUMMARY_FILE)
-        self.metrics = metrics
+        self.metrics, self.announce = metrics, announce
         self.summary: dict[str, Any] = {**_read_summary(self.path), "run_dir": run_dir}
 
     def stage_done(self, name: str, seconds: float) -> None:
@@ -330,15 +338,20 @@ class _stage:
 
     def __enter__(self):
         self.t0 = time.monotonic()
-        log.info("stage %s: start", self.name)
+        if self.rec.announce:
+            log.info("stage %s: start", self.name)
         self.metrics.event("stage_start", stage=self.name)
 
     def __exit__(self, exc_type, exc, tb):
         seconds = time.monotonic() - self.t0
         if exc is None:
-            log.info("stage %s: done in %.1fs", self.name, seconds)
+            if self.rec.announce:
+                log.info("stage %s: done in %.1fs", self.name, seconds)
             self.metrics.event("stage_end", stage=self.name, seconds=seconds)
             self.rec.stage_done(self.name, seconds)
-        else:
-            self.metrics.event("stage_failed", stage=self.name, seconds=seconds, error=first_line(exc))
+        else:  # best effort: the stage's own error is the one to report (a full disk fails this too)
+            try:
+                self.metrics.event("stage_failed", stage=self.name, seconds=seconds, error=first_line(exc))
+            except OSError:
+                pass
         return False

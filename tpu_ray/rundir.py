@@ -71,8 +71,8 @@ def refuse_misplaced_files(output_dir: str | None, shards_dir: str | None, token
 
     for key, value in (("output_dir", output_dir), ("shard.dir", shards_dir), ("tokenizer.path", tokenizer_path)):
         if value and not storage.is_remote(value) and os.path.isfile(value):
-            raise UserError(f"{key}={value}: is a file, a directory belongs here; a file is in the way, "
-                            f"remove it or choose another path")
+            raise UserError(f"{key}={value}: a file is in the way (not a directory); remove it or choose "
+                            f"another path")
     if tokenizer_path and not storage.is_remote(tokenizer_path) and not os.path.isdir(tokenizer_path):
         raise UserError(f"tokenizer.path={tokenizer_path}: no such directory; pass a tokenizer directory "
                         f"(with {TOKENIZER_FILE}), or leave tokenizer.path out to train one")
