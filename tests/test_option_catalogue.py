@@ -419,3 +419,11 @@ def test_a_file_where_a_config_directory_belongs_is_one_line(key, value, needle,
     out = [] if key == "output_dir" else ["--output-dir", f"{probe_ctx['tmp']}/cfg-out"]
     line = _refused(["tokenizer", "--corpus", probe_ctx["corpus"], *out, f"{key}={probe_ctx['file']}"], capsys)
     assert needle.replace("<file>", probe_ctx["file"]) in line, line
+
+
+def test_docs_options_table_is_current():
+    """docs/options.md documents every option and field with what it accepts; regenerate it with
+    `python -m tpu_ray.options_doc > docs/options.md` when the parser or the schema changes."""
+    from tpu_ray.options_doc import render
+
+    assert (REPO / "docs" / "options.md").read_text() == render()
