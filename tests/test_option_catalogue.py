@@ -311,7 +311,8 @@ CONFIG_ROWS: dict[str, object] = {
     "model.dropout": fraction(),  # 0: no dropout
     "train.steps": gt0("huge: trains until stopped; --resume continues"),
     "train.batch_size": Num(0, 1 << 20, lo_open=True),
-    "train.learning_rate": Num(0, 1, lo_open=True),
+    "train.learning_rate": gt0("huge: diverges, and training stops at the first non-finite loss naming the "
+                               "step (test_faults.py::test_diverged_loss_stops_naming_the_step_...)"),
     "train.warmup_steps": Num(0, meaning="0: no warm-up; more than train.steps: the rate rises all run"),
     "train.warmup_ratio": fraction(hi_open=False),
     "train.weight_decay": fraction(hi_open=False),  # 0: no weight decay

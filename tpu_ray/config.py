@@ -146,8 +146,9 @@ class TrainConfig(_Section):
     steps: int = Field(1000, gt=0)  # optimizer steps of the whole run
     # At most 2^20 sequences per step (LAMB-scale batches are 64k): beyond, one batch no longer fits.
     batch_size: int = Field(32, gt=0, le=1 << 20, description="global batch size, across all replicas")
-    # AdamW: published MLM rates are 1e-4..6e-4 (2e-3 for tiny models); above 1 every step diverges.
-    learning_rate: float = Field(1e-4, gt=0, le=1)
+    # AdamW's peak rate: published MLM rates are 1e-4..6e-4 (2e-3 for tiny models). No upper bound:
+    # a rate that diverges stops at the first non-finite loss, naming the step (train.on_nan).
+    learning_rate: float = Field(1e-4, gt=0)
     # None: warmup_ratio x steps. More than steps is allowed (a shrunk config's smoke test): the
     # rate then rises for the whole run and never reaches learning_rate.
     warmup_steps: int | None = Field(None, ge=0)
