@@ -7,7 +7,7 @@ Why a custom loop rather than `model.fit`: we need (1) the loss and accuracy ave
 positions of the *global* batch (an all-reduced count, so 8 replicas equal 1 device), (2) the
 train step's trace count and the host's input wait per interval, (3) resume at an exact step with
 the same data and masks. The loop is still Keras underneath: a transformers TF model, a tf-keras
-optimizer from `transformers.create_optimizer`, `steps_per_execution` steps per host round trip.
+AdamW from train/optimizer.py, `steps_per_execution` steps per host round trip.
 
 `_train_loop` reads as its steps: restore_or_start -> train_input -> make_train_step ->
 default_hooks (loop_hooks.py: accumulate, log, eval, checkpoint, each with its own every=) ->
@@ -73,9 +73,10 @@ class TrainSetup:
 def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     """Model, optimizer and the checkpoint object over them, created inside the strategy's scope."""
     import tf_keras
-    from transformers import TFAutoModelForMaskedLM, create_optimizer
+    from transformers import TFAutoModelForMaskedLM
 
     from tpu_ray.train import schedule as lr_schedule
+    from tpu_ray.train.optimizer import make_optimizer
 
     t = cfg.train
     warmup = lr_schedule.warmup_steps(cfg)
@@ -85,9 +86,7 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     with info.strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
         model(model.dummy_inputs, training=False)  # create the variables now, in scope
-        optimizer, schedule = create_optimizer(
-            init_lr=t.learning_rate, num_train_steps=t.steps, num_warmup_steps=warmup,
-            weight_decay_rate=t.weight_decay)
+        optimizer, schedule = make_optimizer(t, warmup)
         if info.mixed_precision == "mixed_float16":  # float16 needs loss scaling; bfloat16 does not
             optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
         # Create the slots now (legacy tf-keras optimizers otherwise make them on first apply), so a
