@@ -403,13 +403,14 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         # One host: TensorFlow's PJRT TPU client, set in the task's runtime_env (no login shell).
         assert small["tpu_env"] == {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
                                     "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so", "TPU_ACCELERATOR_TYPE": "v4-8"}
-        # Two hosts, the slice named in the config: still one client that must not load libtpu.
+        # Two hosts, the slice named in the config: train.tpu_name picks the slice Ray reserves, and
+        # TensorFlow's TPU_NAME is the reserved slice's name (issue 23.1), one client, no libtpu.
         big = run_training(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
-                                **common, **{"train.tpu_topology": "v4-16", "train.tpu_name": "named-slice"}))
+                                **common, **{"train.tpu_topology": "v4-16", "train.tpu_name": "slice-b"}))
         assert big["node_id"] == v4_16[1].node_id  # worker 0
         assert big["slice_nodes"] == [v4_16[1].node_id, v4_16[0].node_id]
         assert big["steps"] == 4
-        assert big["tpu_env"] == {"TPU_NAME": "named-slice", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}
+        assert big["tpu_env"] == {"TPU_NAME": "slice-b", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}
         assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
 
         # Sharding actors: only the CPU head may run them, though every TPU host has a free CPU.

@@ -193,6 +193,10 @@ class TrainConfig(_Section):
     # On --resume, accept train.steps / warmup / learning_rate that differ from the checkpoint's:
     # the run continues under the new schedule from the checkpoint's step (e.g. to extend a run).
     extend_schedule: bool = False
+    # On --resume, accept a different data order than the checkpoint's (another number of input
+    # pipelines, i.e. hosts, or another train.shuffle_buffer): the run continues at the same step
+    # under the new order, which repeats or skips some samples of the current epoch.
+    accept_new_data_order: bool = False
     # TPU/GPU placement: when the training node (or slice) is lost, wait for matching capacity and
     # resume from the last committed checkpoint, at most this many times (0: the run fails).
     max_failures: int = Field(3, ge=0)

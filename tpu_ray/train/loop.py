@@ -314,7 +314,8 @@ def train_input(cfg: RunConfig, s: TrainSetup, train_files: list[tuple[str, int]
 
     dist = s.info.strategy.distribute_datasets_from_function(dataset_fn)
     if ckpts.latest:  # resumed: the position is checked against the stored one before the first step
-        at = positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url)
+        at = positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
+                                    cfg.train.accept_new_data_order)
         metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
                       sample_in_epoch=at.sample_in_epoch, samples=at.samples)
     return iter(dist), files_read, positions
