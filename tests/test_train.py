@@ -664,3 +664,46 @@ def test_train_step_is_the_keras_fit_step(tmp_path, shards_dir, tiny_tokenizer_d
     assert largest_difference(ours, build(cfg, info, tok)) > 1e-3  # the steps did change the weights
     difference = largest_difference(ours, keras)
     assert difference < 1e-5, difference
+
+
+def test_an_interrupted_first_checkpoint_starts_at_step_0_and_says_so(tmp_path, shards_dir, tiny_tokenizer_dir,
+                                                                      caplog):
+    """Issue 23.3: the process died after the first checkpoint's position and data files, before its
+    index: nothing was ever committed. `--resume` (what recovery runs) used to refuse ("delete ... to
+    start over"), which stopped automatic recovery; now it starts at step 0 with a warning and a
+    `start_over` event, and the half-written files are gone. A fresh start over it is not refused
+    either: there was nothing to lose."""
+    from tpu_ray.train.loop import train
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 4, "train.checkpoint_every": 4, "train.eval_every": 4, "train.log_every": 2})
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / "ckpt-2.position.json").write_text('{"step": 2}\n')
+    (ckpts / "ckpt-2.data-00000-of-00002").write_bytes(b"\0" * 64)  # a data-file count unlike the new one's
+    with caplog.at_level("WARNING"):
+        summary = train(cfg, resume=True)
+    assert summary["steps"] == 4 and not summary.get("resumed_from")
+    assert any("no checkpoint was ever completed (ckpt-2 was interrupted" in r.getMessage() for r in caplog.records)
+    assert [r["reason"] for r in _events(tmp_path / "run", "start_over")][0].endswith("training starts at step 0")
+    assert not list(ckpts.glob("ckpt-2.*")) and (ckpts / "ckpt-4.index").exists()
+
+
+def _events(run_dir: Path, name: str) -> list[dict]:
+    return [r for r in _records(run_dir, "event") if r.get("event") == name]
+
+
+def test_weight_decay_0_trains_with_the_same_optimizer_class(tmp_path, shards_dir, tiny_tokenizer_dir):
+    """Issue 23.6: train.weight_decay=0 crashed (transformers' create_optimizer returns another class
+    at rate 0, without `_create_all_weights`). Every valid value trains, with one optimizer class."""
+    from transformers import AdamWeightDecay
+
+    from tpu_ray.train.loop import train
+    from tpu_ray.train.optimizer import make_optimizer
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 2, "train.checkpoint_every": 2, "train.eval_every": 2, "train.log_every": 1,
+                  "train.weight_decay": 0.0})
+    assert isinstance(make_optimizer(cfg.train, 1)[0], AdamWeightDecay)
+    summary = train(cfg)
+    assert summary["steps"] == 2 and np.isfinite(_records(tmp_path / "run", "train")[-1]["loss"])

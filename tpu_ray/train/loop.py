@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tpu_ray import rundir, storage
 from tpu_ray.train.checkpoints import CheckpointStore, CheckpointTimer
+from tpu_ray.train.generation import Generation
 from tpu_ray.train.hooks import executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
@@ -110,9 +111,14 @@ def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
     # Harmless on a TPU VM, where the client is the host.
     options = (tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
                if s.info.kind == "tpu" else None)
-    return CheckpointStore(s.checkpoint, rundir.checkpoints_dir(s.cfg.run_dir),
-                           s.cfg.train.keep_checkpoints, write=write, options=options,
-                           skip_busy=s.info.kind != "multiworker")  # a collective save is never skipped
+    directory = rundir.checkpoints_dir(s.cfg.run_dir)
+    generation = None
+    if write:  # this attempt's fencing token: an older attempt still alive can no longer commit or prune
+        generation = Generation(directory)
+        log.info("training attempt %d of %s", generation.claim(), s.cfg.run_dir)
+    return CheckpointStore(s.checkpoint, directory, s.cfg.train.keep_checkpoints, write=write, options=options,
+                           skip_busy=s.info.kind != "multiworker",  # a collective save is never skipped
+                           generation=generation)
 
 
 def make_replica_grads(s: TrainSetup):
@@ -278,7 +284,9 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
                      resume: bool) -> int:
     """The step to start from: 0, or the latest checkpoint's with --resume (refused without it)."""
-    if not ckpts.present:  # any ckpt-* file, complete or not: a fresh start would overwrite them
+    if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
+        metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
+    if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
         return 0
     if not resume:
         raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
