@@ -92,13 +92,13 @@ def prepare(work: Path, args) -> object:
 def test_batch(cfg) -> dict:
     """The held-out text as shards are cut, 15% of its tokens masked with a fixed seed."""
     import numpy as np
-    from tpu_ray.prepare.shards import chunk_ids, encode_lines, text_tokenizer
+    from tpu_ray.prepare.shards import chunk_ids, encode_lines, never_text_ids, text_tokenizer
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
     info = tokenizer_info(cfg.tokenizer_dir)
     tok = text_tokenizer((Path(cfg.tokenizer_dir) / "tokenizer.json").read_text())
     lines = [s for s in (WIKITEXT / "test.txt").read_text().splitlines() if s.strip()]
-    rows, _, _ = chunk_ids(encode_lines(tok, lines, frozenset(info.special_ids)), cfg.shard.seq_len, info.cls_id,
+    rows, _, _ = chunk_ids(encode_lines(tok, lines, never_text_ids(info)), cfg.shard.seq_len, info.cls_id,
                            info.sep_id)
     rng = np.random.default_rng(EVAL_SEED)
     targets = (rng.random(rows.shape) < EVAL_MASK_PROB) & ~np.isin(rows, [info.cls_id, info.sep_id, info.pad_id])

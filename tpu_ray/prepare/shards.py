@@ -88,43 +88,45 @@ def shard_path(split: str, unit_index: int, count: int) -> str:
 
 
 def text_tokenizer(tokenizer_json: str) -> Any:
-    """The tokenizer as the shards use it: corpus text is text (issue 23.7). Special-token strings
-    in the corpus ("a <pad> b [SEP]") are encoded as ordinary pieces, never as the special ids: a
-    literal `<pad>` mid-sample would be padding to TF RoBERTa's position ids and never a masking
-    target. (`add_special_tokens=False` only drops the template's [CLS]/[SEP]; it still matches
-    special strings in the text.)"""
+    """The tokenizer the shards encode with (see `encode_lines` for what becomes of special strings)."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_str(tokenizer_json)
-    tok.encode_special_tokens = True  # added tokens are not matched in the text
-    return tok
+    return Tokenizer.from_str(tokenizer_json)
+
+
+def never_text_ids(info: TokenizerInfo) -> frozenset[int]:
+    """The ids no corpus text may produce: [CLS] [SEP] <pad> [MASK] (issue 23.7). A literal `<pad>`
+    mid-sample would be padding to TF RoBERTa's position ids and never a masking target; [SEP] and
+    [CLS] mark sample structure; [MASK] is the training signal. `<unk>` is not among them: it is
+    an ordinary masking target (issue 16), and WikiText writes its unknown words as `<unk>`, which
+    the tokenizer's unknown token means exactly."""
+    return frozenset({info.cls_id, info.sep_id, info.pad_id, info.mask_id})
 
 
 def encode_lines(tok: Any, lines: list[str], special_ids: frozenset[int] = frozenset()) -> list[list[int]]:
-    """Ids of each line; with `special_ids`, a piece of text that the model's own vocabulary maps to
-    a special id (BPE and Unigram keep "<pad>" as a vocabulary entry) is spelled by its characters."""
+    """Ids of each line. Text is text: a special-token string written in a line ("a <pad> b [SEP]",
+    also glued to a word) is matched by the tokenizer as its special token (`add_special_tokens=False`
+    only drops the template's [CLS]/[SEP]); each id of `special_ids` that stands for such text is
+    spelled by its characters instead."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast skips offsets (tokenizers>=0.20)
     out = [e.ids for e in encode(lines, add_special_tokens=False)]
     if special_ids:
         for i, ids in enumerate(out):
-            if not special_ids.isdisjoint(ids):
+            if not special_ids.isdisjoint(ids):  # rare: only lines with such strings pay for offsets
                 out[i] = _respell(tok, lines[i], special_ids)
     return out
 
 
 def _respell(tok: Any, line: str, special_ids: frozenset[int]) -> list[int]:
-    """`line`'s ids, each special id whose text is literally written in the line replaced by the ids
-    of its characters (unk for a character the vocabulary lacks, as for any unknown character). An
-    unk that stands for an unknown character stays: it is what the tokenizer makes of such text."""
+    """`line`'s ids with every id of `special_ids` replaced by the ids of the characters it stands
+    for (the tokenizer's unknown id for a character its vocabulary lacks, as for any such character)."""
     enc = tok.encode(line, add_special_tokens=False)
-    unk_piece = tok.id_to_token(tok.model.unk_token_id) if hasattr(tok.model, "unk_token_id") else None
     ids: list[int] = []
-    for token_id, token, (start, end) in zip(enc.ids, enc.tokens, enc.offsets):
-        text = line[start:end]
-        if token_id not in special_ids or (token == unk_piece and text != token):
+    for token_id, (start, end) in zip(enc.ids, enc.offsets):
+        if token_id not in special_ids:
             ids.append(token_id)
             continue
-        for ch in text:
+        for ch in line[start:end]:
             ch_id = tok.token_to_id(ch)
             ids.append(ch_id if ch_id is not None and ch_id not in special_ids else _unk_id(tok, special_ids))
     return ids
@@ -175,7 +177,7 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
             result["split_lines"] += cut
         if not lines:
             continue
-        flat = encode_joined(tok, lines, info.sep_id, frozenset(info.special_ids))
+        flat = encode_joined(tok, lines, info.sep_id, never_text_ids(info))
         del lines
         rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
         del flat
