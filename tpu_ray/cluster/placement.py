@@ -162,12 +162,12 @@ def _missing_hosts_line(slice_name: str, pod_type: str, expected: int, timeout_s
 WAIT_LOG_EVERY_S = 30.0  # while a TPU slice is being launched (minutes on GCP): one line this often
 
 
-def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: float = WAIT_LOG_EVERY_S,
-                       first_log_s: float = 2.0) -> str | None:
+def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: float = WAIT_LOG_EVERY_S) -> str | None:
     """Wait up to `timeout_s` for `pg` (which asks for `resource`); None once it is placed.
 
-    While waiting, logs what the autoscaler is doing about it every `log_every_s` (the first line
-    after `first_log_s`): "waiting for TPU-v4-8-head: autoscaler launching 1 node (tpu_v4_8)".
+    Not placed at once: logs what the autoscaler is doing about it right away, then every
+    `log_every_s`: "waiting for TPU-v4-8-head: autoscaler launching 1 node (tpu_v4_8)". (The first
+    line is certain whenever the slice was not there at the first look, whatever the timing.)
     On timeout returns the autoscaler's last state, for the caller's one-line error; returns it
     early when the autoscaler finds the request infeasible (no node type offers the resource).
     """
@@ -176,16 +176,11 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
     from tpu_ray.cluster.autoscaler import INFEASIBLE, launch_summary
 
     t0 = time.monotonic()
-    next_log = first_log_s
+    if pg.wait(0):
+        return None
+    next_log = 0.0
     while True:
         elapsed = time.monotonic() - t0
-        if pg.wait(max(0.0, min(next_log, timeout_s) - elapsed)):
-            if elapsed >= first_log_s:
-                log.info("%s: placed after %.0fs", resource, time.monotonic() - t0)
-            return None
-        elapsed = time.monotonic() - t0
-        if elapsed >= timeout_s:
-            return launch_summary(resource)
         if elapsed >= next_log:
             summary = launch_summary(resource)
             if summary.endswith(INFEASIBLE):
@@ -193,6 +188,11 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
             log.info("waiting for %s: %s (%.0fs of train.tpu_wait_timeout_s=%g)", resource, summary, elapsed,
                      timeout_s)
             next_log = elapsed + log_every_s
+        if pg.wait(max(0.0, min(next_log, timeout_s) - elapsed)):
+            log.info("%s: placed after %.0fs", resource, time.monotonic() - t0)
+            return None
+        if time.monotonic() - t0 >= timeout_s:
+            return launch_summary(resource)
 
 
 def _train_task(cfg_dict: dict, resume: bool) -> dict:
