@@ -5,7 +5,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tpu_ray.train.inputs import IGNORE, MaskSpec, mask_tokens, pad_to_multiple  # noqa: E402 (after importorskip)
+from tpu_ray.train.inputs import IGNORE, MaskSpec, mask_tokens  # noqa: E402 (after importorskip)
 
 SPEC = MaskSpec(mask_prob=0.15, mask_id=4, vocab_size=1000, special_ids=(0, 1, 2, 3, 4))
 
@@ -81,12 +81,6 @@ def test_masking_keeps_static_shapes_under_xla():
     concrete = tf.function(lambda x, s: mask_tokens(x, s, SPEC)).get_concrete_function(
         tf.TensorSpec([4, 32], tf.int32), tf.TensorSpec([2], tf.int64))
     assert all(o.shape.is_fully_defined() for o in concrete.outputs)
-
-
-def test_pad_to_multiple_keeps_distinct_shapes_few():
-    padded, mask = pad_to_multiple([[5] * 3, [6] * 70], 64, pad_id=1)
-    assert {len(p) for p in padded} == {128}
-    assert mask[0][:3] == [1, 1, 1] and mask[0][3] == 0 and padded[0][3] == 1
 
 
 def test_mlm_targets_gather_every_masked_position_with_static_shape():

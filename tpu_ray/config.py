@@ -173,7 +173,6 @@ class TrainConfig(_Section):
     # auto: bfloat16 on TPU, float16 with loss scaling on GPU, float32 on CPU.
     mixed_precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
     jit_compile: bool | None = None  # XLA-compile the train step (None: the strategy's default)
-    eval_pad_multiple: int = Field(64, gt=0)
     # Peak FLOP/s of one device for MFU when the device is not in the table (e.g. a CPU).
     peak_flops: float | None = Field(None, gt=0)
     # Split the CPU into this many logical devices (MirroredStrategy): a v3-8 stand-in for tests.
@@ -202,6 +201,15 @@ class TrainConfig(_Section):
     max_failures: int = Field(3, ge=0)
     # How long a resume waits for a replacement slice or GPU node before the run fails.
     resume_wait_minutes: float = Field(60.0, gt=0, le=30 * 1440)  # at most 30 days, as tpu_wait_timeout_s
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_removed(cls, data: Any) -> Any:
+        """train.eval_pad_multiple never did anything and was removed (issue 23); saved configs and
+        YAML files that still name it load as before."""
+        if isinstance(data, dict) and "eval_pad_multiple" in data:
+            data = {k: v for k, v in data.items() if k != "eval_pad_multiple"}
+        return data
 
 
 class RayConfig(_Section):
