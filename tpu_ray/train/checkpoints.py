@@ -122,6 +122,7 @@ class CheckpointStore:
         local = self._staging.name if self._staging else directory
         self.present = False  # any checkpoint file at all (a fresh start must not overwrite them)
         self.problem: UserError | None = None  # files present, none complete: raised by restore()
+        self.saved_any = False  # this store saved a checkpoint (else close() withdraws the generation claim)
         self.started_over: str | None = None  # why a run with only a half-written first checkpoint starts at 0
         self.latest: str | None = None  # what restore() reads: a staged copy of a remote run
         try:
@@ -234,6 +235,7 @@ class CheckpointStore:
         if position is not None and self.write:  # written first: committed with (or before) the index
             storage.atomic_write_text(os.path.join(local_dir, f"ckpt-{step}{POSITION_SUFFIX}"), position)
         local_prefix = self.manager.save(checkpoint_number=step, options=self.options)
+        self.saved_any = True
         name = os.path.basename(local_prefix)
         if not self.write:  # a non-chief worker's part of the collective save: nobody reads it
             self._drop_staged(name)
@@ -312,6 +314,11 @@ class CheckpointStore:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            if self.generation is not None and self.write and not self.saved_any:
+                try:
+                    self.generation.withdraw()
+                except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more
+                    log.warning("%s: could not withdraw the unused generation claim (%s)", self.directory, exc)
             if self._staging is not None:
                 self._staging.cleanup()
                 self._staging = None

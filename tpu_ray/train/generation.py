@@ -54,6 +54,20 @@ class Generation:
         self.mine = n
         return n
 
+    def withdraw(self) -> None:
+        """Give the claim back when this attempt wrote nothing (it failed before its first checkpoint):
+        the directory is as it was, so a refused command leaves no trace. Safe for fencing: an older
+        attempt that becomes the newest again overwrites nothing newer than its own work."""
+        if self.mine is None:
+            return
+        storage.remove(storage.join(self.directory, f"{PREFIX}{self.mine}"))
+        self.mine = None
+        if not storage.is_remote(self.directory):
+            try:
+                os.rmdir(storage.filesystem(self.directory)[1])  # only if empty (we may have made it)
+            except OSError:
+                pass
+
     def check(self, what: str) -> None:
         """Raise `Superseded` if a newer attempt has claimed the directory (before `what` writes)."""
         if self.mine is None:
