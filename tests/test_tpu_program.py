@@ -115,7 +115,7 @@ def test_float16_loss_scaling_takes_the_unscaled_float32_step(tmp_path, shards_d
             runs[precision] = (s, grads, sums, first_moments)
         finally:
             tf_keras.mixed_precision.set_global_policy("float32")
-    (s32, g32, sums32, m32), (s16, g16, sums16, m16) = runs["float32"], runs["mixed_float16"]
+    (_, g32, sums32, m32), (s16, g16, sums16, m16) = runs["float32"], runs["mixed_float16"]
     assert isinstance(s16.optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
     assert float(s16.optimizer.loss_scale) >= 1024  # so a missing unscaling could not hide in the tolerance
     assert {w.dtype for w in s16.model.weights} == {tf.float32}

@@ -496,6 +496,70 @@ def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, 
         start_local_ray()
 
 
+@pytest.mark.slow  # 4 Ray nodes, two TF workers started twice: a few minutes on 2 cores
+def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tmp_path, shards_dir,
+                                                                           tiny_tokenizer_dir):
+    """Two Ray Train workers (MultiWorkerMirroredStrategy) on three 1-CPU nodes: after the first
+    committed checkpoint the node of one worker is removed; the run starts the worker group again
+    on the nodes left, every worker resumes from that checkpoint, the run ends at the final step in
+    sync, and the metrics stream records node_lost and resumed_after_failure as the TPU path does."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    from tpu_ray.cluster.placement import run_training
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=0)  # the head: the driver and Ray Train's controller
+        nodes = {n.node_id: n for n in (cluster.add_node(num_cpus=1) for _ in range(3))}
+        ray.init(address=cluster.address, log_to_driver=False)
+        run_dir = tmp_path / "run"
+        cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
+                   **{"train.steps": 300, "train.checkpoint_every": 20, "train.log_every": 20,
+                      "train.eval_every": 1000, "train.workers": 2, "ray.shared_filesystem": True})
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["summary"] = run_training(cfg)
+            except BaseException as exc:  # reported by the assertion below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 400
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
+            assert time.monotonic() < deadline, "no committed checkpoint within 400 s"
+            time.sleep(0.2)
+        workers = [a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+                   if "TrainWorker" in a.class_name and a.node_id in nodes]
+        assert len(workers) == 2, workers
+        cluster.remove_node(nodes[workers[0]], allow_graceful=False)
+        thread.join(timeout=900)
+        assert not thread.is_alive() and "error" not in outcome, outcome
+        summary = outcome["summary"]
+        assert summary["failures"] == 1
+        assert [w["steps"] for w in summary["workers"]] == [300, 300]
+        assert summary["workers"][0]["weights_sha256"] == summary["workers"][1]["weights_sha256"]
+        events = _records(run_dir, "event")
+        lost = [e for e in events if e["event"] == "node_lost"]
+        assert len(lost) == 1 and lost[0]["kind"] == "lost_capacity" and lost[0]["last_checkpoint_step"] >= 20
+        back = [e for e in events if e["event"] == "resumed_after_failure"]
+        assert len(back) == 1 and back[0]["step"] == lost[0]["last_checkpoint_step"] and back[0]["workers"] == 2
+        resumed = [e for e in events if e["event"] == "resume"]
+        assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        start_local_ray()
+
+
 @pytest.mark.slow  # about 1-2 minutes on 2 cores: the slow set (CI runs it too)
 def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_path, shards_dir,
                                                                          tiny_tokenizer_dir, ray_local):

@@ -171,7 +171,7 @@ def describe_failure(exc: BaseException) -> str | None:
     return None
 
 
-_RAY_SYSTEM_ERRORS = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError", "ObjectLostError",
+_RAY_SYSTEM_ERRORS = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError", "ObjectLostError", "RayActorError",
                       "OwnerDiedError", "TaskUnschedulableError", "ActorDiedError", "ActorUnavailableError")
 
 

@@ -218,8 +218,13 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     """Train where the config and the cluster say; returns the training summary."""
     if cfg.train.workers > 1:
         from tpu_ray.cluster.multiworker import train_multiworker
+        from tpu_ray.cluster.recovery import run_with_recovery
 
-        return train_multiworker(cfg, resume=resume)
+        def attempt(resume: bool, wait_s: float | None, on_reserved) -> dict:
+            on_reserved({"kind": "multiworker", "workers": cfg.train.workers})
+            return train_multiworker(cfg, resume=resume)
+
+        return run_with_recovery(cfg, resume, attempt)
     if cfg.train.placement == "local" or (cfg.train.placement == "auto" and not _ray_up()):
         return _local(cfg, resume)
     import ray
