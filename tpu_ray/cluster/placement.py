@@ -129,6 +129,11 @@ def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0, tpu_name: st
     if not slice_name:  # a head resource without Ray's TPU labels: a single host, held by its head resource
         return SliceReservation(head_pg, None, TpuSlice("", pod_type, (head_node,)))
     expected = expected_hosts(pod_type)
+    if expected is None:  # a generation tpu_ray/accelerators.py does not know: the hosts Ray labels now
+        expected = sum(1 for n in nodes.values() if n.get("Labels", {}).get(SLICE_LABEL) == slice_name)
+        log.warning("TPU pod type %s is not in tpu_ray/accelerators.py: reserving the %d host(s) of slice %s "
+                    "that are in the Ray cluster now; add the generation to the table", pod_type, expected,
+                    slice_name)
     tpus = nodes[head_node]["Resources"].get("TPU", 0)
     bundles = [{slice_name: 1, **({"TPU": tpus} if tpus else {})} for _ in range(expected)]
     hosts_pg = placement_group(bundles, strategy="STRICT_SPREAD", bundle_label_selector=[

@@ -24,9 +24,13 @@ PJRT_ENV = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBR
 TPU_ENV_KEYS = ("TPU_NAME", "TPU_LOAD_LIBRARY", "TPU_ACCELERATOR_TYPE", *PJRT_ENV)
 
 
-def expected_hosts(pod_type: str) -> int:
-    """Hosts of a slice of `pod_type` ("v4-16" -> 2): known from the pod type, never from who is alive."""
-    return tpu_hosts(pod_type)
+def expected_hosts(pod_type: str) -> int | None:
+    """Hosts of a slice of `pod_type` ("v4-16" -> 2): known from the pod type, never from who is
+    alive; None for a generation the accelerator table does not know yet."""
+    try:
+        return tpu_hosts(pod_type)
+    except (ValueError, AttributeError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,8 @@ class TpuSlice:
 
     @property
     def expected_hosts(self) -> int:
-        return expected_hosts(self.pod_type)
+        """From the pod type; a reservation of an unknown generation holds what it reserved."""
+        return expected_hosts(self.pod_type) or max(len(self.hosts), 1)
 
     @property
     def multi_host(self) -> bool:
