@@ -44,6 +44,11 @@ def test_classify_looks_through_ray_and_exception_chains():
     assert classify(rex.WorkerCrashedError()).kind is FailureKind.LOST_CAPACITY
     wrapped = rex.RayTaskError("train", "traceback", LostCapacity("TPU slice 's' no longer resolves"))
     assert classify(wrapped).kind is FailureKind.LOST_CAPACITY  # raised inside the task, still typed
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError, WorkerHealthCheckTimeoutError
+
+    # A Ray Train worker whose node went away: its health check failed on the dead actor.
+    assert classify(WorkerHealthCheckFailedError("gone", rex.ActorDiedError())).kind is FailureKind.LOST_CAPACITY
+    assert classify(WorkerHealthCheckTimeoutError("no answer")).kind is FailureKind.LOST_CAPACITY
     bug = rex.RayTaskError("train", "traceback", KeyError("x"))
     assert classify(bug).kind is FailureKind.INTERNAL  # the task's own bug is not a lost node
     try:

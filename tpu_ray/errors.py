@@ -173,6 +173,8 @@ def describe_failure(exc: BaseException) -> str | None:
 
 _RAY_SYSTEM_ERRORS = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError", "ObjectLostError", "RayActorError",
                       "OwnerDiedError", "TaskUnschedulableError", "ActorDiedError", "ActorUnavailableError")
+# Ray Train's names for a worker that stopped answering (its wrapped actor error is followed below).
+_RAY_TRAIN_LOST = ("WorkerHealthCheckTimeoutError",)
 
 
 def _is_ray_system_error(exc: BaseException) -> bool:
@@ -181,6 +183,8 @@ def _is_ray_system_error(exc: BaseException) -> bool:
 
     if "ray" not in sys.modules:
         return False
+    if type(exc).__name__ in _RAY_TRAIN_LOST:
+        return True
     import ray.exceptions as rex
 
     if isinstance(exc, rex.RayTaskError):  # the task raised: its cause says what it was
@@ -205,7 +209,8 @@ def classify(exc: BaseException) -> Failure:
         described = describe_failure(cur)
         if described:
             return Failure(FailureKind.REFUSING_ENVIRONMENT, described, type(cur).__name__)
-        cur = getattr(cur, "cause", None) or cur.__cause__
+        # Ray's task wrapper (.cause), Ray Train's health-check wrapper (.health_check_failure), chains.
+        cur = getattr(cur, "cause", None) or getattr(cur, "health_check_failure", None) or cur.__cause__
     return Failure(FailureKind.INTERNAL,
                    f"{type(exc).__name__}: {first_line(exc)} (an internal error; rerun with --verbose for the "
                    f"traceback and report it)", type(exc).__name__)
