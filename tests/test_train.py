@@ -549,7 +549,7 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
         assert summary["workers"][0]["weights_sha256"] == summary["workers"][1]["weights_sha256"]
         events = _records(run_dir, "event")
         lost = [e for e in events if e["event"] == "node_lost"]
-        assert len(lost) == 1 and lost[0]["kind"] == "lost_capacity" and lost[0]["last_checkpoint_step"] >= 20
+        assert len(lost) == 1 and lost[0]["failure_kind"] == "lost_capacity" and lost[0]["last_checkpoint_step"] >= 20
         back = [e for e in events if e["event"] == "resumed_after_failure"]
         assert len(back) == 1 and back[0]["step"] == lost[0]["last_checkpoint_step"] and back[0]["workers"] == 2
         resumed = [e for e in events if e["event"] == "resume"]

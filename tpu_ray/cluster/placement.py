@@ -226,7 +226,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         from tpu_ray.cluster.recovery import run_with_recovery
 
         def attempt(resume: bool, wait_s: float | None, on_reserved) -> dict:
-            on_reserved({"kind": "multiworker", "workers": cfg.train.workers})
+            on_reserved({"placement": "multiworker", "workers": cfg.train.workers})
             return train_multiworker(cfg, resume=resume)
 
         return run_with_recovery(cfg, resume, attempt)
@@ -264,7 +264,7 @@ def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, 
                  reservation.slice.pod_type, len(reservation.slice.hosts))
         on_reserved(reservation.slice.event_fields())
     else:
-        on_reserved({"kind": kind})  # the task itself waits for a GPU node (Ray queues it)
+        on_reserved({"placement": kind})  # the task itself waits for a GPU node (Ray queues it)
     log.info("training placed on Ray: %s %s", kind, options)
     # max_retries=0: a lost node is handled by recovery.run_with_recovery (new reservation, resume).
     task = ray.remote(max_retries=0)(_train_task).options(**options)

@@ -132,7 +132,7 @@ def record_failure(metrics: Any, cfg: RunConfig, failure: Failure, failures: int
     step, committed = last_commit(cfg.run_dir)
     now = time.time()
     metrics.event("node_lost", stage="train", failure=failures, max_failures=cfg.train.max_failures,
-                  error=failure.error, kind=failure.kind.name.lower(), last_checkpoint_step=step,
+                  error=failure.error, failure_kind=failure.kind.name.lower(), last_checkpoint_step=step,
                   lost_s=round(now - max(committed or attempt_started, attempt_started), 3))
     metrics.flush()
     return step
