@@ -120,3 +120,40 @@ def test_message_internal_and_exit_codes(capsys):
     assert capsys.readouterr().err.strip() == "tpu-ray: error: no free TPU-v4-8-head"
     with pytest.raises(ValueError):
         guarded(lambda: (_ for _ in ()).throw(ValueError("boom")))
+
+
+def test_the_recovery_loop_resumes_only_lost_capacity_and_records_both_events(tmp_path):
+    """run_with_recovery around an attempt that loses its node once: the second attempt runs with
+    resume, the metrics stream has node_lost then resumed_after_failure (where it resumed); an
+    attempt failing with bad input is raised at once, with no retry and no event."""
+    import json
+
+    import ray.exceptions as rex
+
+    from tpu_ray.cluster.recovery import run_with_recovery
+
+    (tmp_path / "run").mkdir()  # the stage made it before training
+    cfg = RunConfig.from_dict({"output_dir": str(tmp_path / "run"), "train": {"max_failures": 2}})
+    calls: list[bool] = []
+
+    def attempt(resume: bool, wait_s, on_reserved) -> dict:
+        calls.append(resume)
+        on_reserved({"placement": "gpu"})
+        if len(calls) == 1:
+            raise rex.NodeDiedError("node-1")
+        return {"steps": 5}
+
+    assert run_with_recovery(cfg, False, attempt) == {"steps": 5, "failures": 1}
+    assert calls == [False, True]
+    events = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["node_lost", "resumed_after_failure"]
+    assert events[0]["failure_kind"] == "lost_capacity" and events[1]["placement"] == "gpu"
+
+    def bad(resume: bool, wait_s, on_reserved) -> dict:
+        calls.append(resume)
+        raise UserError("train.batch_size=15 is not divisible by the 2 replicas")
+
+    calls.clear()
+    with pytest.raises(UserError):
+        run_with_recovery(cfg, False, bad)
+    assert calls == [False]
