@@ -169,7 +169,7 @@ class TrainConfig(_Section):
     # Samples held for shuffling (memory: buffer x seq_len x 16 bytes per input pipeline).
     shuffle_buffer: int = Field(10_000, gt=0, le=10_000_000)
     strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"  # tf.distribute strategy (auto: the hardware's)
-    tpu_name: str | None = None  # the TPU slice's name
+    tpu_name: str | None = None  # reserve only the TPU slice of this name (TensorFlow dials the reserved one)
     # auto: bfloat16 on TPU, float16 with loss scaling on GPU, float32 on CPU.
     mixed_precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
     jit_compile: bool | None = None  # XLA-compile the train step (None: the strategy's default)
