@@ -196,7 +196,7 @@ class TrainConfig(_Section):
     # pipelines, i.e. hosts, or another train.shuffle_buffer): the run continues at the same step
     # under the new order, which repeats or skips some samples of the current epoch.
     accept_new_data_order: bool = False
-    # TPU/GPU placement: when the training node (or slice) is lost, wait for matching capacity and
+    # TPU/GPU placement and multi-worker runs: when a training node (or slice) is lost, wait for capacity and
     # resume from the last committed checkpoint, at most this many times (0: the run fails).
     max_failures: int = Field(3, ge=0)
     # How long a resume waits for a replacement slice or GPU node before the run fails.
