@@ -55,7 +55,7 @@ EVAL_MASK_PROB = 0.15
 
 def prepare(work: Path, args) -> object:
     """Tokenizer and shards from WikiText-2's valid split only (in-process, no Ray needed)."""
-    from tpu_ray.prepare.shards import text_tokenizer
+    from tokenizers import Tokenizer
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
@@ -81,7 +81,7 @@ def prepare(work: Path, args) -> object:
         return cfg
     lines = [s for s in corpus.read_text().splitlines() if s.strip()]
     info = save_tokenizer(train_tokenizer([lines], cfg.tokenizer), str(work / "tokenizer"), cfg.max_input_tokens())
-    tok = text_tokenizer((work / "tokenizer" / "tokenizer.json").read_text())  # as the shard actors encode
+    tok = Tokenizer.from_file(str(work / "tokenizer" / "tokenizer.json"))
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     os.makedirs(cfg.shards_dir, exist_ok=True)
     results = {u.index: process_unit(u, tok, info, args.seq_len, cfg.shards_dir) for u in units}
@@ -92,14 +92,16 @@ def prepare(work: Path, args) -> object:
 def test_batch(cfg) -> dict:
     """The held-out text as shards are cut, 15% of its tokens masked with a fixed seed."""
     import numpy as np
-    from tpu_ray.prepare.shards import chunk_ids, encode_lines, never_text_ids, text_tokenizer
+    from tokenizers import Tokenizer
+
+    from tpu_ray.prepare.shards import chunk_ids, encode_lines, never_text_ids
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
     info = tokenizer_info(cfg.tokenizer_dir)
-    tok = text_tokenizer((Path(cfg.tokenizer_dir) / "tokenizer.json").read_text())
+    tok = Tokenizer.from_file(str(Path(cfg.tokenizer_dir) / "tokenizer.json"))
     lines = [s for s in (WIKITEXT / "test.txt").read_text().splitlines() if s.strip()]
     rows, _, _ = chunk_ids(encode_lines(tok, lines, never_text_ids(info)), cfg.shard.seq_len, info.cls_id,
-                           info.sep_id)
+                           info.sep_id)  # as the shard actors encode (issue 23.7)
     rng = np.random.default_rng(EVAL_SEED)
     targets = (rng.random(rows.shape) < EVAL_MASK_PROB) & ~np.isin(rows, [info.cls_id, info.sep_id, info.pad_id])
     inputs = np.where(targets, info.mask_id, rows)

@@ -34,7 +34,7 @@ MODEL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "
 
 def prepare(work: Path, vocab: int) -> "object":
     """Tokenizer + shards from WikiText-2 with tpu-ray's own stages (in-process, no Ray needed)."""
-    from tpu_ray.prepare.shards import text_tokenizer
+    from tokenizers import Tokenizer
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
@@ -52,7 +52,7 @@ def prepare(work: Path, vocab: int) -> "object":
     })
     lines = [s for s in corpus.read_text().splitlines() if s.strip()]
     info = save_tokenizer(train_tokenizer([lines], cfg.tokenizer), str(work / "tokenizer"), SEQ_LEN)
-    tok = text_tokenizer((work / "tokenizer" / "tokenizer.json").read_text())  # as the shard actors encode
+    tok = Tokenizer.from_file(str(work / "tokenizer" / "tokenizer.json"))
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     os.makedirs(cfg.shards_dir, exist_ok=True)
     results = {u.index: process_unit(u, tok, info, SEQ_LEN, cfg.shards_dir) for u in units}
