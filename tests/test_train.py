@@ -201,7 +201,8 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     ckpts = f"{run}/checkpoints"
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
     assert names == {"checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001", "ckpt-10.position.json",
-                     "ckpt-20.index", "ckpt-20.data-00000-of-00001", "ckpt-20.position.json"}
+                     "ckpt-20.index", "ckpt-20.data-00000-of-00001", "ckpt-20.position.json",
+                     "generation-1"}  # this attempt's fencing token (train/generation.py)
     assert 'model_checkpoint_path: "ckpt-20"' in storage.read_text(f"{ckpts}/checkpoint")
     assert storage.exists(f"{run}/model/config.json") and storage.glob(f"{run}/metrics/*.jsonl")
 
@@ -235,7 +236,8 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     assert summary["resumed_from"] == 20 and summary["steps"] == 40
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
     assert names == {"checkpoint", "ckpt-30.index", "ckpt-30.data-00000-of-00001", "ckpt-30.position.json",
-                     "ckpt-40.index", "ckpt-40.data-00000-of-00001", "ckpt-40.position.json"}  # strays pruned too
+                     "ckpt-40.index", "ckpt-40.data-00000-of-00001", "ckpt-40.position.json",
+                     "generation-3"}  # strays pruned too; the refused fresh start withdrew its claim
     events = _gs_records(run)
     resumed = [e for e in events if e.get("event") == "resume"]
     assert resumed and resumed[-1]["step"] == 20 and resumed[-1]["checkpoint"] == f"{ckpts}/ckpt-20"

@@ -235,6 +235,8 @@ class CheckpointStore:
         if position is not None and self.write:  # written first: committed with (or before) the index
             storage.atomic_write_text(os.path.join(local_dir, f"ckpt-{step}{POSITION_SUFFIX}"), position)
         local_prefix = self.manager.save(checkpoint_number=step, options=self.options)
+        if not self.saved_any and self.write and self.generation is not None:
+            self.generation.settle()
         self.saved_any = True
         name = os.path.basename(local_prefix)
         if not self.write:  # a non-chief worker's part of the collective save: nobody reads it

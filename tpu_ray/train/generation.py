@@ -9,7 +9,7 @@ the training task.
 How: each attempt claims the next generation by creating `RUN/checkpoints/generation-<n>` with
 create-if-absent (O_EXCL locally, `ifGenerationMatch=0` on gs://: the same primitive as runlock),
 n one above the highest present; losing that race moves on to n+1. The newest generation owns the
-directory. Every checkpoint commit and every prune first checks that no higher generation exists;
+directory; once it has saved a checkpoint it removes the older claim files (only the highest is read). Every checkpoint commit and every prune first checks that no higher generation exists;
 an older attempt's write is refused with a one-line `Superseded` error and that attempt stops.
 (A check and the write after it are two requests, so a claim landing between them is not caught
 by that write, but by the next one: one checkpoint at most, never the newer attempt's pruning.)
@@ -53,6 +53,16 @@ class Generation:
             n += 1
         self.mine = n
         return n
+
+    def settle(self) -> None:
+        """After this attempt's first checkpoint: remove the older claims (only the highest is ever
+        read, and this one now stays, so numbers keep rising even if a later attempt withdraws)."""
+        for old in self.claimed():
+            if self.mine is not None and old < self.mine:
+                try:
+                    storage.remove(storage.join(self.directory, f"{PREFIX}{old}"))
+                except (FileNotFoundError, storage.StorageError):
+                    pass  # another attempt removed it first
 
     def withdraw(self) -> None:
         """Give the claim back when this attempt wrote nothing (it failed before its first checkpoint):
