@@ -18,8 +18,9 @@ because the group that holds every host is keyed by the slice's name, and a repl
 another name (and another TPU_NAME for TensorFlow). So the reservation (placement groups, whose
 `wait()` is Ray's way to wait for capacity) is made again per attempt, and the retried task must
 switch to resume and report the failure in the metrics stream, which a blind task retry cannot.
-The multi-worker path (Ray Train) recovers through Ray Train's FailureConfig (multiworker.py) and
-records its failures with the same events (`record_failure`, `record_resume`).
+The multi-worker path (Ray Train's TensorflowTrainer, multiworker.py) runs under this same loop:
+one `fit()` per attempt, a worker whose node died is lost capacity, and every worker resumes from
+the chief's last committed checkpoint (why not Ray Train's own FailureConfig: multiworker.py).
 """
 
 from __future__ import annotations
