@@ -268,6 +268,9 @@ def test_waiting_for_a_tpu_slice_logs_and_ends_in_one_line_naming_the_resource(r
     with caplog.at_level(logging.INFO, logger="tpu_ray.cluster.placement"):
         with pytest.raises(UserError) as err:
             reserve_tpu_slice(TPU_HEAD, timeout)
+    from tpu_ray.errors import FailureKind
+
+    assert err.value.kind is FailureKind.NO_CAPACITY and not err.value.kind.retryable  # the wait was the retry
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"train.tpu_wait_timeout_s=3: no free {TPU_HEAD} within 3s (")

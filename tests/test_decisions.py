@@ -43,8 +43,11 @@ def test_placement_for(train, resources, expected):
 def test_placement_for_refuses_what_the_cluster_cannot_give(train, resources, message):
     from tpu_ray.cluster.placement import placement_for
 
-    with pytest.raises(UserError, match=message):
+    from tpu_ray.errors import FailureKind
+
+    with pytest.raises(UserError, match=message) as err:
         placement_for(_cfg(**train), resources)
+    assert err.value.kind is FailureKind.BAD_INPUT  # the config asks for what the cluster has not: no retry
 
 
 # -- detect_kind --------------------------------------------------------------------------------
