@@ -70,3 +70,11 @@ def test_seq_len_is_checked_against_the_published_positions():
         RunConfig.from_dict({"shard": {"seq_len": 513}})
     with pytest.raises(UserError, match="needs model.max_position_embeddings >= 513"):
         RunConfig.from_dict({"shard": {"seq_len": 513}, "model": {"model_type": "bert"}})
+
+
+def test_removed_eval_pad_multiple_still_loads_and_is_gone():
+    """train.eval_pad_multiple never did anything (issue 23): removed; configs that name it still load."""
+    from tpu_ray.config import RunConfig
+
+    cfg = RunConfig.from_dict({"train": {"eval_pad_multiple": 64, "steps": 5}})
+    assert cfg.train.steps == 5 and "eval_pad_multiple" not in cfg.to_yaml()

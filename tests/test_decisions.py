@@ -43,8 +43,11 @@ def test_placement_for(train, resources, expected):
 def test_placement_for_refuses_what_the_cluster_cannot_give(train, resources, message):
     from tpu_ray.cluster.placement import placement_for
 
-    with pytest.raises(UserError, match=message):
+    from tpu_ray.errors import FailureKind
+
+    with pytest.raises(UserError, match=message) as err:
         placement_for(_cfg(**train), resources)
+    assert err.value.kind is FailureKind.BAD_INPUT  # the config asks for what the cluster has not: no retry
 
 
 # -- detect_kind --------------------------------------------------------------------------------
@@ -122,16 +125,39 @@ def test_next_length(step, total, spe, everies, n):
     assert next_length(step, total, spe, everies) == n
 
 
-@pytest.mark.parametrize("name, multi_host, expected", [
-    (None, True, {"TPU_NAME": "slice-b", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}),
-    ("named", True, {"TPU_NAME": "named", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}),
-    (None, False, {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
-                   "TPU_ACCELERATOR_TYPE": "v4-16"}),
+@pytest.mark.parametrize("pod_type, expected", [
+    ("v4-16", {"TPU_NAME": "slice-b", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}),
+    ("v4-8", {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
+              "TPU_ACCELERATOR_TYPE": "v4-8"}),
 ])
-def test_tpu_client_env(name, multi_host, expected):
-    from tpu_ray.cluster.tpu_env import client_env
+def test_tpu_client_env_comes_from_the_reserved_slice(monkeypatch, pod_type, expected):
+    """The client's TPU_NAME is the reserved slice's name, whatever train.tpu_name says (issue 23.1:
+    it used to prefer train.tpu_name, so TensorFlow could dial a slice Ray had not reserved); the
+    host count, and so single- or multi-host, comes from the pod type, not from who was alive."""
+    from tpu_ray.cluster.tpu_slice import SLICE_ENV, TpuSlice
+    from tpu_ray.train.strategy import tpu_target
 
-    assert client_env(name, multi_host, "slice-b", "v4-16") == expected
+    reserved = TpuSlice("slice-b", pod_type, ("node-0",) if pod_type == "v4-8" else ("node-0", "node-1"))
+    env = reserved.client_env()
+    assert TpuSlice.from_json(env.pop(SLICE_ENV)) == reserved
+    assert env == expected
+    # The TF client placed on it dials the reservation, not train.tpu_name (a constraint on the
+    # reservation: it cannot name another slice there).
+    monkeypatch.setenv(SLICE_ENV, reserved.to_json())
+    monkeypatch.setenv("TPU_NAME", "slice-a")
+    dialed = tpu_target(_cfg(tpu_name="slice-a").train)
+    assert dialed == ("slice-b" if pod_type == "v4-16" else "local", True)
+    monkeypatch.delenv(SLICE_ENV)  # not placed by Ray (train.placement=local): the named TPU
+    assert tpu_target(_cfg(tpu_name="slice-a").train) == ("slice-a", False)
+
+
+def test_a_slice_name_that_stops_resolving_is_lost_capacity_only_when_ray_reserved_it():
+    from tpu_ray.errors import FailureKind
+    from tpu_ray.train.tpu_init import classify_tpu_error
+
+    gone = ValueError("Could not lookup TPU metadata from name 'slice-b'")
+    assert classify_tpu_error(gone, "slice-b", 0, reserved=True).kind is FailureKind.LOST_CAPACITY
+    assert classify_tpu_error(gone, "slice-b", 0, reserved=False).kind is FailureKind.BAD_INPUT
 
 
 def test_cpu_actors_avoid_tpu_hosts_unless_there_is_nothing_else():

@@ -330,6 +330,9 @@ def test_pick_latest_decides_from_the_state_file_and_the_files_present():
     assert chosen == "ckpt-20" and "d/checkpoint is missing" in warning
     with pytest.raises(UserError, match="d/ckpt-20.index is missing .* no other checkpoint is complete"):
         pick_latest("d", state, files(20) - {"ckpt-20.index"})
+    # Nothing ever committed, the first checkpoint cut before its index: start at 0, saying so (23.3).
+    chosen, warning = pick_latest("d", None, files(10) - {"ckpt-10.index"} | {"ckpt-10.position.json"})
+    assert chosen is None and "no checkpoint was ever completed (ckpt-10 was interrupted" in warning
 
 
 def test_every_entry_point_checks_the_corpus_before_writing_the_run_dir(tmp_path, capsys):

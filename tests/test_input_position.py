@@ -63,6 +63,34 @@ def test_the_position_names_epoch_window_and_offset(files):
     assert (pos.epoch, pos.sample_in_epoch, pos.window, pos.offset) == (1, 40, 2, 8)
 
 
+def test_resume_refuses_a_changed_data_order_unless_accepted(files):
+    """Issue 23.5: the hosts (input pipelines) and train.shuffle_buffer decide the order as much as
+    the shards do. A v4-8 run (1 pipeline) resumed on a v4-16 (2), or with another shuffle buffer,
+    is refused in one line naming what changed; train.accept_new_data_order=true continues at the
+    same step in the new order."""
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.input_position import PositionTracker
+
+    train_files = list(zip(files, COUNTS))
+
+    def tracker(pipelines: int, window: int) -> PositionTracker:
+        t = PositionTracker(train_files, global_batch=16, window=window)
+        t.bind(files[: len(files) // pipelines], pipelines)
+        return t
+
+    stored = tracker(1, 16).at(7).to_json()
+    assert tracker(1, 16).check_resume(stored, 7, "ckpt-7").samples == 7 * 16  # same order: continue exactly
+    for other, what in ((tracker(2, 16), "input pipelines (hosts) 1 -> 2"),
+                        (tracker(1, 32), "train.shuffle_buffer 16 -> 32")):
+        with pytest.raises(UserError) as refused:
+            other.check_resume(stored, 7, "ckpt-7")
+        line = str(refused.value)
+        assert line.startswith(f"--resume: ckpt-7 was trained in another data order ({what})"), line
+        assert "train.accept_new_data_order=true" in line and "\n" not in line
+        accepted = other.check_resume(stored, 7, "ckpt-7", accept_new_order=True)
+        assert accepted == other.at(7) and accepted.shuffle_window == other.window
+
+
 @pytest.mark.slow  # three short trainings, ~2.5 min on 2 cores
 def test_resume_with_dropout_0_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, files, tiny_tokenizer_dir,
                                                                            monkeypatch):

@@ -492,3 +492,26 @@ def test_old_one_folder_run_dirs_still_train_and_are_not_resharded_in_place(tmp_
     assert found and all(Path(p).parent == old and Path(p).exists() for p, _ in found)
     with pytest.raises(UserError, match=r"manifest.json: shards in the old one-folder layout \(tpu-ray-shards/1\)"):
         make_shards(cfg)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram", "wordpiece"])
+def test_no_corpus_text_becomes_a_special_id(kind, small_corpus):
+    """Issue 23.7: special-token strings written in the corpus ("a <pad> b [SEP]") are text. With
+    the old encoding they became ids 1 and 2 (padding to RoBERTa's position ids, never masked);
+    now no text, these strings included, glued to words or alone, encodes to [CLS] <pad> [SEP]
+    [MASK], and the characters are kept. `<unk>` stays the unknown token (a masking target)."""
+    from tpu_ray.config import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, TokenizerConfig
+    from tpu_ray.prepare.tokenizer import describe, train_tokenizer
+
+    hostile = [f"x{t}y {t} a{t} {t}b {''.join(SPECIAL_TOKENS)}" for t in SPECIAL_TOKENS]
+    lines = [s for s in small_corpus.read_text().splitlines()[:400] if s.strip()] + hostile * 50
+    trained = train_tokenizer([lines], TokenizerConfig(kind=kind, vocab_size=600))
+    tok = shards_mod.text_tokenizer(trained.to_str())
+    never = shards_mod.never_text_ids(describe(trained.to_str(), "tok"))
+    assert never == {trained.token_to_id(t) for t in (CLS, SEP, PAD, MASK)}
+    ids = shards_mod.encode_joined(tok, lines[-60:] + ["a <pad> b [SEP]"], sep_id=-1, special_ids=never)
+    assert len(ids) > 100 and not set(ids.tolist()) & never, sorted(set(ids.tolist()) & never)
+    text = tok.decode(shards_mod.encode_lines(tok, ["a <pad> b [SEP] [CLS]x[MASK]"], never)[0],
+                      skip_special_tokens=False).replace(" ", "").replace("##", "")
+    assert "<pad>" in text and "[SEP]" in text and "[CLS]x[MASK]" in text, text
+    assert shards_mod.encode_lines(tok, ["<unk>"], never)[0] == [trained.token_to_id(UNK)]

@@ -85,8 +85,57 @@ def test_mixed_bfloat16_trains_the_tiny_model_on_cpu(tmp_path, shards_dir, tiny_
         tf_keras.mixed_precision.set_global_policy("float32")
 
 
-def test_float16_with_loss_scaling_builds_and_steps(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811
-    """The GPU path (mixed_float16 + LossScaleOptimizer), forced on CPU: build() and three train steps."""
+def test_float16_loss_scaling_takes_the_unscaled_float32_step(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811
+    """The GPU path (mixed_float16 + LossScaleOptimizer), forced on CPU, against an unscaled float32
+    step from the same weights on the same batch: the gradients and Adam's first moments (which,
+    unlike Adam's update, scale with the gradients) agree within float16's precision. Without the
+    unscaling they would be ~loss-scale (32768) times larger; weights merely moving would not see it."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.inputs import IGNORE, train_dataset
+    from tpu_ray.train.loop import build, make_replica_grads, make_train_step, mask_spec
+    from tpu_ray.train.strategy import StrategyInfo
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.learning_rate": 1e-3, "model.dropout": 0.0})
+    tok = tokenizer_info(tiny_tokenizer_dir)
+    files = sorted(str(p) for p in shards_dir.glob("train-*.tfrecord"))
+    batch = next(iter(train_dataset(files, cfg.shard.seq_len, 16, mask_spec(cfg, tok), cfg.seed, 64)))
+    count = tf.reduce_sum(tf.cast(tf.not_equal(batch["mlm_labels"], IGNORE), tf.float32))
+    runs = {}
+    for precision, kind in (("float32", "cpu"), ("mixed_float16", "gpu")):
+        tf_keras.mixed_precision.set_global_policy(precision)
+        try:
+            s = build(cfg, StrategyInfo(tf.distribute.get_strategy(), kind, 1, "cpu", precision, False, 1), tok)
+            grads = [tf.convert_to_tensor(g).numpy() for g in make_replica_grads(s)(batch, count)[0]]
+            sums = make_train_step(s)[0](batch).numpy()
+            adam = getattr(s.optimizer, "inner_optimizer", s.optimizer)
+            first_moments = [adam.get_slot(v, "m").numpy() for v in s.model.trainable_variables]
+            runs[precision] = (s, grads, sums, first_moments)
+        finally:
+            tf_keras.mixed_precision.set_global_policy("float32")
+    (_, g32, sums32, m32), (s16, g16, sums16, m16) = runs["float32"], runs["mixed_float16"]
+    assert isinstance(s16.optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+    assert float(s16.optimizer.loss_scale) >= 1024  # so a missing unscaling could not hide in the tolerance
+    assert {w.dtype for w in s16.model.weights} == {tf.float32}
+    assert np.isfinite(sums16).all() and sums16[0] == pytest.approx(sums32[0], rel=1e-2)
+
+    def relative(a: list, b: list) -> float:
+        return max(float(np.abs(x - y).max()) for x, y in zip(a, b)) / max(float(np.abs(y).max()) for y in b)
+
+    assert relative(g16, g32) < 0.05, relative(g16, g32)
+    assert relative(m16, m32) < 0.05, relative(m16, m32)
+    assert int(s16.optimizer.iterations.numpy()) == 1
+
+
+
+
+def test_the_trainers_step_compiled_with_xla_equals_the_uncompiled_step(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811
+    """A TPU always compiles the step with XLA; the CPU defaults never did, so only doctor's probe
+    was ever compiled. Here the trainer's own step (make_train_step), one step per call in float32
+    and 4 steps per execution in mixed_bfloat16, runs with jit_compile=True and ends with the
+    weights of the uncompiled step on the same batches (within each precision's tolerance)."""
     import tensorflow as tf
     import tf_keras
 
@@ -95,23 +144,39 @@ def test_float16_with_loss_scaling_builds_and_steps(tmp_path, shards_dir, tiny_t
     from tpu_ray.train.loop import build, make_train_step, mask_spec
     from tpu_ray.train.strategy import StrategyInfo
 
-    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.learning_rate": 1e-3})
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"model.dropout": 0.0})
     tok = tokenizer_info(tiny_tokenizer_dir)
     files = sorted(str(p) for p in shards_dir.glob("train-*.tfrecord"))
-    tf_keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        info = StrategyInfo(tf.distribute.get_strategy(), "gpu", 1, "cpu", "mixed_float16", False, 1)
-        s = build(cfg, info, tok)
-        assert isinstance(s.optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
-        assert {w.dtype for w in s.model.weights} == {tf.float32}
-        before = [w.numpy().copy() for w in s.model.trainable_weights]
-        train_step = make_train_step(s)[0]
-        batches = iter(train_dataset(files, cfg.shard.seq_len, 16, mask_spec(cfg, tok), cfg.seed, 64))
-        sums = [train_step(next(batches)).numpy() for _ in range(3)]
-        assert all(np.isfinite(x).all() and x[2] > 0 for x in sums)
-        assert float(s.optimizer.loss_scale) > 0
-        moved = max(float(np.max(np.abs(w.numpy() - b))) for w, b in zip(s.model.trainable_weights, before))
-        assert moved > 0
-        assert int(s.optimizer.iterations.numpy()) >= 1
-    finally:
-        tf_keras.mixed_precision.set_global_policy("float32")
+
+    def weights_after(precision: str, jit: bool, spe: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        tf_keras.mixed_precision.set_global_policy(precision)
+        try:
+            s = build(cfg, StrategyInfo(tf.distribute.get_strategy(), "cpu", 1, "cpu", precision, jit, spe), tok)
+            before = [w.numpy() for w in s.model.trainable_weights]
+            step, steps = make_train_step(s)
+            batches = iter(train_dataset(files, cfg.shard.seq_len, 16, mask_spec(cfg, tok), cfg.seed, 64))
+            if spe == 1:
+                for _ in range(4):
+                    step(next(batches))
+            else:
+                steps(batches, tf.constant(spe))
+            assert int(s.optimizer.iterations.numpy()) == 4
+            return before, [w.numpy() for w in s.model.trainable_weights]
+        finally:
+            tf_keras.mixed_precision.set_global_policy("float32")
+
+    def largest(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+        return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+    def norm(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+        return float(np.sqrt(sum(float(np.sum((x.astype(np.float64) - y) ** 2)) for x, y in zip(a, b))))
+
+    # float32 one step per call: XLA's float32 is the plain float32 to rounding (measured ~7e-7);
+    # bfloat16, 4 steps per execution (the TPU program's shape): measured ~0.013.
+    for precision, spe, tolerance in (("float32", 1, 1e-4), ("mixed_bfloat16", 4, 0.05)):
+        (start, plain), (start_jit, compiled) = weights_after(precision, False, spe), weights_after(precision, True, spe)
+        assert largest(start, start_jit) == 0  # the same initial weights (the seed)
+        # The update the 4 steps made, and how far the compiled run's weights are from the plain run's
+        # (whole-model L2: in bfloat16, Adam's ~lr*sign(g) update flips on a few near-zero gradients).
+        moved, differ = norm(plain, start), norm(compiled, plain)
+        assert moved > 1e-2 and differ <= tolerance * moved, (precision, spe, moved, differ)

@@ -201,7 +201,8 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     ckpts = f"{run}/checkpoints"
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
     assert names == {"checkpoint", "ckpt-10.index", "ckpt-10.data-00000-of-00001", "ckpt-10.position.json",
-                     "ckpt-20.index", "ckpt-20.data-00000-of-00001", "ckpt-20.position.json"}
+                     "ckpt-20.index", "ckpt-20.data-00000-of-00001", "ckpt-20.position.json",
+                     "generation-1"}  # this attempt's fencing token (train/generation.py)
     assert 'model_checkpoint_path: "ckpt-20"' in storage.read_text(f"{ckpts}/checkpoint")
     assert storage.exists(f"{run}/model/config.json") and storage.glob(f"{run}/metrics/*.jsonl")
 
@@ -235,7 +236,8 @@ def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_p
     assert summary["resumed_from"] == 20 and summary["steps"] == 40
     names = {p.rsplit("/", 1)[-1] for p in storage.listdir(ckpts)}
     assert names == {"checkpoint", "ckpt-30.index", "ckpt-30.data-00000-of-00001", "ckpt-30.position.json",
-                     "ckpt-40.index", "ckpt-40.data-00000-of-00001", "ckpt-40.position.json"}  # strays pruned too
+                     "ckpt-40.index", "ckpt-40.data-00000-of-00001", "ckpt-40.position.json",
+                     "generation-3"}  # strays pruned too; the refused fresh start withdrew its claim
     events = _gs_records(run)
     resumed = [e for e in events if e.get("event") == "resume"]
     assert resumed and resumed[-1]["step"] == 20 and resumed[-1]["checkpoint"] == f"{ckpts}/ckpt-20"
@@ -403,13 +405,14 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         # One host: TensorFlow's PJRT TPU client, set in the task's runtime_env (no login shell).
         assert small["tpu_env"] == {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
                                     "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so", "TPU_ACCELERATOR_TYPE": "v4-8"}
-        # Two hosts, the slice named in the config: still one client that must not load libtpu.
+        # Two hosts, the slice named in the config: train.tpu_name picks the slice Ray reserves, and
+        # TensorFlow's TPU_NAME is the reserved slice's name (issue 23.1), one client, no libtpu.
         big = run_training(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
-                                **common, **{"train.tpu_topology": "v4-16", "train.tpu_name": "named-slice"}))
+                                **common, **{"train.tpu_topology": "v4-16", "train.tpu_name": "slice-b"}))
         assert big["node_id"] == v4_16[1].node_id  # worker 0
         assert big["slice_nodes"] == [v4_16[1].node_id, v4_16[0].node_id]
         assert big["steps"] == 4
-        assert big["tpu_env"] == {"TPU_NAME": "named-slice", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}
+        assert big["tpu_env"] == {"TPU_NAME": "slice-b", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}
         assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
 
         # Sharding actors: only the CPU head may run them, though every TPU host has a free CPU.
@@ -489,6 +492,70 @@ def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, 
         resumed = [e for e in events if e["event"] == "resume"]
         assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
         assert resumed[0]["samples"] == resumed[0]["step"] * cfg.train.batch_size  # no sample skipped or repeated
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        start_local_ray()
+
+
+@pytest.mark.slow  # 4 Ray nodes, two TF workers started twice: a few minutes on 2 cores
+def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tmp_path, shards_dir,
+                                                                           tiny_tokenizer_dir):
+    """Two Ray Train workers (MultiWorkerMirroredStrategy) on three 1-CPU nodes: after the first
+    committed checkpoint the node of one worker is removed; the run starts the worker group again
+    on the nodes left, every worker resumes from that checkpoint, the run ends at the final step in
+    sync, and the metrics stream records node_lost and resumed_after_failure as the TPU path does."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    from tpu_ray.cluster.placement import run_training
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=0)  # the head: the driver and Ray Train's controller
+        nodes = {n.node_id: n for n in (cluster.add_node(num_cpus=1) for _ in range(3))}
+        ray.init(address=cluster.address, log_to_driver=False)
+        run_dir = tmp_path / "run"
+        cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
+                   **{"train.steps": 300, "train.checkpoint_every": 20, "train.log_every": 20,
+                      "train.eval_every": 1000, "train.workers": 2, "ray.shared_filesystem": True})
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["summary"] = run_training(cfg)
+            except BaseException as exc:  # reported by the assertion below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 400
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
+            assert time.monotonic() < deadline, "no committed checkpoint within 400 s"
+            time.sleep(0.2)
+        workers = [a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+                   if "TrainWorker" in a.class_name and a.node_id in nodes]
+        assert len(workers) == 2, workers
+        cluster.remove_node(nodes[workers[0]], allow_graceful=False)
+        thread.join(timeout=900)
+        assert not thread.is_alive() and "error" not in outcome, outcome
+        summary = outcome["summary"]
+        assert summary["failures"] == 1
+        assert [w["steps"] for w in summary["workers"]] == [300, 300]
+        assert summary["workers"][0]["weights_sha256"] == summary["workers"][1]["weights_sha256"]
+        events = _records(run_dir, "event")
+        lost = [e for e in events if e["event"] == "node_lost"]
+        assert len(lost) == 1 and lost[0]["failure_kind"] == "lost_capacity" and lost[0]["last_checkpoint_step"] >= 20
+        back = [e for e in events if e["event"] == "resumed_after_failure"]
+        assert len(back) == 1 and back[0]["step"] == lost[0]["last_checkpoint_step"] and back[0]["workers"] == 2
+        resumed = [e for e in events if e["event"] == "resume"]
+        assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -663,3 +730,46 @@ def test_train_step_is_the_keras_fit_step(tmp_path, shards_dir, tiny_tokenizer_d
     assert largest_difference(ours, build(cfg, info, tok)) > 1e-3  # the steps did change the weights
     difference = largest_difference(ours, keras)
     assert difference < 1e-5, difference
+
+
+def test_an_interrupted_first_checkpoint_starts_at_step_0_and_says_so(tmp_path, shards_dir, tiny_tokenizer_dir,
+                                                                      caplog):
+    """Issue 23.3: the process died after the first checkpoint's position and data files, before its
+    index: nothing was ever committed. `--resume` (what recovery runs) used to refuse ("delete ... to
+    start over"), which stopped automatic recovery; now it starts at step 0 with a warning and a
+    `start_over` event, and the half-written files are gone. A fresh start over it is not refused
+    either: there was nothing to lose."""
+    from tpu_ray.train.loop import train
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 4, "train.checkpoint_every": 4, "train.eval_every": 4, "train.log_every": 2})
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / "ckpt-2.position.json").write_text('{"step": 2}\n')
+    (ckpts / "ckpt-2.data-00000-of-00002").write_bytes(b"\0" * 64)  # a data-file count unlike the new one's
+    with caplog.at_level("WARNING"):
+        summary = train(cfg, resume=True)
+    assert summary["steps"] == 4 and not summary.get("resumed_from")
+    assert any("no checkpoint was ever completed (ckpt-2 was interrupted" in r.getMessage() for r in caplog.records)
+    assert [r["reason"] for r in _events(tmp_path / "run", "start_over")][0].endswith("training starts at step 0")
+    assert not list(ckpts.glob("ckpt-2.*")) and (ckpts / "ckpt-4.index").exists()
+
+
+def _events(run_dir: Path, name: str) -> list[dict]:
+    return [r for r in _records(run_dir, "event") if r.get("event") == name]
+
+
+def test_weight_decay_0_trains_with_the_same_optimizer_class(tmp_path, shards_dir, tiny_tokenizer_dir):
+    """Issue 23.6: train.weight_decay=0 crashed (transformers' create_optimizer returns another class
+    at rate 0, without `_create_all_weights`). Every valid value trains, with one optimizer class."""
+    from transformers import AdamWeightDecay
+
+    from tpu_ray.train.loop import train
+    from tpu_ray.train.optimizer import make_optimizer
+
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 2, "train.checkpoint_every": 2, "train.eval_every": 2, "train.log_every": 1,
+                  "train.weight_decay": 0.0})
+    assert isinstance(make_optimizer(cfg.train, 1)[0], AdamWeightDecay)
+    summary = train(cfg)
+    assert summary["steps"] == 2 and np.isfinite(_records(tmp_path / "run", "train")[-1]["loss"])

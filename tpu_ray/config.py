@@ -169,11 +169,10 @@ class TrainConfig(_Section):
     # Samples held for shuffling (memory: buffer x seq_len x 16 bytes per input pipeline).
     shuffle_buffer: int = Field(10_000, gt=0, le=10_000_000)
     strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"  # tf.distribute strategy (auto: the hardware's)
-    tpu_name: str | None = None  # the TPU slice's name
+    tpu_name: str | None = None  # reserve only the TPU slice of this name (TensorFlow dials the reserved one)
     # auto: bfloat16 on TPU, float16 with loss scaling on GPU, float32 on CPU.
     mixed_precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
     jit_compile: bool | None = None  # XLA-compile the train step (None: the strategy's default)
-    eval_pad_multiple: int = Field(64, gt=0)
     # Peak FLOP/s of one device for MFU when the device is not in the table (e.g. a CPU).
     peak_flops: float | None = Field(None, gt=0)
     # Split the CPU into this many logical devices (MirroredStrategy): a v3-8 stand-in for tests.
@@ -193,11 +192,24 @@ class TrainConfig(_Section):
     # On --resume, accept train.steps / warmup / learning_rate that differ from the checkpoint's:
     # the run continues under the new schedule from the checkpoint's step (e.g. to extend a run).
     extend_schedule: bool = False
-    # TPU/GPU placement: when the training node (or slice) is lost, wait for matching capacity and
+    # On --resume, accept a different data order than the checkpoint's (another number of input
+    # pipelines, i.e. hosts, or another train.shuffle_buffer): the run continues at the same step
+    # under the new order, which repeats or skips some samples of the current epoch.
+    accept_new_data_order: bool = False
+    # TPU/GPU placement and multi-worker runs: when a training node (or slice) is lost, wait for capacity and
     # resume from the last committed checkpoint, at most this many times (0: the run fails).
     max_failures: int = Field(3, ge=0)
     # How long a resume waits for a replacement slice or GPU node before the run fails.
     resume_wait_minutes: float = Field(60.0, gt=0, le=30 * 1440)  # at most 30 days, as tpu_wait_timeout_s
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_removed(cls, data: Any) -> Any:
+        """train.eval_pad_multiple never did anything and was removed (issue 23); saved configs and
+        YAML files that still name it load as before."""
+        if isinstance(data, dict) and "eval_pad_multiple" in data:
+            data = {k: v for k, v in data.items() if k != "eval_pad_multiple"}
+        return data
 
 
 class RayConfig(_Section):

@@ -18,7 +18,7 @@ import yaml
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError
+from tpu_ray.errors import DamagedRunDir, UserError
 from tpu_ray.rundir import CONFIG_FILE, MANIFEST_FILE, RUN_INFO_FILE, TOKENIZER_FILE, checkpoint_files, path
 
 log = logging.getLogger("tpu_ray")
@@ -50,20 +50,19 @@ def read_saved_config(run_dir: str) -> RunConfig | None:
         return None
     try:
         data = yaml.safe_load(storage.read_text(saved_path))
-        if not isinstance(data, dict) or not data:  # empty or cut to a scalar: damage, not "all defaults"
-            raise UserError(f"{saved_path}: the saved config is empty or not a mapping (damaged); restore it, "
-                            f"or use a new --output-dir")
-        return RunConfig.from_dict(data, origin=saved_path)
-    except UserError as exc:
-        if str(exc).startswith(saved_path):
-            raise
-        raise UserError(f"{saved_path}: cannot read the saved config ({exc}); use a new --output-dir") from None
     except IsADirectoryError:
-        raise UserError(f"{saved_path}: is a directory, not the saved config; remove it, or use a new "
-                        f"--output-dir") from None
+        raise DamagedRunDir(f"{saved_path}: is a directory, not the saved config; remove it, or use a new "
+                            f"--output-dir") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"{saved_path}: cannot read the saved config ({type(exc).__name__}); "
-                        f"use a new --output-dir") from None
+        raise DamagedRunDir(f"{saved_path}: cannot read the saved config ({type(exc).__name__}); "
+                            f"use a new --output-dir") from None
+    if not isinstance(data, dict) or not data:  # empty or cut to a scalar: damage, not "all defaults"
+        raise DamagedRunDir(f"{saved_path}: the saved config is empty or not a mapping (damaged); restore it, "
+                            f"or use a new --output-dir")
+    try:
+        return RunConfig.from_dict(data, origin=saved_path)  # its one line names saved_path already
+    except UserError as exc:
+        raise DamagedRunDir(str(exc)) from None
 
 
 def check_config(cfg: RunConfig) -> bool:

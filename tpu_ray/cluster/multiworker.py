@@ -5,6 +5,15 @@ Ray Train fits this case exactly: it starts `train.workers` worker actors, gives
 `tpu_ray.train.loop.train`; the strategy reads `TF_CONFIG`, each worker's input pipeline reads its own
 shard files (`InputContext`), and only the chief writes metrics, checkpoints and the export.
 (Not for TPUs: TensorFlow drives a TPU slice from one client process, see placement.py.)
+
+Losing a worker's node: `train_multiworker` is one attempt, run under the same recovery loop as
+the TPU/GPU path (cluster/recovery.py: `run_with_recovery`, the pure policy `decide`, the same
+`node_lost` / `resumed_after_failure` events), which resumes every worker from the chief's last
+committed checkpoint. Ray Train's own `FailureConfig` retries are off (max_failures=0) on purpose:
+in Ray 2.60 its failure policy is not pluggable (`create_failure_policy` always returns
+DefaultFailurePolicy) and retries every worker-group error, bad input included, up to
+max_failures times, while our kinds say a bad batch size fails the same way again. A worker whose
+actor or node died is lost capacity (retried); a typed error of a worker keeps its kind.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from typing import Any
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError, find_user_error
+from tpu_ray.errors import FailureKind, LostCapacity, UserError, classify, find_user_error
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +51,8 @@ def _worker_loop(config: dict[str, Any]) -> None:
 
 def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     """Train on `train.workers` Ray workers; checks that they all ended with the same weights."""
+    from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
-    from ray.train import ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
     t = cfg.train
@@ -55,7 +64,9 @@ def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
                            "env": storage.forwarded_env()},
         scaling_config=ScalingConfig(num_workers=t.workers, use_gpu=use_gpu,
                                      resources_per_worker={"GPU": t.num_gpus} if use_gpu else {"CPU": 1}),
-        run_config=RayRunConfig(name=f"{cfg.name}-train", **_ray_train_storage(cfg)),
+        # Retries are recovery.run_with_recovery's (see the module docstring), not Ray Train's.
+        run_config=RayRunConfig(name=f"{cfg.name}-train", failure_config=FailureConfig(max_failures=0),
+                                **_ray_train_storage(cfg)),
     )
     log.info("training on %d Ray Train workers (MultiWorkerMirroredStrategy)", t.workers)
     try:
@@ -65,6 +76,9 @@ def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
         user_error = next(filter(None, map(find_user_error, failures)), None)
         if user_error is not None:
             raise user_error from None
+        lost = [f for f in failures[1:] if classify(f).kind is FailureKind.LOST_CAPACITY]
+        if lost:
+            raise LostCapacity(f"a multi-worker training worker went away ({classify(lost[0]).line})") from exc
         raise
     records = [json.loads(storage.read_text(rundir.path(cfg.run_dir, rundir.WORKERS_DIR, f"worker-{r}.json")))
                for r in range(t.workers)]

@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_ray.cluster.tpu_env import TPU_ENV_KEYS, client_env, settle_pjrt_library
+from tpu_ray.cluster.tpu_env import TPU_ENV_KEYS, settle_pjrt_library
+from tpu_ray.cluster.tpu_slice import TpuSlice, expected_hosts
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError, find_user_error
+from tpu_ray.errors import NoCapacity, UserError, find_user_error
 
 log = logging.getLogger(__name__)
 _HEAD = re.compile(r"^TPU-(v[0-9][a-z]*-[0-9]+)-head$")
@@ -71,17 +72,11 @@ def placement_for(cfg: RunConfig, cluster_resources: dict[str, float],
 
 @dataclass
 class SliceReservation:
-    """One whole TPU slice, held by two placement groups until `release()`."""
+    """One whole TPU slice, held by two placement groups until `release()`; `slice` is what was reserved."""
 
     head_pg: Any  # the slice's head resource on worker 0: the TF client runs in its bundle
-    hosts_pg: Any  # every host's TPUs, one bundle per host (None for an unlabeled single host)
-    slice_name: str
-    node_ids: list[str]  # worker 0 first
-    pod_type: str = ""  # e.g. "v4-16": the node label ray.io/tpu-pod-type, else from the head resource
-
-    @property
-    def multi_host(self) -> bool:
-        return len(self.node_ids) > 1
+    hosts_pg: Any  # every host's TPUs, one bundle per worker id (None for an unlabeled single host)
+    slice: TpuSlice
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group
@@ -91,62 +86,93 @@ class SliceReservation:
                 remove_placement_group(pg)
 
 
-def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0) -> SliceReservation:
+def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0, tpu_name: str | None = None) -> SliceReservation:
     """Reserve one whole TPU slice: its worker 0 by the head resource, then every host of it.
 
     Why by hand rather than `ray.util.tpu.SlicePlacementGroup`: that class wants the physical
     topology ("2x2x2") and accelerator version, while a slice here is named by its pod type
     (`TPU-v4-16-head`); Ray's labels give the rest. The head resource is taken first and kept (so
-    two jobs never pick the same slice); then all of that slice's TPUs on every host are reserved
-    (STRICT_SPREAD, one bundle per host, keyed by the `<slice name>` resource Ray gives each host of
-    the slice), so nothing else is scheduled onto the slice while we train and the autoscaler sees
-    it busy.
+    two jobs never pick the same slice); `tpu_name` (train.tpu_name) constrains it to the slice of
+    that name (a label selector on ray.io/tpu-slice-name), so TensorFlow can only ever drive the
+    slice Ray reserved. Then every host the pod type has (`expected_hosts`, not the hosts alive at
+    this moment: worker 1 may join after worker 0) is reserved, one bundle per worker id
+    (STRICT_SPREAD, label-selected, with the `<slice name>` resource Ray gives each host), waiting
+    within the same timeout; a host that never comes is named in a one-line refusal.
     """
+    import time
+
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
     from tpu_ray.cluster.autoscaler import INFEASIBLE
 
-    head_pg = placement_group([{head_resource: 1}])
+    t0 = time.monotonic()
+    selector = [{SLICE_LABEL: tpu_name}] if tpu_name else None
+    head_pg = placement_group([{head_resource: 1}], bundle_label_selector=selector)
+    wanted = f"{head_resource} on slice {tpu_name}" if tpu_name else head_resource
     waited = wait_for_placement(head_pg, head_resource, timeout_s)
     if waited is not None:
         remove_placement_group(head_pg)
+        named = f"train.tpu_name={tpu_name}: " if tpu_name else ""
         if waited.endswith(INFEASIBLE):
-            raise UserError(f"{head_resource}: no node type of this cluster's autoscaler offers it; set "
-                            f"train.tpu_topology to a slice the cluster has, or add a node type with "
-                            f"{head_resource} to cluster.yaml (docs/cluster.md)")
-        raise UserError(f"train.tpu_wait_timeout_s={timeout_s:g}: no free {head_resource} within {timeout_s:g}s "
-                        f"({waited}); see `ray status` (TPU quota, the TPU node type, another job holding the "
-                        f"slice), raise train.tpu_wait_timeout_s, or train on CPU with train.placement=local")
+            raise NoCapacity(f"{named}{head_resource}: no node type of this cluster's autoscaler offers it; set "
+                             f"train.tpu_topology to a slice the cluster has, or add a node type with "
+                             f"{head_resource} to cluster.yaml (docs/cluster.md)")
+        raise NoCapacity(f"{named}train.tpu_wait_timeout_s={timeout_s:g}: no free {wanted} within {timeout_s:g}s "
+                         f"({waited}); see `ray status` (TPU quota, the TPU node type, another job holding the "
+                         f"slice), raise train.tpu_wait_timeout_s, or train on CPU with train.placement=local")
     head_node = placement_group_table(head_pg)["bundles_to_node_id"][0]
     nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     labels = nodes[head_node].get("Labels", {})
-    slice_name = labels.get(SLICE_LABEL)
+    slice_name = labels.get(SLICE_LABEL, "")
     pod_type = labels.get(POD_TYPE_LABEL) or _HEAD.match(head_resource).group(1)
     if not slice_name:  # a head resource without Ray's TPU labels: a single host, held by its head resource
-        return SliceReservation(head_pg, None, "", [head_node], pod_type)
-    worker_id = {nid: int(n["Labels"].get(WORKER_LABEL, "0")) for nid, n in nodes.items()
-                 if n.get("Labels", {}).get(SLICE_LABEL) == slice_name}
-    slice_nodes = sorted(worker_id, key=worker_id.get)
-    hosts_pg = placement_group([{slice_name: 1, "TPU": nodes[nid]["Resources"].get("TPU", 0)} for nid in slice_nodes],
-                               strategy="STRICT_SPREAD")
-    reservation = SliceReservation(head_pg, hosts_pg, slice_name, slice_nodes, pod_type)
-    if not hosts_pg.wait(timeout_s):
-        reservation.release()
-        raise UserError(f"TPU slice {slice_name}: could not reserve all {len(slice_nodes)} hosts; "
-                        f"check that every host of the slice is up in the Ray cluster")
-    return reservation
+        return SliceReservation(head_pg, None, TpuSlice("", pod_type, (head_node,)))
+    expected = expected_hosts(pod_type)
+    if expected is None:  # a generation tpu_ray/accelerators.py does not know: the hosts Ray labels now
+        expected = sum(1 for n in nodes.values() if n.get("Labels", {}).get(SLICE_LABEL) == slice_name)
+        log.warning("TPU pod type %s is not in tpu_ray/accelerators.py: reserving the %d host(s) of slice %s "
+                    "that are in the Ray cluster now; add the generation to the table", pod_type, expected,
+                    slice_name)
+    tpus = nodes[head_node]["Resources"].get("TPU", 0)
+    bundles = [{slice_name: 1, **({"TPU": tpus} if tpus else {})} for _ in range(expected)]
+    hosts_pg = placement_group(bundles, strategy="STRICT_SPREAD", bundle_label_selector=[
+        {SLICE_LABEL: slice_name, WORKER_LABEL: str(w)} for w in range(expected)])
+    if not hosts_pg.wait(max(1.0, timeout_s - (time.monotonic() - t0))):
+        remove_placement_group(hosts_pg)
+        remove_placement_group(head_pg)
+        raise NoCapacity(_missing_hosts_line(slice_name, pod_type, expected, timeout_s))
+    placed = placement_group_table(hosts_pg)["bundles_to_node_id"]
+    hosts = tuple(placed[w] for w in range(expected))  # bundle w is worker w: worker 0 first
+    return SliceReservation(head_pg, hosts_pg, TpuSlice(slice_name, pod_type, hosts))
+
+
+def _missing_hosts_line(slice_name: str, pod_type: str, expected: int, timeout_s: float) -> str:
+    """One line naming the worker ids of the slice that are absent (or busy) in the Ray cluster."""
+    import ray
+
+    present = {int(n.get("Labels", {}).get(WORKER_LABEL, "-1")) for n in ray.nodes()
+               if n.get("Alive") and n.get("Labels", {}).get(SLICE_LABEL) == slice_name}
+    missing = [w for w in range(expected) if w not in present]
+    if missing:
+        return (f"TPU slice {slice_name} ({pod_type}, {expected} hosts): worker id(s) "
+                f"{', '.join(map(str, missing))} not in the Ray cluster within train.tpu_wait_timeout_s="
+                f"{timeout_s:g}; start every host of the slice (`ray status` lists the nodes), or raise "
+                f"train.tpu_wait_timeout_s")
+    return (f"TPU slice {slice_name} ({pod_type}): all {expected} hosts are in the Ray cluster but not all "
+            f"could be reserved within train.tpu_wait_timeout_s={timeout_s:g} (another job holds their TPUs); "
+            f"see `ray status`")
 
 
 WAIT_LOG_EVERY_S = 30.0  # while a TPU slice is being launched (minutes on GCP): one line this often
 
 
-def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: float = WAIT_LOG_EVERY_S,
-                       first_log_s: float = 2.0) -> str | None:
+def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: float = WAIT_LOG_EVERY_S) -> str | None:
     """Wait up to `timeout_s` for `pg` (which asks for `resource`); None once it is placed.
 
-    While waiting, logs what the autoscaler is doing about it every `log_every_s` (the first line
-    after `first_log_s`): "waiting for TPU-v4-8-head: autoscaler launching 1 node (tpu_v4_8)".
+    Not placed at once: logs what the autoscaler is doing about it right away, then every
+    `log_every_s`: "waiting for TPU-v4-8-head: autoscaler launching 1 node (tpu_v4_8)". (The first
+    line is certain whenever the slice was not there at the first look, whatever the timing.)
     On timeout returns the autoscaler's last state, for the caller's one-line error; returns it
     early when the autoscaler finds the request infeasible (no node type offers the resource).
     """
@@ -155,16 +181,11 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
     from tpu_ray.cluster.autoscaler import INFEASIBLE, launch_summary
 
     t0 = time.monotonic()
-    next_log = first_log_s
+    if pg.wait(0):
+        return None
+    next_log = 0.0
     while True:
         elapsed = time.monotonic() - t0
-        if pg.wait(max(0.0, min(next_log, timeout_s) - elapsed)):
-            if elapsed >= first_log_s:
-                log.info("%s: placed after %.0fs", resource, time.monotonic() - t0)
-            return None
-        elapsed = time.monotonic() - t0
-        if elapsed >= timeout_s:
-            return launch_summary(resource)
         if elapsed >= next_log:
             summary = launch_summary(resource)
             if summary.endswith(INFEASIBLE):
@@ -172,6 +193,11 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
             log.info("waiting for %s: %s (%.0fs of train.tpu_wait_timeout_s=%g)", resource, summary, elapsed,
                      timeout_s)
             next_log = elapsed + log_every_s
+        if pg.wait(max(0.0, min(next_log, timeout_s) - elapsed)):
+            log.info("%s: placed after %.0fs", resource, time.monotonic() - t0)
+            return None
+        if time.monotonic() - t0 >= timeout_s:
+            return launch_summary(resource)
 
 
 def _train_task(cfg_dict: dict, resume: bool) -> dict:
@@ -197,8 +223,13 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     """Train where the config and the cluster say; returns the training summary."""
     if cfg.train.workers > 1:
         from tpu_ray.cluster.multiworker import train_multiworker
+        from tpu_ray.cluster.recovery import run_with_recovery
 
-        return train_multiworker(cfg, resume=resume)
+        def attempt(resume: bool, wait_s: float | None, on_reserved) -> dict:
+            on_reserved({"placement": "multiworker", "workers": cfg.train.workers})
+            return train_multiworker(cfg, resume=resume)
+
+        return run_with_recovery(cfg, resume, attempt)
     if cfg.train.placement == "local" or (cfg.train.placement == "auto" and not _ray_up()):
         return _local(cfg, resume)
     import ray
@@ -226,13 +257,14 @@ def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, 
     if kind == "tpu":
         head = options.pop("head_resource")
         # A recovery attempt waits as long as the recovery allows; a first attempt train.tpu_wait_timeout_s.
-        reservation = reserve_tpu_slice(head, cfg.train.tpu_wait_timeout_s if wait_s is None else wait_s)
-        options = _tpu_client_options(cfg, reservation)
-        log.info("reserved TPU slice %s: %d host(s)", reservation.slice_name or "(single host)",
-                 len(reservation.node_ids))
-        on_reserved({"slice": reservation.slice_name, "node_id": reservation.node_ids[0]})
+        reservation = reserve_tpu_slice(head, cfg.train.tpu_wait_timeout_s if wait_s is None else wait_s,
+                                        cfg.train.tpu_name)
+        options = _tpu_client_options(reservation.slice, reservation.head_pg)
+        log.info("reserved TPU slice %s (%s): %d host(s)", reservation.slice.name or "(single host)",
+                 reservation.slice.pod_type, len(reservation.slice.hosts))
+        on_reserved(reservation.slice.event_fields())
     else:
-        on_reserved({"kind": kind})  # the task itself waits for a GPU node (Ray queues it)
+        on_reserved({"placement": kind})  # the task itself waits for a GPU node (Ray queues it)
     log.info("training placed on Ray: %s %s", kind, options)
     # max_retries=0: a lost node is handled by recovery.run_with_recovery (new reservation, resume).
     task = ray.remote(max_retries=0)(_train_task).options(**options)
@@ -247,20 +279,18 @@ def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, 
         if reservation is not None:
             reservation.release()
     if reservation is not None:
-        summary["slice_nodes"] = reservation.node_ids
+        summary["slice_nodes"] = list(reservation.slice.hosts)
     return summary
 
 
-def _tpu_client_options(cfg: RunConfig, reservation: SliceReservation) -> dict[str, Any]:
-    """The TF client task: in bundle 0 (worker 0), with the environment TensorFlow needs there."""
+def _tpu_client_options(tpu_slice: TpuSlice, head_pg: Any) -> dict[str, Any]:
+    """The TF client task: in bundle 0 (worker 0), with the reserved slice's environment."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-
-    env = client_env(cfg.train.tpu_name, reservation.multi_host, reservation.slice_name, reservation.pod_type)
     return {
         "num_cpus": 0,  # the host's CPUs stay free for tf.data
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(reservation.head_pg, placement_group_bundle_index=0),
-        "runtime_env": {"env_vars": env},
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(head_pg, placement_group_bundle_index=0),
+        "runtime_env": {"env_vars": tpu_slice.client_env()},
     }
 
 

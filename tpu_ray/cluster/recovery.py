@@ -7,8 +7,10 @@ the last committed checkpoint and the seconds of work since it), the slice or GP
 again (waiting up to `train.resume_wait_minutes` for matching capacity: the same slice back or
 another), and the task is submitted again with resume, so it continues from the last committed
 checkpoint (the input position comes with it, see train/input_position.py); a `resumed_after_failure`
-event records the wait and the step. A `UserError` (or any exception raised by the trainer itself)
-is never retried: it would fail the same way again.
+event records the wait and the step. Whether a failure is retried is `decide`, a pure function of
+the failure's kind (errors.classify), the failures so far and the config: only lost capacity is
+retried; bad input, a refusing environment, a damaged run directory, a superseded attempt and an
+internal error would fail the same way again.
 
 Why a loop in the driver rather than only Ray's own retries (`max_retries` on the task, which Ray
 would re-run when the node dies): a lost TPU slice cannot come back under the same placement group,
@@ -16,7 +18,9 @@ because the group that holds every host is keyed by the slice's name, and a repl
 another name (and another TPU_NAME for TensorFlow). So the reservation (placement groups, whose
 `wait()` is Ray's way to wait for capacity) is made again per attempt, and the retried task must
 switch to resume and report the failure in the metrics stream, which a blind task retry cannot.
-The multi-worker path (Ray Train) is not covered here.
+The multi-worker path (Ray Train's TensorflowTrainer, multiworker.py) runs under this same loop:
+one `fit()` per attempt, a worker whose node died is lost capacity, and every worker resumes from
+the chief's last committed checkpoint (why not Ray Train's own FailureConfig: multiworker.py).
 """
 
 from __future__ import annotations
@@ -25,22 +29,41 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tpu_ray import storage
-from tpu_ray.config import RunConfig
+from tpu_ray.config import RunConfig, TrainConfig
+from tpu_ray.errors import Failure, FailureKind, classify
 
 log = logging.getLogger(__name__)
 
 
-def is_node_loss(exc: BaseException) -> bool:
-    """A Ray system failure of the task (its worker or node went away), not the trainer's own error."""
-    import ray.exceptions as rex
+@dataclass(frozen=True)
+class Decision:
+    """What to do about a failed training attempt."""
 
-    if isinstance(exc, rex.RayTaskError):  # the trainer raised: a bug or bad input, not a lost node
-        return False
-    return isinstance(exc, (rex.NodeDiedError, rex.WorkerCrashedError, rex.LocalRayletDiedError,
-                            rex.ObjectLostError, rex.OwnerDiedError, rex.TaskUnschedulableError))
+    retry: bool
+    wait_s: float | None  # how long the next attempt may wait for capacity (None: no next attempt)
+    why: str
+
+
+def decide(failure: Failure, failures_before: int, train: TrainConfig) -> Decision:
+    """The recovery policy, pure: retry (resume from the last committed checkpoint, waiting up to
+    train.resume_wait_minutes for capacity) only a failure whose kind a retry can help, at most
+    train.max_failures times in one run."""
+    if not failure.kind.retryable:
+        return Decision(False, None, f"{failure.kind.label}: a retry would fail the same way")
+    if failures_before >= train.max_failures:
+        return Decision(False, None, f"{failure.kind.label} again after {failures_before} recoveries "
+                                     f"(train.max_failures={train.max_failures})")
+    return Decision(True, train.resume_wait_minutes * 60.0,
+                    f"{failure.kind.label}: failure {failures_before + 1} of {train.max_failures}, resuming")
+
+
+def is_node_loss(exc: BaseException) -> bool:
+    """A failure that a new reservation can fix (kept for callers: `classify(exc)` says more)."""
+    return classify(exc).kind is FailureKind.LOST_CAPACITY
 
 
 def last_commit(run_dir: str) -> tuple[int | None, float | None]:
@@ -75,10 +98,7 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
 
     def on_reserved(where: dict[str, Any]) -> None:
         if failures and metrics is not None:
-            step, _ = last_commit(cfg.run_dir)
-            metrics.event("resumed_after_failure", stage="train", failure=failures,
-                          waited_s=round(time.time() - lost_at, 3), step=step or 0, **where)
-            metrics.flush()
+            record_resume(metrics, cfg, failures, lost_at, where)
 
     try:
         while True:
@@ -86,18 +106,19 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
             try:
                 summary = attempt(resume, wait_s, on_reserved)
             except Exception as exc:
-                if not is_node_loss(exc) or failures >= cfg.train.max_failures:
+                failure = classify(exc)
+                decision = decide(failure, failures, cfg.train)
+                if not decision.retry:
+                    if failures or failure.kind.retryable:
+                        log.warning("not recovering: %s", decision.why)
                     raise
                 failures += 1
                 lost_at = time.time()
-                step, committed = last_commit(cfg.run_dir)
                 metrics = metrics or MetricsWriter(cfg.run_dir, tensorboard=False)
-                metrics.event("node_lost", stage="train", failure=failures, max_failures=cfg.train.max_failures,
-                              error=type(exc).__name__, last_checkpoint_step=step,
-                              lost_s=round(lost_at - max(committed or t0, t0), 3))
-                log.warning("training node lost (%s, failure %d of %d); resuming from step %s when capacity "
-                            "is back", type(exc).__name__, failures, cfg.train.max_failures, step)
-                resume, wait_s = True, cfg.train.resume_wait_minutes * 60.0
+                step = record_failure(metrics, cfg, failure, failures, t0)
+                log.warning("training capacity lost (%s, failure %d of %d); resuming from step %s when capacity "
+                            "is back", failure.error, failures, cfg.train.max_failures, step)
+                resume, wait_s = True, decision.wait_s
                 continue
             if failures:
                 summary["failures"] = failures
@@ -105,3 +126,22 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def record_failure(metrics: Any, cfg: RunConfig, failure: Failure, failures: int, attempt_started: float) -> int | None:
+    """The `node_lost` event (TPU/GPU path and multi-worker path alike); returns the step it resumes from."""
+    step, committed = last_commit(cfg.run_dir)
+    now = time.time()
+    metrics.event("node_lost", stage="train", failure=failures, max_failures=cfg.train.max_failures,
+                  error=failure.error, failure_kind=failure.kind.name.lower(), last_checkpoint_step=step,
+                  lost_s=round(now - max(committed or attempt_started, attempt_started), 3))
+    metrics.flush()
+    return step
+
+
+def record_resume(metrics: Any, cfg: RunConfig, failures: int, lost_at: float, where: dict[str, Any]) -> None:
+    """The `resumed_after_failure` event: the wait for capacity and the step resumed from."""
+    step, _ = last_commit(cfg.run_dir)
+    metrics.event("resumed_after_failure", stage="train", failure=failures,
+                  waited_s=round(time.time() - lost_at, 3), step=step or 0, **where)
+    metrics.flush()

@@ -1,12 +1,8 @@
-"""The environment the TensorFlow client needs on a TPU host, handed to the Ray training task.
+"""The TF client's libtpu on a TPU host, settled before TensorFlow is imported.
 
-Set through the task's `runtime_env` (never a login shell: Ray workers do not read ~/.bashrc), so
-it is in place before TensorFlow is imported in the task:
-- multi-host slice: one client addresses the whole slice by name (`TPU_NAME`) and must not load
-  libtpu itself (`TPU_LOAD_LIBRARY=0`): the slice's hosts own their chips. Whatever names the slice.
-- single host: TensorFlow's PJRT TPU client, as the TPU VM images' pjrt runtime expects it
-  (`NEXT_PLUGGABLE_DEVICE_USE_C_API=true`, `TF_PLUGGABLE_DEVICE_LIBRARY_PATH=<libtpu.so>`).
-- `TPU_ACCELERATOR_TYPE` from the Ray node label ray.io/tpu-pod-type, so MFU knows the generation.
+The client's environment itself (TPU_NAME, TPU_LOAD_LIBRARY, the PJRT variables,
+TPU_ACCELERATOR_TYPE) is the reserved slice's: `TpuSlice.client_env` (cluster/tpu_slice.py), set
+through the task's `runtime_env` (never a login shell: Ray workers do not read ~/.bashrc).
 """
 
 from __future__ import annotations
@@ -16,26 +12,10 @@ import logging
 import os
 
 from tpu_ray.accelerators import tpu_runtime_version
-from tpu_ray.errors import UserError
+from tpu_ray.cluster.tpu_slice import PJRT_ENV, TPU_ENV_KEYS  # noqa: F401 - TPU_ENV_KEYS re-exported
+from tpu_ray.errors import RefusingEnvironment
 
 log = logging.getLogger(__name__)
-IMAGE_LIBTPU = "/lib/libtpu.so"  # where the tpu-vm-tf-*-pjrt images put libtpu
-PJRT_ENV = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": IMAGE_LIBTPU}
-TPU_ENV_KEYS = ("TPU_NAME", "TPU_LOAD_LIBRARY", "TPU_ACCELERATOR_TYPE", *PJRT_ENV)
-
-
-def client_env(tpu_name: str | None, multi_host: bool, slice_name: str, pod_type: str | None) -> dict[str, str]:
-    """Environment variables for the TF client task on worker 0 of a reserved slice."""
-    env: dict[str, str] = {}
-    if multi_host:
-        env.update(TPU_NAME=tpu_name or slice_name, TPU_LOAD_LIBRARY="0")
-    else:
-        if tpu_name:
-            env["TPU_NAME"] = tpu_name
-        env.update(PJRT_ENV)
-    if pod_type:
-        env["TPU_ACCELERATOR_TYPE"] = pod_type
-    return env
 
 
 def pip_libtpu() -> str | None:
@@ -61,7 +41,7 @@ def settle_pjrt_library(strategy: str) -> None:
         os.environ["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = found
         return
     if strategy in ("tpu", "auto"):
-        raise UserError(f"TF_PLUGGABLE_DEVICE_LIBRARY_PATH={path}: no libtpu.so there and no libtpu package; "
+        raise RefusingEnvironment(f"TF_PLUGGABLE_DEVICE_LIBRARY_PATH={path}: no libtpu.so there and no libtpu package; "
                         f"boot the TPU VM with {tpu_runtime_version(False)} or install tpu-ray[tpu]")
     log.info("no libtpu on this host and train.strategy=%s: PJRT variables dropped", strategy)
     for key in PJRT_ENV:

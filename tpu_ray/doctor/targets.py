@@ -7,7 +7,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from tpu_ray.accelerators import GPU_TARGETS, PEAK_FLOPS_PER_REPLICA, TPU_GENERATIONS, tpu_hosts
+from tpu_ray.accelerators import GPU_TARGETS, PEAK_FLOPS_PER_REPLICA, TPU_GENERATIONS
+from tpu_ray.cluster.tpu_slice import expected_hosts
 from tpu_ray.config import RunConfig
 from tpu_ray.doctor.estimates import GB
 from tpu_ray.errors import UserError
@@ -46,7 +47,7 @@ def parse_target(name: str | None, cfg: RunConfig) -> Target:
             raise UserError(f"--target {name}: not a {family} slice size; e.g. {family}-8")
         chips = cores / gen.cores_per_chip
         return Target(name, "tpu", f"tpu-{style}", cores // gen.cores_per_replica, chips,
-                      tpu_hosts(f"{family}-{cores}"), gen.hbm_gib * GB, gen.peak_flops)
+                      expected_hosts(f"{family}-{cores}") or 1, gen.hbm_gib * GB, gen.peak_flops)
     m = re.fullmatch(r"(a100|a100-80gb|h100)(?:[-x](\d+))?", name)
     if m:
         hbm, peak_key = GPU_TARGETS[m.group(1)]

@@ -87,22 +87,69 @@ def shard_path(split: str, unit_index: int, count: int) -> str:
     return f"{split}/{shard_name(split, unit_index, count)}"
 
 
-def encode_lines(tok: Any, lines: list[str]) -> list[list[int]]:
+def text_tokenizer(tokenizer_json: str) -> Any:
+    """The tokenizer the shards encode with (see `encode_lines` for what becomes of special strings)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer_json)
+
+
+def never_text_ids(info: TokenizerInfo) -> frozenset[int]:
+    """The ids no corpus text may produce: [CLS] [SEP] <pad> [MASK] (issue 23.7). A literal `<pad>`
+    mid-sample would be padding to TF RoBERTa's position ids and never a masking target; [SEP] and
+    [CLS] mark sample structure; [MASK] is the training signal. `<unk>` is not among them: it is
+    an ordinary masking target (issue 16), and WikiText writes its unknown words as `<unk>`, which
+    the tokenizer's unknown token means exactly."""
+    return frozenset({info.cls_id, info.sep_id, info.pad_id, info.mask_id})
+
+
+def encode_lines(tok: Any, lines: list[str], special_ids: frozenset[int] = frozenset()) -> list[list[int]]:
+    """Ids of each line. Text is text: a special-token string written in a line ("a <pad> b [SEP]",
+    also glued to a word) is matched by the tokenizer as its special token (`add_special_tokens=False`
+    only drops the template's [CLS]/[SEP]); each id of `special_ids` that stands for such text is
+    spelled by its characters instead."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast skips offsets (tokenizers>=0.20)
-    return [e.ids for e in encode(lines, add_special_tokens=False)]
+    out = [e.ids for e in encode(lines, add_special_tokens=False)]
+    if special_ids:
+        for i, ids in enumerate(out):
+            if not special_ids.isdisjoint(ids):  # rare: only lines with such strings pay for offsets
+                out[i] = _respell(tok, lines[i], special_ids)
+    return out
+
+
+def _respell(tok: Any, line: str, special_ids: frozenset[int]) -> list[int]:
+    """`line`'s ids with every id of `special_ids` replaced by the ids of the characters it stands
+    for (the tokenizer's unknown id for a character its vocabulary lacks, as for any such character)."""
+    enc = tok.encode(line, add_special_tokens=False)
+    ids: list[int] = []
+    for token_id, (start, end) in zip(enc.ids, enc.offsets):
+        if token_id not in special_ids:
+            ids.append(token_id)
+            continue
+        for ch in line[start:end]:
+            ch_id = tok.token_to_id(ch)
+            ids.append(ch_id if ch_id is not None and ch_id not in special_ids else _unk_id(tok, special_ids))
+    return ids
+
+
+def _unk_id(tok: Any, special_ids: frozenset[int]) -> int:
+    from tpu_ray.config import UNK
+
+    unk = tok.token_to_id(UNK)
+    return unk if unk is not None else min(special_ids)
 
 
 ENCODE_BATCH_LINES = 2048  # lines per tokenizer call: bounds the Python lists alive at once
 ENCODE_BATCH_CHARS = 1 << 20  # ... and characters per call, so that long lines make smaller batches
 
 
-def encode_joined(tok: Any, lines: list[str], sep_id: int) -> np.ndarray:
+def encode_joined(tok: Any, lines: list[str], sep_id: int, special_ids: frozenset[int] = frozenset()) -> np.ndarray:
     """`join_ids(encode_lines(tok, lines))`, a batch of lines at a time.
 
     Why batches: a unit's tokens as Python lists cost ~10x their numpy size; batching keeps only
     one batch of lists alive, so an actor's memory depends little on the unit size.
     """
-    parts = [join_ids(encode_lines(tok, batch), sep_id) for batch in _batches(lines)]
+    parts = [join_ids(encode_lines(tok, batch, special_ids), sep_id) for batch in _batches(lines)]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -130,7 +177,7 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
             result["split_lines"] += cut
         if not lines:
             continue
-        flat = encode_joined(tok, lines, info.sep_id)
+        flat = encode_joined(tok, lines, info.sep_id, never_text_ids(info))
         del lines
         rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
         del flat
@@ -177,9 +224,7 @@ class ShardWorker:
         # freshly started workers (~1 s each on 2 cores); this way the actor starts in one of
         # Ray's prestarted workers.
         os.environ.update(env)
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_str(tokenizer_json)
+        self.tok = text_tokenizer(tokenizer_json)
         self.info = info
         self.seq_len = seq_len
         self.out_dir = out_dir

@@ -22,8 +22,9 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
-from tpu_ray.errors import UserError
+from tpu_ray.errors import DamagedRunDir, UserError
 from tpu_ray.rundir import CHECKPOINT_STATE_FILE, latest_named
+from tpu_ray.train.generation import Generation
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,10 @@ def pick_latest(directory: str, state_text: str | None, names: set[str]) -> tupl
 
     The state file names the latest checkpoint; if some of its files are gone (deleted, a copy cut
     short), the newest complete checkpoint is taken instead and the warning says which. If none is
-    complete, a UserError names the missing file: never a silent restart from step 0.
+    complete while the state file names one (a committed checkpoint was damaged), a DamagedRunDir
+    names the missing file: never a silent restart from step 0. If none is complete and none was
+    ever committed (the process died while writing the first checkpoint), nothing can be lost by
+    starting at step 0: (None, a warning that says so) (issue 23.3).
     """
     prefixes = {m.group(1) for m in map(_PREFIX.match, names) if m}
     complete = sorted((p for p in prefixes if not missing_files(p, names)), key=lambda p: int(p.split("-")[1]))
@@ -62,10 +66,15 @@ def pick_latest(directory: str, state_text: str | None, names: set[str]) -> tupl
         why = f"{storage.join(directory, gone)} is missing (named as the latest by {state_path})"
     elif prefixes:
         why = f"{state_path} is missing or names no checkpoint"
+        if not complete:
+            partial = ", ".join(sorted(prefixes, key=lambda p: int(p.split("-")[1])))
+            return None, (f"{directory}: no checkpoint was ever completed ({partial} was interrupted while "
+                          f"being written and nothing was committed); nothing is lost by starting at step 0, "
+                          f"so training starts at step 0")
     else:
         return None, None
     if not complete:
-        raise UserError(f"{why} and no other checkpoint is complete; restore the file, or delete "
+        raise DamagedRunDir(f"{why} and no other checkpoint is complete; restore the file, or delete "
                         f"{directory} to start over")
     return complete[-1], f"{why}; resuming from {storage.join(directory, complete[-1])}, the newest complete checkpoint"
 
@@ -97,8 +106,9 @@ class CheckpointStore:
 
     def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, keep: int, *,
                  write: bool = True, options: tf.train.CheckpointOptions | None = None,
-                 skip_busy: bool = True):
+                 skip_busy: bool = True, generation: Generation | None = None):
         self.directory = directory
+        self.generation = generation  # this attempt's fencing token: checked before every commit and prune
         self.skip_busy = skip_busy  # False: a save while an upload runs waits for it instead
         self.remote = storage.is_remote(directory)
         self.write = write
@@ -112,6 +122,8 @@ class CheckpointStore:
         local = self._staging.name if self._staging else directory
         self.present = False  # any checkpoint file at all (a fresh start must not overwrite them)
         self.problem: UserError | None = None  # files present, none complete: raised by restore()
+        self.saved_any = False  # this store saved a checkpoint (else close() withdraws the generation claim)
+        self.started_over: str | None = None  # why a run with only a half-written first checkpoint starts at 0
         self.latest: str | None = None  # what restore() reads: a staged copy of a remote run
         try:
             chosen = self._choose()
@@ -153,6 +165,15 @@ class CheckpointStore:
         except UserError as exc:
             self.problem = exc
             return None
+        if chosen is None and self._warning:  # only an interrupted first checkpoint: start at step 0
+            self.present = False
+            self.started_over = self._warning
+            self._warning = None
+            log.warning("%s", self.started_over)
+            if self.write:  # its files would otherwise mix with the new ckpt-N of the same number
+                for base in names:
+                    storage.remove(storage.join(self.directory, base))
+            return None
         prefixes = {m.group(1) for m in map(_PREFIX.match, names) if m}
         def step(prefix: str) -> int:
             return int(prefix.split("-")[1])
@@ -182,7 +203,7 @@ class CheckpointStore:
             reason = re.sub(r"\{\{[^}]*\}\}\s*", "", str(exc)).strip().splitlines()[0]
             reason = re.sub(r"TensorBundle at \S+|\s*\[Op:\w+\]", lambda m: "data file" if m.group(0).startswith("T")
                             else "", reason)[:160]
-            raise UserError(f"{url}: checkpoint is corrupt ({reason}); to resume from the previous "
+            raise DamagedRunDir(f"{url}: checkpoint is corrupt ({reason}); to resume from the previous "
                             f"checkpoint, delete {url}.* and rerun with --resume") from None
 
     def stored_position(self) -> str | None:
@@ -209,9 +230,14 @@ class CheckpointStore:
                 return None
             self._finish_upload()
         local_dir = self._staging.name if self._staging else self.directory
+        if self.write and self.generation is not None and not self.remote:  # TF's save commits and prunes here
+            self.generation.check(f"checkpoint ckpt-{step}")
         if position is not None and self.write:  # written first: committed with (or before) the index
             storage.atomic_write_text(os.path.join(local_dir, f"ckpt-{step}{POSITION_SUFFIX}"), position)
         local_prefix = self.manager.save(checkpoint_number=step, options=self.options)
+        if not self.saved_any and self.write and self.generation is not None:
+            self.generation.settle()
+        self.saved_any = True
         name = os.path.basename(local_prefix)
         if not self.write:  # a non-chief worker's part of the collective save: nobody reads it
             self._drop_staged(name)
@@ -237,9 +263,13 @@ class CheckpointStore:
         return self._executor
 
     def _upload_and_commit(self, name: str, state: str, kept: list[str]) -> None:
+        if self.generation is not None:  # a superseded attempt uploads nothing at all
+            self.generation.check(f"upload of {name}")
         staged = self._staged_files(name)
         for f in sorted(staged, key=lambda f: f.endswith(".index")):  # the index after its data
             storage.atomic_copy_file(os.path.join(self._staging.name, f), storage.join(self.directory, f))
+        if self.generation is not None:
+            self.generation.check(f"commit of {name}")
         storage.atomic_write_text(storage.join(self.directory, STATE_FILE), state)  # the commit
         self.committed.append(name)
         log.info("checkpoint %s committed to %s", name, self.directory)
@@ -247,6 +277,8 @@ class CheckpointStore:
         # `keep` copies of a large model's checkpoint.
         self._drop_staged(name)
         try:
+            if self.generation is not None:
+                self.generation.check("pruning of old checkpoints")
             self._prune_remote(set(kept))
         except storage.StorageError as exc:  # the commit stands; the next save prunes again
             log.warning("%s: could not delete old checkpoints yet (%s)", self.directory, exc)
@@ -284,6 +316,11 @@ class CheckpointStore:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            if self.generation is not None and self.write and not self.saved_any:
+                try:
+                    self.generation.withdraw()
+                except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more
+                    log.warning("%s: could not withdraw the unused generation claim (%s)", self.directory, exc)
             if self._staging is not None:
                 self._staging.cleanup()
                 self._staging = None

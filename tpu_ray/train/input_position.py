@@ -49,6 +49,9 @@ class InputPosition:
     window: int
     offset: int  # samples of `window` already consumed
     shards_sha256: str  # the files and counts the position refers to
+    # What else decides the order (issue 23.5); None in positions stored before they were recorded.
+    pipelines: int | None = None  # input pipelines sharing the global batch (hosts, or workers)
+    shuffle_window: int | None = None  # train.shuffle_buffer: the window each permutation covers
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True) + "\n"
@@ -64,11 +67,13 @@ def shards_digest(files: Sequence[str], counts: Sequence[int]) -> str:
     return hashlib.sha256(json.dumps(sorted(zip(names, map(int, counts)))).encode()).hexdigest()
 
 
-def position_at(step: int, samples: int, counts: Sequence[int], window: int, digest: str) -> InputPosition:
+def position_at(step: int, samples: int, counts: Sequence[int], window: int, digest: str,
+                pipelines: int | None = None) -> InputPosition:
     n = int(sum(counts))
     q = samples % n
     return InputPosition(step=step, samples=samples, samples_per_epoch=n, epoch=samples // n, sample_in_epoch=q,
-                         window=q // window, offset=q % window, shards_sha256=digest)
+                         window=q // window, offset=q % window, shards_sha256=digest, pipelines=pipelines,
+                         shuffle_window=window)
 
 
 def count_records(files: Sequence[str]) -> list[int]:
@@ -134,10 +139,14 @@ class PositionTracker:
 
     def at(self, step: int) -> InputPosition:
         return position_at(step, step * self.global_batch // self.pipelines, [self.counts[f] for f in self.mine],
-                           self.window, self.digest)
+                           self.window, self.digest, self.pipelines)
 
-    def check_resume(self, stored: str | None, step: int, where: str) -> InputPosition:
-        """The position to resume at: the stored one, which must describe these shards and `step`."""
+    def check_resume(self, stored: str | None, step: int, where: str, accept_new_order: bool = False) -> InputPosition:
+        """The position to resume at: the stored one, which must describe these shards, `step`, and
+        the same order (input pipelines, shuffle window), unless `accept_new_order` says a changed
+        order is meant (train.accept_new_data_order): then the position in the new order."""
+        import logging
+
         from tpu_ray.errors import UserError
 
         if stored is None:  # a checkpoint from before positions were stored: the step says it all
@@ -150,6 +159,25 @@ class PositionTracker:
         if saved.step != step:
             raise UserError(f"{where}: stored input position is for step {saved.step}, the checkpoint is at step "
                             f"{step}; the checkpoint directory was changed by hand, restore it or start a new run")
+        changed = self.order_changes(saved)
+        if changed and not accept_new_order:
+            raise UserError(f"--resume: {where} was trained in another data order ({', '.join(changed)}); "
+                            f"resuming would repeat or skip samples of this epoch; resume with the same hosts "
+                            f"and train.shuffle_buffer, or set train.accept_new_data_order=true to continue "
+                            f"at step {step} in the new order")
+        if changed:
+            logging.getLogger(__name__).warning("resuming in a new data order (train.accept_new_data_order): %s; "
+                                                "some samples of this epoch repeat or are skipped", ", ".join(changed))
+            return self.at(step)
         # (A multi-worker process may not have built its pipelines yet, so `at(step)` is not compared
         # here; the batch size, which decides the sample, is part of the run's fingerprint.)
         return saved
+
+    def order_changes(self, saved: InputPosition) -> list[str]:
+        """What differs in the order's definition between `saved` and this run (empty: the same)."""
+        changed = []
+        if saved.pipelines is not None and self._bound and saved.pipelines != self.pipelines:
+            changed.append(f"input pipelines (hosts) {saved.pipelines} -> {self.pipelines}")
+        if saved.shuffle_window is not None and saved.shuffle_window != self.window:
+            changed.append(f"train.shuffle_buffer {saved.shuffle_window} -> {self.window}")
+        return changed

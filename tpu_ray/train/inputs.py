@@ -168,18 +168,6 @@ def eval_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mask
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
 
-def pad_to_multiple(ids: list[list[int]], multiple: int, pad_id: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Pad variable-length token lists to a common length rounded up to `multiple`.
-
-    Keeps the number of distinct shapes (hence XLA compilations) small for free-form text.
-    """
-    longest = max((len(x) for x in ids), default=1)
-    length = -(-longest // multiple) * multiple
-    padded = [x + [pad_id] * (length - len(x)) for x in ids]
-    mask = [[1] * len(x) + [0] * (length - len(x)) for x in ids]
-    return padded, mask
-
-
 def _options() -> tf.data.Options:
     opts = tf.data.Options()
     opts.deterministic = True

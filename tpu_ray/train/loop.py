@@ -7,7 +7,7 @@ Why a custom loop rather than `model.fit`: we need (1) the loss and accuracy ave
 positions of the *global* batch (an all-reduced count, so 8 replicas equal 1 device), (2) the
 train step's trace count and the host's input wait per interval, (3) resume at an exact step with
 the same data and masks. The loop is still Keras underneath: a transformers TF model, a tf-keras
-optimizer from `transformers.create_optimizer`, `steps_per_execution` steps per host round trip.
+AdamW from train/optimizer.py, `steps_per_execution` steps per host round trip.
 
 `_train_loop` reads as its steps: restore_or_start -> train_input -> make_train_step ->
 default_hooks (loop_hooks.py: accumulate, log, eval, checkpoint, each with its own every=) ->
@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tpu_ray import rundir, storage
 from tpu_ray.train.checkpoints import CheckpointStore, CheckpointTimer
+from tpu_ray.train.generation import Generation
 from tpu_ray.train.hooks import executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
@@ -73,9 +74,10 @@ class TrainSetup:
 def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     """Model, optimizer and the checkpoint object over them, created inside the strategy's scope."""
     import tf_keras
-    from transformers import TFAutoModelForMaskedLM, create_optimizer
+    from transformers import TFAutoModelForMaskedLM
 
     from tpu_ray.train import schedule as lr_schedule
+    from tpu_ray.train.optimizer import make_optimizer
 
     t = cfg.train
     warmup = lr_schedule.warmup_steps(cfg)
@@ -85,9 +87,7 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     with info.strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
         model(model.dummy_inputs, training=False)  # create the variables now, in scope
-        optimizer, schedule = create_optimizer(
-            init_lr=t.learning_rate, num_train_steps=t.steps, num_warmup_steps=warmup,
-            weight_decay_rate=t.weight_decay)
+        optimizer, schedule = make_optimizer(t, warmup)
         if info.mixed_precision == "mixed_float16":  # float16 needs loss scaling; bfloat16 does not
             optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
         # Create the slots now (legacy tf-keras optimizers otherwise make them on first apply), so a
@@ -111,9 +111,14 @@ def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
     # Harmless on a TPU VM, where the client is the host.
     options = (tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
                if s.info.kind == "tpu" else None)
-    return CheckpointStore(s.checkpoint, rundir.checkpoints_dir(s.cfg.run_dir),
-                           s.cfg.train.keep_checkpoints, write=write, options=options,
-                           skip_busy=s.info.kind != "multiworker")  # a collective save is never skipped
+    directory = rundir.checkpoints_dir(s.cfg.run_dir)
+    generation = None
+    if write:  # this attempt's fencing token: an older attempt still alive can no longer commit or prune
+        generation = Generation(directory)
+        log.info("training attempt %d of %s", generation.claim(), s.cfg.run_dir)
+    return CheckpointStore(s.checkpoint, directory, s.cfg.train.keep_checkpoints, write=write, options=options,
+                           skip_busy=s.info.kind != "multiworker",  # a collective save is never skipped
+                           generation=generation)
 
 
 def make_replica_grads(s: TrainSetup):
@@ -279,7 +284,9 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
                      resume: bool) -> int:
     """The step to start from: 0, or the latest checkpoint's with --resume (refused without it)."""
-    if not ckpts.present:  # any ckpt-* file, complete or not: a fresh start would overwrite them
+    if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
+        metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
+    if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
         return 0
     if not resume:
         raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
@@ -315,7 +322,8 @@ def train_input(cfg: RunConfig, s: TrainSetup, train_files: list[tuple[str, int]
 
     dist = s.info.strategy.distribute_datasets_from_function(dataset_fn)
     if ckpts.latest:  # resumed: the position is checked against the stored one before the first step
-        at = positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url)
+        at = positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
+                                    cfg.train.accept_new_data_order)
         metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
                       sample_in_epoch=at.sample_in_epoch, samples=at.samples)
     return iter(dist), files_read, positions

@@ -55,9 +55,24 @@ class StrategyInfo:
 
 
 def tpu_visible(cfg: TrainConfig) -> bool:
-    """Cheap TPU detection that never waits on a metadata server: a named TPU or TPU chips on this
-    host, found as Ray finds them (ray/_private/accelerators/tpu.py, not a public API)."""
-    return bool(cfg.tpu_name or os.environ.get("TPU_NAME") or local_tpu_chips())
+    """Cheap TPU detection that never waits on a metadata server: a reserved slice, a named TPU or
+    TPU chips on this host, found as Ray finds them (ray/_private/accelerators/tpu.py, not a public API)."""
+    from tpu_ray.cluster.tpu_slice import TpuSlice
+
+    return bool(TpuSlice.current() or cfg.tpu_name or os.environ.get("TPU_NAME") or local_tpu_chips())
+
+
+def tpu_target(cfg: TrainConfig) -> tuple[str, bool]:
+    """(what TPUClusterResolver dials, whether Ray reserved it). Placed by Ray, the reserved slice
+    says it (TpuSlice: its name on a multi-host slice, else "local"); train.tpu_name was a
+    constraint on that reservation, never a second opinion. Not placed by Ray (train.placement=local
+    on a TPU VM or beside a TPU Node), train.tpu_name or TPU_NAME name the TPU, else "local"."""
+    from tpu_ray.cluster.tpu_slice import TpuSlice
+
+    reserved = TpuSlice.current()
+    if reserved is not None:
+        return reserved.tf_name, True
+    return cfg.tpu_name or os.environ.get("TPU_NAME") or "local", False
 
 
 def local_tpu_chips(dev: str = "/dev", iommu_groups: str = "/sys/kernel/iommu_groups") -> int:
@@ -108,7 +123,7 @@ def detect_kind(cfg: TrainConfig) -> str:
 def _tpu_strategy(cfg: TrainConfig) -> tuple[Any, str]:
     """TPU-only: resolve, connect, initialize. `local` on a single-host TPU VM (v3-8, v4-8); the slice
     name (TPU_NAME) on a multi-host pod slice, where one client process drives every host."""
-    name = cfg.tpu_name or os.environ.get("TPU_NAME") or "local"
+    name, reserved = tpu_target(cfg)
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
         tf.config.experimental_connect_to_cluster(resolver)
@@ -116,7 +131,7 @@ def _tpu_strategy(cfg: TrainConfig) -> tuple[Any, str]:
     except (ValueError, RuntimeError, OSError, tf.errors.OpError) as exc:  # OSError: URLError of a lookup
         from tpu_ray.train.tpu_init import classify_tpu_error
 
-        raise classify_tpu_error(exc, name, local_tpu_chips()) from None
+        raise classify_tpu_error(exc, name, local_tpu_chips(), reserved=reserved) from None
     strategy = tf.distribute.TPUStrategy(resolver)
     devices = tf.config.list_logical_devices("TPU")
     kind = getattr(devices[0], "device_type", "TPU") if devices else "TPU"
@@ -124,11 +139,14 @@ def _tpu_strategy(cfg: TrainConfig) -> tuple[Any, str]:
 
 
 def _tpu_generation() -> str | None:
-    """The device name ("TPU v4" for a v4-16) from the accelerator type as Ray finds it (env, else VM metadata); None
-    (logged) when unknown. TPUClusterResolver has no accelerator-type attribute to ask."""
+    """The device name ("TPU v4" for a v4-16): the reserved slice's pod type, else the accelerator type
+    as Ray finds it (env, else VM metadata); None (logged) when unknown. TPUClusterResolver has no
+    accelerator-type attribute to ask."""
     from tpu_ray.accelerators import tpu_accelerator_type, tpu_generation
+    from tpu_ray.cluster.tpu_slice import TpuSlice
 
-    generation = tpu_generation(tpu_accelerator_type())
+    reserved = TpuSlice.current()
+    generation = tpu_generation(reserved.pod_type if reserved else tpu_accelerator_type())
     return generation.device if generation else None
 
 

@@ -11,7 +11,7 @@ import os
 import re
 
 from tpu_ray.accelerators import TPU_TENSORFLOW, tpu_runtime_version
-from tpu_ray.errors import UserError, first_line
+from tpu_ray.errors import LostCapacity, RefusingEnvironment, UserError, first_line
 
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"  # libtpu takes it; one process per host may own the TPU
 
@@ -25,9 +25,13 @@ _NAME = re.compile(r"Could not lookup TPU metadata|Name or service not known|not
                    r"Temporary failure in name resolution", re.I)
 
 
-def classify_tpu_error(exc: BaseException, name: str, chips: int, lockfile: str = LIBTPU_LOCKFILE) -> UserError:
-    """One line per cause, naming the fix. `name` is what the resolver was given ("local" or the
-    slice name), `chips` the TPU chips this host has (strategy.local_tpu_chips)."""
+def classify_tpu_error(exc: BaseException, name: str, chips: int, lockfile: str = LIBTPU_LOCKFILE,
+                       reserved: bool = False) -> UserError:
+    """One line per cause, naming the fix, of the kind that says whether a retry can help. `name`
+    is what the resolver was given ("local" or the slice name), `chips` the TPU chips this host has
+    (strategy.local_tpu_chips), `reserved` whether Ray reserved that slice for this attempt: then a
+    name that does not resolve means the slice went away (preempted) after the reservation, which a
+    new reservation can fix (lost capacity), not a mistyped name (bad input)."""
     text = f"{type(exc).__name__}: {exc}"
     why = first_line(exc, 160)
     if _MISMATCH.search(text):
@@ -35,8 +39,11 @@ def classify_tpu_error(exc: BaseException, name: str, chips: int, lockfile: str 
                          f"{tpu_runtime_version(name != 'local')} and install tpu-ray[tpu] (tensorflow-tpu=="
                          f"{TPU_TENSORFLOW}) so both are TensorFlow {TPU_TENSORFLOW}")
     if _LOCKED.search(text) or (chips and name == "local" and os.path.exists(lockfile)):
-        return UserError(f"TPU {name!r}: the TPU is held by another process ({why}); stop it (sudo lsof -w "
+        return RefusingEnvironment(f"TPU {name!r}: the TPU is held by another process ({why}); stop it (sudo lsof -w "
                          f"/dev/accel0 shows it; then rm {lockfile}), and keep other TF/JAX processes off TPU hosts")
+    if name != "local" and _NAME.search(text) and reserved:
+        return LostCapacity(f"TPU slice {name!r} (reserved by Ray) no longer resolves ({why}); it was probably "
+                            f"preempted or deleted: a new reservation is made (train.max_failures)")
     if name != "local" and _NAME.search(text):
         return UserError(f"train.tpu_name / TPU_NAME={name!r}: this slice name does not resolve ({why}); use the "
                          f"name `gcloud compute tpus tpu-vm list` shows, from a VM in the slice's project and zone")
