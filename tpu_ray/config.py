@@ -102,17 +102,24 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-# Each model type's published configuration (roberta-base, bert-base-uncased config.json): the
-# defaults of what the exported config.json says, so a user fine-tunes it as they would the
-# original. `position_offset`: RoBERTa's position ids start after padding_idx=1, BERT's at 0.
-PUBLISHED: dict[str, dict[str, Any]] = {
-    "roberta": dict(max_position_embeddings=514, layer_norm_eps=1e-5, type_vocab_size=1, position_offset=2),
-    "bert": dict(max_position_embeddings=512, layer_norm_eps=1e-12, type_vocab_size=2, position_offset=0),
-}
+def _published(model_type: str) -> dict[str, Any]:
+    """A model type's published config defaults (tpu_ray.families holds them, one entry per type)."""
+    from tpu_ray.families import FAMILIES
+
+    fam = FAMILIES[model_type]
+    return {**fam.published, "position_offset": fam.position_offset}
+
+
+# Kept for importers: the two types tpu-ray started with. tpu_ray.families is the registry.
+PUBLISHED: dict[str, dict[str, Any]] = {t: _published(t) for t in ("roberta", "bert")}
 
 
 class ModelConfig(_Section):
-    model_type: Literal["roberta", "bert"] = "roberta"
+    # Any type in tpu_ray.families (docs: the supported-types table); with init_from, the checkpoint's.
+    model_type: str = "roberta"
+    # Start from a checkpoint: a local or gs:// Hugging Face model directory, a name in the local
+    # Hugging Face cache, a tpu-ray RUN/model, or a tpu-ray run directory (its last checkpoint).
+    init_from: str | None = None
     preset: Literal["tiny", "mini", "small", "base", "large"] = "tiny"
     # Upper bounds: 16x the largest published masked LM (xlm-roberta-xl: hidden 2560, 36 layers,
     # 32 heads, intermediate 10240), so a typo (an extra digit or two) fails here, not as an
@@ -127,10 +134,21 @@ class ModelConfig(_Section):
     layer_norm_eps: float | None = Field(None, gt=0, lt=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
 
+    @field_validator("model_type")
+    @classmethod
+    def _known_type(cls, v: str) -> str:
+        from tpu_ray.families import EXCLUDED, FAMILIES
+
+        if v in EXCLUDED:
+            raise ValueError(f"not supported: it {EXCLUDED[v]}; use one of {', '.join(sorted(FAMILIES))}")
+        if v not in FAMILIES:
+            raise ValueError(f"not a TensorFlow masked-LM type tpu-ray trains; use one of {', '.join(sorted(FAMILIES))}")
+        return v
+
     def published(self, key: str) -> Any:
         """A field's value, or the model type's published default when unset."""
         value = getattr(self, key, None)
-        return PUBLISHED[self.model_type][key] if value is None else value
+        return _published(self.model_type).get(key) if value is None else value
 
     def sizes(self) -> dict[str, int]:
         """Preset sizes with explicit fields taking precedence."""

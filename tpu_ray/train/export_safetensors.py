@@ -61,7 +61,8 @@ def _command(run_dir: str) -> str | None:
         return None
 
 
-def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None) -> str:
+def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None,
+               mask: str = "[MASK]") -> str:
     """README.md of the exported model: what it was trained on, how long, how well, and how."""
     t = cfg.train
     tokens = step * t.batch_size * cfg.shard.seq_len
@@ -83,7 +84,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         f"# {cfg.name}: a {model_type} masked language model trained with tpu-ray",
         "",
         f"- corpus: `{cfg.corpus.source}`",
-        f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `[MASK]`)",
+        f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `{mask}`)",
         f"- model: {model_type}, preset `{cfg.model.preset}`, sequence length {cfg.shard.seq_len}",
         f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
         f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
@@ -97,7 +98,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "```python",
         "from transformers import pipeline",
         'unmasker = pipeline("fill-mask", model="PATH/TO/model")',
-        f'unmasker("Some text with a {"[MASK]"} token.")',
+        f'unmasker("Some text with a {mask} token.")',
         "```",
         "",
         "TensorFlow (Transformers 4.x, without PyTorch), from `tf_model.h5`:",
@@ -120,5 +121,6 @@ def write_pytorch_files(directory: str | Path, s: Any, last_eval: dict[str, Any]
     `s` is the trainer's TrainSetup (model, cfg, tok, step_var); `last_eval` its last eval record.
     """
     write_safetensors(s.model, directory)
-    card = model_card(s.cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval)
+    card = model_card(s.cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval,
+                      mask=s.tok.tokens.mask)
     (Path(directory) / MODEL_CARD).write_text(card, encoding="utf-8")

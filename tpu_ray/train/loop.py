@@ -197,11 +197,9 @@ def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Te
     masked positions onto the vocabulary (the full model call would project every position).
     Same layers, same weights: the exported model is the ordinary TF*ForMaskedLM.
     """
-    encoder = getattr(model, model.base_model_prefix)  # TFRobertaMainLayer / TFBertMainLayer
-    hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[0]
-    gathered = tf.gather(hidden, batch["mlm_positions"], batch_dims=1)
-    head = model.lm_head if hasattr(model, "lm_head") else model.mlm  # RoBERTa / BERT
-    return head(gathered)
+    from tpu_ray.train.heads import gathered_logits
+
+    return gathered_logits(model, batch, training)
 
 
 def check_manifest(cfg: RunConfig, tok: TokenizerInfo) -> None:
@@ -278,8 +276,15 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
 
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
                      resume: bool) -> int:
-    """The step to start from: 0, or the latest checkpoint's with --resume (refused without it)."""
+    """The step to start from: 0, or the latest checkpoint's with --resume (refused without it).
+    A fresh start with model.init_from loads the checkpoint's weights (optimizer and schedule fresh)."""
     if not ckpts.present:  # any ckpt-* file, complete or not: a fresh start would overwrite them
+        if cfg.model.init_from:
+            from tpu_ray.train.init_from import load_weights
+
+            loaded = load_weights(s.model, cfg)
+            log.info("initialised from %s", loaded)
+            metrics.event("init_from", stage="train", step=0, source=cfg.model.init_from, weights=loaded)
         return 0
     if not resume:
         raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
