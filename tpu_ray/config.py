@@ -244,7 +244,8 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         positions = self.max_positions()
-        if self.positions_needed() > positions:
+        # With init_from the checkpoint's positions decide (checked when it is read: train/init_from.py).
+        if self.positions_needed() > positions and not self.model.init_from:
             raise ValueError(
                 f"shard.seq_len={self.shard.seq_len} needs model.max_position_embeddings >= "
                 f"{self.positions_needed()} ({self.model.model_type} positions start at "

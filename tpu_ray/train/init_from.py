@@ -157,6 +157,8 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     """`cfg` with the checkpoint's model type and sizes; explicit sizes that disagree are refused,
     and shard.seq_len must fit the checkpoint's position embeddings."""
     src = resolve(str(cfg.model.init_from))
+    if src.kind == "hf" and not any(os.path.exists(os.path.join(src.local, f)) for f in WEIGHT_FILES):
+        raise UserError(f"model.init_from={src.where}: no weights (tf_model.h5 or model.safetensors); {FIX}")
     config = source_hf_config(src)
     model_type = config.model_type
     m = cfg.model
