@@ -186,8 +186,17 @@ def make_eval_step(s: TrainSetup):
 
 
 def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
-    return MaskSpec(cfg.train.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
-                    predictions_per_sequence(cfg.shard.seq_len, cfg.train.mask_prob), target_ids=(tok.unk_id,))
+    t = cfg.train
+    words = None
+    if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
+        from tpu_ray.prepare.tokenizer import load_tokenizer_json
+        from tpu_ray.train.words import continuation_table
+
+        words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
+    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
+                    predictions_per_sequence(cfg.shard.seq_len, t.mask_prob, t.whole_word_mask),
+                    target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
+                    random_fraction=t.random_token_fraction)
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
