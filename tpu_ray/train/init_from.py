@@ -121,12 +121,14 @@ def source_hf_config(src: Source):
     """The transformers config of the checkpoint (its own config.json, or the run's model)."""
     from transformers import AutoConfig
 
-    if src.kind == "run":
+    if src.kind == "run":  # a run continued from a checkpoint has that checkpoint's config
         from tpu_ray.prepare.tokenizer import tokenizer_info
-        from tpu_ray.train.model import hf_config
+        from tpu_ray.train.model_config import scratch_hf_config
 
-        run_cfg = resolve_config(_run_config(src)) if _run_config(src).model.init_from else _run_config(src)
-        return hf_config(run_cfg, tokenizer_info(run_cfg.tokenizer_dir))
+        run_cfg = _run_config(src)
+        if run_cfg.model.init_from:
+            return source_hf_config(resolve(run_cfg.model.init_from))
+        return scratch_hf_config(run_cfg, tokenizer_info(run_cfg.tokenizer_dir))
     data = _read_config_json(src)
     model_type = data.get("model_type")
     if model_type not in FAMILIES:
