@@ -144,6 +144,7 @@ def test_continue_from_a_pytorch_transformers_5_safetensors_directory(pt5_dir, s
     assert "torch" not in _sys.modules  # converted with numpy, never torch
 
 
+@pytest.mark.slow  # a third continued pipeline run and a resume: about a minute on 2 cores
 def test_continue_from_a_run_directory_and_resume_the_continued_run(source, tmp_path, small_corpus):
     """A run directory is its last committed checkpoint; the continued run then resumes like any
     other (from its own checkpoint, not from init_from again)."""

@@ -3,7 +3,7 @@
 Columns, each its own test so the matrix reads off `pytest -v`: from scratch with one trace of the
 step; steps_per_execution 4 == 1 (dropout 0); bfloat16 finite; continued from its own export
 (the checkpoint's weights really loaded); the export loads in PyTorch Transformers 5 to the same
-logits. Tiny models (hidden 32, 2 layers, vocab ~300, seq_len 32). Three representative types run
+logits. Tiny models (hidden 32, 2 layers, vocab ~300, seq_len 32). Two representative types run
 in the default suite; the rest of the matrix is marked slow.
 """
 
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO
-from tests.test_train import checkpoint_weights, max_abs_difference
+from tests.test_train import checkpoint_weights
 from tpu_ray.families import EXCLUDED, FAMILIES, family, training_order
 
 SEQ = 32
-DEFAULT = ("roberta", "bert", "electra")
+DEFAULT = ("roberta", "bert")  # the two families every other type follows; the rest: -m slow
 TYPES = [t if t in DEFAULT else pytest.param(t, marks=pytest.mark.slow) for t in sorted(FAMILIES)]
 VENVS = Path(os.environ.get("TPU_RAY_INTEROP_VENVS", REPO / ".venv-interop"))
 TORCH_SIDE = REPO / "tests" / "interop" / "torch_side.py"
@@ -115,7 +115,7 @@ def test_four_steps_per_execution_equal_one(scratch_runs, tmp_path, model_type):
     tok_dir, shards, run1, _ = scratch_runs(model_type)
     summary = train(type_config(tmp_path / "spe4", model_type, tok_dir, shards, **{"train.steps_per_execution": 4}))
     assert summary["train_traces"] == 1
-    assert max_abs_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "spe4")) < 1e-5
+    assert weight_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "spe4")) < 1e-5
 
 
 @pytest.mark.parametrize("model_type", TYPES)
@@ -142,12 +142,16 @@ def test_continued_from_its_export_starts_from_its_weights(scratch_runs, tmp_pat
     assert p.cfg.model.model_type == model_type and p.cfg.model.hidden_size == 32
     p.tokenizer()
     p.train()
-    source, cont = (_weights_only(checkpoint_weights(d)) for d in (run1, tmp_path / "cont"))
-    assert max_abs_difference(source, cont) < 1e-5  # the optimizer's slots are fresh: not compared
+    # The optimizer starts fresh, so its slots differ by design: the model weights are compared.
+    assert weight_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "cont")) < 1e-5
 
 
-def _weights_only(variables: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: v for k, v in variables.items() if "OPTIMIZER_SLOT" not in k}
+def weight_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """Largest absolute difference of the model weights (not the optimizer's slots; zero-size
+    variables, which some configs create, skipped)."""
+    a, b = ({k: v for k, v in d.items() if "OPTIMIZER_SLOT" not in k and v.size} for d in (a, b))
+    assert a.keys() == b.keys() and a
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
 
 
 @pytest.mark.parametrize("model_type", TYPES)

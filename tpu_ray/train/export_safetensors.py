@@ -35,10 +35,13 @@ def pytorch_state_dict(model: Any) -> dict[str, np.ndarray]:
     for w in model.weights:
         array = w.numpy()
         name, transpose = convert_tf_weight_name_to_pt_weight_name(w.name, tf_weight_shape=array.shape)
-        if name in out:
-            raise RuntimeError(f"two TF variables map to the PyTorch name {name!r} (second: {w.name})")
         # Dense kernels are [in, out] in TF and [out, in] in PyTorch.
-        out[name] = np.ascontiguousarray(apply_transpose(transpose, array, pt_to_tf=False))
+        array = np.ascontiguousarray(apply_transpose(transpose, array, pt_to_tf=False))
+        if name in out:
+            if np.array_equal(out[name], array):  # one weight reached twice (ESM's tied decoder): kept once
+                continue
+            raise RuntimeError(f"two TF variables map to the PyTorch name {name!r} (second: {w.name})")
+        out[name] = array
     return out
 
 
