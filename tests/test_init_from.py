@@ -277,3 +277,23 @@ def test_safetensors_weights_load_equal_to_tf_model_h5(tf_dir, source, tmp_path)
     assert len(model.weights) == len(ref_weights)
     for w in model.weights:
         assert np.array_equal(w.numpy(), ref_weights[unscoped(w.name)]), w.name
+
+
+def test_a_gs_model_directory_is_staged_and_loads(gcs_emulator, tf_dir, tmp_path):
+    """gs://bucket/model (as a team keeps checkpoints): staged once locally, the same weights."""
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray import storage
+    from tpu_ray.train.init_from import checkpoint_hf_config, load_weights, resolve
+
+    root = storage.join(gcs_emulator.make_bucket(), "models", "tiny")
+    for f in sorted(tf_dir.iterdir()):
+        storage.atomic_copy_file(str(f), storage.join(root, f.name))
+    src = resolve(root)
+    assert src.kind == "hf" and Path(src.local, "tf_model.h5").read_bytes() == (tf_dir / "tf_model.h5").read_bytes()
+    cfg = tiny_config(tmp_path / "r", tmp_path / "unused.txt", **{"model.init_from": root})
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg))
+    model(model.dummy_inputs)
+    assert load_weights(model, cfg).endswith("tf_model.h5")
+    ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))

@@ -36,7 +36,10 @@ def pytorch_state_dict(model: Any) -> dict[str, np.ndarray]:
         array = w.numpy()
         name, transpose = convert_tf_weight_name_to_pt_weight_name(w.name, tf_weight_shape=array.shape)
         # Dense kernels are [in, out] in TF and [out, in] in PyTorch.
-        array = np.ascontiguousarray(apply_transpose(transpose, array, pt_to_tf=False))
+        array = apply_transpose(transpose, array, pt_to_tf=False)
+        if "depthwise" in w.name and array.ndim == 3:  # ConvBERT: TF [k, in, 1] -> PyTorch Conv1d [in, 1, k]
+            array = array.reshape(array.shape[1], 1, array.shape[2])
+        array = np.ascontiguousarray(array)
         if name in out:
             if np.array_equal(out[name], array):  # one weight reached twice (ESM's tied decoder): kept once
                 continue
