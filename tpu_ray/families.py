@@ -41,14 +41,13 @@ TPU_RAY_MIXED = SpecialTokens("[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]")
 ROBERTA_TOKENS = SpecialTokens("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 BERT_TOKENS = SpecialTokens("[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]")
 FUNNEL_TOKENS = SpecialTokens("<cls>", "<pad>", "<sep>", "<unk>", "<mask>")
-ESM_TOKENS = SpecialTokens("<cls>", "<pad>", "<eos>", "<unk>", "<mask>")
 MPNET_TOKENS = SpecialTokens("<s>", "<pad>", "</s>", "[UNK]", "<mask>")
 XLM_TOKENS = SpecialTokens("<s>", "<pad>", "</s>", "<unk>", "<special1>")
 
 # Every convention a tokenizer may follow, tried in this order when a tokenizer's roles are not
 # written down (tokenizer.json alone): the mixed set first, so an old run reads as before.
 CONVENTIONS: tuple[SpecialTokens, ...] = (TPU_RAY_MIXED, ROBERTA_TOKENS, BERT_TOKENS, MPNET_TOKENS,
-                                         FUNNEL_TOKENS, ESM_TOKENS, XLM_TOKENS)
+                                         FUNNEL_TOKENS, XLM_TOKENS)
 
 _BERT_ORDER = ("pad", "unk", "cls", "sep", "mask")  # bert-base: [PAD]=0, then [UNK] [CLS] [SEP] [MASK]
 _ROBERTA_ORDER = ("cls", "pad", "sep", "unk", "mask")  # roberta-base: <s>=0 <pad>=1 </s>=2 <unk>=3
@@ -131,10 +130,6 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            size_fields={"num_hidden_layers": None, "intermediate_size": "d_inner"},
            dropout_fields=("hidden_dropout", "attention_dropout", "activation_dropout"),
            note="layers come as block_sizes (one layer per block from scratch)"),
-    Family("esm", ESM_TOKENS, id_order=_ROBERTA_ORDER, required_pad_id=1, position_offset=2, head=("lm_head",),
-           published=dict(max_position_embeddings=1026, layer_norm_eps=1e-5),
-           scratch_extra=dict(token_dropout=False, position_embedding_type="absolute", emb_layer_norm_before=False),
-           note="protein models; token_dropout off (it rescales embeddings by the mask ratio)"),
     Family("xlm", XLM_TOKENS, id_order=("cls", "sep", "pad", "unk", "mask"), head=None,
            published=dict(max_position_embeddings=512), size_fields={"intermediate_size": None},
            dropout_fields=("dropout", "attention_dropout")),
@@ -147,6 +142,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
 EXCLUDED: dict[str, str] = {
     "layoutlm": "needs word bounding boxes (bbox) from a document layout, not token ids alone",
     "tapas": "needs table structure (7 token-type ids per token: row, column, rank...), not token ids alone",
+    "esm": ("is a protein model whose TF MLM head keeps a second, untied copy of the word embeddings under the "
+            "embeddings' own name (PyTorch ties them), so its trained weights cannot be exported faithfully"),
 }
 
 

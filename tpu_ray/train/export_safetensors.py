@@ -41,7 +41,7 @@ def pytorch_state_dict(model: Any) -> dict[str, np.ndarray]:
             array = array.reshape(array.shape[1], 1, array.shape[2])
         array = np.ascontiguousarray(array)
         if name in out:
-            if np.array_equal(out[name], array):  # one weight reached twice (ESM's tied decoder): kept once
+            if np.array_equal(out[name], array):  # the same values reached twice: written once
                 continue
             raise RuntimeError(f"two TF variables map to the PyTorch name {name!r} (second: {w.name})")
         out[name] = array
