@@ -76,6 +76,9 @@ class Family:
     # Extra config values for a model built from scratch (e.g. switch off features that need inputs
     # other than token ids).
     scratch_extra: dict[str, Any] = field(default_factory=dict)
+    # PyTorch weights whose shape differs from the transposed TF one (the export reshapes them):
+    # (substring of the PyTorch name, "in1k" for a depthwise Conv1d [in, 1, k] | "column" for [n, 1]).
+    pt_reshapes: tuple[tuple[str, str], ...] = ()
     note: str = ""
 
     @property
@@ -110,7 +113,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                   dropout_fields=("hidden_dropout_prob", "attention_probs_dropout_prob")),
     _bert_like("bert", ("mlm",)),
     _bert_like("electra", ("generator_predictions", "generator_lm_head")),
-    _bert_like("convbert", ("generator_predictions", "generator_lm_head")),
+    _bert_like("convbert", ("generator_predictions", "generator_lm_head"),
+               pt_reshapes=(("depthwise.weight", "in1k"), ("conv_attn_layer.bias", "column"))),
     _bert_like("mobilebert", ("predictions",), size_fields={"intermediate_size": "intermediate_size"},
                note="embedding and bottleneck sizes follow hidden_size from scratch"),
     _bert_like("rembert", ("mlm",)),

@@ -31,14 +31,21 @@ def pytorch_state_dict(model: Any) -> dict[str, np.ndarray]:
     """PyTorch parameter name -> float array, from a built transformers TF model's variables."""
     from transformers.modeling_tf_pytorch_utils import apply_transpose, convert_tf_weight_name_to_pt_weight_name
 
+    from tpu_ray.families import FAMILIES
+
+    fam = FAMILIES.get(model.config.model_type)
+    reshapes = fam.pt_reshapes if fam else ()
     out: dict[str, np.ndarray] = {}
     for w in model.weights:
         array = w.numpy()
         name, transpose = convert_tf_weight_name_to_pt_weight_name(w.name, tf_weight_shape=array.shape)
         # Dense kernels are [in, out] in TF and [out, in] in PyTorch.
         array = apply_transpose(transpose, array, pt_to_tf=False)
-        if "depthwise" in w.name and array.ndim == 3:  # ConvBERT: TF [k, in, 1] -> PyTorch Conv1d [in, 1, k]
-            array = array.reshape(array.shape[1], 1, array.shape[2])
+        for part, how in reshapes:  # the family's PyTorch shapes (ConvBERT's separable convolution)
+            if part in name and how == "in1k" and array.ndim == 3:  # transposed TF [1, in, k] -> [in, 1, k]
+                array = array.reshape(array.shape[1], 1, array.shape[2])
+            elif part in name and how == "column" and array.ndim == 1:
+                array = array.reshape(-1, 1)
         array = np.ascontiguousarray(array)
         if name in out:
             if np.array_equal(out[name], array):  # the same values reached twice: written once
