@@ -279,6 +279,7 @@ def test_safetensors_weights_load_equal_to_tf_model_h5(tf_dir, source, tmp_path)
         assert np.array_equal(w.numpy(), ref_weights[unscoped(w.name)]), w.name
 
 
+@pytest.mark.slow  # the storage emulator's start-up on top of the source run
 def test_a_gs_model_directory_is_staged_and_loads(gcs_emulator, tf_dir, tmp_path):
     """gs://bucket/model (as a team keeps checkpoints): staged once locally, the same weights."""
     from transformers import TFAutoModelForMaskedLM

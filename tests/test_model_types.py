@@ -128,15 +128,22 @@ def test_bfloat16_training_stays_finite(scratch_runs, tmp_path, model_type):
     assert np.isfinite(summary["final_loss"]) and np.isfinite(summary["eval_loss"])
 
 
+@pytest.mark.parametrize("weights", ["tf_model.h5", "model.safetensors"])
 @pytest.mark.parametrize("model_type", TYPES)
-def test_continued_from_its_export_starts_from_its_weights(scratch_runs, tmp_path, model_type):
+def test_continued_from_its_export_starts_from_its_weights(scratch_runs, tmp_path, model_type, weights):
     """init_from RUN/model: after one step at lr 1e-9 the weights are the checkpoint's (a fresh
-    model's differ by far more), so the weights were loaded, not re-initialised."""
+    model's differ by far more), so the weights were loaded, not re-initialised. From tf_model.h5,
+    and from the PyTorch-layout model.safetensors alone (tpu-ray's numpy converter, no torch)."""
+    import shutil
+
     from tpu_ray.pipeline import Pipeline
 
     tok_dir, shards, run1, _ = scratch_runs(model_type)
+    source = tmp_path / "source"
+    shutil.copytree(run1 / "model", source)
+    (source / ("model.safetensors" if weights == "tf_model.h5" else "tf_model.h5")).unlink()
     cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{
-        "model.init_from": str(run1 / "model"), "tokenizer.path": None, "train.steps": 1, "train.warmup_steps": 0,
+        "model.init_from": str(source), "tokenizer.path": None, "train.steps": 1, "train.warmup_steps": 0,
         "train.learning_rate": 1e-9, "train.checkpoint_every": 1, "train.eval_every": 1})
     p = Pipeline(cfg)
     assert p.cfg.model.model_type == model_type and p.cfg.model.hidden_size == 32
