@@ -211,6 +211,17 @@ def test_a_tokenizer_whose_vocabulary_disagrees_with_the_embedding(tf_dir, tmp_p
     assert f"embedding has {config['vocab_size']} rows" in msg and "use the tokenizer the checkpoint" in msg
 
 
+def test_a_tokenizer_path_beside_a_checkpoint_must_fit_its_embedding(tf_dir, tmp_path, small_corpus):
+    from tpu_ray.config import TokenizerConfig
+    from tpu_ray.prepare.tokenizer import save_tokenizer, train_tokenizer
+
+    lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
+    other = str(tmp_path / "other-tok")
+    save_tokenizer(train_tokenizer([lines], TokenizerConfig(vocab_size=300)), other, 64)
+    msg = _pipeline_error(tmp_path, small_corpus, tf_dir, **{"tokenizer.path": other})
+    assert msg.startswith(other) and "the checkpoint's embedding has" in msg
+
+
 @pytest.mark.parametrize("model_type, why", [("tapas", "table structure"), ("gpt2", "not a TensorFlow masked-LM type")])
 def test_an_unsupported_type(tf_dir, tmp_path, small_corpus, model_type, why):
     bad = tmp_path / "type"

@@ -110,6 +110,10 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
         return copy_tokenizer(cfg, force=force)
     if cfg.tokenizer.path or (not force and storage.exists(rundir.path(cfg.tokenizer_dir, rundir.TOKENIZER_FILE))):
         info = tokenizer_info(cfg.tokenizer_dir)
+        if cfg.model.init_from:  # a tokenizer given beside a checkpoint must still fit its embedding
+            from tpu_ray.train.init_from import check_tokenizer
+
+            check_tokenizer(cfg, info, cfg.tokenizer_dir)
         log.info("tokenizer: using %s (vocab %d, sha256 %s)", cfg.tokenizer_dir, info.vocab_size, info.sha256[:12])
         return info
     from tpu_ray.families import family, training_order
