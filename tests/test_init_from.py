@@ -134,6 +134,10 @@ def test_continue_from_a_tensorflow_save_pretrained_directory(tf_dir, source, tm
     _check_continued(cfg, source)
     saved = (Path(cfg.run_dir) / "config.yaml").read_text()
     assert f"init_from: {tf_dir}" in saved
+    from tests.test_doctor import doctor  # doctor reads the checkpoint's config as training does
+
+    code, checks = doctor(tiny_config(Path(cfg.run_dir), small_corpus, **{"model.init_from": str(tf_dir)}))
+    assert checks["vocab"][0] == "PASS" and checks["positions"][0] == "PASS", checks
 
 
 def test_continue_from_a_pytorch_transformers_5_safetensors_directory(pt5_dir, source, tmp_path, small_corpus):
