@@ -16,9 +16,19 @@ from context on 2 cores in about 5 minutes for tpu-ray's trainer (README, "Does 
 vocab 8000 two runs of one setting ended 0.6 nats apart (5.90 and 6.50): the model was still
 leaving the word-frequency plateau at the last step, so the result hung on when it left it.
 
+Time to quality (issue 24): both trainers keep a snapshot of the weights every `--snapshot-every`
+steps (tpu-ray: its own checkpoints, written as in any run; the reference: a Keras callback copies
+the weights to memory, and the copy's time is taken off its clock), each stamped with the seconds
+since that trainer started. After training, the same held-out evaluation scores every snapshot, so
+the evaluation stays outside both trainers. The figure: the seconds tpu-ray needs to reach the
+reference's final test loss (linear between snapshots), and its ratio to the reference's seconds.
+`--plot PNG` draws both curves (test loss against seconds).
+
 Last line: {"tpu_ray_test_loss", "reference_test_loss", "baseline_loss", "tpu_ray_top1",
-"reference_top1", "baseline_top1", "tpu_ray_seconds", "reference_seconds", ...}. Seconds are wall
-time of training (model build, tracing, steps; tpu-ray's also includes its checkpoint and export).
+"reference_top1", "baseline_top1", "tpu_ray_seconds", "reference_seconds",
+"time_to_reference_seconds", "time_to_reference_ratio", "tpu_ray_curve", "reference_curve", ...}.
+Seconds are wall time of training (model build, tracing, steps; tpu-ray's also includes its
+checkpoints and export).
 """
 
 from __future__ import annotations
@@ -64,7 +74,8 @@ def prepare(work: Path, args) -> object:
                   "intermediate_size": 4 * args.hidden, "dropout": args.dropout},
         "train": {"steps": args.steps, "batch_size": args.batch, "learning_rate": args.lr,
                   "warmup_steps": args.warmup, "eval_every": 10**6, "eval_batches": 1,
-                  "checkpoint_every": 10**6, "log_every": 50, "shuffle_buffer": 4096},
+                  "checkpoint_every": args.snapshot_every, "keep_checkpoints": 10**6, "log_every": 50,
+                  "shuffle_buffer": 4096, "mask_prob": args.mask_prob, "jit_compile": args.jit},
     })
     if (work / "shards" / "manifest.json").exists():  # --work of an earlier run: the same tokenizer/shards
         return cfg
@@ -143,12 +154,14 @@ def baseline(cfg, batch: dict) -> tuple[float, float]:
     return float(-logp[labels].mean()), float((labels == counts.argmax()).mean())
 
 
-def run_tpu_ray(cfg, work: Path):
+def run_tpu_ray(cfg, work: Path, batch: dict):
+    """Train; then score each checkpoint the run kept: [(seconds since start, step, loss)]."""
+    import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
 
     from tpu_ray.train.loop import train
 
-    t = time.perf_counter()
+    start, t = time.time(), time.perf_counter()
     summary = train(cfg)
     seconds = time.perf_counter() - t
     records = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -156,16 +169,78 @@ def run_tpu_ray(cfg, work: Path):
     # use_safetensors=False: the export also holds model.safetensors (PyTorch layout), which TF
     # Transformers 4.57 prefers and cannot read (transformers #40028); tf_model.h5 is the TF weights.
     model = TFAutoModelForMaskedLM.from_pretrained(summary["model_dir"], use_safetensors=False)
-    return model, seconds, losses
+    final = evaluate(model, batch)
+    ckpt_dir = Path(cfg.run_dir) / "checkpoints"
+    saved = {int(p.name[5:-6]): p.with_suffix("") for p in ckpt_dir.glob("ckpt-*.index")}
+    # A checkpoint's time: its file's commit, relative to the start (what it cost is on the clock).
+    curve = []
+    for step in sorted(saved):
+        tf.train.Checkpoint(model=model).restore(str(saved[step])).expect_partial()
+        stamp = saved[step].with_suffix(".index").stat().st_mtime - start
+        curve.append((round(stamp, 1), step, round(evaluate(model, batch)[0], 4)))
+    return final, seconds, losses, curve
 
 
-def run_reference(cfg, args):
+def run_reference(cfg, args, batch: dict):
+    """model.fit as it is; a callback copies the weights every snapshot_every steps (off the clock)."""
+    import tf_keras
     from train_throughput import reference_fit
 
+    snaps: list[tuple[float, int, list]] = []
     t = time.perf_counter()
+    state = {"off": 0.0}
+
+    class Snapshot(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, step, logs=None):
+            if (step + 1) % args.snapshot_every == 0:
+                t0 = time.perf_counter()
+                weights = self.model.get_weights()
+                state["off"] += time.perf_counter() - t0
+                snaps.append((time.perf_counter() - t - state["off"], step + 1, weights))
+
     model, _ = reference_fit(cfg, args.steps, lr=args.lr, warmup_steps=args.warmup, seq_len=args.seq_len,
-                             batch=args.batch)
-    return model, time.perf_counter() - t
+                             batch=args.batch, callbacks=[Snapshot()])
+    seconds = time.perf_counter() - t - state["off"]
+    final = evaluate(model, batch)
+    curve = []
+    for stamp, step, weights in snaps:
+        model.set_weights(weights)
+        curve.append((round(stamp, 1), step, round(evaluate(model, batch)[0], 4)))
+    return final, seconds, curve
+
+
+def time_to(curve: list[tuple[float, int, float]], target: float) -> float | None:
+    """Seconds at which a (seconds, step, loss) curve first reaches `target` (linear between points)."""
+    prev = None
+    for point in curve:
+        if point[2] <= target:
+            if prev is None:
+                return point[0]
+            (t0, _, l0), (t1, _, l1) = prev, point
+            return t0 + (t1 - t0) * (l0 - target) / (l0 - l1) if l0 != l1 else t1
+        prev = point
+    return None
+
+
+def plot(path: str, curves: dict[str, list], target: float | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, curve in curves.items():
+        if curve:
+            ax.plot([c[0] for c in curve], [c[2] for c in curve], marker="o", ms=3, label=label)
+    if target is not None:
+        ax.axhline(target, color="grey", ls="--", lw=0.8, label="reference final loss")
+    ax.set_xlabel("seconds of training (2 CPU cores)")
+    ax.set_ylabel("WikiText-2 test loss (masked tokens, nats)")
+    ax.set_title("Time to quality: tpu-ray's trainer vs the reference model.fit")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -181,6 +256,13 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--mask-prob", type=float, default=0.15, help="tpu-ray's masking rate (the reference: 0.15)")
+    p.add_argument("--jit", type=lambda v: {"true": True, "false": False, "auto": None}[v.lower()], default=None,
+                   help="tpu-ray's train.jit_compile: true, false or auto (the strategy's default)")
+    p.add_argument("--snapshot-every", type=int, default=100, help="steps between scored snapshots")
+    p.add_argument("--plot", help="write the test-loss-against-seconds curves to this PNG")
+    p.add_argument("--reference-curve", help="a JSON line of an earlier run: its reference side is reused "
+                   "(with --skip-reference; tuning tpu-ray against one measured reference)")
     p.add_argument("--skip-reference", action="store_true", help="train tpu-ray only (for tuning)")
     p.add_argument("--skip-tpu-ray", action="store_true",
                    help="train the reference only (with --work of a tpu-ray run: same tokenizer and shards)")
@@ -196,13 +278,18 @@ def main() -> None:
         base_loss, base_top1 = baseline(cfg, batch)
         ours_loss = ours_top1 = ours_s = None
         curve: list = []
+        ours_curve: list = []
         if not args.skip_tpu_ray:
-            model, ours_s, curve = run_tpu_ray(cfg, work)
-            ours_loss, ours_top1 = evaluate(model, batch)
+            (ours_loss, ours_top1), ours_s, curve, ours_curve = run_tpu_ray(cfg, work, batch)
         ref_loss = ref_top1 = ref_s = None
+        ref_curve: list = []
         if not args.skip_reference:
-            ref_model, ref_s = run_reference(cfg, args)
-            ref_loss, ref_top1 = evaluate(ref_model, batch)
+            (ref_loss, ref_top1), ref_s, ref_curve = run_reference(cfg, args, batch)
+        elif args.reference_curve:
+            earlier = json.loads(Path(args.reference_curve).read_text().strip().splitlines()[-1])
+            ref_loss, ref_top1, ref_s = (earlier[k] for k in ("reference_test_loss", "reference_top1",
+                                                               "reference_seconds"))
+            ref_curve = [tuple(c) for c in earlier["reference_curve"]]
 
     n = int(batch["targets"].sum())
     print(f"WikiText-2 valid -> train, test held out ({n:,} masked test tokens); model hidden {args.hidden}, "
@@ -215,8 +302,18 @@ def main() -> None:
         print(f"  {'tpu-ray trainer':30s} {ours_loss:10.3f} {ours_top1:7.1%} {ours_s:8.0f}")
     if ref_loss is not None:
         print(f"  {'reference model.fit':30s} {ref_loss:10.3f} {ref_top1:7.1%} {ref_s:8.0f}")
+    reach = ratio = None
     if ours_loss is not None and ref_loss is not None:
         print(f"  tpu-ray vs reference: {ref_loss - ours_loss:+.3f} nats, {ref_s / ours_s:.2f}x faster")
+        reach = time_to(ours_curve, ref_loss)
+        ratio = reach / ref_s if reach is not None else None
+        print(f"  test loss by seconds (every {args.snapshot_every} steps): tpu-ray {ours_curve}")
+        print(f"  {'':37s}reference {ref_curve}")
+        print(f"  time to the reference's final test loss {ref_loss:.3f}: tpu-ray "
+              + (f"{reach:.0f} s against the reference's {ref_s:.0f} s: ratio {ratio:.2f}" if reach is not None
+                 else "never reached it"))
+    if args.plot:
+        plot(args.plot, {"tpu-ray trainer": ours_curve, "reference model.fit": ref_curve}, ref_loss)
     if ours_loss is not None:
         print(f"  tpu-ray vs baseline: {base_loss - ours_loss:+.3f} nats, perplexity {math.exp(ours_loss):.0f} "
               f"vs {math.exp(base_loss):.0f}")
@@ -225,7 +322,10 @@ def main() -> None:
            "baseline_loss": round(base_loss, 4), "tpu_ray_top1": r4(ours_top1),
            "reference_top1": ref_top1 and round(ref_top1, 4), "baseline_top1": round(base_top1, 4),
            "tpu_ray_seconds": ours_s and round(ours_s, 1), "reference_seconds": ref_s and round(ref_s, 1),
-           "steps": args.steps, "masked_test_tokens": n}
+           "steps": args.steps, "masked_test_tokens": n,
+           "time_to_reference_seconds": reach and round(reach, 1), "time_to_reference_ratio": ratio and round(ratio, 3),
+           "tpu_ray_curve": ours_curve, "reference_curve": ref_curve, "mask_prob": args.mask_prob,
+           "jit_compile": args.jit}
     print(json.dumps(out))
 
 

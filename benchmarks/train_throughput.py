@@ -66,7 +66,7 @@ def reference_round(cfg, steps: int, warmup: int) -> list[float]:
 
 
 def reference_fit(cfg, steps: int, lr: float, warmup_steps: int, seq_len: int = SEQ_LEN,
-                  batch: int = BATCH) -> tuple:
+                  batch: int = BATCH, callbacks: list | None = None) -> tuple:
     """The reference workflow: TFRecordDataset -> parse -> shuffle -> batch -> the transformers
     collator's tf_mask_tokens -> model.fit with create_optimizer. Returns (model, step times)."""
     import tensorflow as tf
@@ -117,7 +117,7 @@ def reference_fit(cfg, steps: int, lr: float, warmup_steps: int, seq_len: int = 
             self.times.append(time.perf_counter() - self._t)
 
     timer = Timer()
-    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
+    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer, *(callbacks or [])])
     return model, timer.times
 
 

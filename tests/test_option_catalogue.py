@@ -312,7 +312,8 @@ CONFIG_ROWS: dict[str, object] = {
     "model.dropout": fraction(),  # 0: no dropout
     "train.steps": gt0("huge: trains until stopped; --resume continues"),
     "train.batch_size": Num(0, 1 << 20, lo_open=True),
-    "train.learning_rate": Num(0, 1, lo_open=True),
+    "train.learning_rate": gt0("huge: diverges, and training stops at the first non-finite loss naming the "
+                               "step (test_faults.py::test_diverged_loss_stops_naming_the_step_...)"),
     "train.warmup_steps": Num(0, meaning="0: no warm-up; more than train.steps: the rate rises all run"),
     "train.warmup_ratio": fraction(hi_open=False),
     "train.weight_decay": fraction(hi_open=False),  # 0: no weight decay
@@ -423,3 +424,11 @@ def test_a_file_where_a_config_directory_belongs_is_one_line(key, value, needle,
     out = [] if key == "output_dir" else ["--output-dir", f"{probe_ctx['tmp']}/cfg-out"]
     line = _refused(["tokenizer", "--corpus", probe_ctx["corpus"], *out, f"{key}={probe_ctx['file']}"], capsys)
     assert needle.replace("<file>", probe_ctx["file"]) in line, line
+
+
+def test_docs_options_table_is_current():
+    """docs/options.md documents every option and field with what it accepts; regenerate it with
+    `python -m tpu_ray.options_doc > docs/options.md` when the parser or the schema changes."""
+    from tpu_ray.options_doc import render
+
+    assert (REPO / "docs" / "options.md").read_text() == render()

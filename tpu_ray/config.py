@@ -52,12 +52,12 @@ class CorpusConfig(_Section):
     # "builtin:python-docs", a local path or glob (.txt/.jsonl/.parquet), a gs:// URI or glob,
     # or "hf:NAME" for a Hugging Face datasets name (hf_config picks its configuration).
     source: str = BUILTIN_CORPUS
-    hf_config: str | None = None
-    hf_split: str = "train"
-    text_field: str = "text"
+    hf_config: str | None = None  # the Hugging Face dataset's configuration name (hf: sources)
+    hf_split: str = "train"  # the Hugging Face dataset's split (hf: sources)
+    text_field: str = "text"  # the text column/key of JSON lines, parquet and datasets
     # Validation text: a separate source, or else the last fraction of every work unit.
     validation_source: str | None = None
-    validation_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    validation_fraction: float = Field(0.05, ge=0.0, lt=1.0)  # 0: no validation split
     # What to do with bytes that are not UTF-8: "replace" them (U+FFFD) or "fail" naming file+offset.
     encoding_errors: Literal["replace", "fail"] = "replace"
     # Read at most this many bytes (per source file): handy to shrink a corpus for a quick run.
@@ -68,21 +68,21 @@ class CorpusConfig(_Section):
 
 
 class TokenizerConfig(_Section):
-    kind: Literal["unigram", "bpe", "wordpiece"] = "unigram"
-    vocab_size: int = Field(8000, ge=64, le=1_000_000)
+    kind: Literal["unigram", "bpe", "wordpiece"] = "unigram"  # the tokenizer model trained
+    vocab_size: int = Field(8000, ge=64, le=1_000_000)  # the vocabulary trained (special tokens included)
     # Use an existing tokenizer directory instead of training one.
     path: str | None = None
     # Train on at most this many bytes of the corpus (a deterministic prefix sample).
     train_bytes: int = Field(200_000_000, gt=0)
-    lowercase: bool = False
+    lowercase: bool = False  # lowercase the text before tokenizing (training and sharding)
 
 
 class ShardConfig(_Section):
-    seq_len: int = Field(128, ge=8)
+    seq_len: int = Field(128, ge=8)  # tokens per training sample; must fit the position embeddings
     # Work-unit size: one unit -> one train shard (+ one validation shard). Independent of actors.
     unit_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    unit_rows: int = Field(50_000, ge=1)
-    num_actors: int | None = Field(None, ge=1, le=4096)
+    unit_rows: int = Field(50_000, ge=1)  # work-unit size of tables and datasets, in rows
+    num_actors: int | None = Field(None, ge=1, le=4096)  # tokenizer actors (None: the cluster's CPUs)
     # Rust threads per tokenizer actor: actors x threads should not exceed cores.
     tokenizer_threads: int = Field(1, ge=1, le=256)
     # Read/write shards here instead of <output_dir>/shards (e.g. existing or gs:// shards).
@@ -115,12 +115,11 @@ PUBLISHED: dict[str, dict[str, Any]] = {t: _published(t) for t in ("roberta", "b
 
 
 class ModelConfig(_Section):
-    # Any type in tpu_ray.families (docs: the supported-types table); with init_from, the checkpoint's.
-    model_type: str = "roberta"
+    model_type: str = "roberta"  # the transformers architecture: any type in docs/models.md (init_from: the checkpoint's)
     # Start from a checkpoint: a local or gs:// Hugging Face model directory, a name in the local
     # Hugging Face cache, a tpu-ray RUN/model, or a tpu-ray run directory (its last checkpoint).
     init_from: str | None = None
-    preset: Literal["tiny", "mini", "small", "base", "large"] = "tiny"
+    preset: Literal["tiny", "mini", "small", "base", "large"] = "tiny"  # sizes (explicit fields override)
     # Upper bounds: 16x the largest published masked LM (xlm-roberta-xl: hidden 2560, 36 layers,
     # 32 heads, intermediate 10240), so a typo (an extra digit or two) fails here, not as an
     # out-of-memory error after TensorFlow has started.
@@ -132,7 +131,7 @@ class ModelConfig(_Section):
     max_position_embeddings: int | None = Field(None, gt=0, le=1 << 20)
     # None -> the model type's published value (RoBERTa 1e-5, BERT 1e-12).
     layer_norm_eps: float | None = Field(None, gt=0, lt=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)  # hidden and attention dropout (0: none, for short runs)
 
     @field_validator("model_type")
     @classmethod
@@ -161,19 +160,20 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(1000, gt=0)
+    steps: int = Field(1000, gt=0)  # optimizer steps of the whole run
     # At most 2^20 sequences per step (LAMB-scale batches are 64k): beyond, one batch no longer fits.
     batch_size: int = Field(32, gt=0, le=1 << 20, description="global batch size, across all replicas")
-    # AdamW: published MLM rates are 1e-4..6e-4 (2e-3 for tiny models); above 1 every step diverges.
-    learning_rate: float = Field(1e-4, gt=0, le=1)
+    # AdamW's peak rate: published MLM rates are 1e-4..6e-4 (2e-3 for tiny models). No upper bound:
+    # a rate that diverges stops at the first non-finite loss, naming the step (train.on_nan).
+    learning_rate: float = Field(1e-4, gt=0)
     # None: warmup_ratio x steps. More than steps is allowed (a shrunk config's smoke test): the
     # rate then rises for the whole run and never reaches learning_rate.
     warmup_steps: int | None = Field(None, ge=0)
-    warmup_ratio: float = Field(0.05, ge=0, le=1)
+    warmup_ratio: float = Field(0.05, ge=0, le=1)  # warm-up as a fraction of steps (when warmup_steps is None)
     # Decoupled weight decay (0 = none, 0.01 published): a rate over 1 flips the weights' sign.
     weight_decay: float = Field(0.01, ge=0, le=1)
-    # Masking rate: 0.15 is BERT's; up to 0.4 is published (Wettig et al. 2023: 40% beats 15% for
-    # BERT-large; MosaicBERT trains at 30%).
+    # Fraction of tokens masked: 0.15 is BERT's; up to 0.4 is published (Wettig et al. 2023: 40% beats
+    # 15% for BERT-large; MosaicBERT trains at 30%).
     mask_prob: float = Field(0.15, gt=0, lt=1)
     # Mask whole words (all pieces of a word together; word starts from the tokenizer: ▁/Ġ prefixes,
     # WordPiece ## continuations): google-research/bert's whole-word masking.
@@ -181,22 +181,24 @@ class TrainConfig(_Section):
     # Of the selected tokens: this fraction becomes the mask token, `random_token_fraction` a random
     # token, the rest stays unchanged (BERT's 80/10/10).
     mask_token_fraction: float = Field(0.8, ge=0, le=1)
-    random_token_fraction: float = Field(0.1, ge=0, le=1)
-    log_every: int = Field(10, gt=0)
-    eval_every: int = Field(500, gt=0)
-    eval_batches: int = Field(20, gt=0)
-    checkpoint_every: int = Field(500, gt=0)
-    keep_checkpoints: int = Field(3, gt=0)
+    random_token_fraction: float = Field(0.1, ge=0, le=1)  # of the selected tokens, replaced by a random token
+    log_every: int = Field(10, gt=0)  # steps between train records (and at the last step)
+    eval_every: int = Field(500, gt=0)  # steps between evaluations (and at the last step)
+    eval_batches: int = Field(20, gt=0)  # batches per evaluation (at most the validation split)
+    checkpoint_every: int = Field(500, gt=0)  # steps between checkpoints (and at the last step)
+    keep_checkpoints: int = Field(3, gt=0)  # the newest K checkpoints are kept
     # Also checkpoint when this many minutes passed since the last one: bounds the work a lost node
     # costs in wall time, whatever the step time (None: by steps only).
     checkpoint_every_minutes: float | None = Field(None, gt=0)
+    # Steps per host round trip (None: 64 on TPU, 1 elsewhere); never crosses a log/eval/checkpoint step.
     steps_per_execution: int | None = Field(None, gt=0)
     # Samples held for shuffling (memory: buffer x seq_len x 16 bytes per input pipeline).
     shuffle_buffer: int = Field(10_000, gt=0, le=10_000_000)
-    strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"
-    tpu_name: str | None = None
+    strategy: Literal["auto", "tpu", "gpu", "multiworker", "cpu"] = "auto"  # tf.distribute strategy (auto: the hardware's)
+    tpu_name: str | None = None  # the TPU slice's name
+    # auto: bfloat16 on TPU, float16 with loss scaling on GPU, float32 on CPU.
     mixed_precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
-    jit_compile: bool | None = None
+    jit_compile: bool | None = None  # XLA-compile the train step (None: the strategy's default)
     eval_pad_multiple: int = Field(64, gt=0)
     # Peak FLOP/s of one device for MFU when the device is not in the table (e.g. a CPU).
     peak_flops: float | None = Field(None, gt=0)
@@ -205,10 +207,10 @@ class TrainConfig(_Section):
     # Where the training process runs on Ray: in this process ("local"), on a TPU slice's head
     # host ("tpu": takes the TPU-<topology>-head resource), or on a GPU node ("gpu").
     placement: Literal["auto", "local", "tpu", "gpu"] = "auto"
-    tpu_topology: str | None = Field(None, pattern=r"^v[0-9][a-z]*-[0-9]+$")
+    tpu_topology: str | None = Field(None, pattern=r"^v[0-9][a-z]*-[0-9]+$")  # the pod type to reserve, e.g. v4-16
     tpu_wait_timeout_s: float = Field(1800.0, gt=0, le=30 * 86400, description="how long training waits for a free TPU slice "
                                       "(e.g. while the autoscaler launches it) before failing; at most 30 days")
-    num_gpus: int | None = Field(None, ge=1, le=1024)
+    num_gpus: int | None = Field(None, ge=1, le=1024)  # GPUs of the training node (None: all it has)
     # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
     workers: int = Field(1, ge=1, le=4096)
     # A NaN/inf loss or weights: "stop" with an error naming the step (the last good checkpoint is
@@ -225,17 +227,17 @@ class TrainConfig(_Section):
 
 
 class RayConfig(_Section):
-    address: str | None = None
-    num_cpus: int | None = Field(None, gt=0, le=4096)
+    address: str | None = None  # the Ray cluster (None: RAY_ADDRESS, a running local head, or a new one)
+    num_cpus: int | None = Field(None, gt=0, le=4096)  # CPUs of a local cluster started here
     # Local paths (output_dir, shard.dir) are one mount every node shares (NFS, Filestore): allows
     # them on a multi-node cluster, where they are otherwise refused for sharding and TPU/GPU runs.
     shared_filesystem: bool = False
 
 
 class RunConfig(_Section):
-    name: str = "run"
+    name: str = "run"  # the run's name (default directory runs/<name>)
     seed: int = Field(0, ge=0, lt=2**32)  # numpy's and TF's seed range
-    output_dir: str | None = None
+    output_dir: str | None = None  # the run directory, local or gs:// (None: runs/<name>)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shard: ShardConfig = Field(default_factory=ShardConfig)
