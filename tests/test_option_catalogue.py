@@ -301,6 +301,7 @@ CONFIG_ROWS: dict[str, object] = {
     "shard.dir": Str("dir"),
     "shard.max_unit_retries": Num(0, meaning="0: a unit whose actor dies fails the run; huge: retried forever"),
     "model.model_type": Enum(),
+    "model.init_from": Str("dir"),
     "model.preset": Enum(),
     "model.hidden_size": Num(0, 40_960, lo_open=True),
     "model.num_hidden_layers": Num(0, 576, lo_open=True),
@@ -317,6 +318,9 @@ CONFIG_ROWS: dict[str, object] = {
     "train.warmup_ratio": fraction(hi_open=False),
     "train.weight_decay": fraction(hi_open=False),  # 0: no weight decay
     "train.mask_prob": fraction(lo_open=True),
+    "train.whole_word_mask": Bool(),
+    "train.mask_token_fraction": fraction(hi_open=False),  # 0: no mask tokens (random/unchanged only)
+    "train.random_token_fraction": fraction(hi_open=False),  # 1 only with mask_token_fraction 0
     "train.log_every": gt0("huge: logs at the last step only"),
     "train.eval_every": gt0("huge: evaluates at the last step only"),
     "train.eval_batches": gt0("huge: the whole validation split"),

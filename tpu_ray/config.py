@@ -102,17 +102,23 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-# Each model type's published configuration (roberta-base, bert-base-uncased config.json): the
-# defaults of what the exported config.json says, so a user fine-tunes it as they would the
-# original. `position_offset`: RoBERTa's position ids start after padding_idx=1, BERT's at 0.
-PUBLISHED: dict[str, dict[str, Any]] = {
-    "roberta": dict(max_position_embeddings=514, layer_norm_eps=1e-5, type_vocab_size=1, position_offset=2),
-    "bert": dict(max_position_embeddings=512, layer_norm_eps=1e-12, type_vocab_size=2, position_offset=0),
-}
+def _published(model_type: str) -> dict[str, Any]:
+    """A model type's published config defaults (tpu_ray.families holds them, one entry per type)."""
+    from tpu_ray.families import FAMILIES
+
+    fam = FAMILIES[model_type]
+    return {**fam.published, "position_offset": fam.position_offset}
+
+
+# Kept for importers: the two types tpu-ray started with. tpu_ray.families is the registry.
+PUBLISHED: dict[str, dict[str, Any]] = {t: _published(t) for t in ("roberta", "bert")}
 
 
 class ModelConfig(_Section):
-    model_type: Literal["roberta", "bert"] = "roberta"  # the transformers architecture
+    model_type: str = "roberta"  # the transformers architecture: any type in docs/models.md (init_from: the checkpoint's)
+    # Start from a checkpoint: a local or gs:// Hugging Face model directory, a name in the local
+    # Hugging Face cache, a tpu-ray RUN/model, or a tpu-ray run directory (its last checkpoint).
+    init_from: str | None = None
     preset: Literal["tiny", "mini", "small", "base", "large"] = "tiny"  # sizes (explicit fields override)
     # Upper bounds: 16x the largest published masked LM (xlm-roberta-xl: hidden 2560, 36 layers,
     # 32 heads, intermediate 10240), so a typo (an extra digit or two) fails here, not as an
@@ -127,10 +133,21 @@ class ModelConfig(_Section):
     layer_norm_eps: float | None = Field(None, gt=0, lt=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)  # hidden and attention dropout (0: none, for short runs)
 
+    @field_validator("model_type")
+    @classmethod
+    def _known_type(cls, v: str) -> str:
+        from tpu_ray.families import EXCLUDED, FAMILIES
+
+        if v in EXCLUDED:
+            raise ValueError(f"not supported: it {EXCLUDED[v]}; use one of {', '.join(sorted(FAMILIES))}")
+        if v not in FAMILIES:
+            raise ValueError(f"not a TensorFlow masked-LM type tpu-ray trains; use one of {', '.join(sorted(FAMILIES))}")
+        return v
+
     def published(self, key: str) -> Any:
         """A field's value, or the model type's published default when unset."""
         value = getattr(self, key, None)
-        return PUBLISHED[self.model_type][key] if value is None else value
+        return _published(self.model_type).get(key) if value is None else value
 
     def sizes(self) -> dict[str, int]:
         """Preset sizes with explicit fields taking precedence."""
@@ -155,7 +172,16 @@ class TrainConfig(_Section):
     warmup_ratio: float = Field(0.05, ge=0, le=1)  # warm-up as a fraction of steps (when warmup_steps is None)
     # Decoupled weight decay (0 = none, 0.01 published): a rate over 1 flips the weights' sign.
     weight_decay: float = Field(0.01, ge=0, le=1)
-    mask_prob: float = Field(0.15, gt=0, lt=1)  # fraction of tokens masked (80% [MASK], 10% random, 10% kept)
+    # Fraction of tokens masked: 0.15 is BERT's; up to 0.4 is published (Wettig et al. 2023: 40% beats
+    # 15% for BERT-large; MosaicBERT trains at 30%).
+    mask_prob: float = Field(0.15, gt=0, lt=1)
+    # Mask whole words (all pieces of a word together; word starts from the tokenizer: ▁/Ġ prefixes,
+    # WordPiece ## continuations): google-research/bert's whole-word masking.
+    whole_word_mask: bool = False
+    # Of the selected tokens: this fraction becomes the mask token, `random_token_fraction` a random
+    # token, the rest stays unchanged (BERT's 80/10/10).
+    mask_token_fraction: float = Field(0.8, ge=0, le=1)
+    random_token_fraction: float = Field(0.1, ge=0, le=1)  # of the selected tokens, replaced by a random token
     log_every: int = Field(10, gt=0)  # steps between train records (and at the last step)
     eval_every: int = Field(500, gt=0)  # steps between evaluations (and at the last step)
     eval_batches: int = Field(20, gt=0)  # batches per evaluation (at most the validation split)
@@ -240,8 +266,13 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
+        t = self.train
+        if t.mask_token_fraction + t.random_token_fraction > 1:
+            raise ValueError(f"train.mask_token_fraction={t.mask_token_fraction} + train.random_token_fraction="
+                             f"{t.random_token_fraction} exceed 1; they are shares of the selected tokens")
         positions = self.max_positions()
-        if self.positions_needed() > positions:
+        # With init_from the checkpoint's positions decide (checked when it is read: train/init_from.py).
+        if self.positions_needed() > positions and not self.model.init_from:
             raise ValueError(
                 f"shard.seq_len={self.shard.seq_len} needs model.max_position_embeddings >= "
                 f"{self.positions_needed()} ({self.model.model_type} positions start at "
@@ -335,7 +366,8 @@ class RunConfig(_Section):
         """What must match when a run directory is resumed: everything that shapes the data/model."""
         keep = self.model_dump(mode="json", include={"corpus", "tokenizer", "shard", "model", "seed"})
         keep["train"] = self.train.model_dump(
-            mode="json", include={"batch_size", "learning_rate", "mask_prob", "warmup_steps", "weight_decay"}
+            mode="json", include={"batch_size", "learning_rate", "mask_prob", "warmup_steps", "weight_decay",
+                                    "whole_word_mask", "mask_token_fraction", "random_token_fraction"}
         )
         return keep
 

@@ -104,14 +104,26 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
     from tpu_ray.prepare.corpus import iter_train_text, plan_units
     from tpu_ray.prepare.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
 
+    if cfg.model.init_from and not cfg.tokenizer.path:  # the checkpoint's own tokenizer, validated and copied
+        from tpu_ray.train.init_from import copy_tokenizer
+
+        return copy_tokenizer(cfg, force=force)
     if cfg.tokenizer.path or (not force and storage.exists(rundir.path(cfg.tokenizer_dir, rundir.TOKENIZER_FILE))):
         info = tokenizer_info(cfg.tokenizer_dir)
+        if cfg.model.init_from:  # a tokenizer given beside a checkpoint must still fit its embedding
+            from tpu_ray.train.init_from import check_tokenizer
+
+            check_tokenizer(cfg, info, cfg.tokenizer_dir)
         log.info("tokenizer: using %s (vocab %d, sha256 %s)", cfg.tokenizer_dir, info.vocab_size, info.sha256[:12])
         return info
+    from tpu_ray.families import family, training_order
+
     t0 = time.monotonic()
+    fam = family(cfg.model.model_type)  # a from-scratch model's tokenizer follows its family's convention
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
-    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes), cfg.tokenizer)
-    info = save_tokenizer(tok, cfg.tokenizer_dir, cfg.max_input_tokens())  # what the exported model takes
+    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes), cfg.tokenizer,
+                          fam.tokens, training_order(fam))
+    info = save_tokenizer(tok, cfg.tokenizer_dir, cfg.max_input_tokens(), fam.tokens)  # what the exported model takes
     log.info("tokenizer: trained %s vocab %d in %.1fs -> %s (sha256 %s)", cfg.tokenizer.kind, info.vocab_size,
              time.monotonic() - t0, cfg.tokenizer_dir, info.sha256[:12])
     return info
@@ -167,6 +179,10 @@ class Pipeline:
     """
 
     def __init__(self, cfg: RunConfig):
+        if cfg.model.init_from:  # the checkpoint's architecture and sizes are the model's
+            from tpu_ray.train.init_from import resolve_config
+
+            cfg = resolve_config(cfg)
         self.cfg = cfg
 
     # --- stages ---------------------------------------------------------------------------------

@@ -248,8 +248,11 @@ class Doctor:
             problems.append(f"model vocab_size {hf.vocab_size} != tokenizer {tok.vocab_size}")
         if hf.pad_token_id != tok.pad_id:
             problems.append(f"model pad_token_id {hf.pad_token_id} != tokenizer pad id {tok.pad_id}")
-        if cfg.model.model_type == "roberta" and tok.pad_id != 1:
-            problems.append(f"tokenizer pad id is {tok.pad_id}, TF RoBERTa treats id 1 as padding")
+        from tpu_ray.families import family
+
+        required = family(cfg.model.model_type).required_pad_id  # the registry says which types need which pad id
+        if required is not None and tok.pad_id != required:
+            problems.append(f"tokenizer pad id is {tok.pad_id}, TF {cfg.model.model_type} treats id {required} as padding")
         if max(tok.special_ids) >= hf.vocab_size:
             problems.append(f"special id {max(tok.special_ids)} >= vocab_size {hf.vocab_size}")
         if manifest:
@@ -632,6 +635,10 @@ def run_doctor(cfg: RunConfig | Callable[[], RunConfig], target: str | None = No
     try:
         cfg = cfg() if callable(cfg) and not isinstance(cfg, RunConfig) else cfg
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
+        if cfg.model.init_from:  # the checkpoint's architecture and sizes, as the run will use them
+            from tpu_ray.train.init_from import resolve_config
+
+            cfg = resolve_config(cfg)
     except UserError as exc:
         print(f"{FAIL}  {'config':<15} {exc}", file=out, flush=True)
         print(f"{'':6}{'':<15} fix: correct the config (the message names the field)", file=out, flush=True)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tpu_ray import rundir, storage
-from tpu_ray.config import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, TokenizerConfig
+from tpu_ray.config import TokenizerConfig
+from tpu_ray.families import CONVENTIONS, TPU_RAY_MIXED, SpecialTokens
 from tpu_ray.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,13 @@ class TokenizerInfo:
     pad_id: int
     unk_id: int
     mask_id: int
+    # The tokens of the five roles (cls, pad, sep, unk, mask): tpu-ray's mixed set for old runs,
+    # the family's convention for tokenizers trained since, the checkpoint's own with init_from.
+    special_tokens: tuple[str, ...] = TPU_RAY_MIXED.as_tuple()
+
+    @property
+    def tokens(self) -> SpecialTokens:
+        return SpecialTokens(*self.special_tokens)
 
     @property
     def special_ids(self) -> list[int]:
@@ -51,25 +59,27 @@ def _show_progress() -> bool:
         return False
 
 
-def build_untrained(kind: str, lowercase: bool) -> tuple[Tokenizer, trainers.Trainer]:
-    """A tokenizer model and its trainer for `kind`, with the project's special tokens."""
+def build_untrained(kind: str, lowercase: bool, special: list[str] | None = None,
+                    unk: str = TPU_RAY_MIXED.unk) -> tuple[Tokenizer, trainers.Trainer]:
+    """A tokenizer model and its trainer for `kind`, with `special` tokens at ids 0.. in that order
+    (a family's convention, families.training_order; tpu-ray's mixed set by default)."""
     norms = [normalizers.NFKC(), normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
     if lowercase:
         norms.append(normalizers.Lowercase())
-    special = list(SPECIAL_TOKENS)
+    special = list(special or TPU_RAY_MIXED.as_tuple())
     if kind == "unigram":
         tok = Tokenizer(models.Unigram())
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        trainer: trainers.Trainer = trainers.UnigramTrainer(unk_token=UNK, special_tokens=special,
+        trainer: trainers.Trainer = trainers.UnigramTrainer(unk_token=unk, special_tokens=special,
                                                                   show_progress=_show_progress())
     elif kind == "bpe":
-        tok = Tokenizer(models.BPE(unk_token=UNK))
+        tok = Tokenizer(models.BPE(unk_token=unk))
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(special_tokens=special, show_progress=_show_progress())
     elif kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token=UNK))
+        tok = Tokenizer(models.WordPiece(unk_token=unk))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(special_tokens=special, show_progress=_show_progress())
@@ -83,8 +93,11 @@ def build_untrained(kind: str, lowercase: bool) -> tuple[Tokenizer, trainers.Tra
 SMALL_VOCAB_FRACTION = 0.5
 
 
-def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig) -> Tokenizer:
-    tok, trainer = build_untrained(cfg.kind, cfg.lowercase)
+def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig, tokens: SpecialTokens = TPU_RAY_MIXED,
+                    order: list[str] | None = None) -> Tokenizer:
+    """Train on `batches` with the special `tokens` of the model's family, at ids 0..4 in `order`."""
+    cls, sep = tokens.cls, tokens.sep
+    tok, trainer = build_untrained(cfg.kind, cfg.lowercase, order or list(tokens.as_tuple()), tokens.unk)
     trainer.vocab_size = cfg.vocab_size
     seen = {"lines": 0, "chars": 0}
 
@@ -100,33 +113,35 @@ def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig) -> Token
         log.warning("tokenizer: vocabulary of %d, far below tokenizer.vocab_size=%d: the training text "
                     "(%d lines, %d characters) has too few distinct pieces; give more text or lower "
                     "tokenizer.vocab_size", got, cfg.vocab_size, seen["lines"], seen["chars"])
-    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    cls_id, sep_id = tok.token_to_id(cls), tok.token_to_id(sep)
     # Single sentences become "[CLS] text [SEP]" when a user encodes with special tokens (fill-mask).
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{CLS} $A {SEP}", pair=f"{CLS} $A {SEP} {SEP} $B {SEP}",
-        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} {sep} $B {sep}",
+        special_tokens=[(cls, cls_id), (sep, sep_id)],
     )
-    tok.add_special_tokens([mask_token()])
+    tok.add_special_tokens([mask_token(tokens.mask)])
     return tok
 
 
-def mask_token() -> AddedToken:
+def mask_token(mask: str = TPU_RAY_MIXED.mask) -> AddedToken:
     """[MASK] takes the space before it (lstrip), as RoBERTa's <mask> does.
 
     Why: in training a masked word's whole token, leading "▁" included, becomes [MASK]; without
     lstrip, "in [MASK] ." would encode as `▁in ▁ [MASK]` with a lone "▁" the model never sees
     before a mask, and fill-mask would answer that empty piece. Same for Unigram, BPE, WordPiece.
     """
-    return AddedToken(MASK, lstrip=True, rstrip=False, single_word=False, normalized=False, special=True)
+    return AddedToken(mask, lstrip=True, rstrip=False, single_word=False, normalized=False, special=True)
 
 
-def save_tokenizer(tok: Tokenizer, out_dir: str, model_max_length: int) -> TokenizerInfo:
+def save_tokenizer(tok: Tokenizer, out_dir: str, model_max_length: int,
+                   tokens: SpecialTokens = TPU_RAY_MIXED) -> TokenizerInfo:
     """Save as a transformers-loadable directory (written locally, then committed file by file)."""
     from transformers import PreTrainedTokenizerFast
 
+    t = tokens
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=CLS, eos_token=SEP, cls_token=CLS, sep_token=SEP,
-        unk_token=UNK, pad_token=PAD, mask_token=mask_token(), model_max_length=model_max_length,
+        tokenizer_object=tok, bos_token=t.cls, eos_token=t.sep, cls_token=t.cls, sep_token=t.sep,
+        unk_token=t.unk, pad_token=t.pad, mask_token=mask_token(t.mask), model_max_length=model_max_length,
     )
     with tempfile.TemporaryDirectory() as tmp:
         fast.save_pretrained(tmp)
@@ -156,16 +171,31 @@ def describe(tokenizer_json: str, where: str) -> TokenizerInfo:
     except Exception as exc:  # tokenizers raises a bare Exception for JSON it cannot parse
         raise UserError(f"{storage.join(where, TOKENIZER_FILE)}: not a readable tokenizer ({first_line(exc)}); "
                         f"retrain it with `tpu-ray tokenizer --force` or fix tokenizer.path") from None
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    missing = [t for t, i in ids.items() if i is None]
+    conv, missing = find_convention(tok)
     if missing:
         raise UserError(f"{where}: tokenizer lacks special token(s) {' '.join(missing)}; "
                         f"retrain it with tpu-ray tokenizer or add them")
+    ids = {role: tok.token_to_id(t) for role, t in conv.by_role().items()}
     return TokenizerInfo(
         sha256=hashlib.sha256(canonical_json(tokenizer_json)).hexdigest(),
         vocab_size=tok.get_vocab_size(with_added_tokens=True),
-        cls_id=ids[CLS], sep_id=ids[SEP], pad_id=ids[PAD], unk_id=ids[UNK], mask_id=ids[MASK],
+        cls_id=ids["cls"], sep_id=ids["sep"], pad_id=ids["pad"], unk_id=ids["unk"], mask_id=ids["mask"],
+        special_tokens=conv.as_tuple(),
     )
+
+
+def find_convention(tok: Tokenizer) -> tuple[SpecialTokens, list[str]]:
+    """The first special-token convention (families.CONVENTIONS: tpu-ray's mixed set first, so old
+    runs read as before) whose five tokens the tokenizer has; else the closest one and what it lacks."""
+    best: tuple[SpecialTokens, list[str]] | None = None
+    for conv in CONVENTIONS:
+        missing = [t for t in conv.as_tuple() if tok.token_to_id(t) is None]
+        if not missing:
+            return conv, []
+        if best is None or len(missing) < len(best[1]):
+            best = (conv, missing)
+    assert best is not None
+    return best
 
 
 def canonical_json(text: str) -> bytes:

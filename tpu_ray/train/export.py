@@ -8,7 +8,8 @@ from tpu_ray.errors import UserError, first_line
 
 
 def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
-    """Top-k predictions for the mask token in `text` (written as [MASK])."""
+    """Top-k predictions for the mask token in `text` (written as [MASK], or the model's own mask
+    token such as RoBERTa's <mask>: the CLI's examples work whatever the model's family)."""
     from transformers import pipeline
 
     if not storage.exists(storage.join(model_dir, "config.json")):
@@ -28,6 +29,8 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
         raise UserError(f"{model_dir}: cannot load the exported model ({first_line(exc)}); export it again "
                         f"(tpu-ray train --resume with the run's config)") from None
     mask = unmasker.tokenizer.mask_token
+    if mask != MASK and MASK in text and mask not in text:  # [MASK] is the placeholder for any model's mask
+        text = text.replace(MASK, mask)
     if mask not in text:
         raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")
     _one_mask(text, mask)

@@ -31,14 +31,27 @@ def pytorch_state_dict(model: Any) -> dict[str, np.ndarray]:
     """PyTorch parameter name -> float array, from a built transformers TF model's variables."""
     from transformers.modeling_tf_pytorch_utils import apply_transpose, convert_tf_weight_name_to_pt_weight_name
 
+    from tpu_ray.families import FAMILIES
+
+    fam = FAMILIES.get(model.config.model_type)
+    reshapes = fam.pt_reshapes if fam else ()
     out: dict[str, np.ndarray] = {}
     for w in model.weights:
         array = w.numpy()
         name, transpose = convert_tf_weight_name_to_pt_weight_name(w.name, tf_weight_shape=array.shape)
-        if name in out:
-            raise RuntimeError(f"two TF variables map to the PyTorch name {name!r} (second: {w.name})")
         # Dense kernels are [in, out] in TF and [out, in] in PyTorch.
-        out[name] = np.ascontiguousarray(apply_transpose(transpose, array, pt_to_tf=False))
+        array = apply_transpose(transpose, array, pt_to_tf=False)
+        for part, how in reshapes:  # the family's PyTorch shapes (ConvBERT's separable convolution)
+            if part in name and how == "in1k" and array.ndim == 3:  # transposed TF [1, in, k] -> [in, 1, k]
+                array = array.reshape(array.shape[1], 1, array.shape[2])
+            elif part in name and how == "column" and array.ndim == 1:
+                array = array.reshape(-1, 1)
+        array = np.ascontiguousarray(array)
+        if name in out:
+            if np.array_equal(out[name], array):  # the same values reached twice: written once
+                continue
+            raise RuntimeError(f"two TF variables map to the PyTorch name {name!r} (second: {w.name})")
+        out[name] = array
     return out
 
 
@@ -61,7 +74,8 @@ def _command(run_dir: str) -> str | None:
         return None
 
 
-def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None) -> str:
+def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None,
+               mask: str = "[MASK]") -> str:
     """README.md of the exported model: what it was trained on, how long, how well, and how."""
     t = cfg.train
     tokens = step * t.batch_size * cfg.shard.seq_len
@@ -83,7 +97,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         f"# {cfg.name}: a {model_type} masked language model trained with tpu-ray",
         "",
         f"- corpus: `{cfg.corpus.source}`",
-        f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `[MASK]`)",
+        f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `{mask}`)",
         f"- model: {model_type}, preset `{cfg.model.preset}`, sequence length {cfg.shard.seq_len}",
         f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
         f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
@@ -97,7 +111,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "```python",
         "from transformers import pipeline",
         'unmasker = pipeline("fill-mask", model="PATH/TO/model")',
-        f'unmasker("Some text with a {"[MASK]"} token.")',
+        f'unmasker("Some text with a {mask} token.")',
         "```",
         "",
         "TensorFlow (Transformers 4.x, without PyTorch), from `tf_model.h5`:",
@@ -120,5 +134,6 @@ def write_pytorch_files(directory: str | Path, s: Any, last_eval: dict[str, Any]
     `s` is the trainer's TrainSetup (model, cfg, tok, step_var); `last_eval` its last eval record.
     """
     write_safetensors(s.model, directory)
-    card = model_card(s.cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval)
+    card = model_card(s.cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval,
+                      mask=s.tok.tokens.mask)
     (Path(directory) / MODEL_CARD).write_text(card, encoding="utf-8")

@@ -32,6 +32,12 @@ class MaskSpec:
     predictions: int | None = None
     # Special ids that are still masking targets: <unk> (README, "<unk> is a target").
     target_ids: tuple[int, ...] = ()
+    # Whole-word masking: per vocabulary id, whether the token continues the word before it
+    # (tpu_ray.train.words.continuation_table); None: tokens are selected one by one.
+    continues_word: tuple[bool, ...] | None = None
+    # Of the selected tokens: the share replaced by the mask token, and by a random token.
+    mask_fraction: float = 0.8
+    random_fraction: float = 0.1
 
     @property
     def never_masked(self) -> tuple[int, ...]:
@@ -68,11 +74,14 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     shape = tf.shape(input_ids)
     s_select, s_kind, s_random = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
     special = tf.reduce_any(input_ids[..., None] == tf.constant(spec.never_masked, input_ids.dtype), axis=-1)
-    selected = tf.logical_and(tf.random.stateless_uniform(shape, s_select) < spec.mask_prob,
-                              tf.logical_not(special))
+    draw = tf.random.stateless_uniform(shape, s_select)
+    if spec.continues_word is not None:  # one draw per word: every piece takes its word's first draw
+        draw = word_draws(input_ids, draw, spec.continues_word)
+    selected = tf.logical_and(draw < spec.mask_prob, tf.logical_not(special))
     kind = tf.random.stateless_uniform(shape, s_kind)
-    to_mask = tf.logical_and(selected, kind < 0.8)
-    to_random = tf.logical_and(selected, tf.logical_and(kind >= 0.8, kind < 0.9))
+    mask_end, random_end = spec.mask_fraction, spec.mask_fraction + spec.random_fraction
+    to_mask = tf.logical_and(selected, kind < mask_end)
+    to_random = tf.logical_and(selected, tf.logical_and(kind >= mask_end, kind < random_end))
     random_ids = spec.random_ids(shape, s_random, input_ids.dtype)
     masked = tf.where(to_mask, tf.cast(spec.mask_id, input_ids.dtype), input_ids)
     masked = tf.where(to_random, random_ids, masked)
@@ -80,11 +89,27 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     return masked, labels
 
 
-def predictions_per_sequence(seq_len: int, mask_prob: float) -> int:
+def word_draws(input_ids: tf.Tensor, draw: tf.Tensor, continues_word: tuple[bool, ...]) -> tf.Tensor:
+    """Each token gets the draw of its word's first token, so a word is selected whole.
+
+    Word index = running count of word starts along the row (static shapes, no loop): tokens that
+    continue a word (a table lookup by id) share the index of the start before them."""
+    table = tf.constant(continues_word, tf.bool)
+    continues = tf.gather(table, input_ids)
+    word = tf.cumsum(tf.cast(tf.logical_not(continues), tf.int32), axis=-1) - 1
+    word = tf.maximum(word, 0)  # a row that starts mid-word: its first pieces form word 0
+    return tf.gather(draw, word, batch_dims=1)
+
+
+def predictions_per_sequence(seq_len: int, mask_prob: float, whole_word: bool = False) -> int:
     """How many positions per sequence the MLM head scores: the mean masked count plus six
     standard deviations (a binomial tail of ~1e-9), so the gather below has a static size."""
     mean = seq_len * mask_prob
-    return min(seq_len, math.ceil(mean + 6 * math.sqrt(mean * (1 - mask_prob))) + 1)
+    # Whole words: tokens are selected in groups, so the count varies more; bounded here for words of
+    # up to 4 pieces on average (variance x4). A masked token beyond the bound is masked in the input
+    # but not scored.
+    spread = 2 if whole_word else 1
+    return min(seq_len, math.ceil(mean + 6 * spread * math.sqrt(mean * (1 - mask_prob))) + 1)
 
 
 def mlm_targets(labels: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:

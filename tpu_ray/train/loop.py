@@ -191,8 +191,17 @@ def make_eval_step(s: TrainSetup):
 
 
 def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
-    return MaskSpec(cfg.train.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
-                    predictions_per_sequence(cfg.shard.seq_len, cfg.train.mask_prob), target_ids=(tok.unk_id,))
+    t = cfg.train
+    words = None
+    if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
+        from tpu_ray.prepare.tokenizer import load_tokenizer_json
+        from tpu_ray.train.words import continuation_table
+
+        words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
+    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
+                    predictions_per_sequence(cfg.shard.seq_len, t.mask_prob, t.whole_word_mask),
+                    target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
+                    random_fraction=t.random_token_fraction)
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
@@ -202,11 +211,9 @@ def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Te
     masked positions onto the vocabulary (the full model call would project every position).
     Same layers, same weights: the exported model is the ordinary TF*ForMaskedLM.
     """
-    encoder = getattr(model, model.base_model_prefix)  # TFRobertaMainLayer / TFBertMainLayer
-    hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[0]
-    gathered = tf.gather(hidden, batch["mlm_positions"], batch_dims=1)
-    head = model.lm_head if hasattr(model, "lm_head") else model.mlm  # RoBERTa / BERT
-    return head(gathered)
+    from tpu_ray.train.heads import gathered_logits
+
+    return gathered_logits(model, batch, training)
 
 
 def check_manifest(cfg: RunConfig, tok: TokenizerInfo) -> None:
@@ -283,10 +290,17 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
 
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
                      resume: bool) -> int:
-    """The step to start from: 0, or the latest checkpoint's with --resume (refused without it)."""
+    """The step to start from: 0, or the latest checkpoint's with --resume (refused without it).
+    A fresh start with model.init_from loads the checkpoint's weights (optimizer and schedule fresh)."""
     if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
         metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
     if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
+        if cfg.model.init_from:
+            from tpu_ray.train.init_from import load_weights
+
+            loaded = load_weights(s.model, cfg)
+            log.info("initialised from %s", loaded)
+            metrics.event("init_from", stage="train", step=0, source=cfg.model.init_from, weights=loaded)
         return 0
     if not resume:
         raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "

@@ -7,43 +7,35 @@ import time
 
 from tpu_ray import accelerators
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
 
 def hf_config(cfg: RunConfig, tok: TokenizerInfo):
-    """A transformers config sized from the run config and matched to the tokenizer."""
-    from transformers import AutoConfig
+    """A transformers config sized from the run config and matched to the tokenizer.
 
-    sizes = cfg.model.sizes()
+    With `model.init_from` the checkpoint's own config.json is the config (dropout aside); else
+    the family's published defaults and the run's sizes (train/model_config.py)."""
+    from tpu_ray.families import family
+    from tpu_ray.train.model_config import check_pad_id, scratch_hf_config
+
+    if not cfg.model.init_from:
+        return scratch_hf_config(cfg, tok)
+    from tpu_ray.train.init_from import checkpoint_hf_config
+
     check_pad_id(cfg, tok)
-    return AutoConfig.for_model(
-        cfg.model.model_type,
-        vocab_size=tok.vocab_size,
-        max_position_embeddings=cfg.max_positions(),
-        layer_norm_eps=cfg.model.published("layer_norm_eps"),
-        pad_token_id=tok.pad_id, bos_token_id=tok.cls_id, eos_token_id=tok.sep_id,
-        type_vocab_size=cfg.model.published("type_vocab_size"),
-        hidden_dropout_prob=cfg.model.dropout, attention_probs_dropout_prob=cfg.model.dropout,
-        **sizes,
-    )
-
-
-# Model types whose TF position ids hard-code padding_idx=1 (transformers modeling_tf_roberta.py).
-PAD_ONE_MODEL_TYPES = ("roberta",)
+    config = checkpoint_hf_config(cfg)
+    for name in family(cfg.model.model_type).dropout_fields:
+        setattr(config, name, cfg.model.dropout)
+    return config
 
 
 def check_pad_id(cfg: RunConfig, tok: TokenizerInfo) -> None:
-    """Refuse a tokenizer whose pad id is not 1 for RoBERTa: its position ids would treat the token
-    with id 1 as padding (every one of them gets the padding position) and real pads as text."""
-    from tpu_ray.config import PAD
+    """Kept for importers: train/model_config.py has it."""
+    from tpu_ray.train.model_config import check_pad_id as check
 
-    if cfg.model.model_type in PAD_ONE_MODEL_TYPES and tok.pad_id != 1:
-        raise UserError(f"{cfg.tokenizer_dir}: pad token {PAD} has id {tok.pad_id}, but TF {cfg.model.model_type} "
-                        f"treats id 1 as padding; retrain the tokenizer with tpu-ray tokenizer (pad = id 1) or "
-                        f"use model.model_type=bert")
+    check(cfg, tok)
 
 
 def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:

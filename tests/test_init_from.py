@@ -1,0 +1,315 @@
+"""Continued pretraining (`model.init_from`) from checkpoint directories made the way the ecosystem
+makes them: TensorFlow `save_pretrained` (tf_model.h5), PyTorch Transformers 5 `save_pretrained`
+(model.safetensors only, written in the interop venv), a tpu-ray RUN/model and run directory, a
+name in a Hugging Face cache the test lays out itself; and the hostile cases, one line each.
+
+The proof that the weights really loaded: the continued run's first-step loss (dropout 0, before
+any update) is the checkpoint's own loss on that batch, and far from a fresh model's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import REPO, tiny_config
+from tests.test_train import _records
+from tpu_ray.errors import UserError
+
+VENVS = Path(os.environ.get("TPU_RAY_INTEROP_VENVS", REPO / ".venv-interop"))
+SAVE_PRETRAINED = REPO / "tests" / "interop" / "save_pretrained.py"
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory, small_corpus, ray_local):
+    """A tpu-ray run (roberta, tiny) trained 30 steps on the corpus, and its RUN/model."""
+    from tpu_ray.pipeline import Pipeline
+
+    root = tmp_path_factory.mktemp("source")
+    cfg = tiny_config(root / "run", small_corpus, **{"train.steps": 30, "model.dropout": 0.0})
+    Pipeline(cfg).run()
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def tf_dir(source, tmp_path_factory) -> Path:
+    """The source model as TensorFlow's save_pretrained writes it: tf_model.h5, config, tokenizer."""
+    from transformers import AutoTokenizer, TFAutoModelForMaskedLM
+
+    out = tmp_path_factory.mktemp("tf") / "ckpt"
+    TFAutoModelForMaskedLM.from_pretrained(str(source / "model"), use_safetensors=False).save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(source / "model")).save_pretrained(str(out))
+    assert (out / "tf_model.h5").exists() and not (out / "model.safetensors").exists()
+    return out
+
+
+def _interop_python(venv: str = "t5") -> Path:
+    python = VENVS / venv / "bin" / "python"
+    if not python.exists():
+        why = f"PyTorch interop venv {VENVS / venv} absent: build it with tests/interop/setup_venvs.sh"
+        if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return python
+
+
+@pytest.fixture(scope="module")
+def pt5_dir(source, tmp_path_factory) -> Path:
+    """The source model as PyTorch Transformers 5's save_pretrained writes it: safetensors only."""
+    python = _interop_python()
+    out = tmp_path_factory.mktemp("pt5") / "ckpt"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([str(python), str(SAVE_PRETRAINED), str(source / "model"), str(out)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["transformers"].startswith("5.") and "model.safetensors" in info["files"]
+    assert "tf_model.h5" not in info["files"]
+    return out
+
+
+def _first_batch_loss(cfg, model_dir: str | None) -> float:
+    """Masked-LM loss of a model on the continued run's first training batch (same masks):
+    the checkpoint's own weights (`model_dir`), or a fresh model of the run's config (None)."""
+    import tensorflow as tf
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.inputs import train_dataset
+    from tpu_ray.train.loop import mask_spec, masked_sums, mlm_logits
+    from tpu_ray.train.model import hf_config
+
+    tok = tokenizer_info(cfg.tokenizer_dir)
+    files = [p for p, _ in shard_files(cfg.shards_dir, "train")]
+    batch = next(iter(train_dataset(files, cfg.shard.seq_len, cfg.train.batch_size, mask_spec(cfg, tok), cfg.seed,
+                                    cfg.train.shuffle_buffer)))
+    if model_dir:
+        model = TFAutoModelForMaskedLM.from_pretrained(model_dir, use_safetensors=False)
+    else:
+        tf.keras.utils.set_random_seed(cfg.seed)
+        model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
+    loss_sum, _, count = masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False))
+    return float(loss_sum / count)
+
+
+def _continue(tmp: Path, corpus: Path, init_from: str, **over):
+    from tpu_ray.pipeline import Pipeline
+
+    cfg = tiny_config(tmp / "cont", corpus, **{"model.init_from": init_from, "model.dropout": 0.0,
+                                               "train.steps": 2, "train.log_every": 1, **over})
+    p = Pipeline(cfg)
+    p.run()
+    return p.cfg
+
+
+def _check_continued(cfg, source: Path) -> None:
+    from tpu_ray.prepare.shards import read_manifest
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+
+    src_tok = tokenizer_info(str(source / "tokenizer"))
+    tok = tokenizer_info(cfg.tokenizer_dir)
+    assert tok.sha256 == src_tok.sha256  # the checkpoint's tokenizer, copied, not a new one
+    assert tok.special_tokens == ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # RoBERTa's own convention
+    assert read_manifest(cfg.shards_dir)["tokenizer_sha256"] == tok.sha256
+    first = next(r for r in _records(Path(cfg.run_dir), "train") if r["step"] == 1)
+    own = _first_batch_loss(cfg, str(source / "model"))
+    fresh = _first_batch_loss(cfg, None)
+    print(f"first-step loss {first['loss']:.5f}, checkpoint's own {own:.5f}, fresh model {fresh:.5f}")
+    assert first["loss"] == pytest.approx(own, rel=1e-4)
+    assert abs(fresh - own) > 0.3  # a fresh model's loss is far off: the weights were loaded
+
+
+def test_continue_from_a_tensorflow_save_pretrained_directory(tf_dir, source, tmp_path, small_corpus):
+    cfg = _continue(tmp_path, small_corpus, str(tf_dir))
+    assert cfg.model.model_type == "roberta" and cfg.model.hidden_size == 64
+    _check_continued(cfg, source)
+    saved = (Path(cfg.run_dir) / "config.yaml").read_text()
+    assert f"init_from: {tf_dir}" in saved
+    from tests.test_doctor import doctor  # doctor reads the checkpoint's config as training does
+
+    code, checks = doctor(tiny_config(Path(cfg.run_dir), small_corpus, **{"model.init_from": str(tf_dir)}))
+    assert checks["vocab"][0] == "PASS" and checks["positions"][0] == "PASS", checks
+
+
+def test_continue_from_a_pytorch_transformers_5_safetensors_directory(pt5_dir, source, tmp_path, small_corpus):
+    import sys as _sys
+
+    cfg = _continue(tmp_path, small_corpus, str(pt5_dir))
+    _check_continued(cfg, source)
+    assert "torch" not in _sys.modules  # converted with numpy, never torch
+
+
+@pytest.mark.slow  # a third continued pipeline run and a resume: about a minute on 2 cores
+def test_continue_from_a_run_directory_and_resume_the_continued_run(source, tmp_path, small_corpus):
+    """A run directory is its last committed checkpoint; the continued run then resumes like any
+    other (from its own checkpoint, not from init_from again)."""
+    from tpu_ray.pipeline import Pipeline
+
+    cfg = _continue(tmp_path, small_corpus, str(source), **{"train.checkpoint_every": 2})
+    _check_continued(cfg, source)
+    more = cfg.override({"train.steps": 4, "train.extend_schedule": True})
+    summary = Pipeline(more).train(resume=True)
+    assert summary["resumed_from"] == 2 and summary["steps"] == 4
+    inits = [r for r in _records(Path(cfg.run_dir), "event") if r["event"] == "init_from"]
+    assert len(inits) == 1  # the resume restored its own checkpoint
+
+
+def test_a_name_in_the_local_hugging_face_cache(tf_dir, tmp_path, monkeypatch):
+    """`init_from: org/name` reads the hub cache (laid out here as huggingface_hub lays it out), no download."""
+    from tpu_ray.train.init_from import resolve
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--someorg--tiny-roberta"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(tf_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    src = resolve("someorg/tiny-roberta")
+    assert src.kind == "hf" and Path(src.local) == repo / "snapshots" / commit
+    with pytest.raises(UserError, match="not a directory and not in the local Hugging Face cache"):
+        resolve("someorg/not-cached")
+
+
+# --- hostile: one line each, exit 2 on the CLI ------------------------------------------------------
+def _pipeline_error(tmp: Path, corpus: Path, init_from: Path, **over) -> str:
+    from tpu_ray.pipeline import Pipeline
+
+    cfg = tiny_config(tmp / "bad", corpus, **{"model.init_from": str(init_from), **over})
+    with pytest.raises(UserError) as err:
+        Pipeline(cfg).tokenizer()
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_a_directory_without_weights_is_refused_on_the_cli_with_exit_2(tf_dir, tmp_path, small_corpus):
+    bad = tmp_path / "noweights"
+    shutil.copytree(tf_dir, bad)
+    (bad / "tf_model.h5").unlink()
+    proc = subprocess.run([sys.executable, "-m", "tpu_ray.cli", "tokenizer", "--output-dir", str(tmp_path / "r"),
+                           "--corpus", str(small_corpus), f"model.init_from={bad}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no weights (tf_model.h5 or model.safetensors)" in lines[0], proc.stderr
+
+
+def test_a_tokenizer_whose_vocabulary_disagrees_with_the_embedding(tf_dir, tmp_path, small_corpus):
+    bad = tmp_path / "vocab"
+    shutil.copytree(tf_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["vocab_size"] += 200
+    (bad / "config.json").write_text(json.dumps(config))
+    msg = _pipeline_error(tmp_path, small_corpus, bad)
+    assert f"embedding has {config['vocab_size']} rows" in msg and "use the tokenizer the checkpoint" in msg
+
+
+def test_a_tokenizer_path_beside_a_checkpoint_must_fit_its_embedding(tf_dir, tmp_path, small_corpus):
+    from tpu_ray.config import TokenizerConfig
+    from tpu_ray.prepare.tokenizer import save_tokenizer, train_tokenizer
+
+    lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
+    other = str(tmp_path / "other-tok")
+    save_tokenizer(train_tokenizer([lines], TokenizerConfig(vocab_size=300)), other, 64)
+    msg = _pipeline_error(tmp_path, small_corpus, tf_dir, **{"tokenizer.path": other})
+    assert msg.startswith(other) and "the checkpoint's embedding has" in msg
+
+
+@pytest.mark.parametrize("model_type, why", [("tapas", "table structure"), ("gpt2", "not a TensorFlow masked-LM type")])
+def test_an_unsupported_type(tf_dir, tmp_path, small_corpus, model_type, why):
+    bad = tmp_path / "type"
+    shutil.copytree(tf_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["model_type"] = model_type
+    (bad / "config.json").write_text(json.dumps(config))
+    msg = _pipeline_error(tmp_path, small_corpus, bad)
+    assert f"model_type={model_type}" in msg and why in msg
+
+
+def test_seq_len_over_the_position_embeddings(tf_dir, tmp_path, small_corpus):
+    msg = _pipeline_error(tmp_path, small_corpus, tf_dir, **{"shard.seq_len": 513})
+    assert "shard.seq_len=513" in msg and "514 position embeddings" in msg and "shard.seq_len <= 512" in msg
+
+
+def test_explicit_sizes_that_disagree_with_the_checkpoint(tf_dir, tmp_path, small_corpus):
+    msg = _pipeline_error(tmp_path, small_corpus, tf_dir, **{"model.hidden_size": 128})
+    assert msg.startswith("model.hidden_size=128: the checkpoint") and "hidden_size=64" in msg
+
+
+@pytest.mark.parametrize("weights", ["tf_model.h5", "model.safetensors"])
+def test_truncated_weights(tf_dir, source, tmp_path, weights):
+    """Half a weights file: one line naming it, at the load (not a traceback from h5py/safetensors)."""
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray.train.init_from import checkpoint_hf_config, load_weights
+
+    bad = tmp_path / "trunc"
+    shutil.copytree(tf_dir, bad)
+    if weights == "model.safetensors":
+        (bad / "tf_model.h5").unlink()
+        shutil.copy(source / "model" / "model.safetensors", bad / weights)
+    data = (bad / weights).read_bytes()
+    (bad / weights).write_bytes(data[: len(data) // 2])
+    cfg = tiny_config(tmp_path / "r", tmp_path / "unused.txt", **{"model.init_from": str(bad)})
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg))
+    model(model.dummy_inputs)
+    with pytest.raises(UserError) as err:
+        load_weights(model, cfg)
+    msg = str(err.value)
+    assert "\n" not in msg and weights in msg and "truncated" in msg, msg
+
+
+def test_safetensors_weights_load_equal_to_tf_model_h5(tf_dir, source, tmp_path):
+    """The numpy converter (PyTorch layout -> TF variables) gives exactly the TF weights."""
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray.train.init_from import checkpoint_hf_config, load_weights
+
+    st = tmp_path / "st"
+    shutil.copytree(tf_dir, st)
+    (st / "tf_model.h5").unlink()
+    shutil.copy(source / "model" / "model.safetensors", st / "model.safetensors")
+    cfg = tiny_config(tmp_path / "r", tmp_path / "unused.txt", **{"model.init_from": str(st)})
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg))
+    model(model.dummy_inputs)
+    load_weights(model, cfg)
+    ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
+    def unscoped(name: str) -> str:  # without the model instance's own scope (tf_roberta_for_masked_lm_N/)
+        return name.split("/", 1)[1]
+
+    ref_weights = {unscoped(w.name): w.numpy() for w in ref.weights}
+    assert len(model.weights) == len(ref_weights)
+    for w in model.weights:
+        assert np.array_equal(w.numpy(), ref_weights[unscoped(w.name)]), w.name
+
+
+@pytest.mark.slow  # the storage emulator's start-up on top of the source run
+def test_a_gs_model_directory_is_staged_and_loads(gcs_emulator, tf_dir, tmp_path):
+    """gs://bucket/model (as a team keeps checkpoints): staged once locally, the same weights."""
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray import storage
+    from tpu_ray.train.init_from import checkpoint_hf_config, load_weights, resolve
+
+    root = storage.join(gcs_emulator.make_bucket(), "models", "tiny")
+    for f in sorted(tf_dir.iterdir()):
+        storage.atomic_copy_file(str(f), storage.join(root, f.name))
+    src = resolve(root)
+    assert src.kind == "hf" and Path(src.local, "tf_model.h5").read_bytes() == (tf_dir / "tf_model.h5").read_bytes()
+    cfg = tiny_config(tmp_path / "r", tmp_path / "unused.txt", **{"model.init_from": root})
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg))
+    model(model.dummy_inputs)
+    assert load_weights(model, cfg).endswith("tf_model.h5")
+    ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))

@@ -1,0 +1,192 @@
+"""Every TensorFlow masked-LM type tpu-ray trains (tpu_ray.families): the per-type matrix.
+
+Columns, each its own test so the matrix reads off `pytest -v`: from scratch with one trace of the
+step; steps_per_execution 4 == 1 (dropout 0); bfloat16 finite; continued from its own export
+(the checkpoint's weights really loaded); the export loads in PyTorch Transformers 5 to the same
+logits. Tiny models (hidden 32, 2 layers, vocab ~300, seq_len 32). Two representative types run
+in the default suite; the rest of the matrix is marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import REPO
+from tests.test_train import checkpoint_weights
+from tpu_ray.families import EXCLUDED, FAMILIES, family, training_order
+
+SEQ = 32
+DEFAULT = ("roberta", "bert")  # the two families every other type follows; the rest: -m slow
+TYPES = [t if t in DEFAULT else pytest.param(t, marks=pytest.mark.slow) for t in sorted(FAMILIES)]
+VENVS = Path(os.environ.get("TPU_RAY_INTEROP_VENVS", REPO / ".venv-interop"))
+TORCH_SIDE = REPO / "tests" / "interop" / "torch_side.py"
+
+
+def test_the_registry_covers_every_tf_masked_lm_type_of_transformers():
+    from transformers.models.auto.modeling_tf_auto import TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    assert set(FAMILIES) | set(EXCLUDED) == set(TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    assert not set(FAMILIES) & set(EXCLUDED)
+
+
+def _write_shards(d: Path, tok, n=(40, 24), seed=0) -> None:
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+
+    rng = np.random.default_rng(seed)
+    d.mkdir(parents=True, exist_ok=True)
+    specials = set(tok.special_ids)
+    ordinary = np.array([i for i in range(tok.vocab_size) if i not in specials])
+    for split, count in (("train", n[0]), ("validation", n[1])):
+        rows = ordinary[rng.integers(0, len(ordinary), size=(count, SEQ))]
+        rows[:, 0], rows[:, -1] = tok.cls_id, tok.sep_id
+        with open(d / f"{split}-00000-{count}.tfrecord", "wb") as f:
+            write_records(f, serialize_examples(rows.astype(np.int64)))
+
+
+@pytest.fixture(scope="module")
+def lines(small_corpus) -> list[str]:
+    return [s for s in small_corpus.read_text().splitlines() if s.strip()][:1500]
+
+
+def family_setup(tmp: Path, model_type: str, lines: list[str]) -> tuple[str, Path]:
+    """A tokenizer trained for the family (its own special tokens) and random-id shards."""
+    from tpu_ray.config import TokenizerConfig
+    from tpu_ray.prepare.tokenizer import save_tokenizer, train_tokenizer
+
+    fam = family(model_type)
+    tok = train_tokenizer([lines], TokenizerConfig(kind="bpe", vocab_size=300), fam.tokens, training_order(fam))
+    tok_dir = str(tmp / "tokenizer")
+    info = save_tokenizer(tok, tok_dir, SEQ, fam.tokens)
+    assert info.special_tokens == fam.tokens.as_tuple()
+    _write_shards(tmp / "shards", info)
+    return tok_dir, tmp / "shards"
+
+
+def type_config(run: Path, model_type: str, tok_dir: str, shards: Path, **over):
+    from tpu_ray.config import RunConfig
+
+    base = {
+        "name": "m", "output_dir": str(run), "tokenizer": {"path": tok_dir},
+        "shard": {"seq_len": SEQ, "dir": str(shards)},
+        "model": {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                  "intermediate_size": 64, "dropout": 0.0},
+        "train": {"steps": 4, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 1, "log_every": 1,
+                  "eval_every": 4, "eval_batches": 1, "checkpoint_every": 4, "shuffle_buffer": 64,
+                  "placement": "local"},
+    }
+    return RunConfig.from_dict(base).override(over) if over else RunConfig.from_dict(base)
+
+
+@pytest.fixture(scope="module")
+def scratch_runs(tmp_path_factory, lines):
+    """model_type -> (tokenizer dir, shards, run dir, summary) of a 4-step run at spe 1, made once."""
+    cache: dict[str, tuple[str, Path, Path, dict]] = {}
+
+    def get(model_type: str):
+        if model_type not in cache:
+            from tpu_ray.train.loop import train
+
+            root = tmp_path_factory.mktemp(model_type.replace("-", "_"))
+            tok_dir, shards = family_setup(root, model_type, lines)
+            run = root / "spe1"
+            cache[model_type] = (tok_dir, shards, run, train(type_config(run, model_type, tok_dir, shards)))
+        return cache[model_type]
+
+    return get
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_from_scratch_traces_the_step_once(scratch_runs, model_type):
+    *_, summary = scratch_runs(model_type)
+    assert summary["steps"] == 4 and summary["train_traces"] == 1
+    assert np.isfinite(summary["final_loss"]) and np.isfinite(summary["eval_loss"])
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_four_steps_per_execution_equal_one(scratch_runs, tmp_path, model_type):
+    from tpu_ray.train.loop import train
+
+    tok_dir, shards, run1, _ = scratch_runs(model_type)
+    summary = train(type_config(tmp_path / "spe4", model_type, tok_dir, shards, **{"train.steps_per_execution": 4}))
+    assert summary["train_traces"] == 1
+    assert weight_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "spe4")) < 1e-5
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_bfloat16_training_stays_finite(scratch_runs, tmp_path, model_type):
+    from tpu_ray.train.loop import train
+
+    tok_dir, shards, *_ = scratch_runs(model_type)
+    summary = train(type_config(tmp_path / "bf16", model_type, tok_dir, shards,
+                                **{"train.mixed_precision": "mixed_bfloat16"}))
+    assert np.isfinite(summary["final_loss"]) and np.isfinite(summary["eval_loss"])
+
+
+@pytest.mark.parametrize("weights", ["tf_model.h5", "model.safetensors"])
+@pytest.mark.parametrize("model_type", TYPES)
+def test_continued_from_its_export_starts_from_its_weights(scratch_runs, tmp_path, model_type, weights):
+    """init_from RUN/model: after one step at lr 1e-9 the weights are the checkpoint's (a fresh
+    model's differ by far more), so the weights were loaded, not re-initialised. From tf_model.h5,
+    and from the PyTorch-layout model.safetensors alone (tpu-ray's numpy converter, no torch)."""
+    import shutil
+
+    from tpu_ray.pipeline import Pipeline
+
+    tok_dir, shards, run1, _ = scratch_runs(model_type)
+    source = tmp_path / "source"
+    shutil.copytree(run1 / "model", source)
+    (source / ("model.safetensors" if weights == "tf_model.h5" else "tf_model.h5")).unlink()
+    cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{
+        "model.init_from": str(source), "tokenizer.path": None, "train.steps": 1, "train.warmup_steps": 0,
+        "train.learning_rate": 1e-9, "train.checkpoint_every": 1, "train.eval_every": 1})
+    p = Pipeline(cfg)
+    assert p.cfg.model.model_type == model_type and p.cfg.model.hidden_size == 32
+    p.tokenizer()
+    p.train()
+    # The optimizer starts fresh, so its slots differ by design: the model weights are compared.
+    assert weight_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "cont")) < 1e-5
+
+
+def weight_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """Largest absolute difference of the model weights (not the optimizer's slots; zero-size
+    variables, which some configs create, skipped)."""
+    a, b = ({k: v for k, v in d.items() if "OPTIMIZER_SLOT" not in k and v.size} for d in (a, b))
+    assert a.keys() == b.keys() and a
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_export_loads_in_pytorch_transformers_5_with_equal_logits(scratch_runs, tmp_path, model_type):
+    python = VENVS / "t5" / "bin" / "python"
+    if not python.exists():
+        why = f"PyTorch interop venv {VENVS / 't5'} absent: build it with tests/interop/setup_venvs.sh"
+        if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
+            pytest.fail(why)
+        pytest.skip(why)
+    from transformers import AutoTokenizer, TFAutoModelForMaskedLM
+
+    *_, run1, _ = scratch_runs(model_type)
+    model_dir = run1 / "model"
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    text = f"The {tok.mask_token} of the river was built in the year."
+    batch = tok([text, "A short one."], padding=True, return_tensors="np")
+    model = TFAutoModelForMaskedLM.from_pretrained(str(model_dir), use_safetensors=False)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits
+    np.savez(tmp_path / "ref.npz", input_ids=batch["input_ids"].astype(np.int64),
+             attention_mask=batch["attention_mask"].astype(np.int64), logits=logits.numpy())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([str(python), str(TORCH_SIDE), str(model_dir), str(tmp_path / "ref.npz"), text],
+                          capture_output=True, text=True, timeout=600, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"{model_type}: {out['model_class']} max|dlogits|={out['max_abs_diff']:.2e} {out['loading_info']}")
+    assert out["transformers"].startswith("5.")
+    assert not any(out["loading_info"].get(k) for k in ("missing_keys", "mismatched_keys")), out["loading_info"]
+    assert out["max_abs_diff"] < 1e-4

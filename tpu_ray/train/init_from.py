@@ -1,0 +1,339 @@
+"""Continued pretraining: start a run from a published or earlier checkpoint (`model.init_from`).
+
+Sources, in the order they are recognised:
+- a tpu-ray run directory (config.yaml + checkpoints/): its last committed checkpoint, its tokenizer;
+- a directory laid out as Hugging Face repositories ship it (config.json + tf_model.h5 or a
+  PyTorch-layout model.safetensors, + tokenizer files), local or gs:// (a tpu-ray RUN/model is one);
+- a name already in the local Hugging Face cache (`roberta-base`, `org/name`): the real
+  `snapshot_download(local_files_only=True)`, never a download.
+
+Why the weights are read here and not by `TFAutoModelForMaskedLM.from_pretrained`: the model is
+built inside the strategy's scope like any other run (same variables, same checkpoint object), and
+Transformers 4.57's TF loading of PyTorch-layout safetensors is broken (#40028). tf_model.h5 goes
+through transformers' own `load_tf_weights`; model.safetensors is read with `safetensors.numpy`
+and renamed/transposed by transformers' pure-Python name mapping (the inverse of our export):
+never torch. The architecture and sizes are the checkpoint's; the optimizer and schedule start
+fresh (what continued pretraining means); a resumed continued run restores its own checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpu_ray import rundir, storage
+from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError, first_line
+from tpu_ray.families import FAMILIES, family
+
+log = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("tf_model.h5", "model.safetensors", "model.safetensors.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "sentencepiece.bpe.model", "spiece.model", "spm.model", "added_tokens.json")
+# Size fields a checkpoint fixes: (our config field, the transformers config attribute).
+SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "max_position_embeddings")
+FIX = "give model.init_from a Hugging Face model directory (config.json, weights, tokenizer) or a tpu-ray run"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved checkpoint: `kind` "hf" (a model directory, local copy in `local`) or "run"."""
+
+    kind: str
+    where: str  # as the user wrote it, for messages
+    local: str  # local directory (a staged copy of a gs:// one)
+
+
+def resolve(init_from: str) -> Source:
+    """Where `init_from` points: a run directory, a model directory (local or gs://), or a cached name."""
+    if storage.exists(rundir.path(init_from, rundir.CONFIG_FILE)) and storage.exists(
+            rundir.path(init_from, rundir.CHECKPOINTS_DIR)):
+        return Source("run", init_from, init_from)
+    if storage.exists(storage.join(init_from, "config.json")):
+        local = _stage_remote(init_from) if storage.is_remote(init_from) else init_from
+        return Source("hf", init_from, local)
+    if storage.is_remote(init_from) or storage.exists(init_from):
+        raise UserError(f"model.init_from={init_from}: no config.json here (nor a tpu-ray run: config.yaml + "
+                        f"checkpoints/); {FIX}")
+    return Source("hf", init_from, _from_hf_cache(init_from))
+
+
+def _from_hf_cache(name: str) -> str:
+    """The local snapshot of a Hub name, from the cache only (HF_HUB_CACHE / HF_HOME)."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:  # huggingface_hub comes with transformers; without it no cache to read
+        raise UserError(f"model.init_from={name}: not a directory, and huggingface_hub is not installed to read "
+                        f"the Hugging Face cache; {FIX}") from None
+    try:
+        return snapshot_download(repo_id=name, local_files_only=True)
+    except (LocalEntryNotFoundError, ValueError, OSError) as exc:
+        raise UserError(f"model.init_from={name}: not a directory and not in the local Hugging Face cache "
+                        f"({first_line(exc)[:120]}); download it first (huggingface-cli download {name}) or "
+                        f"{FIX}") from None
+
+
+def _stage_remote(url: str) -> str:
+    """A local copy of a gs:// model directory (its top-level files), made once per process."""
+    target = Path(tempfile.gettempdir()) / "tpu-ray-init-from" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    if (target / "config.json").exists():
+        return str(target)
+    tmp = Path(tempfile.mkdtemp(prefix="staging-", dir=target.parent if target.parent.exists() else None))
+    for path in storage.listdir(url):
+        if not storage.isdir(path):
+            storage.download_file(path, str(tmp / path.rstrip("/").rsplit("/", 1)[-1]))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(tmp, target)  # config.json inside: complete once renamed
+    except OSError:  # another process staged it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+# --- the checkpoint's config ----------------------------------------------------------------------
+def _read_config_json(src: Source) -> dict[str, Any]:
+    path = os.path.join(src.local, "config.json")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{src.where}/config.json: not a readable model config ({first_line(exc)}); {FIX}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{src.where}/config.json: not a JSON object; {FIX}")
+    return data
+
+
+def _run_config(src: Source) -> RunConfig:
+    cfg = RunConfig.from_yaml(rundir.path(src.local, rundir.CONFIG_FILE))
+    return cfg.override({"output_dir": src.local})
+
+
+def source_hf_config(src: Source):
+    """The transformers config of the checkpoint (its own config.json, or the run's model)."""
+    from transformers import AutoConfig
+
+    if src.kind == "run":  # a run continued from a checkpoint has that checkpoint's config
+        from tpu_ray.prepare.tokenizer import tokenizer_info
+        from tpu_ray.train.model_config import scratch_hf_config
+
+        run_cfg = _run_config(src)
+        if run_cfg.model.init_from:
+            return source_hf_config(resolve(run_cfg.model.init_from))
+        return scratch_hf_config(run_cfg, tokenizer_info(run_cfg.tokenizer_dir))
+    data = _read_config_json(src)
+    model_type = data.get("model_type")
+    if model_type not in FAMILIES:
+        family(str(model_type), where=f"{src.where}/config.json: model_type")  # raises the one line
+    try:
+        return AutoConfig.for_model(**data)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{src.where}/config.json: not a valid {model_type} config ({first_line(exc)}); {FIX}") from None
+
+
+def checkpoint_hf_config(cfg: RunConfig):
+    """The model config of `cfg.model.init_from` (called by train.model.hf_config)."""
+    return source_hf_config(resolve(str(cfg.model.init_from)))
+
+
+def _sizes(config: Any, model_type: str) -> dict[str, int]:
+    fam = family(model_type)
+    out = {}
+    for key in SIZE_FIELDS:
+        name = fam.size_fields.get(key, key)
+        value = getattr(config, name, None) if name else None
+        if isinstance(value, int):
+            out[key] = value
+    return out
+
+
+def resolve_config(cfg: RunConfig) -> RunConfig:
+    """`cfg` with the checkpoint's model type and sizes; explicit sizes that disagree are refused,
+    and shard.seq_len must fit the checkpoint's position embeddings."""
+    src = resolve(str(cfg.model.init_from))
+    if src.kind == "hf" and not any(os.path.exists(os.path.join(src.local, f)) for f in WEIGHT_FILES):
+        raise UserError(f"model.init_from={src.where}: no weights (tf_model.h5 or model.safetensors); {FIX}")
+    config = source_hf_config(src)
+    model_type = config.model_type
+    m = cfg.model
+    if m.model_type != model_type and m.model_type != "roberta":  # roberta is the default, not a choice
+        raise UserError(f"model.model_type={m.model_type}: the checkpoint {src.where} is a {model_type}; "
+                        f"leave model.model_type out (the checkpoint decides) or set it to {model_type}")
+    sizes = _sizes(config, model_type)
+    for key, value in sizes.items():
+        mine = getattr(m, key)
+        if mine is not None and mine != value:
+            raise UserError(f"model.{key}={mine}: the checkpoint {src.where} has {key}={value}; "
+                            f"leave model.{key} out (the checkpoint's sizes are the model)")
+    overrides: dict[str, Any] = {"model.model_type": model_type}
+    overrides.update({f"model.{k}": v for k, v in sizes.items()})
+    eps = getattr(config, "layer_norm_eps", None)
+    if isinstance(eps, float) and 0 < eps < 1:
+        overrides["model.layer_norm_eps"] = eps
+    fam = family(model_type)
+    positions = sizes.get("max_position_embeddings")
+    if positions is not None and cfg.shard.seq_len + fam.position_offset > positions:
+        raise UserError(f"shard.seq_len={cfg.shard.seq_len}: the checkpoint {src.where} has {positions} position "
+                        f"embeddings ({model_type} positions start at {fam.position_offset}); use shard.seq_len <= "
+                        f"{positions - fam.position_offset}")
+    return cfg.override(overrides)
+
+
+# --- the checkpoint's tokenizer -------------------------------------------------------------------
+def _tokenizer_dir(src: Source) -> str:
+    if src.kind == "run":
+        run_cfg = _run_config(src)
+        return run_cfg.tokenizer_dir
+    return src.local
+
+
+def copy_tokenizer(cfg: RunConfig, force: bool = False):
+    """Validate the checkpoint's tokenizer and copy it to the run's tokenizer directory (the shards
+    then record its hash). Returns its TokenizerInfo."""
+    from tpu_ray.prepare.tokenizer import TOKENIZER_FILE, tokenizer_info
+
+    out = cfg.tokenizer_dir
+    if not force and storage.exists(storage.join(out, TOKENIZER_FILE)):
+        info = tokenizer_info(out)
+        check_tokenizer(cfg, info, out)
+        return info
+    src = resolve(str(cfg.model.init_from))
+    tok_dir = _tokenizer_dir(src)
+    with tempfile.TemporaryDirectory(prefix="tpu-ray-tok-") as tmp:
+        _gather_tokenizer(src, tok_dir, tmp)
+        info = tokenizer_info(tmp)
+        check_tokenizer(cfg, info, f"{src.where} tokenizer")
+        storage.makedirs(out)
+        names = sorted(os.listdir(tmp), key=lambda n: n == TOKENIZER_FILE)  # tokenizer.json last: complete
+        for name in names:
+            storage.atomic_copy_file(os.path.join(tmp, name), storage.join(out, name))
+    log.info("tokenizer: the checkpoint's (%s), vocab %d, sha256 %s -> %s", src.where, info.vocab_size,
+             info.sha256[:12], out)
+    return tokenizer_info(out)
+
+
+def _gather_tokenizer(src: Source, tok_dir: str, tmp: str) -> None:
+    """The tokenizer files into `tmp`; a checkpoint without tokenizer.json (slow tokenizer files
+    only) is converted once by transformers' AutoTokenizer into a fast one."""
+    present = [n for n in TOKENIZER_FILES if storage.exists(storage.join(tok_dir, n))]
+    if "tokenizer.json" in present:
+        for name in present:
+            storage.download_file(storage.join(tok_dir, name), os.path.join(tmp, name))
+        return
+    if not present:
+        raise UserError(f"{src.where}: no tokenizer files (tokenizer.json, vocab.txt, ...); the checkpoint's "
+                        f"tokenizer is needed to continue its pretraining; add it to the directory")
+    from transformers import AutoTokenizer
+
+    try:
+        fast = AutoTokenizer.from_pretrained(tok_dir, use_fast=True)
+        fast.save_pretrained(tmp)
+    except Exception as exc:  # transformers raises many kinds for a tokenizer it cannot convert
+        raise UserError(f"{src.where}: cannot make a fast tokenizer from its files ({first_line(exc)[:120]}); "
+                        f"add its tokenizer.json") from None
+    for name in os.listdir(tmp):
+        if name not in TOKENIZER_FILES:
+            os.remove(os.path.join(tmp, name))
+
+
+def _rows(cfg: RunConfig) -> int:
+    return int(checkpoint_hf_config(cfg).vocab_size)
+
+
+def check_tokenizer(cfg: RunConfig, info: Any, where: str) -> None:
+    """Vocabulary == embedding rows (or padded up to a multiple of 8..128 as some checkpoints are);
+    the special tokens are the family's convention."""
+    rows = _rows(cfg)
+    padded = info.vocab_size < rows and any(rows % m == 0 and rows - info.vocab_size < m for m in (8, 16, 32, 64, 128))
+    if info.vocab_size != rows and not padded:
+        raise UserError(f"{where}: vocabulary of {info.vocab_size} tokens, but the checkpoint's embedding has "
+                        f"{rows} rows; use the tokenizer the checkpoint was trained with")
+    fam = family(cfg.model.model_type)
+    if info.special_tokens != fam.tokens.as_tuple() and cfg.model.model_type != "albert":
+        log.info("tokenizer %s: special tokens %s (family %s convention: %s)", where, " ".join(info.special_tokens),
+                 fam.model_type, " ".join(fam.tokens.as_tuple()))
+    if fam.required_pad_id is not None and info.pad_id != fam.required_pad_id:
+        raise UserError(f"{where}: pad token {info.tokens.pad} has id {info.pad_id}, but TF {fam.model_type} "
+                        f"treats id {fam.required_pad_id} as padding; use the checkpoint's own tokenizer")
+
+
+# --- the checkpoint's weights ---------------------------------------------------------------------
+def load_weights(model: Any, cfg: RunConfig) -> str:
+    """Load the checkpoint's weights into the built `model`; every model weight must be found.
+    Returns a description of what was read."""
+    src = resolve(str(cfg.model.init_from))
+    if src.kind == "run":
+        return _load_run_checkpoint(model, src)
+    h5 = os.path.join(src.local, "tf_model.h5")
+    st = os.path.join(src.local, "model.safetensors")
+    index = st + ".index.json"
+    if os.path.exists(h5):
+        _load_h5(model, h5, src)
+        return h5
+    if os.path.exists(st) or os.path.exists(index):
+        _load_safetensors(model, st, index, src)
+        return st if os.path.exists(st) else index
+    raise UserError(f"model.init_from={src.where}: no weights (tf_model.h5 or model.safetensors); {FIX}")
+
+
+def _load_h5(model: Any, path: str, src: Source) -> None:
+    from transformers.modeling_tf_utils import load_tf_weights
+
+    try:
+        missing, _unexpected, mismatched = load_tf_weights(model, path)
+    except Exception as exc:  # h5py raises OSError for a truncated file, others for damage
+        raise UserError(f"{src.where}/tf_model.h5: cannot read the weights ({first_line(exc)[:120]}); the file is "
+                        f"damaged or truncated: download or export it again") from None
+    if missing or mismatched:
+        what = f"{len(missing)} layer(s) missing (e.g. {missing[0]})" if missing else \
+            f"shape mismatch at {mismatched[0][0]}"
+        raise UserError(f"{src.where}/tf_model.h5: {what}; the weights do not fit its config.json")
+
+
+def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
+    from safetensors.numpy import load_file
+    from transformers.modeling_tf_pytorch_utils import load_pytorch_state_dict_in_tf2_model
+
+    files = [path] if os.path.exists(path) else sorted({os.path.join(src.local, f) for f in
+                                                         json.loads(Path(index).read_text())["weight_map"].values()})
+    state: dict[str, Any] = {}
+    for f in files:
+        try:
+            state.update(load_file(f))
+        except Exception as exc:  # safetensors raises SafetensorError (truncated header or data), TypeError (bf16)
+            raise UserError(f"{src.where}/{os.path.basename(f)}: cannot read the weights ({first_line(exc)[:120]}); "
+                            f"the file is damaged or truncated: download or export it again") from None
+    try:
+        _, info = load_pytorch_state_dict_in_tf2_model(
+            model, state, allow_missing_keys=True, output_loading_info=True, skip_logger_warnings=True,
+            tf_to_pt_weight_rename=getattr(model, "tf_to_pt_weight_rename", None))
+    except Exception as exc:  # a shape that does not fit raises InvalidArgumentError
+        raise UserError(f"{src.where}/model.safetensors: weights do not fit config.json ({first_line(exc)[:160]})") from None
+    if info["missing_keys"]:
+        raise UserError(f"{src.where}/model.safetensors: {len(info['missing_keys'])} weight(s) missing (e.g. "
+                        f"{info['missing_keys'][0]}); the file does not hold this {model.config.model_type} model")
+
+
+def _load_run_checkpoint(model: Any, src: Source) -> str:
+    import tensorflow as tf
+
+    from tpu_ray.train.checkpoints import CheckpointStore
+
+    ckpt = tf.train.Checkpoint(model=model)
+    store = CheckpointStore(ckpt, rundir.checkpoints_dir(src.local), keep=1, write=False)
+    try:
+        if store.latest is None and store.problem is None:
+            raise UserError(f"model.init_from={src.where}: the run has no committed checkpoint yet; train it first "
+                            f"or point at another run")
+        store.restore(ckpt, partial=True)
+        return store.latest_url or src.where
+    finally:
+        store.close(wait=False)
