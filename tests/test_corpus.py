@@ -40,10 +40,15 @@ def test_txt_jsonl_parquet_glob_and_datasets_give_the_same_lines(tmp_path, lines
     assert _read("hf:text", tmp_path, hf_config=str(tmp_path / "a.txt")) == lines[:200]
 
 
-def test_a_jsonl_record_without_the_text_field_is_named(tmp_path):
-    (tmp_path / "x.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
-    with pytest.raises(UserError, match=r"x.jsonl: record at 17 has no field 'text'; set corpus.text_field"):
+def test_a_jsonl_file_where_no_record_has_the_text_field_is_named(tmp_path):
+    """A typo'd corpus.text_field (no record has it) is an error naming the fields that exist; a record
+    that lacks it among records that have it is skipped and counted (issue 25, the catalogue below)."""
+    (tmp_path / "x.jsonl").write_text('{"body": "no text", "id": 1}\n{"body": "none here"}\n')
+    with pytest.raises(UserError, match=r"x.jsonl: byte 0: record has no field 'text' \(fields: body, id\); "
+                                        r"set corpus.text_field"):
         _read(str(tmp_path / "x.jsonl"), tmp_path)
+    (tmp_path / "y.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
+    assert _read(str(tmp_path / "y.jsonl"), tmp_path) == ["fine"]
 
 
 def test_long_lines_are_split_at_whitespace_within_the_bound():

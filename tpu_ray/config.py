@@ -45,18 +45,25 @@ class _Section(BaseModel):
 class CorpusConfig(_Section):
     """Where the text comes from."""
 
-    # "builtin:python-docs", a local path or glob (.txt/.jsonl/.parquet), a gs:// URI or glob,
-    # or "hf:NAME" for a Hugging Face datasets name (hf_config picks its configuration).
+    # "builtin:python-docs", a local path, directory or glob (.txt/.jsonl/.json/.csv/.tsv, each
+    # also .gz/.zst/.bz2/.xz; .parquet; a datasets save_to_disk directory), a gs:// or hf:// URI
+    # or glob, or "hf:NAME" for a Hugging Face dataset (read by its data files; hf_config picks its
+    # configuration, or names the files for hf:text|json|csv|parquet).
     source: str = BUILTIN_CORPUS
     hf_config: str | None = None
     hf_split: str = "train"
     text_field: str = "text"
+    # A text field holding a list of strings: "error" (one line naming the record), or "join" its
+    # items as lines. Other non-string values are always an error; null/missing are skipped and counted.
+    text_lists: Literal["error", "join"] = "error"
     # Validation text: a separate source, or else the last fraction of every work unit.
     validation_source: str | None = None
     validation_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     # What to do with bytes that are not UTF-8: "replace" them (U+FFFD) or "fail" naming file+offset.
     encoding_errors: Literal["replace", "fail"] = "replace"
     # Read at most this many bytes (per source file): handy to shrink a corpus for a quick run.
+    # Decompressed bytes for compressed files, text bytes for CSV/datasets, whole row groups of
+    # the text column's size for parquet.
     max_bytes: int | None = Field(None, gt=0)
     # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
     # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.

@@ -1,34 +1,56 @@
 """Corpus sources and their deterministic work units.
 
-A work unit is a slice of the corpus (a byte range of a file aligned to line boundaries, or a row
-range of a table/dataset). Units depend only on the corpus and the config, never on how many
-actors run, which is what makes the shards byte-identical with 1 actor or 8. Each unit carries its
-own train/validation split point, so the validation text is the tail of every unit.
+A work unit is a slice of the corpus: a byte range of a plain .txt/.jsonl file aligned to line
+boundaries, a whole streamed file (compressed text or JSON lines, CSV/TSV), a range of parquet row
+groups, or a row range of a Hugging Face dataset. Units depend only on the corpus and the config,
+never on how many actors run, which is what makes the shards byte-identical with 1 actor or 8.
+A unit is read as chunks (one for a byte range; one per ~shard.unit_bytes of text for the others,
+streams.py), and each chunk has its own train/validation split point: the validation text is the
+tail of every chunk. Every record's text is split into lines like a .txt file's, so the same text
+gives the same tokens in every format. What a text field may hold is records.py's rule.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 from tpu_ray import storage
 from tpu_ray.config import BUILTIN_CORPUS, CorpusConfig, ShardConfig
-from tpu_ray.errors import UserError, first_line
+from tpu_ray.errors import UserError
+from tpu_ray.prepare.formats import Format, detect, is_saved_dataset
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
+from tpu_ray.prepare.streams import Chunk, Counts, chunked, csv_records, json_texts, lines_of, stream_text_chunks
+from tpu_ray.prepare import tabular
 
-Format = Literal["txt", "jsonl", "parquet", "hf"]
-TEXT_SUFFIXES = {".txt": "txt", ".text": "txt", ".md": "txt", ".jsonl": "jsonl", ".json": "jsonl",
-                 ".parquet": "parquet"}
 _ALIGN_WINDOW = 64 * 1024
+PACKAGED_BUILDERS = {"text", "json", "parquet", "csv"}  # hf:NAME read with load_dataset on hf_config's files
+
+# Every reader, by format: what a unit of it is. tests/test_corpus.py's catalogue has a row per
+# entry (the text-field rule of issue 25), so a new format without a row fails there.
+READERS: dict[str, str] = {
+    "txt": "byte range of a plain text file aligned to lines (compressed: the whole file, streamed)",
+    "jsonl": "byte range of a JSON-lines file aligned to lines (compressed: the whole file, streamed)",
+    "csv": "a whole CSV file with a header row, streamed (compressed or not)",
+    "tsv": "a whole TSV file with a header row, streamed (compressed or not)",
+    "parquet": "a range of whole row groups, the text column only",
+    "hf_disk": "a row range of a datasets save_to_disk directory (Dataset or a DatasetDict split), memory-mapped",
+    "hf": "a row range of a packaged datasets builder (hf:text|json|csv|parquet with hf_config as the files)",
+}
 
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """A deterministic slice of the corpus: [start, split_at) is train, [split_at, end) validation."""
+    """A deterministic slice of the corpus.
+
+    Byte-range units (chunk_bytes == 0): [start, split_at) is train, [split_at, end) validation.
+    Streamed units (chunk_bytes > 0): start/end are bytes of the file (streams), row groups
+    (parquet) or rows (datasets), read as chunks of about chunk_bytes of text, each split
+    train/validation at (1 - val_fraction); each chunk is its own shard (`.<part>` in its name).
+    """
 
     index: int
     source: str
@@ -40,6 +62,16 @@ class WorkUnit:
     hf_split: str = "train"
     text_field: str = "text"
     encoding_errors: str = "replace"
+    # Added with the streamed formats; left out of the plan digest at their defaults (see key()).
+    compression: str | None = None
+    chunk_bytes: int = 0
+    val_fraction: float = 0.0
+    max_bytes: int | None = None
+    text_lists: str = "error"
+
+    @property
+    def streamed(self) -> bool:
+        return self.chunk_bytes > 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,6 +79,20 @@ class WorkUnit:
     @classmethod
     def from_dict(cls, d: dict) -> WorkUnit:
         return cls(**d)
+
+    def key(self) -> tuple:
+        """What identifies the unit in the plan digest: the fields of a unit before streamed formats,
+        plus any later field that is not at its default (so existing shard runs still resume)."""
+        values = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _LATER_FIELDS and value == f.default:
+                continue
+            values.append([f.name, value] if f.name in _LATER_FIELDS else value)
+        return tuple(values)
+
+
+_LATER_FIELDS = {"compression", "chunk_bytes", "val_fraction", "max_bytes", "text_lists"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,7 +154,10 @@ def materialize_builtin(run_dir: str) -> str:
 # Planning: source -> files -> work units
 # --------------------------------------------------------------------------------------------
 def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
-    """Expand a path, glob or gs:// URI into (file, format) pairs; one-line errors otherwise."""
+    """Expand a path, glob, gs:// or hf:// URI into (file, format) pairs; one-line errors otherwise.
+
+    A `datasets` save_to_disk directory is one entry of format `hf_disk` (its .arrow and .json
+    files are not corpus files)."""
     if any(ch in source for ch in "*?["):
         files = storage.glob(source, files_only=True)  # a directory the pattern matches is not text
         if not files:
@@ -116,24 +165,19 @@ def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, 
             raise UserError(f"{field}={source!r}: {what} this pattern; check the path")
     elif storage.exists(source):
         if storage.isdir(source):
-            files = [f for f in storage.glob(storage.join(source, "**"), files_only=True) if _fmt_of(f, strict=False)]
+            if is_saved_dataset(source):
+                return [(source, "hf_disk")]
+            files = [f for f in storage.glob(storage.join(source, "**"), files_only=True)
+                     if detect(f, strict=False)]
             if not files:
-                raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.parquet files")
+                raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.json/.csv/.tsv/.parquet files "
+                                f"(compressed or not) and is not a datasets save_to_disk directory")
         else:
             files = [source]
     else:
         raise UserError(f"{field}={source!r}: no such file or directory; pass an existing path, a glob, "
-                        f"a gs:// URI, 'hf:NAME' or '{BUILTIN_CORPUS}'")
-    return [(f, _fmt_of(f)) for f in sorted(files)]
-
-
-def _fmt_of(path: str, strict: bool = True) -> Format | None:
-    for suffix, fmt in TEXT_SUFFIXES.items():
-        if path.lower().endswith(suffix):
-            return fmt  # type: ignore[return-value]
-    if strict:
-        return "txt"  # unknown suffix: treat as plain text (binary content is caught when read)
-    return None
+                        f"a gs:// or hf:// URI, 'hf:NAME' or '{BUILTIN_CORPUS}'")
+    return [(f, detect(f)[0]) for f in sorted(files)]  # type: ignore[index]
 
 
 def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[WorkUnit]:
@@ -152,42 +196,65 @@ def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[W
 def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir: str, frac: float,
                  field: str) -> list[WorkUnit]:
     common = dict(hf_config=corpus.hf_config, hf_split=corpus.hf_split, text_field=corpus.text_field,
-                  encoding_errors=corpus.encoding_errors)
+                  encoding_errors=corpus.encoding_errors, text_lists=corpus.text_lists)
+    stream = dict(chunk_bytes=shard.unit_bytes, val_fraction=frac)
     if source == BUILTIN_CORPUS:
         source = materialize_builtin(run_dir)
     elif source.startswith("builtin:"):
         raise UserError(f"{field}={source!r}: unknown built-in corpus; the built-in one is '{BUILTIN_CORPUS}'")
-    if source.startswith("hf:"):
-        n = len(_load_hf(source, corpus.hf_config, corpus.hf_split, field))
-        return [WorkUnit(0, source, "hf", s, _row_split(s, e, frac), e, **common)
-                for s, e in _ranges(n, shard.unit_rows)]
+    if source.startswith("hf:") and not source.startswith("hf://"):
+        name = source[3:]
+        if name in PACKAGED_BUILDERS:
+            ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
+            ranges = tabular.dataset_ranges(ds, source, corpus.text_field, corpus.text_lists, shard.unit_bytes,
+                                            shard.unit_rows, corpus.max_bytes)
+            return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
+        files = [(f, detect(f, strict=False)) for f in tabular.hub_data_files(name, corpus.hf_config,
+                                                                                corpus.hf_split, field)]
+        if not files or any(d is None for _, d in files):  # e.g. .arrow files: only datasets reads them
+            ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
+            ranges = tabular.dataset_ranges(ds, source, corpus.text_field, corpus.text_lists, shard.unit_bytes,
+                                            shard.unit_rows, corpus.max_bytes)
+            return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
+        pairs = [(f, d[0]) for f, d in files]  # type: ignore[index]
+    else:
+        pairs = resolve_files(source, field)
     units: list[WorkUnit] = []
-    for path, fmt in resolve_files(source, field):
-        if fmt == "parquet":
-            n = parquet_rows(path, corpus.text_field)
-            units += [WorkUnit(0, path, fmt, s, _row_split(s, e, frac), e, **common)
-                      for s, e in _ranges(n, shard.unit_rows)]
-            continue
-        size = storage.size(path)
-        limit = corpus.max_line_bytes
-        if corpus.max_bytes is not None and corpus.max_bytes < size:
-            size = _align(path, corpus.max_bytes, size, limit)
-        bounds = sorted({0, size, *(_align(path, b, size, limit)
-                                    for b in range(shard.unit_bytes, size, shard.unit_bytes))})
-        for s, e in zip(bounds, bounds[1:]):
-            split_at = e if frac == 0 else _align(path, s + int((e - s) * (1 - frac)), e, limit)
-            if frac >= 1.0:
-                split_at = s
-            units.append(WorkUnit(0, path, fmt, s, split_at, e, **common))
+    for path, fmt in pairs:
+        units += _plan_file(path, fmt, corpus, shard, frac, common, stream)
     return units
 
 
-def _ranges(n: int, step: int) -> list[tuple[int, int]]:
-    return [(s, min(s + step, n)) for s in range(0, n, step)]
-
-
-def _row_split(start: int, end: int, frac: float) -> int:
-    return start + round((end - start) * (1 - frac))
+def _plan_file(path: str, fmt: Format, corpus: CorpusConfig, shard: ShardConfig, frac: float, common: dict,
+               stream: dict) -> list[WorkUnit]:
+    if fmt == "hf_disk":
+        ds = tabular.load_saved(path, corpus.hf_split)
+        ranges = tabular.dataset_ranges(ds, path, corpus.text_field, corpus.text_lists, shard.unit_bytes,
+                                        shard.unit_rows, corpus.max_bytes)
+        return [WorkUnit(0, path, fmt, s, s, e, **common, **stream) for s, e in ranges]
+    if fmt == "parquet":
+        groups = tabular.parquet_groups(path, corpus.text_field, corpus.text_lists)
+        ranges = tabular.pack_groups(groups, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
+        return [WorkUnit(0, path, fmt, s, s, e, **common, **stream) for s, e in ranges]
+    compression = detect(path)[1]  # type: ignore[index]
+    size = storage.size(path)
+    if compression or fmt in ("csv", "tsv"):
+        # Not splittable by byte range (compressed, or records that may span lines): one unit,
+        # streamed in chunks; max_bytes counts decompressed bytes (CSV: text bytes).
+        return [WorkUnit(0, path, fmt, 0, 0, size, compression=compression, max_bytes=corpus.max_bytes,
+                         **common, **stream)] if size else []
+    limit = corpus.max_line_bytes
+    if corpus.max_bytes is not None and corpus.max_bytes < size:
+        size = _align(path, corpus.max_bytes, size, limit)
+    bounds = sorted({0, size, *(_align(path, b, size, limit)
+                                for b in range(shard.unit_bytes, size, shard.unit_bytes))})
+    units = []
+    for s, e in zip(bounds, bounds[1:]):
+        split_at = e if frac == 0 else _align(path, s + int((e - s) * (1 - frac)), e, limit)
+        if frac >= 1.0:
+            split_at = s
+        units.append(WorkUnit(0, path, fmt, s, split_at, e, **common))
+    return units
 
 
 def _align(path: str, pos: int, size: int, max_line_bytes: int | None = None) -> int:
@@ -222,92 +289,102 @@ def _align(path: str, pos: int, size: int, max_line_bytes: int | None = None) ->
     return min(pos + i, size)
 
 
-def parquet_rows(path: str, text_field: str = "text") -> int:
-    """Rows of a parquet file; one-line errors for a file that is not parquet or lacks the column."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    with storage.open(path, "rb") as f:
-        try:
-            pf = pq.ParquetFile(f)
-        except (pa.ArrowException, OSError) as exc:
-            raise UserError(f"{path}: not a readable parquet file ({first_line(exc)}); fix or remove it") from None
-        names = pf.schema_arrow.names
-        if text_field not in names:
-            raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(names[:8])}); "
-                            f"set corpus.text_field to the column that holds the text")
-        return pf.metadata.num_rows
-
-
-_HF_CACHE: dict[tuple, object] = {}
-
-
-def _load_hf(source: str, config: str | None, split: str, field: str = "corpus.source"):
-    """Load a Hugging Face dataset split once per process (from the datasets cache after the first)."""
-    key = (source, config, split)
-    if key not in _HF_CACHE:
-        import datasets
-
-        name = source[3:]
-        kwargs = {}
-        if name in {"text", "json", "parquet", "csv"} and config:
-            kwargs["data_files"] = config  # packaged builders read local/gs files: hf_config is the files
-            config = None
-        try:
-            _HF_CACHE[key] = datasets.load_dataset(name, config, split=split, **kwargs)
-        except Exception as exc:  # datasets raises many types; the user needs one line
-            first = first_line(exc)
-            raise UserError(f"{field}={source!r} (hf_config={config!r}, split={split!r}): "
-                            f"cannot load dataset: {first}") from None
-    return _HF_CACHE[key]
+def parquet_rows(path: str, text_field: str = "text", text_lists: str = "error") -> int:
+    """Rows of a parquet file from its footer; one-line errors for a file that is not parquet, lacks
+    the column, or whose column is not text."""
+    return sum(rows for rows, _ in tabular.parquet_groups(path, text_field, text_lists))
 
 
 # --------------------------------------------------------------------------------------------
 # Reading a unit
 # --------------------------------------------------------------------------------------------
-def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) -> list[str]:
-    """The lines of one part of a unit (empty lines kept out)."""
-    lo, hi = {"train": (unit.start, unit.split_at), "validation": (unit.split_at, unit.end),
-              "all": (unit.start, unit.end)}[part]
-    if hi <= lo:
-        return []
-    if unit.fmt == "hf":
-        ds = _load_hf(unit.source, unit.hf_config, unit.hf_split)
-        return _nonempty(_field(row, unit, i) for i, row in enumerate(ds.select(range(lo, hi)), lo))
-    if unit.fmt == "parquet":
-        import pyarrow.parquet as pq
+def iter_chunks(unit: WorkUnit, counts: Counts | None = None) -> Iterator[Chunk]:
+    """The unit's chunks, front to back, one alive at a time; `counts` gathers skipped records."""
+    counts = counts if counts is not None else Counts()
+    field, lists = unit.text_field, unit.text_lists
+    if not unit.streamed:
+        yield _byte_range_chunk(unit, counts)
+        return
+    if unit.fmt in ("txt", "jsonl"):
+        def decode(raw: bytes, offset: int) -> str:
+            return decode_text(raw, unit, offset, "decompressed byte" if unit.compression else "byte")
 
-        with storage.open(unit.source, "rb") as f:
-            table = pq.read_table(f, columns=[unit.text_field]).slice(lo, hi - lo)
-        return _nonempty(str(v) for v in table.column(unit.text_field).to_pylist() if v is not None)
+        yield from stream_text_chunks(unit.source, unit.compression, unit.fmt, unit.chunk_bytes, unit.val_fraction,
+                                      unit.max_bytes, decode, field, lists, counts)
+        return
+    if unit.fmt in ("csv", "tsv"):
+        items = csv_records(unit.source, unit.compression, "," if unit.fmt == "csv" else "\t", field,
+                            unit.encoding_errors, counts)
+        limit = unit.max_bytes
+    elif unit.fmt == "parquet":
+        items = tabular.parquet_items(unit.source, unit.start, unit.end, field, lists, counts)
+        limit = None  # applied at planning, by whole row groups
+    elif unit.fmt in ("hf", "hf_disk"):
+        if unit.fmt == "hf":
+            ds = tabular.load_builder(unit.source[3:], unit.hf_config, unit.hf_split, "corpus.source")
+        else:
+            ds = tabular.load_saved(unit.source, unit.hf_split)
+        joined = tabular.dataset_column(ds, unit.source, field, lists)
+        items = tabular.dataset_items(ds, unit.start, unit.end, field, joined, counts)
+        limit = None  # applied at planning, by rows
+    else:  # pragma: no cover - READERS and this dispatch change together
+        raise AssertionError(f"no reader for {unit.fmt}")
+    for train, validation in chunked(items, unit.chunk_bytes, unit.val_fraction, limit):
+        yield Chunk(lines_of(train), lines_of(validation))
+
+
+def _byte_range_chunk(unit: WorkUnit, counts: Counts) -> Chunk:
+    """A plain .txt/.jsonl byte range, read once: its train and validation parts."""
     with storage.open(unit.source, "rb") as f:
-        f.seek(lo)
-        raw = f.read(hi - lo)
-    text = decode_text(raw, unit, lo)
+        f.seek(unit.start)
+        raw = f.read(unit.end - unit.start)
+    cut = unit.split_at - unit.start
+    parts = []
+    for lo, data in ((unit.start, raw[:cut]), (unit.split_at, raw[cut:])):
+        if not data:
+            parts.append([])
+            continue
+        text = decode_text(data, unit, lo)
+        if unit.fmt == "jsonl":
+            parts.append(lines_of(json_texts(_json_lines(text, lo), unit.source, unit.text_field, unit.text_lists,
+                                             counts)))
+        else:
+            parts.append(lines_of([text]))
+        del text
     del raw  # one copy of a unit's text at a time (a unit may be one huge line)
-    if unit.fmt == "jsonl":
-        out = []
-        offset = lo
-        for line in text.split("\n"):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{unit.source}: byte {offset}: not a JSON line ({exc.msg}); "
-                                    f"fix the record or use a .txt file") from None
-                out.append(_field(record, unit, offset))
-            offset += len(line.encode("utf-8")) + 1
-        return _nonempty(out)
-    return _nonempty(text.split("\n"))
+    return Chunk(parts[0], parts[1])
+
+
+def _json_lines(text: str, offset: int) -> Iterator[tuple[str, str]]:
+    """("byte N", line) for the lines of a JSON-lines byte range starting at byte `offset`."""
+    for line in text.split("\n"):
+        yield f"byte {offset}", line
+        offset += len(line.encode("utf-8")) + 1
+
+
+def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) -> list[str]:
+    """The lines of one part of a unit (empty lines kept out), all chunks together."""
+    out: list[str] = []
+    for chunk in iter_chunks(unit):
+        if part in ("train", "all"):
+            out += chunk.train
+        if part in ("validation", "all"):
+            out += chunk.validation
+    return out
 
 
 def check_unit_bytes(unit: WorkUnit) -> None:
-    """Fail on a unit's bad input (binary, non-UTF-8 under `fail`, bad JSON) without keeping its text.
+    """Fail on a byte-range unit's bad input (binary, non-UTF-8 under `fail`, bad JSON, a field that
+    is not text) without keeping its text, before any shard exists.
 
-    Plain text needs only the decode; other formats are parsed as for real.
+    Streamed units are not read twice for this (a second full decompression or row-group read per
+    unit): their bad input fails the shard pass, whose committed shards stay out of any complete
+    manifest (the train stage refuses an incomplete one), and the fixed rerun resumes.
     """
+    if unit.streamed:
+        return
     if unit.fmt != "txt":
-        read_unit_text(unit, "all")
+        _byte_range_chunk(unit, Counts())
         return
     with storage.open(unit.source, "rb") as f:
         f.seek(unit.start)
@@ -315,30 +392,18 @@ def check_unit_bytes(unit: WorkUnit) -> None:
     decode_text(raw, unit, unit.start)
 
 
-def decode_text(raw: bytes, unit: WorkUnit, offset: int) -> str:
+def decode_text(raw: bytes, unit: WorkUnit, offset: int, what: str = "byte") -> str:
     if b"\x00" in raw:
         at = offset + raw.index(b"\x00")
-        raise UserError(f"{unit.source}: byte {at}: NUL byte, this looks like a binary file, not text; "
+        raise UserError(f"{unit.source}: {what} {at}: NUL byte, this looks like a binary file, not text; "
                         f"point corpus.source at text files")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if unit.encoding_errors == "replace":
             return raw.decode("utf-8", errors="replace")
-        raise UserError(f"{unit.source}: byte {offset + exc.start}: not UTF-8 ({exc.reason}); fix the file "
+        raise UserError(f"{unit.source}: {what} {offset + exc.start}: not UTF-8 ({exc.reason}); fix the file "
                         f"or set corpus.encoding_errors=replace") from None
-
-
-def _field(record: object, unit: WorkUnit, where: int) -> str:
-    if not isinstance(record, dict) or unit.text_field not in record:
-        raise UserError(f"{unit.source}: record at {where} has no field {unit.text_field!r}; "
-                        f"set corpus.text_field to the field that holds the text")
-    value = record[unit.text_field]
-    return "" if value is None else str(value)
-
-
-def _nonempty(lines) -> list[str]:
-    return [s for s in (line.strip() for line in lines) if s]
 
 
 def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None = None) -> Iterator[list[str]]:

@@ -18,7 +18,6 @@ What remains is ~50 lines around `ray.wait` that resubmits a dead actor's unit t
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -34,7 +33,8 @@ import numpy as np
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
-from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, plan_units, read_unit_text
+from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, iter_chunks, plan_units
+from tpu_ray.prepare.streams import Counts
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.manifest_check import check_manifest
@@ -77,14 +77,18 @@ def chunk_ids(token_lists: list[list[int]], seq_len: int, cls_id: int, sep_id: i
     return cut_rows(join_ids(token_lists, sep_id), seq_len, cls_id, sep_id)
 
 
-def shard_name(split: str, unit_index: int, count: int) -> str:
-    """`<split>-<index:05d>-<count>.tfrecord`: the sample count in the name, as HF's TPU scripts read."""
-    return f"{split}-{unit_index:05d}-{count}.tfrecord"
+def shard_name(split: str, unit_index: int, count: int, part: int | None = None) -> str:
+    """`<split>-<index:05d>-<count>.tfrecord`: the sample count in the name, as HF's TPU scripts read.
+
+    A streamed unit (a compressed file, a CSV, row groups) writes a shard per chunk:
+    `<split>-<index:05d>.<part:04d>-<count>.tfrecord` (the count stays the last `-` field)."""
+    index = f"{unit_index:05d}" if part is None else f"{unit_index:05d}.{part:04d}"
+    return f"{split}-{index}-{count}.tfrecord"
 
 
-def shard_path(split: str, unit_index: int, count: int) -> str:
+def shard_path(split: str, unit_index: int, count: int, part: int | None = None) -> str:
     """A shard's path relative to the shards dir, as the manifest records it: `<split>/<name>`."""
-    return f"{split}/{shard_name(split, unit_index, count)}"
+    return f"{split}/{shard_name(split, unit_index, count, part)}"
 
 
 def encode_lines(tok: Any, lines: list[str]) -> list[list[int]]:
@@ -121,29 +125,35 @@ def _batches(lines: list[str]):
 def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, out_dir: str,
                  max_line_bytes: int | None = None) -> dict:
     """Tokenize, chunk and write one unit's shards (atomically); returns its manifest entries
-    (and `split_lines`: lines over `max_line_bytes` that were cut, for the driver's warning)."""
-    result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0, "split_lines": 0}
-    for split in SPLITS:
-        lines = read_unit_text(unit, split)
-        if max_line_bytes:
-            lines, cut = split_long_lines(lines, max_line_bytes)
-            result["split_lines"] += cut
-        if not lines:
-            continue
-        flat = encode_joined(tok, lines, info.sep_id)
-        del lines
-        rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
-        del flat
-        result["tokens"] += tokens
-        result["dropped_tokens"] += dropped
-        if len(rows) == 0:
-            continue
-        name = shard_path(split, unit.index, len(rows))
-        if not storage.is_remote(out_dir):  # object stores have no folders to make
-            storage.makedirs(storage.join(out_dir, split))
-        digest, nbytes = _commit_shard(rows, storage.join(out_dir, name))
-        result["shards"].append({"split": split, "path": name, "unit": unit.index, "samples": len(rows),
-                                 "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
+    (and `split_lines`: lines over `max_line_bytes` that were cut, for the driver's warning;
+    `skipped_records`: records whose text field was null or missing, records.py's rule)."""
+    result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0, "split_lines": 0,
+                              "skipped_records": 0}
+    counts = Counts()
+    for part, chunk in enumerate(iter_chunks(unit, counts)):
+        for split in SPLITS:
+            lines = chunk.train if split == "train" else chunk.validation
+            if max_line_bytes:
+                lines, cut = split_long_lines(lines, max_line_bytes)
+                result["split_lines"] += cut
+            if not lines:
+                continue
+            flat = encode_joined(tok, lines, info.sep_id)
+            del lines
+            rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
+            del flat
+            result["tokens"] += tokens
+            result["dropped_tokens"] += dropped
+            if len(rows) == 0:
+                continue
+            name = shard_path(split, unit.index, len(rows), part if unit.streamed else None)
+            if not storage.is_remote(out_dir):  # object stores have no folders to make
+                storage.makedirs(storage.join(out_dir, split))
+            digest, nbytes = _commit_shard(rows, storage.join(out_dir, name))
+            result["shards"].append({"split": split, "path": name, "unit": unit.index, "samples": len(rows),
+                                     "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
+        chunk.train, chunk.validation = [], []  # one chunk's text alive at a time
+    result["skipped_records"] = counts.skipped
     return result
 
 
@@ -219,6 +229,7 @@ class ShardSummary:
     skipped_units: int
     actors: int
     peak_actor_rss_bytes: int = 0  # the largest peak RSS any actor reported (0 if none ran)
+    skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
 
     @property
     def tokens_per_s(self) -> float:
@@ -228,7 +239,8 @@ class ShardSummary:
         return (f"shards={self.shards} samples={self.samples} tokens={self.tokens} "
                 f"dropped_remainder_tokens={self.dropped_tokens} seconds={self.seconds:.1f} "
                 f"tokens/s={self.tokens_per_s:,.0f} units={self.units} resumed_units={self.skipped_units} "
-                f"actors={self.actors} peak_actor_rss_mb={self.peak_actor_rss_bytes / 2**20:.0f}")
+                f"actors={self.actors} peak_actor_rss_mb={self.peak_actor_rss_bytes / 2**20:.0f} "
+                f"skipped_records={self.skipped_records}")
 
 
 def manifest_path(shards_dir: str) -> str:
@@ -251,7 +263,7 @@ def read_manifest(shards_dir: str) -> dict | None:
 
 def _plan_digest(units: list[WorkUnit]) -> str:
     """Identifies the plan: every unit (source path, format, byte or row range); a moved corpus is a new plan."""
-    payload = json.dumps([dataclasses.astuple(u) for u in units], sort_keys=True).encode()
+    payload = json.dumps([u.key() for u in units], sort_keys=True).encode()
     return hashlib.sha256(payload).hexdigest()
 
 
@@ -278,9 +290,11 @@ def _manifest(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], result
         "units_done": sorted(results),
         "corpus_tokens": sum(r["tokens"] for r in results.values()),
         "dropped_tokens": sum(r["dropped_tokens"] for r in results.values()),
+        # Records whose text field was null or missing (records.py): skipped, never trained on.
+        "skipped_records": sum(r.get("skipped_records", 0) for r in results.values()),
         "splits": splits,
-        "unit_stats": [{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"]}
-                       for k, v in sorted(results.items())],
+        "unit_stats": [{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"],
+                        "skipped": v.get("skipped_records", 0)} for k, v in sorted(results.items())],
     }
 
 
@@ -312,7 +326,8 @@ def _resume_state(previous: dict | None, cfg: RunConfig, info: TokenizerInfo, un
                 done[entry["unit"]]["shards"].append({"split": split, **entry})
     for unit_stats in previous.get("unit_stats", []):
         if unit_stats["unit"] in done:
-            done[unit_stats["unit"]].update(tokens=unit_stats["tokens"], dropped_tokens=unit_stats["dropped"])
+            done[unit_stats["unit"]].update(tokens=unit_stats["tokens"], dropped_tokens=unit_stats["dropped"],
+                                            skipped_records=unit_stats.get("skipped", 0))
     return done
 
 
@@ -419,7 +434,8 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         samples=sum(manifest["splits"][s]["samples"] for s in SPLITS),
         tokens=manifest["corpus_tokens"], dropped_tokens=manifest["dropped_tokens"],
         seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors,
-        peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0))
+        peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0),
+        skipped_records=manifest["skipped_records"])
     log.info("shard summary: %s", summary.line())
     return summary
 

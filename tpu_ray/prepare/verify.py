@@ -153,6 +153,7 @@ def preflight_corpus(cfg) -> list[str]:
     """
     from tpu_ray.config import BUILTIN_CORPUS
     from tpu_ray.prepare.corpus import WorkUnit, decode_text, parquet_rows, resolve_files
+    from tpu_ray.prepare.formats import detect
 
     checked: list[str] = []
     for field, source in (("corpus.source", cfg.corpus.source),
@@ -160,12 +161,12 @@ def preflight_corpus(cfg) -> list[str]:
         if not source or source == BUILTIN_CORPUS or source.startswith("hf:"):
             continue
         files = resolve_files(source, field)
-        if all(storage.size(path) == 0 for path, _ in files):
+        if all(fmt != "hf_disk" and storage.size(path) == 0 for path, fmt in files):
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
         for path, fmt in files[:SNIFF_FILES]:
-            if fmt == "parquet":  # reads the footer only: not parquet, or no text column
-                parquet_rows(path, cfg.corpus.text_field)
-            if fmt in ("txt", "jsonl"):
+            if fmt == "parquet":  # reads the footer only: not parquet, no text column, not text
+                parquet_rows(path, cfg.corpus.text_field, cfg.corpus.text_lists)
+            if fmt in ("txt", "jsonl") and detect(path)[1] is None:  # compressed ones: their stage reads them
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)
                 # The corpus reader's own one-line errors: NUL bytes, and non-UTF-8 under
