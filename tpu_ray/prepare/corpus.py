@@ -206,15 +206,15 @@ def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir:
         name = source[3:]
         if name in PACKAGED_BUILDERS:
             ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
-            ranges = tabular.dataset_ranges(ds, source, corpus.text_field, corpus.text_lists, shard.unit_bytes,
-                                            shard.unit_rows, corpus.max_bytes)
+            ranges = tabular.dataset_ranges(ds, _hf_where(source, corpus.hf_config), corpus.text_field,
+                                            corpus.text_lists, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
             return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
         files = [(f, detect(f, strict=False)) for f in tabular.hub_data_files(name, corpus.hf_config,
                                                                                 corpus.hf_split, field)]
         if not files or any(d is None for _, d in files):  # e.g. .arrow files: only datasets reads them
             ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
-            ranges = tabular.dataset_ranges(ds, source, corpus.text_field, corpus.text_lists, shard.unit_bytes,
-                                            shard.unit_rows, corpus.max_bytes)
+            ranges = tabular.dataset_ranges(ds, _hf_where(source, corpus.hf_config), corpus.text_field,
+                                            corpus.text_lists, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
             return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
         pairs = [(f, d[0]) for f, d in files]  # type: ignore[index]
     else:
@@ -223,6 +223,11 @@ def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir:
     for path, fmt in pairs:
         units += _plan_file(path, fmt, corpus, shard, frac, common, stream)
     return units
+
+
+def _hf_where(source: str, config: str | None) -> str:
+    """How errors name an hf: dataset: the name and its configuration (the files, for hf:json etc.)."""
+    return f"{source} (hf_config={config})" if config else source
 
 
 def _plan_file(path: str, fmt: Format, corpus: CorpusConfig, shard: ShardConfig, frac: float, common: dict,
@@ -324,7 +329,8 @@ def iter_chunks(unit: WorkUnit, counts: Counts | None = None) -> Iterator[Chunk]
             ds = tabular.load_builder(unit.source[3:], unit.hf_config, unit.hf_split, "corpus.source")
         else:
             ds = tabular.load_saved(unit.source, unit.hf_split)
-        joined = tabular.dataset_column(ds, unit.source, field, lists)
+        where = _hf_where(unit.source, unit.hf_config) if unit.fmt == "hf" else unit.source
+        joined = tabular.dataset_column(ds, where, field, lists)
         items = tabular.dataset_items(ds, unit.start, unit.end, field, joined, counts)
         limit = None  # applied at planning, by rows
     else:  # pragma: no cover - READERS and this dispatch change together
