@@ -12,7 +12,10 @@ gives the same tokens in every format. What a text field may hold is records.py'
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
@@ -26,7 +29,9 @@ from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.prepare.streams import Chunk, Counts, chunked, csv_records, json_texts, lines_of, stream_text_chunks
 from tpu_ray.prepare import tabular
 
+log = logging.getLogger(__name__)
 _ALIGN_WINDOW = 64 * 1024
+_MIN_WINDOW = 4096
 PACKAGED_BUILDERS = {"text", "json", "parquet", "csv"}  # hf:NAME read with load_dataset on hf_config's files
 
 # Every reader, by format: what a unit of it is. tests/test_corpus.py's catalogue has a row per
@@ -153,75 +158,151 @@ def materialize_builtin(run_dir: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Planning: source -> files -> work units
 # --------------------------------------------------------------------------------------------
-def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
-    """Expand a path, glob, gs:// or hf:// URI into (file, format) pairs; one-line errors otherwise.
+@dataclass(frozen=True)
+class CorpusFile:
+    """A corpus file as one listing saw it: its size and version feed the plan, no request per file."""
 
-    A `datasets` save_to_disk directory is one entry of format `hf_disk` (its .arrow and .json
-    files are not corpus files)."""
+    path: str
+    fmt: Format
+    size: int
+    version: str = ""
+
+
+def _version(info: dict) -> str:
+    """What changes when a file is rewritten: generation (GCS), mtime (local), etag/commit (Hub)."""
+    for key in ("generation", "mtime", "updated", "ETag", "etag", "last_commit"):
+        if info.get(key):
+            return str(info[key])
+    return ""
+
+
+def list_files(source: str, field: str = "corpus.source") -> list[CorpusFile]:
+    """Expand a path, glob, gs:// or hf:// URI into corpus files with sizes, from one listing;
+    one-line errors otherwise. A `datasets` save_to_disk directory is one entry of format `hf_disk`
+    (its .arrow and .json files are not corpus files)."""
     if any(ch in source for ch in "*?["):
-        files = storage.glob(source, files_only=True)  # a directory the pattern matches is not text
-        if not files:
+        found = storage.glob_info(source)  # a directory the pattern matches is not text
+        if not found:
             what = "only directories match" if storage.glob(source) else "no files match"
             raise UserError(f"{field}={source!r}: {what} this pattern; check the path")
     elif storage.exists(source):
         if storage.isdir(source):
             if is_saved_dataset(source):
-                return [(source, "hf_disk")]
-            files = [f for f in storage.glob(storage.join(source, "**"), files_only=True)
-                     if detect(f, strict=False)]
-            if not files:
+                return [CorpusFile(source, "hf_disk", 0)]
+            found = {f: i for f, i in storage.glob_info(storage.join(source, "**")).items()
+                     if detect(f, strict=False)}
+            if not found:
                 raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.json/.csv/.tsv/.parquet files "
                                 f"(compressed or not) and is not a datasets save_to_disk directory")
         else:
-            files = [source]
+            found = {source: storage.info(source)}
     else:
         raise UserError(f"{field}={source!r}: no such file or directory; pass an existing path, a glob, "
                         f"a gs:// or hf:// URI, 'hf:NAME' or '{BUILTIN_CORPUS}'")
-    return [(f, detect(f)[0]) for f in sorted(files)]  # type: ignore[index]
+    return [CorpusFile(f, detect(f)[0], int(i.get("size") or 0), _version(i))  # type: ignore[index]
+            for f, i in sorted(found.items())]
+
+
+def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
+    """(file, format) pairs of a source (see list_files)."""
+    return [(f.path, f.fmt) for f in list_files(source, field)]
+
+
+PLAN_FILE = "plan.json"  # the plan of a run's corpus, reused by the tokenizer and shard stages
 
 
 def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[WorkUnit]:
-    """All work units for a corpus config, numbered 0..n-1 in a fixed order."""
+    """All work units for a corpus config, numbered 0..n-1 in a fixed order.
+
+    Planned once per run: the units are stored in RUN/plan.json under a key made of the corpus
+    and unit settings and every file's size and version (one listing), and reused while that key
+    holds (the tokenizer stage plans, the shard stage and resumes reuse it).
+    """
     frac = 0.0 if corpus.validation_source else corpus.validation_fraction
-    units = _plan_source(corpus.source, corpus, shard, run_dir, frac, "corpus.source")
+    sources = [(corpus.source, frac, "corpus.source")]
     if corpus.validation_source:
-        val = _plan_source(corpus.validation_source, corpus, shard, run_dir, 1.0, "corpus.validation_source")
-        units += val
+        sources.append((corpus.validation_source, 1.0, "corpus.validation_source"))
+    listed = [_listed(src, run_dir, fld) for src, _, fld in sources]
+    key = _plan_key(corpus, shard, listed)
+    cached = _cached_plan(run_dir, key) if key else None
+    if cached is not None:
+        return cached
+    units: list[WorkUnit] = []
+    for (src, fr, fld), files in zip(sources, listed):
+        units += _plan_source(src, corpus, shard, run_dir, fr, fld, files)
     units = [WorkUnit(**{**u.to_dict(), "index": i}) for i, u in enumerate(units)]
     if not any(u.end > u.start for u in units):
         raise UserError(f"corpus.source={corpus.source!r}: the corpus is empty; point it at text")
+    if key:
+        _store_plan(run_dir, key, units)
     return units
 
 
-def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir: str, frac: float,
-                 field: str) -> list[WorkUnit]:
-    common = dict(hf_config=corpus.hf_config, hf_split=corpus.hf_split, text_field=corpus.text_field,
-                  encoding_errors=corpus.encoding_errors, text_lists=corpus.text_lists)
-    stream = dict(chunk_bytes=shard.unit_bytes, val_fraction=frac)
+def _listed(source: str, run_dir: str, field: str) -> list[CorpusFile] | None:
+    """The files of a file-based source (None for hf: names, planned by datasets)."""
     if source == BUILTIN_CORPUS:
         source = materialize_builtin(run_dir)
     elif source.startswith("builtin:"):
         raise UserError(f"{field}={source!r}: unknown built-in corpus; the built-in one is '{BUILTIN_CORPUS}'")
     if source.startswith("hf:") and not source.startswith("hf://"):
+        return None
+    return list_files(source, field)
+
+
+def _plan_key(corpus: CorpusConfig, shard: ShardConfig, listed: list[list[CorpusFile] | None]) -> str | None:
+    if any(files is None or any(f.fmt == "hf_disk" for f in files) for files in listed):
+        return None  # datasets are planned from their Arrow metadata, cheaply, every time
+    payload = json.dumps([PLAN_VERSION, corpus.model_dump(mode="json"), shard.unit_bytes, shard.unit_rows,
+                          [[asdict(f) for f in files] for files in listed]], sort_keys=True)  # type: ignore[union-attr]
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+PLAN_VERSION = 1
+
+
+def _cached_plan(run_dir: str, key: str) -> list[WorkUnit] | None:
+    path = storage.join(run_dir, PLAN_FILE)
+    try:
+        data = json.loads(storage.read_text(path))
+        if data.get("key") != key:
+            return None
+        return [WorkUnit.from_dict(u) for u in data["units"]]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None  # absent, from another corpus, or damaged: plan again (it is only a cache)
+
+
+def _store_plan(run_dir: str, key: str, units: list[WorkUnit]) -> None:
+    try:
+        storage.makedirs(run_dir)
+        storage.atomic_write_text(storage.join(run_dir, PLAN_FILE),
+                                  json.dumps({"key": key, "units": [u.to_dict() for u in units]}) + "\n")
+    except (OSError, UserError) as exc:  # a read-only run dir only loses the cache
+        log.warning("corpus plan not cached in %s (%s)", run_dir, exc)
+
+
+def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir: str, frac: float,
+                 field: str, files: list[CorpusFile] | None) -> list[WorkUnit]:
+    common = dict(hf_config=corpus.hf_config, hf_split=corpus.hf_split, text_field=corpus.text_field,
+                  encoding_errors=corpus.encoding_errors, text_lists=corpus.text_lists)
+    stream = dict(chunk_bytes=shard.unit_bytes, val_fraction=frac)
+    if files is None:  # an hf: name
         name = source[3:]
         if name in PACKAGED_BUILDERS:
             ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
             ranges = tabular.dataset_ranges(ds, _hf_where(source, corpus.hf_config), corpus.text_field,
                                             corpus.text_lists, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
             return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
-        files = [(f, detect(f, strict=False)) for f in tabular.hub_data_files(name, corpus.hf_config,
-                                                                                corpus.hf_split, field)]
-        if not files or any(d is None for _, d in files):  # e.g. .arrow files: only datasets reads them
+        hub = [(f, detect(f, strict=False)) for f in tabular.hub_data_files(name, corpus.hf_config,
+                                                                              corpus.hf_split, field)]
+        if not hub or any(d is None for _, d in hub):  # e.g. .arrow files: only datasets reads them
             ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
             ranges = tabular.dataset_ranges(ds, _hf_where(source, corpus.hf_config), corpus.text_field,
                                             corpus.text_lists, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
             return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
-        pairs = [(f, d[0]) for f, d in files]  # type: ignore[index]
-    else:
-        pairs = resolve_files(source, field)
+        files = [CorpusFile(f, d[0], -1) for f, d in hub]  # type: ignore[index]
     units: list[WorkUnit] = []
-    for path, fmt in pairs:
-        units += _plan_file(path, fmt, corpus, shard, frac, common, stream)
+    for f in files:
+        units += _plan_file(f, corpus, shard, frac, common, stream)
     return units
 
 
@@ -230,8 +311,9 @@ def _hf_where(source: str, config: str | None) -> str:
     return f"{source} (hf_config={config})" if config else source
 
 
-def _plan_file(path: str, fmt: Format, corpus: CorpusConfig, shard: ShardConfig, frac: float, common: dict,
+def _plan_file(file: CorpusFile, corpus: CorpusConfig, shard: ShardConfig, frac: float, common: dict,
                stream: dict) -> list[WorkUnit]:
+    path, fmt = file.path, file.fmt
     if fmt == "hf_disk":
         ds = tabular.load_saved(path, corpus.hf_split)
         ranges = tabular.dataset_ranges(ds, path, corpus.text_field, corpus.text_lists, shard.unit_bytes,
@@ -242,24 +324,51 @@ def _plan_file(path: str, fmt: Format, corpus: CorpusConfig, shard: ShardConfig,
         ranges = tabular.pack_groups(groups, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
         return [WorkUnit(0, path, fmt, s, s, e, **common, **stream) for s, e in ranges]
     compression = detect(path)[1]  # type: ignore[index]
-    size = storage.size(path)
+    size = file.size if file.size >= 0 else storage.size(path)
     if compression or fmt in ("csv", "tsv"):
         # Not splittable by byte range (compressed, or records that may span lines): one unit,
         # streamed in chunks; max_bytes counts decompressed bytes (CSV: text bytes).
         return [WorkUnit(0, path, fmt, 0, 0, size, compression=compression, max_bytes=corpus.max_bytes,
                          **common, **stream)] if size else []
     limit = corpus.max_line_bytes
-    if corpus.max_bytes is not None and corpus.max_bytes < size:
-        size = _align(path, corpus.max_bytes, size, limit)
-    bounds = sorted({0, size, *(_align(path, b, size, limit)
-                                for b in range(shard.unit_bytes, size, shard.unit_bytes))})
+    # Every boundary aligned in one batch of ranged reads (and the split points in a second).
+    wanted = list(range(shard.unit_bytes, size, shard.unit_bytes))
+    capped = corpus.max_bytes is not None and corpus.max_bytes < size
+    aligned = _align_all(path, wanted + ([corpus.max_bytes] if capped else []), size, limit, shard.unit_bytes)
+    if capped:
+        size = aligned[corpus.max_bytes]  # type: ignore[index]
+    bounds = sorted({0, size, *(min(aligned[b], size) for b in wanted if b < size)})
+    pairs = list(zip(bounds, bounds[1:]))
+    targets = [s + int((e - s) * (1 - frac)) for s, e in pairs]
+    splits = _align_all(path, targets, size, limit, shard.unit_bytes) if 0 < frac < 1 else {}
     units = []
-    for s, e in zip(bounds, bounds[1:]):
-        split_at = e if frac == 0 else _align(path, s + int((e - s) * (1 - frac)), e, limit)
+    for (s, e), t in zip(pairs, targets):
+        split_at = e if frac == 0 else min(splits[t], e) if t < e else e
         if frac >= 1.0:
             split_at = s
         units.append(WorkUnit(0, path, fmt, s, split_at, e, **common))
     return units
+
+
+def _align_all(path: str, positions: list[int], size: int, max_line_bytes: int | None,
+               unit_bytes: int) -> dict[int, int]:
+    """`_align` of many positions of one file: one batch of small ranged reads (concurrent on
+    object stores) instead of an open (an info request plus readahead) per boundary. A window
+    without a usable newline falls back to `_align` (very long lines only)."""
+    todo = sorted({p for p in positions if 0 < p < size})
+    out = {p: (0 if p <= 0 else size) for p in positions if not 0 < p < size}
+    if not todo:
+        return out
+    # Windows far smaller than a unit (lines are rarely longer; a longer one falls back below).
+    span = max(_MIN_WINDOW, min(_ALIGN_WINDOW, unit_bytes // 16))
+    windows = storage.read_ranges(path, [p - 1 for p in todo], [min(p - 1 + span, size) for p in todo])
+    for p, window in zip(todo, windows):
+        nl = window.find(b"\n")
+        if nl >= 0 and (max_line_bytes is None or nl <= max_line_bytes):
+            out[p] = min(p + nl, size)
+        else:
+            out[p] = _align(path, p, size, max_line_bytes)
+    return out
 
 
 def _align(path: str, pos: int, size: int, max_line_bytes: int | None = None) -> int:

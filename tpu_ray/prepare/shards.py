@@ -318,9 +318,10 @@ def _resume_state(previous: dict | None, cfg: RunConfig, info: TokenizerInfo, un
                         f"seq_len; use a new output directory or delete the shards")
     done: dict[int, dict] = {u: {"unit": u, "shards": [], "tokens": 0, "dropped_tokens": 0}
                              for u in previous.get("units_done", [])}
+    present = storage.find_sizes(shards_dir)  # one listing, not an `exists` per shard
     for split in SPLITS:
         for entry in previous["splits"][split]["shards"]:
-            if not storage.exists(storage.join(shards_dir, entry["path"])):
+            if entry["path"] not in present:
                 done.pop(entry["unit"], None)  # a committed file vanished: redo the unit
             elif entry["unit"] in done:
                 done[entry["unit"]]["shards"].append({"split": split, **entry})
