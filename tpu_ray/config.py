@@ -75,7 +75,8 @@ class TokenizerConfig(_Section):
     vocab_size: int = Field(8000, ge=64, le=1_000_000)
     # Use an existing tokenizer directory instead of training one.
     path: str | None = None
-    # Train on at most this many bytes of the corpus (a deterministic prefix sample).
+    # Train on at most this many bytes of the corpus: all of it when it fits, else units drawn
+    # across every file by `seed` (corpus.sample_order), a streamed file giving its first chunk first.
     train_bytes: int = Field(200_000_000, gt=0)
     lowercase: bool = False
 

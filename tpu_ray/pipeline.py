@@ -110,7 +110,8 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
         return info
     t0 = time.monotonic()
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
-    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes), cfg.tokenizer)
+    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes, cfg.seed),
+                          cfg.tokenizer)
     info = save_tokenizer(tok, cfg.tokenizer_dir, cfg.max_input_tokens())  # what the exported model takes
     log.info("tokenizer: trained %s vocab %d in %.1fs -> %s (sha256 %s)", cfg.tokenizer.kind, info.vocab_size,
              time.monotonic() - t0, cfg.tokenizer_dir, info.sha256[:12])

@@ -521,13 +521,14 @@ def decode_text(raw: bytes, unit: WorkUnit, offset: int, what: str = "byte") -> 
                         f"or set corpus.encoding_errors=replace") from None
 
 
-def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None = None) -> Iterator[list[str]]:
-    """Batches of training lines in unit order, up to about max_bytes: the tokenizer's sample.
+def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None = None,
+                    seed: int = 0) -> Iterator[list[str]]:
+    """Batches of training lines, up to about max_bytes: the tokenizer's sample (see sample_order).
 
     The first batch is read now, not when the tokenizer asks for it: a corpus with no text at all
     (only whitespace) is a one-line error here rather than a 5-token tokenizer.
     """
-    batches = _train_batches(units, max_bytes, max_line_bytes)
+    batches = _train_batches(units, max_bytes, max_line_bytes, seed)
     first = next(batches, None)
     if first is None:
         sources = sorted({u.source for u in units})
@@ -537,22 +538,44 @@ def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int |
     return itertools.chain([first], batches)
 
 
-def _train_batches(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None) -> Iterator[list[str]]:
+def sample_order(units: list[WorkUnit], max_bytes: int, seed: int = 0) -> list[WorkUnit]:
+    """The units in the order the tokenizer reads them.
+
+    A corpus that fits in the sample (plain byte ranges totalling <= max_bytes) is read whole, in
+    unit order. Otherwise units are drawn in an order fixed by `seed` (a hash of seed and unit
+    index), so a sample of a multi-source corpus covers every file and source, not the first ones.
+    """
+    if all(not u.streamed for u in units) and sum(u.split_at - u.start for u in units) <= max_bytes:
+        return list(units)
+    return sorted(units, key=lambda u: hashlib.sha256(f"{seed}:{u.index}".encode()).digest())
+
+
+def _train_batches(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None,
+                   seed: int = 0) -> Iterator[list[str]]:
+    """First pass: the first chunk of every unit in sample order (a streamed unit, a whole
+    compressed file, gives one chunk rather than the whole file); then the rest of each unit."""
     seen = 0
     split = 0
+    order = sample_order(units, max_bytes, seed)
     try:
-        for unit in units:
-            lines = read_unit_text(unit, "train")
-            if max_line_bytes:
-                lines, n = split_long_lines(lines, max_line_bytes)
-                split += n
-            if not lines:
-                continue
-            yield lines
-            seen += sum(len(s) for s in lines)
-            if seen >= max_bytes:
-                return
+        for first_pass in (True, False):
+            for unit in order:
+                if not first_pass and not unit.streamed:
+                    continue  # read whole in the first pass
+                for k, chunk in enumerate(iter_chunks(unit)):
+                    if first_pass and k > 0:
+                        break
+                    if not first_pass and k == 0:
+                        continue
+                    lines = chunk.train
+                    if max_line_bytes:
+                        lines, n = split_long_lines(lines, max_line_bytes)
+                        split += n
+                    if not lines:
+                        continue
+                    yield lines
+                    seen += sum(len(s) for s in lines)
+                    if seen >= max_bytes:
+                        return
     finally:
         warn_split_lines(split, max_line_bytes, "tokenizer")
-
-
