@@ -123,7 +123,7 @@ def _batches(lines: list[str]):
 
 
 def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, out_dir: str,
-                 max_line_bytes: int | None = None) -> dict:
+                 max_line_bytes: int | None = None, live: dict | None = None) -> dict:
     """Tokenize, chunk and write one unit's shards (atomically); returns its manifest entries
     (and `split_lines`: lines over `max_line_bytes` that were cut, for the driver's warning;
     `skipped_records`: records whose text field was null or missing, records.py's rule)."""
@@ -139,6 +139,9 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
             if not lines:
                 continue
             flat = encode_joined(tok, lines, info.sep_id)
+            if live is not None:  # read by the driver while the unit runs (ShardWorker.live_progress)
+                live.update(lines=live["lines"] + len(lines), chars=live["chars"] + sum(map(len, lines)),
+                            tokens=live["tokens"] + len(flat))
             del lines
             rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
             del flat
@@ -200,11 +203,18 @@ class ShardWorker:
         return unit["index"]
 
     def process(self, unit: dict) -> dict:
+        self.live = {"unit": unit["index"], "lines": 0, "chars": 0, "tokens": 0}
         result = process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir,
-                              self.max_line_bytes)
+                              self.max_line_bytes, self.live)
+        self.live = None
         # Peak resident memory of this actor so far (Linux reports KiB); not part of the manifest.
         result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return result
+
+    def live_progress(self) -> dict | None:
+        """The unit in progress and its lines, characters and tokens so far (None when idle): the
+        actor runs two calls at once (max_concurrency=2), so the driver asks while it works."""
+        return dict(self.live) if getattr(self, "live", None) else None
 
     def pid(self) -> int:
         return os.getpid()
@@ -230,15 +240,18 @@ class ShardSummary:
     actors: int
     peak_actor_rss_bytes: int = 0  # the largest peak RSS any actor reported (0 if none ran)
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
+    resumed_tokens: int = 0  # tokens of units an earlier run committed: not this run's work
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+        """This run's rate: resumed units' tokens are not counted against this run's time."""
+        return (self.tokens - self.resumed_tokens) / self.seconds if self.seconds else 0.0
 
     def line(self) -> str:
         return (f"shards={self.shards} samples={self.samples} tokens={self.tokens} "
                 f"dropped_remainder_tokens={self.dropped_tokens} seconds={self.seconds:.1f} "
                 f"tokens/s={self.tokens_per_s:,.0f} units={self.units} resumed_units={self.skipped_units} "
+                f"resumed_tokens={self.resumed_tokens} "
                 f"actors={self.actors} peak_actor_rss_mb={self.peak_actor_rss_bytes / 2**20:.0f} "
                 f"skipped_records={self.skipped_records}")
 
@@ -363,7 +376,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     n_actors = actors or cfg.shard.num_actors or int(cluster_cpus)
     n_actors = max(1, min(n_actors, len(todo))) if todo else 0
     actor_cpus = _actor_cpus(cluster_cpus, n_actors)
-    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0, **placement)(ShardWorker)
+    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0, max_concurrency=2, **placement)(ShardWorker)
     tok_ref = ray.put(tokenizer_json)
     env = actor_env(cfg.shard.tokenizer_threads)
 
@@ -404,10 +417,14 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
     n_actors = len(pool)
     # Pass 1: read every unit once so bad bytes fail before any shard is written.
     retries = cfg.shard.max_unit_retries
-    run_on_pool(pool, todo, "check", new_actor, lambda unit, res: None, None, retries)
+    checking = Progress("shard check", total=len(todo), unit="units read", counts=False) if todo else None
+    run_on_pool(pool, todo, "check", new_actor, lambda unit, res: checking.advance(1), checking, retries)
+    if checking:
+        checking.close()
     stats = {"samples": sum(s["samples"] for r in results.values() for s in r["shards"]),
              "tokens": sum(r["tokens"] for r in results.values())}
-    progress = Progress("shard", total=len(units), done=skipped, unit="units", **stats)
+    progress = Progress("shard", total=len(units), done=skipped, unit="units", live=lambda: _live(pool), **stats)
+    resumed_tokens = stats["tokens"]
 
     # The manifest is rewritten whole, so writing it after every unit would cost O(units^2) bytes;
     # every `every`-th unit keeps ~MANIFEST_WRITES writes per run (a crash redoes at most that many).
@@ -423,7 +440,15 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         if on_unit_done:
             on_unit_done(len(results), pool)
 
-    run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
+    try:
+        run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
+    except KeyboardInterrupt:
+        # Ctrl-C: record every committed unit (the next run skips them) and say how to continue.
+        _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
+        progress.close()
+        log.warning("shard: interrupted; %d of %d units are committed and kept in %s; run the same command "
+                    "to continue from them", len(results), len(units), manifest_path(out_dir))
+        raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     _cleanup_temp(out_dir)
     manifest = _manifest(cfg, info, units, results, complete=True)
@@ -435,10 +460,28 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         samples=sum(manifest["splits"][s]["samples"] for s in SPLITS),
         tokens=manifest["corpus_tokens"], dropped_tokens=manifest["dropped_tokens"],
         seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors,
+        resumed_tokens=resumed_tokens,
         peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0),
         skipped_records=manifest["skipped_records"])
     log.info("shard summary: %s", summary.line())
     return summary
+
+
+def _live(pool: list) -> list[dict]:
+    """What each busy actor has done of its current unit so far (a quick ask; a slow one is left out)."""
+    import ray
+
+    refs = [actor.live_progress.remote() for actor in pool]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
+    out = []
+    for ref in ready:
+        try:
+            value = ray.get(ref)
+        except Exception:  # a dying actor: its unit is retried, its progress is not shown
+            continue
+        if value:
+            out.append(value)
+    return out
 
 
 def _require_a_sample(cfg: RunConfig, manifest: dict, units: int) -> None:
