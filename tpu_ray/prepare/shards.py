@@ -180,6 +180,25 @@ def actor_env(threads: int) -> dict[str, str]:
     return env
 
 
+def _read_bytes() -> int:
+    """Bytes this process read through read() calls (`rchar` of /proc/self/io); 0 where there is none."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def _warm_imports(unit: dict) -> None:
+    """Import a format's reader before the read counter starts: reading modules is not reading corpus."""
+    if unit["fmt"] == "parquet":
+        import pyarrow.parquet  # noqa: F401
+    elif unit["fmt"] in ("hf", "hf_disk"):
+        import datasets  # noqa: F401
+    if unit.get("compression") == "zstd":
+        import zstandard  # noqa: F401
+
+
 class ShardWorker:
     """One Ray actor: loads the tokenizer once, then processes units."""
 
@@ -193,22 +212,32 @@ class ShardWorker:
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_str(tokenizer_json)
+        self.read_total = 0  # bytes read by check and process calls, module imports excluded
         self.info = info
         self.seq_len = seq_len
         self.out_dir = out_dir
         self.max_line_bytes = max_line_bytes
 
     def check(self, unit: dict) -> int:
+        _warm_imports(unit)
+        before = _read_bytes()
         check_unit(WorkUnit.from_dict(unit))
+        self.read_total += _read_bytes() - before
         return unit["index"]
 
     def process(self, unit: dict) -> dict:
         self.live = {"unit": unit["index"], "lines": 0, "chars": 0, "tokens": 0}
+        _warm_imports(unit)
+        before = _read_bytes()
         result = process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir,
                               self.max_line_bytes, self.live)
+        self.read_total += _read_bytes() - before
         self.live = None
         # Peak resident memory of this actor so far (Linux reports KiB); not part of the manifest.
         result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # Bytes this actor has read since it started (check and shard passes), for the benchmark.
+        result["actor"] = os.getpid()
+        result["read_bytes"] = self.read_total
         return result
 
     def live_progress(self) -> dict | None:
@@ -241,6 +270,7 @@ class ShardSummary:
     peak_actor_rss_bytes: int = 0  # the largest peak RSS any actor reported (0 if none ran)
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
     resumed_tokens: int = 0  # tokens of units an earlier run committed: not this run's work
+    read_bytes: int = 0  # bytes the actors read (corpus, check and shard passes; /proc rchar): the benchmark's
 
     @property
     def tokens_per_s(self) -> float:
@@ -462,9 +492,18 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors,
         resumed_tokens=resumed_tokens,
         peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0),
-        skipped_records=manifest["skipped_records"])
+        skipped_records=manifest["skipped_records"], read_bytes=_actors_read(results))
     log.info("shard summary: %s", summary.line())
     return summary
+
+
+def _actors_read(results: dict[int, dict]) -> int:
+    """Bytes read by this run's actors: each actor's last (cumulative) figure, summed."""
+    per_actor: dict[int, int] = {}
+    for r in results.values():
+        if "actor" in r:
+            per_actor[r["actor"]] = max(per_actor.get(r["actor"], 0), r.get("read_bytes", 0))
+    return sum(per_actor.values())
 
 
 def _live(pool: list) -> list[dict]:
