@@ -192,10 +192,19 @@ def dataset_ranges(ds: Any, where: str, text_field: str, lists: str, unit_bytes:
 def dataset_items(ds: Any, lo: int, hi: int, text_field: str, joined: bool,
                   counts: Counts) -> Iterator[tuple[int, int, str]]:
     """(text position, nbytes, text) of rows [lo, hi) of a Dataset, a batch of rows at a time."""
-    table = ds.with_format("arrow")
+    if getattr(ds, "_indices", None) is None:  # the memory-mapped Arrow column itself: no formatting layer
+        column = ds.data.table.column(text_field)
+
+        def rows(a: int, b: int) -> Any:
+            return column.slice(a, b - a)
+    else:  # a Dataset with an indices mapping (select/shuffle before saving): datasets resolves it
+        table = ds.with_format("arrow")
+
+        def rows(a: int, b: int) -> Any:
+            return table[a:b][text_field]
     pos = 0
     for s in range(lo, hi, BATCH_ROWS):
-        texts, nulls = arrow_texts(table[s: min(s + BATCH_ROWS, hi)][text_field], joined)
+        texts, nulls = arrow_texts(rows(s, min(s + BATCH_ROWS, hi)), joined)
         counts.skipped += nulls
         for text in texts:
             n = len(text.encode("utf-8"))
