@@ -152,7 +152,12 @@ def test_a_save_to_disk_dataset_shards_like_plain_text(kind, tmp_path, docs, tok
     if kind == "DatasetDict":
         ds = datasets.DatasetDict({"train": ds, "test": ds.select(range(5))})
     ds.save_to_disk(str(tmp_path / "saved"))
-    assert shards_of(str(tmp_path / "saved"), tmp_path, tok) == plain(tmp_path, [docs], tok)
+    want = plain(tmp_path, [docs], tok)
+    assert shards_of(str(tmp_path / "saved"), tmp_path, tok) == want
+    # Inside a corpus directory: the dataset, never its .json metadata or .arrow files as text.
+    (tmp_path / "root").mkdir()
+    (tmp_path / "saved").rename(tmp_path / "root" / "saved")
+    assert shards_of(str(tmp_path / "root"), tmp_path, tok) == want
 
 
 @pytest.mark.parametrize("fmt", ["csv", "tsv"])
@@ -183,6 +188,27 @@ def test_hf_names_read_the_data_files_datasets_resolves(tmp_path, docs, tok):
         w.writerow(["text"])
         w.writerows([d] for d in docs)
     assert shards_of("hf:csv", tmp_path, tok, hf_config=str(path)) == want
+    tsv = tmp_path / "t.tsv"  # issue 21: a TSV through hf:csv failed with a generic datasets error
+    with open(tsv, "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t")
+        w.writerow(["text"])
+        w.writerows([d] for d in docs)
+    assert shards_of("hf:csv", tmp_path, tok, hf_config=str(tsv)) == want
+
+
+def test_compressed_and_parquet_corpora_on_gs_shard_like_local_ones(gcs_emulator, tmp_path, docs, tok):
+    """The readers go through `storage` (fsspec): the same bytes from the GCS emulator as from disk."""
+    from tpu_ray import storage
+
+    bucket = gcs_emulator.make_bucket()
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines))
+    _fineweb(tmp_path / "b.parquet", docs, rows_per_group=25)
+    for name in ("a.jsonl.gz", "b.parquet"):
+        storage.atomic_write_bytes(f"{bucket}/c/{name}", (tmp_path / name).read_bytes())
+        local = shards_of(str(tmp_path / name), tmp_path, tok, unit_bytes=64 * 1024, frac=0.1)
+        assert len(local) > 4 and shards_of(f"{bucket}/c/{name}", tmp_path, tok, unit_bytes=64 * 1024,
+                                            frac=0.1) == local, name
 
 
 def test_max_bytes_is_honoured_by_every_reader(tmp_path, docs):
@@ -261,3 +287,28 @@ def test_the_cli_refuses_a_truncated_corpus_with_exit_2(tmp_path, docs, capsys, 
                  "tokenizer.vocab_size=100"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "cut.json.gz: after line" in err[0], err
+
+
+@pytest.mark.slow
+def test_a_c4_shaped_corpus_runs_end_to_end_and_trains(tmp_path, docs, ray_local, capsys):
+    """`tpu-ray run` on a directory of .json.gz (the issue's "and train"): tokenizer, shards on Ray
+    actors, training and export; the shard line counts the records whose text was null."""
+    from tpu_ray.cli import main
+
+    c4 = tmp_path / "c4"
+    c4.mkdir()
+    for i, part in enumerate(_thirds(docs)):
+        with gzip.open(c4 / f"c4-train.{i:05d}-of-00003.json.gz", "wt") as f:
+            for j, doc in enumerate(part):
+                f.write(json.dumps({"text": None if j == 0 else doc, "url": "https://x"}) + "\n")
+    run = tmp_path / "run"
+    code = main(["run", "--corpus", str(c4), "--output-dir", str(run), "tokenizer.vocab_size=800",
+                 "shard.seq_len=64", "shard.unit_bytes=65536", "train.steps=20", "train.batch_size=16",
+                 "train.warmup_steps=2", "train.eval_every=10", "train.eval_batches=2", "train.checkpoint_every=10",
+                 "model.preset=tiny"])
+    assert code == 0, capsys.readouterr().err
+    manifest = json.loads((run / "shards" / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["skipped_records"] == 3
+    assert len(manifest["splits"]["train"]["shards"]) > 3  # three files, each several chunks
+    summary = json.loads((run / "summary.json").read_text())
+    assert (run / "model" / "tf_model.h5").exists() and summary

@@ -170,7 +170,7 @@ class CorpusFile:
 
 def _version(info: dict) -> str:
     """What changes when a file is rewritten: generation (GCS), mtime (local), etag/commit (Hub)."""
-    for key in ("generation", "mtime", "updated", "ETag", "etag", "last_commit"):
+    for key in ("generation", "mtime", "updated", "ETag", "etag", "blob_id", "last_commit"):
         if info.get(key):
             return str(info[key])
     return ""
@@ -189,18 +189,40 @@ def list_files(source: str, field: str = "corpus.source") -> list[CorpusFile]:
         if storage.isdir(source):
             if is_saved_dataset(source):
                 return [CorpusFile(source, "hf_disk", 0)]
-            found = {f: i for f, i in storage.glob_info(storage.join(source, "**")).items()
-                     if detect(f, strict=False)}
-            if not found:
+            found, saved = _without_saved_datasets(storage.glob_info(storage.join(source, "**")))
+            found = {f: i for f, i in found.items() if detect(f, strict=False)}
+            if not found and not saved:
                 raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.json/.csv/.tsv/.parquet files "
                                 f"(compressed or not) and is not a datasets save_to_disk directory")
+            if saved:
+                return sorted([*(CorpusFile(d, "hf_disk", 0) for d in saved), *_files(found)], key=lambda f: f.path)
         else:
             found = {source: storage.info(source)}
     else:
         raise UserError(f"{field}={source!r}: no such file or directory; pass an existing path, a glob, "
                         f"a gs:// or hf:// URI, 'hf:NAME' or '{BUILTIN_CORPUS}'")
+    return _files(found)
+
+
+def _files(found: dict[str, dict]) -> list[CorpusFile]:
     return [CorpusFile(f, detect(f)[0], int(i.get("size") or 0), _version(i))  # type: ignore[index]
             for f, i in sorted(found.items())]
+
+
+_SAVED_MARKERS = ("state.json", "dataset_dict.json")
+
+
+def _without_saved_datasets(found: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
+    """Files of a corpus directory apart from save_to_disk directories inside it, and those
+    directories: their .json metadata and .arrow files are not corpus files, the datasets are."""
+    roots = sorted({f.rsplit("/", 1)[0] for f in found if f.rsplit("/", 1)[-1] in _SAVED_MARKERS
+                    and is_saved_dataset(f.rsplit("/", 1)[0])}, key=len)
+    saved: list[str] = []
+    for d in roots:
+        if not any(d.startswith(r + "/") for r in saved):  # a DatasetDict's splits are inside it
+            saved.append(d)
+    rest = {f: i for f, i in found.items() if not any(f.startswith(d + "/") for d in saved)}
+    return rest, saved
 
 
 def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
