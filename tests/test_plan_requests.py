@@ -105,3 +105,32 @@ def test_planning_costs_o_files_requests_and_is_done_once(counting, tmp_path, sm
             pass
     assert counting["open"] == 2 * len(units), counting
     assert counting["bytes"] <= 2.05 * total, counting
+
+
+def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp_path, small_corpus):
+    """Issue 21 item 1: planning reads footers only; the units together read the text column once
+    (not the other columns, not the whole file per unit); the compressed text column is counted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
+    path = tmp_path / "fw.parquet"
+    # An extra column as large as the text (e.g. the page's HTML), which no unit may read.
+    pq.write_table(pa.table({"text": lines, "html": [f"<p>{s[::-1] * 4}</p>" for s in lines]}), path,
+                   row_group_size=100, compression="none")
+    md = pq.ParquetFile(path).metadata
+    text_bytes = sum(md.row_group(i).column(0).total_compressed_size for i in range(md.num_row_groups))
+    size = path.stat().st_size
+    units = plan_units(CorpusConfig(source=f"counting://{path}", validation_fraction=0.1),
+                       ShardConfig(unit_bytes=16 * 1024), str(tmp_path / "run"))
+    # Planning: one open, pyarrow's one footer read (64 KiB from the end), nothing else.
+    assert len(units) >= 5 and counting["open"] == 1 and counting["bytes"] <= 64 * 1024, counting
+    counting.clear()
+    got = [line for u in units for c in iter_chunks(u) for line in c.train + c.validation]
+    assert got == [s.strip() for s in lines]
+    # Each unit opens the file once: its footer (64 KiB), then its row groups' text column chunks:
+    # the text column once in all, the html column never.
+    assert counting["open"] == len(units), counting
+    assert text_bytes <= counting["bytes"] <= text_bytes + len(units) * 64 * 1024, (counting, text_bytes, size)
+    html_bytes = sum(md.row_group(i).column(1).total_compressed_size for i in range(md.num_row_groups))
+    assert len(units) * 64 * 1024 < html_bytes / 2  # so the bound above leaves no room for the html column
