@@ -31,14 +31,21 @@ BATCH_ROWS = 1024  # rows per Arrow batch turned into Python strings: bounds the
 # --------------------------------------------------------------------------------------------
 # Parquet
 # --------------------------------------------------------------------------------------------
+_FOOTERS: dict[str, Any] = {}  # path -> FileMetaData: an actor's later units of a file skip its footer read
+
+
 def _parquet_file(f: Any, path: str):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(f)
+        pf = pq.ParquetFile(f, metadata=_FOOTERS.get(path))
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"{path}: not a readable parquet file ({first_line(exc)}); fix or remove it") from None
+    if len(_FOOTERS) > 256:
+        _FOOTERS.clear()
+    _FOOTERS[path] = pf.metadata
+    return pf
 
 
 def _text_column(pf: Any, path: str, text_field: str, lists: str) -> bool:
