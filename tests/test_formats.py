@@ -95,6 +95,19 @@ def test_a_compressed_text_file_streams_into_the_shards_of_the_plain_file(suffix
     assert len(units) == 1 and units[0].compression  # one streamed unit for the whole file
 
 
+def test_a_multi_frame_zstd_file_is_read_to_its_end(tmp_path, small_corpus, tok):
+    """pzstd and concatenated .zst files hold several frames: every frame is text (fsspec's own
+    zstandard reader would stop silently after a truncated frame; ours reads on and checks each)."""
+    import zstandard
+
+    data = small_corpus.read_bytes()
+    cut = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    path = tmp_path / "m.txt.zst"
+    path.write_bytes(b"".join(zstandard.ZstdCompressor().compress(data[a:b]) for a, b in zip(cut, cut[1:])))
+    assert shards_of(str(path), tmp_path, tok, unit_bytes=64 * 1024, frac=0.1) == shards_of(
+        str(small_corpus), tmp_path, tok, unit_bytes=64 * 1024, frac=0.1)
+
+
 def test_a_c4_shaped_directory_of_json_gz_shards_like_plain_text(tmp_path, docs, tok):
     c4 = tmp_path / "c4"
     c4.mkdir()

@@ -135,3 +135,33 @@ def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp
     # the text column once in all, the html column never.
     assert counting["open"] == len(units), counting
     assert text_bytes <= counting["bytes"] <= text_bytes + 64 * 1024, (counting, text_bytes, size)
+
+
+def test_training_start_verifies_shards_from_one_listing(counting, tmp_path, monkeypatch):
+    """Issue 21 item 2: the shard check at training start (and recovery) lists the shard directory
+    once instead of a `size` request per shard; a shard of the wrong size is still named."""
+    import hashlib
+
+    import numpy as np
+
+    from tpu_ray.errors import UserError
+    from tpu_ray.prepare import verify
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+
+    entries = []
+    for i in range(40):
+        path = tmp_path / "shards" / "train" / f"train-{i:05d}-4.tfrecord"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            write_records(f, serialize_examples(np.full((4, 16), i)))
+        data = path.read_bytes()
+        entries.append({"path": f"train/{path.name}", "samples": 4, "bytes": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest()})
+    manifest = {"splits": {"train": {"shards": entries}, "validation": {"shards": []}}}
+    monkeypatch.setattr(verify, "CHEAP_HASH_BYTES", 0)  # a large shard set: sizes all, hashes a sample
+    verify.verify_for_training(f"counting://{tmp_path}/shards", manifest)
+    assert counting.get("info", 0) == 0 and counting["list"] <= 3, counting
+    assert counting["open"] == verify.SAMPLE  # the sampled deep checks read their shards, nothing else
+    (tmp_path / "shards" / "train" / "train-00007-4.tfrecord").write_bytes(b"short")
+    with pytest.raises(UserError, match=r"train-00007-4.tfrecord: 5 bytes, manifest.json says \d+"):
+        verify.verify_for_training(f"counting://{tmp_path}/shards", manifest)
