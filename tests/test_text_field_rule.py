@@ -120,6 +120,11 @@ def test_a_list_of_strings_is_refused_or_joined_by_option(fmt, tmp_path):
 
 def test_a_missing_field_is_skipped_and_counted_and_compressed_jsonl_obeys_the_same_rule(tmp_path):
     assert _read(_jsonl(tmp_path, ["a", _MISSING, None, "b"]), tmp_path) == (["a", "b"], 2)
+    # Alone in a unit's validation tail, a record without the field is still skipped, not an error.
+    units = plan_units(CorpusConfig(source=_jsonl(tmp_path, ["x" * 50] * 19 + [_MISSING]), validation_fraction=0.05),
+                       ShardConfig(), str(tmp_path))
+    counts = Counts()
+    assert [c.validation for u in units for c in iter_chunks(u, counts)] == [[]] and counts.skipped == 1
     assert _read(_jsonl(tmp_path, ["a", _MISSING, None, "b"], compressed=True), tmp_path) == (["a", "b"], 2)
     with pytest.raises(UserError, match=r"r.jsonl.gz: line 2: field 'text' is a object \(dict\), not text"):
         _read(_jsonl(tmp_path, ["a", {"en": "x"}], compressed=True), tmp_path)

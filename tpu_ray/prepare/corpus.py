@@ -437,6 +437,11 @@ def parquet_rows(path: str, text_field: str = "text", text_lists: str = "error")
 def iter_chunks(unit: WorkUnit, counts: Counts | None = None) -> Iterator[Chunk]:
     """The unit's chunks, front to back, one alive at a time; `counts` gathers skipped records."""
     counts = counts if counts is not None else Counts()
+    yield from _chunks(unit, counts)
+    counts.require_field(unit.source, unit.text_field)  # JSON lines: no record had the field at all
+
+
+def _chunks(unit: WorkUnit, counts: Counts) -> Iterator[Chunk]:
     field, lists = unit.text_field, unit.text_lists
     if not unit.streamed:
         yield _byte_range_chunk(unit, counts)
@@ -521,7 +526,9 @@ def check_unit_bytes(unit: WorkUnit) -> None:
     if unit.streamed:
         return
     if unit.fmt != "txt":
-        _byte_range_chunk(unit, Counts())
+        counts = Counts()
+        _byte_range_chunk(unit, counts)
+        counts.require_field(unit.source, unit.text_field)
         return
     with storage.open(unit.source, "rb") as f:
         f.seek(unit.start)

@@ -40,9 +40,23 @@ class Chunk:
 
 @dataclass
 class Counts:
-    """What a reader skipped, by the text-field rule (records.py): null or missing fields."""
+    """What a reader skipped, by the text-field rule (records.py): null or missing fields; and, for
+    JSON lines, whether any record had the field at all (none: a typo'd corpus.text_field)."""
 
     skipped: int = 0
+    with_field: int = 0
+    missing: int = 0
+    first_missing: tuple[str, list[str]] | None = None  # (where, the fields that record has)
+
+    def require_field(self, source: str, text_field: str) -> None:
+        """Records without the field among none with it: not data to skip, a wrong field name."""
+        if self.missing and not self.with_field and self.first_missing:
+            where, keys = self.first_missing
+            raise UserError(f"{source}: {where}: record has no field {text_field!r} (fields: {', '.join(keys)}); "
+                            f"set corpus.text_field to the field that holds the text")
+
+
+TYPO_RECORDS = 100  # this many records without the field, and none with it: stop early, it is a typo
 
 
 def chunked(items: Iterable[tuple[int, int, Any]], chunk_bytes: int, frac: float,
@@ -163,14 +177,11 @@ def json_texts(lines: Iterable[tuple[str, bytes | str]], source: str, text_field
                counts: Counts) -> list[str]:
     """The text field of every JSON line (`where` names each record); the text-field rule applies.
 
-    A batch of records none of which has the field at all is a typo'd `corpus.text_field`, not data
-    to skip: that is an error naming the fields the first record has.
+    Records none of which has the field at all are a typo'd `corpus.text_field`, not data to skip:
+    an error naming the fields the first record has (`counts.require_field`, at the end of a unit,
+    or as soon as TYPO_RECORDS records in a row lack it).
     """
     out: list[str] = []
-    records = 0
-    missing = 0
-    first_keys: list[str] | None = None
-    first_where = ""
     for where, line in lines:
         if not line.strip():
             continue
@@ -183,21 +194,20 @@ def json_texts(lines: Iterable[tuple[str, bytes | str]], source: str, text_field
         if not isinstance(record, dict):
             raise UserError(f"{source}: {where}: a JSON {type(record).__name__}, not an object with a "
                             f"{text_field!r} field; write one JSON object per line")
-        records += 1
         if text_field not in record:
-            missing += 1
+            counts.missing += 1
             counts.skipped += 1
-            if first_keys is None:
-                first_keys, first_where = list(record)[:8], where
+            if counts.first_missing is None:
+                counts.first_missing = (where, list(record)[:8])
+            if counts.missing >= TYPO_RECORDS:
+                counts.require_field(source, text_field)
             continue
+        counts.with_field += 1
         value = text_of(record[text_field], source, where, text_field, lists)
         if value is None:
             counts.skipped += 1
         else:
             out.append(value)
-    if records and missing == records:
-        raise UserError(f"{source}: {first_where}: record has no field {text_field!r} (fields: "
-                        f"{', '.join(first_keys or [])}); set corpus.text_field to the field that holds the text")
     return out
 
 
