@@ -289,8 +289,8 @@ def _cached_plan(run_dir: str, key: str) -> list[WorkUnit] | None:
         if data.get("key") != key:
             return None
         return [WorkUnit.from_dict(u) for u in data["units"]]
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return None  # absent, from another corpus, or damaged: plan again (it is only a cache)
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return None  # absent, from another corpus, damaged or not a file: plan again (it is only a cache)
 
 
 def _store_plan(run_dir: str, key: str, units: list[WorkUnit]) -> None:
