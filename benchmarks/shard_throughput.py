@@ -19,6 +19,14 @@ The last line printed is one JSON object with the figures and the ratios.
     python benchmarks/shard_throughput.py --mb 20
     python benchmarks/shard_throughput.py --mb 100 --skip-reference   # memory as the corpus grows
     python benchmarks/shard_throughput.py --mb 20 --nodes 2           # same bytes on 2 nodes
+    python benchmarks/shard_throughput.py --mb 200 --skip-reference --format txt,jsonl.gz,jsonl.zst,parquet,hf-disk
+
+--format: the same text in the shapes real corpora ship in (C4-like .jsonl.gz files, Pile-like
+.jsonl.zst, FineWeb-like parquet with row groups and extra columns, a save_to_disk dataset), one
+record per line of the corpus, each sharded by make_shards; per format: tokens/s, its ratio to
+plain text's, peak actor RSS, bytes the actors read (/proc rchar, check and shard passes) over
+the bytes stored. And `txt_vs_ceiling`: plain text against N processes of `encode_batch_fast`
+(one per CPU, one thread each, no I/O), the real ceiling of N single-threaded actors.
 """
 
 from __future__ import annotations
@@ -207,7 +215,7 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
     return {"seconds": summary.seconds, "samples": summary.samples, "shards": summary.shards,
             "units": summary.units, "actors": summary.actors, "tokens_with_sep": summary.tokens,
             "dropped": summary.dropped_tokens, "peak_actor_rss_bytes": summary.peak_actor_rss_bytes,
-            "ray_start_s": start_up, "digest": digest_dir(Path(cfg.shards_dir))}
+            "ray_start_s": start_up, "digest": digest_dir(Path(cfg.shards_dir)), "read_bytes": summary.read_bytes}
 
 
 def digest_dir(d: Path) -> str:
@@ -217,6 +225,94 @@ def digest_dir(d: Path) -> str:
         if p.is_file():
             h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Formats (--format) and the N-process ceiling
+# --------------------------------------------------------------------------------------------
+FORMATS = ("txt", "jsonl.gz", "jsonl.zst", "parquet", "hf-disk")
+FORMAT_FILES = 8  # files per file format: a compressed file is one work unit, so several keep actors busy
+
+
+def write_format(fmt: str, corpus: Path, lines: list[str], out: Path) -> tuple[str, int]:
+    """The corpus's lines as `fmt` under `out`; returns (corpus.source, bytes stored)."""
+    import gzip
+
+    if fmt == "txt":
+        return str(corpus), corpus.stat().st_size
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [lines[i::FORMAT_FILES] for i in range(FORMAT_FILES)] if fmt != "hf-disk" else [lines]
+    if fmt in ("jsonl.gz", "jsonl.zst"):
+        import zstandard
+
+        for i, part in enumerate(parts):
+            data = "".join(json.dumps({"text": t, "url": "https://example.org", "meta": {"i": i}}) + "\n"
+                           for t in part).encode()
+            path = out / f"part-{i:05d}.{fmt}"
+            if fmt == "jsonl.gz":
+                path.write_bytes(gzip.compress(data, compresslevel=6))
+            else:
+                path.write_bytes(zstandard.ZstdCompressor(level=3).compress(data))
+        source = str(out / f"*.{fmt}")
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for i, part in enumerate(parts):
+            table = pa.table({"text": part, "id": [f"<urn:{i}:{j}>" for j in range(len(part))],
+                              "language_score": [0.9] * len(part)})
+            pq.write_table(table, out / f"part-{i:05d}.parquet", row_group_size=5000)
+        source = str(out / "*.parquet")
+    elif fmt == "hf-disk":
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.Dataset.from_dict({"text": lines, "id": list(range(len(lines)))}).save_to_disk(str(out / "saved"))
+        source = str(out / "saved")
+    else:
+        sys.exit(f"--format {fmt}: one of {', '.join(FORMATS)}")
+    stored = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return source, stored
+
+
+def _ceiling_child(args: tuple[str, list[str]]) -> tuple[float, int]:
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    from tokenizers import Tokenizer
+
+    tokenizer_dir, lines = args
+    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    t0 = time.perf_counter()
+    n = sum(len(e.ids) for e in tok.encode_batch_fast(lines, add_special_tokens=False))
+    return time.perf_counter() - t0, n
+
+
+def measure_process_ceiling(tokenizer_dir: str, lines: list[str], procs: int) -> dict:
+    """N processes (fork), one thread each, each `encode_batch_fast` on 1/N of the lines in memory:
+    the seconds of the slowest (they run at once). What N one-threaded actors could reach."""
+    import multiprocessing as mp
+
+    chunks = [(tokenizer_dir, lines[i::procs]) for i in range(procs)]
+    with mp.get_context("fork").Pool(procs) as pool:
+        results = pool.map(_ceiling_child, chunks)
+    return {"seconds": max(r[0] for r in results), "tokens": sum(r[1] for r in results)}
+
+
+def measure_formats(args: argparse.Namespace, work: Path, corpus: Path, lines: list[str], tokenizer_dir: str,
+                    tokens: int, txt: dict | None) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for fmt in args.format.split(","):
+        source, stored = write_format(fmt, corpus, lines, work / "formats" / fmt)
+        cfg = shard_config(work, Path(source), tokenizer_dir, f"fmt-{fmt}", args.seq_len, args.unit_mb)
+        cfg = cfg.override({"corpus.source": source})
+        r = txt if (fmt == "txt" and txt) else measure_tpu_ray(cfg, args.actors, args.cpus, 1)
+        out[fmt] = {"tokens_per_s": round(tokens / r["seconds"]), "seconds": round(r["seconds"], 2),
+                    "bytes_read_ratio": round(r["read_bytes"] / stored, 2), "requests": None,
+                    "peak_actor_rss_mb": round(r["peak_actor_rss_bytes"] / 2**20), "stored_mb": round(stored / 1e6, 1),
+                    "units": r["units"], "shards": r["shards"]}
+    base = out.get("txt", {}).get("tokens_per_s")
+    for entry in out.values():
+        entry["vs_txt"] = round(entry["tokens_per_s"] / base, 2) if base else None
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,6 +334,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="measure each method N times, keep the fastest")
     p.add_argument("--skip-reference", action="store_true", help="memory runs: no reference baseline")
     p.add_argument("--workdir", default=None, help="default: a temp dir, removed at the end")
+    p.add_argument("--format", default=None, help=f"comma list of {','.join(FORMATS)}: also shard the same text "
+                                                  f"in these formats (see the module docstring)")
     args = p.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shard-bench-"))
@@ -262,8 +360,12 @@ def run(args: argparse.Namespace, work: Path) -> None:
         if not args.skip_reference:
             runs["reference"].append(measure_reference(corpus, tokenizer_dir, work, args.cpus, args.seq_len))
         runs["tpu-ray"].append(measure_tpu_ray(cfg, args.actors, args.cpus, 1))
-    del lines
     ceiling, ours = best(runs["ceiling"]), best(runs["tpu-ray"])
+    formats = process_ceiling = None
+    if args.format:
+        process_ceiling = measure_process_ceiling(tokenizer_dir, lines, args.cpus)
+        formats = measure_formats(args, work, corpus, lines, tokenizer_dir, ceiling["tokens"], ours)
+    del lines
     reference = best(runs["reference"]) if runs["reference"] else None
     tokens = ceiling["tokens"]
     multi = None
@@ -319,6 +421,18 @@ def run(args: argparse.Namespace, work: Path) -> None:
     }
     if multi:
         result["nodes_identical"] = same
+    if formats:
+        n_ceiling = tokens / process_ceiling["seconds"]
+        print(f"\n{'format':<12} {'tokens/s':>12} {'vs txt':>7} {'read/stored':>12} {'peak RSS/actor':>15} "
+              f"{'stored MB':>10} {'units':>6}")
+        for fmt, e in formats.items():
+            print(f"{fmt:<12} {e['tokens_per_s']:>12,} {e['vs_txt'] or 0:>7.2f} {e['bytes_read_ratio']:>12.2f} "
+                  f"{e['peak_actor_rss_mb']:>11,} MiB {e['stored_mb']:>10.1f} {e['units']:>6}")
+        print(f"ceiling: {args.cpus} processes x encode_batch_fast (1 thread, no I/O): {n_ceiling:,.0f} tokens/s; "
+              f"plain text / ceiling = {rate['tpu-ray'] / n_ceiling:.2f}")
+        result["formats"] = formats
+        result["process_ceiling_tokens_per_s"] = round(n_ceiling)
+        result["txt_vs_ceiling"] = round(rate["tpu-ray"] / n_ceiling, 2)
     print(json.dumps(result))
     if multi and not same:
         sys.exit(1)

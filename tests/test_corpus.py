@@ -40,10 +40,15 @@ def test_txt_jsonl_parquet_glob_and_datasets_give_the_same_lines(tmp_path, lines
     assert _read("hf:text", tmp_path, hf_config=str(tmp_path / "a.txt")) == lines[:200]
 
 
-def test_a_jsonl_record_without_the_text_field_is_named(tmp_path):
-    (tmp_path / "x.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
-    with pytest.raises(UserError, match=r"x.jsonl: record at 17 has no field 'text'; set corpus.text_field"):
+def test_a_jsonl_file_where_no_record_has_the_text_field_is_named(tmp_path):
+    """A typo'd corpus.text_field (no record has it) is an error naming the fields that exist; a record
+    that lacks it among records that have it is skipped and counted (issue 25, the catalogue below)."""
+    (tmp_path / "x.jsonl").write_text('{"body": "no text", "id": 1}\n{"body": "none here"}\n')
+    with pytest.raises(UserError, match=r"x.jsonl: byte 0: record has no field 'text' \(fields: body, id\); "
+                                        r"set corpus.text_field"):
         _read(str(tmp_path / "x.jsonl"), tmp_path)
+    (tmp_path / "y.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
+    assert _read(str(tmp_path / "y.jsonl"), tmp_path) == ["fine"]
 
 
 def test_long_lines_are_split_at_whitespace_within_the_bound():
@@ -86,3 +91,26 @@ def test_directories_in_a_corpus_directory_or_glob_are_not_read(tmp_path):
     (root / "deeper" / "b.txt").write_text("world\n")
     assert [Path(f).name for f, _ in resolve_files(str(root))] == ["a.txt", "b.txt"]
     assert [Path(f).name for f, _ in resolve_files(str(root / "*"))] == ["a.txt"]
+
+
+def test_the_tokenizer_sample_covers_every_file_deterministically_by_seed(tmp_path, lines):
+    """Issue 21 item 4: with a corpus larger than tokenizer.train_bytes, the sample is drawn across all
+    files (by seed), not the first files in order; a corpus that fits is read whole, in order."""
+    from tpu_ray.prepare.corpus import iter_train_text
+
+    for i in range(10):
+        (tmp_path / f"src-{i}.txt").write_text("".join(f"file{i} {line}\n" for line in lines[:100]))
+    units = plan_units(CorpusConfig(source=str(tmp_path / "*.txt"), validation_fraction=0.0),
+                       ShardConfig(unit_bytes=4096), str(tmp_path / "run"))
+    assert len(units) >= 40
+
+    def files_in(seed: int, budget: int) -> list[str]:
+        batches = iter_train_text(units, budget, seed=seed)
+        return [line.split()[0] for batch in batches for line in batch]
+
+    budget = sum(u.end - u.start for u in units) // 4
+    sample = files_in(0, budget)
+    assert len(set(sample)) >= 6  # a quarter of the corpus from most files, not files 0-2
+    assert files_in(0, budget) == sample and files_in(1, budget) != sample
+    whole = files_in(0, 10 * budget)
+    assert whole == sorted(whole, key=lambda f: int(f[4:])) and len(set(whole)) == 10

@@ -48,6 +48,9 @@ RULES = [
     Rule("run_info.json", "tokenizer", {"truncated": "repair", "empty": "repair"}),
     Rule("metrics.jsonl", "metrics", {"truncated": "tolerate", "empty": "tolerate"}),
     Rule("summary.json", "report", {"truncated": "tolerate", "empty": "tolerate"}),
+    # The corpus plan is a cache: a damaged one is planned again and rewritten; a directory in its
+    # place is left (a warning says the plan is not cached) and the stage plans every time.
+    Rule("plan.json", "shard", {"truncated": "repair", "empty": "repair", "directory": "tolerate"}),
     Rule("tokenizer/tokenizer.json", "tokenizer"),
     Rule("tokenizer/tokenizer_config.json", "tokenizer"),
     Rule("tokenizer/special_tokens_map.json", "tokenizer"),
@@ -74,6 +77,7 @@ def _argv(command: str, run: Path, cfg_yaml: str) -> list[str]:
     common = ["--config", cfg_yaml, "train.placement=local"]
     return {
         "tokenizer": ["tokenizer", *common],
+        "shard": ["shard", *common],
         "train": ["train", *common, "train.steps=1"],
         "resume": ["train", "--resume", *common, "train.steps=6", "train.extend_schedule=true"],
         "metrics": ["metrics", str(run)],

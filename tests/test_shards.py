@@ -78,7 +78,7 @@ def test_manifest_describes_every_shard(reference_run):
 
 
 def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
-        tmp_path, monkeypatch, reference_run, mid_corpus, tiny_tokenizer_dir):
+        tmp_path, monkeypatch, reference_run, mid_corpus, tiny_tokenizer_dir, caplog):
     _, _, expected = reference_run
     cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
     real_write = shards_mod._write_manifest
@@ -91,16 +91,22 @@ def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
             raise KeyboardInterrupt("simulated crash of the driver")
 
     monkeypatch.setattr(shards_mod, "_write_manifest", crash_after_three)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), caplog.at_level("WARNING", logger="tpu_ray"):
         make_shards(cfg, actors=2)
     monkeypatch.setattr(shards_mod, "_write_manifest", real_write)
     partial = read_manifest(cfg.shards_dir)
     assert not partial["complete"] and len(partial["units_done"]) == 3
+    # Ctrl-C says what was kept and that the same command continues.
+    assert re.search(r"interrupted; 3 of \d+ units are committed and kept in .*; run the same command", caplog.text)
     with pytest.raises(UserError, match="sharding did not finish"):
         shard_files(cfg.shards_dir, "train")  # training refuses a half-made shard set
     summary = make_shards(cfg, actors=2)
     assert summary.skipped_units == 3
     assert _digest_dir(Path(cfg.shards_dir)) == expected
+    # The rate counts this run's tokens only: the resumed units' tokens are reported apart.
+    resumed = sum(u["tokens"] for u in partial["unit_stats"])
+    assert summary.resumed_tokens == resumed > 0 and f"resumed_tokens={resumed} " in summary.line()
+    assert summary.tokens_per_s * summary.seconds == pytest.approx(summary.tokens - resumed)
 
 
 def test_manifest_is_rewritten_a_bounded_number_of_times(tmp_path, monkeypatch, small_corpus, tiny_tokenizer_dir,
@@ -408,7 +414,8 @@ def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small
     # The bar's text: units done, samples so far, and this run's tokens/s.
     bar = Progress("shard", total=8, done=2, samples=100, tokens=1000)
     bar.advance(1, samples=150, tokens=5000)
-    assert re.fullmatch(r"3/8 units, 150 samples, [\d,]+ tokens/s", bar.text())
+    # Resumed units apart, this run's rate, and an ETA from this run's pace (issue 21 item 5).
+    assert re.fullmatch(r"3/8 units \(2 resumed\), 150 samples, [\d,]+ tokens/s, ETA \d+:\d\d", bar.text())
     bar.close()
 
 
@@ -516,3 +523,53 @@ def test_no_corpus_text_becomes_a_special_id(kind, small_corpus):
                       skip_special_tokens=False).replace(" ", "").replace("##", "")
     assert "<pad>" in text and "[SEP]" in text and "[CLS]x[MASK]" in text, text
     assert shards_mod.encode_lines(tok, ["<unk>"], never)[0] == [trained.token_to_id(UNK)]
+
+
+def test_progress_shows_units_in_progress_per_actor_and_counts_their_tokens(small_corpus, tiny_tokenizer_dir,
+                                                                            tmp_path):
+    """Issue 21 item 5: actors report lines, text and tokens of the unit they are on as it happens
+    (process_unit fills `live`; ShardWorker.live_progress returns it to the driver), and the
+    progress line shows them per actor, their tokens counted in this run's rate."""
+    from tokenizers import Tokenizer
+
+    from tpu_ray.config import CorpusConfig, ShardConfig
+    from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.prepare.progress import Progress
+    from tpu_ray.prepare.shards import process_unit
+    from tpu_ray.prepare.tokenizer import describe, load_tokenizer_json
+
+    text = load_tokenizer_json(tiny_tokenizer_dir)
+    unit = plan_units(CorpusConfig(source=str(small_corpus)), ShardConfig(unit_bytes=1 << 20), str(tmp_path))[0]
+    live = {"unit": unit.index, "lines": 0, "chars": 0, "tokens": 0}
+    result = process_unit(unit, Tokenizer.from_str(text), describe(text, tiny_tokenizer_dir), 64,
+                          str(tmp_path / "out"), None, live)
+    assert live["tokens"] == result["tokens"] > 0 and live["lines"] > 100 and live["chars"] > 100_000
+
+    bar = Progress("shard", total=4, live=lambda: [live])
+    bar.tick(force=True)
+    assert re.search(rf"0/4 units, 0 samples, [\d,]+ tokens/s; in progress: unit 0: {live['lines']:,} lines "
+                     rf"0\.\d MB {live['tokens']:,} tokens$", bar.text()), bar.text()
+    assert bar._rate() > 0  # in-flight tokens count in the rate
+    bar.close()
+@pytest.mark.parametrize("model_type", ["roberta", "bert"])
+def test_no_corpus_text_becomes_a_family_special_id(model_type, small_corpus):
+    """The same rule with a family's own tokens (issue 22 x 23.7): a RoBERTa tokenizer's `<s>` and
+    `</s>` or a BERT one's `[CLS]` written in the corpus stay text; the family's unknown token stays
+    the unknown id."""
+    from tpu_ray.config import TokenizerConfig
+    from tpu_ray.families import family, training_order
+    from tpu_ray.prepare.tokenizer import describe, train_tokenizer
+
+    fam = family(model_type)
+    specials = fam.tokens.as_tuple()
+    hostile = [f"x{t}y {t} a{t} {t}b {''.join(specials)}" for t in specials]
+    lines = [s for s in small_corpus.read_text().splitlines()[:400] if s.strip()] + hostile * 50
+    trained = train_tokenizer([lines], TokenizerConfig(kind="unigram", vocab_size=600), fam.tokens,
+                              training_order(fam))
+    info = describe(trained.to_str(), "tok")
+    assert info.tokens == fam.tokens
+    never = shards_mod.never_text_ids(info)
+    tok = shards_mod.text_tokenizer(trained.to_str())
+    ids = shards_mod.encode_joined(tok, lines[-60:], sep_id=-1, special_ids=never)
+    assert len(ids) > 100 and not set(ids.tolist()) & never, sorted(set(ids.tolist()) & never)
+    assert shards_mod.encode_lines(tok, [fam.tokens.unk], never)[0] == [info.unk_id]

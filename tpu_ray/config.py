@@ -49,18 +49,25 @@ class _Section(BaseModel):
 class CorpusConfig(_Section):
     """Where the text comes from."""
 
-    # "builtin:python-docs", a local path or glob (.txt/.jsonl/.parquet), a gs:// URI or glob,
-    # or "hf:NAME" for a Hugging Face datasets name (hf_config picks its configuration).
+    # "builtin:python-docs", a local path, directory or glob (.txt/.jsonl/.json/.csv/.tsv, each
+    # also .gz/.zst/.bz2/.xz; .parquet; a datasets save_to_disk directory), a gs:// or hf:// URI
+    # or glob, or "hf:NAME" for a Hugging Face dataset (read by its data files; hf_config picks its
+    # configuration, or names the files for hf:text|json|csv|parquet).
     source: str = BUILTIN_CORPUS
     hf_config: str | None = None  # the Hugging Face dataset's configuration name (hf: sources)
     hf_split: str = "train"  # the Hugging Face dataset's split (hf: sources)
     text_field: str = "text"  # the text column/key of JSON lines, parquet and datasets
+    # A text field holding a list of strings: "error" (one line naming the record), or "join" its
+    # items as lines. Other non-string values are always an error; null/missing are skipped and counted.
+    text_lists: Literal["error", "join"] = "error"
     # Validation text: a separate source, or else the last fraction of every work unit.
     validation_source: str | None = None
     validation_fraction: float = Field(0.05, ge=0.0, lt=1.0)  # 0: no validation split
     # What to do with bytes that are not UTF-8: "replace" them (U+FFFD) or "fail" naming file+offset.
     encoding_errors: Literal["replace", "fail"] = "replace"
     # Read at most this many bytes (per source file): handy to shrink a corpus for a quick run.
+    # Decompressed bytes for compressed files, text bytes for CSV/datasets, whole row groups of
+    # the text column's size for parquet.
     max_bytes: int | None = Field(None, gt=0)
     # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
     # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
@@ -72,7 +79,8 @@ class TokenizerConfig(_Section):
     vocab_size: int = Field(8000, ge=64, le=1_000_000)  # the vocabulary trained (special tokens included)
     # Use an existing tokenizer directory instead of training one.
     path: str | None = None
-    # Train on at most this many bytes of the corpus (a deterministic prefix sample).
+    # Train on at most this many bytes of the corpus: all of it when it fits, else units drawn
+    # across every file by `seed` (corpus.sample_order), a streamed file giving its first chunk first.
     train_bytes: int = Field(200_000_000, gt=0)
     lowercase: bool = False  # lowercase the text before tokenizing (training and sharding)
 

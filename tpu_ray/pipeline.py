@@ -121,8 +121,8 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
     t0 = time.monotonic()
     fam = family(cfg.model.model_type)  # a from-scratch model's tokenizer follows its family's convention
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
-    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes), cfg.tokenizer,
-                          fam.tokens, training_order(fam))
+    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes, cfg.seed),
+                          cfg.tokenizer, fam.tokens, training_order(fam))
     info = save_tokenizer(tok, cfg.tokenizer_dir, cfg.max_input_tokens(), fam.tokens)  # what the exported model takes
     log.info("tokenizer: trained %s vocab %d in %.1fs -> %s (sha256 %s)", cfg.tokenizer.kind, info.vocab_size,
              time.monotonic() - t0, cfg.tokenizer_dir, info.sha256[:12])

@@ -82,8 +82,8 @@ def check_config(cfg: RunConfig) -> bool:
         if diff:
             made = "was" if artifact == "tokenizer" else "were"
             raise UserError(f"{cfg.run_dir}: this run directory belongs to a different config ({diff}); the "
-                            f"{artifact} here {made} made with the saved one; use a new --output-dir or the "
-                            f"original config")
+                            f"{artifact} here {made} made with the saved one ({CONFIG_FILE}); use a new "
+                            f"--output-dir or the original config")
     log.info("%s: replacing the saved config (%s); nothing in the directory depends on it yet",
              cfg.run_dir, first_difference(old, new))
     return True

@@ -75,9 +75,15 @@ class UnitFailedError(UserError):
 
 
 def describe_unit(unit: WorkUnit) -> str:
-    """`file bytes a-b` (text) or `source rows a-b` (tables, datasets): where to look."""
-    what = "bytes" if unit.fmt in ("txt", "jsonl") else "rows"
-    return f"{unit.source} {what} {unit.start}-{unit.end}"
+    """`file bytes a-b` (text), `file row groups a-b` (parquet), `source rows a-b` (datasets) or
+    `file (whole, streamed)` (compressed files, CSV): where to look."""
+    if unit.fmt == "parquet":
+        return f"{unit.source} row groups {unit.start}-{unit.end}"
+    if unit.fmt in ("hf", "hf_disk"):
+        return f"{unit.source} rows {unit.start}-{unit.end}"
+    if unit.streamed:
+        return f"{unit.source} (whole, streamed)"
+    return f"{unit.source} bytes {unit.start}-{unit.end}"
 
 
 def unit_failure_line(unit: WorkUnit, deaths: int, exc: BaseException) -> str:

@@ -1,34 +1,61 @@
 """Corpus sources and their deterministic work units.
 
-A work unit is a slice of the corpus (a byte range of a file aligned to line boundaries, or a row
-range of a table/dataset). Units depend only on the corpus and the config, never on how many
-actors run, which is what makes the shards byte-identical with 1 actor or 8. Each unit carries its
-own train/validation split point, so the validation text is the tail of every unit.
+A work unit is a slice of the corpus: a byte range of a plain .txt/.jsonl file aligned to line
+boundaries, a whole streamed file (compressed text or JSON lines, CSV/TSV), a range of parquet row
+groups, or a row range of a Hugging Face dataset. Units depend only on the corpus and the config,
+never on how many actors run, which is what makes the shards byte-identical with 1 actor or 8.
+A unit is read as chunks (one for a byte range; one per ~shard.unit_bytes of text for the others,
+streams.py), and each chunk has its own train/validation split point: the validation text is the
+tail of every chunk. Every record's text is split into lines like a .txt file's, so the same text
+gives the same tokens in every format. What a text field may hold is records.py's rule.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 from tpu_ray import storage
 from tpu_ray.config import BUILTIN_CORPUS, CorpusConfig, ShardConfig
-from tpu_ray.errors import UserError, first_line
+from tpu_ray.errors import UserError
+from tpu_ray.prepare.formats import Format, detect, is_saved_dataset
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
+from tpu_ray.prepare.streams import Chunk, Counts, chunked, csv_records, json_texts, lines_of, stream_text_chunks
+from tpu_ray.prepare import tabular
 
-Format = Literal["txt", "jsonl", "parquet", "hf"]
-TEXT_SUFFIXES = {".txt": "txt", ".text": "txt", ".md": "txt", ".jsonl": "jsonl", ".json": "jsonl",
-                 ".parquet": "parquet"}
+log = logging.getLogger(__name__)
 _ALIGN_WINDOW = 64 * 1024
+_MIN_WINDOW = 4096
+PACKAGED_BUILDERS = {"text", "json", "parquet", "csv"}  # hf:NAME read with load_dataset on hf_config's files
+
+# Every reader, by format: what a unit of it is. tests/test_corpus.py's catalogue has a row per
+# entry (the text-field rule of issue 25), so a new format without a row fails there.
+READERS: dict[str, str] = {
+    "txt": "byte range of a plain text file aligned to lines (compressed: the whole file, streamed)",
+    "jsonl": "byte range of a JSON-lines file aligned to lines (compressed: the whole file, streamed)",
+    "csv": "a whole CSV file with a header row, streamed (compressed or not)",
+    "tsv": "a whole TSV file with a header row, streamed (compressed or not)",
+    "parquet": "a range of whole row groups, the text column only",
+    "hf_disk": "a row range of a datasets save_to_disk directory (Dataset or a DatasetDict split), memory-mapped",
+    "hf": "a row range of a packaged datasets builder (hf:text|json|csv|parquet with hf_config as the files)",
+}
 
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """A deterministic slice of the corpus: [start, split_at) is train, [split_at, end) validation."""
+    """A deterministic slice of the corpus.
+
+    Byte-range units (chunk_bytes == 0): [start, split_at) is train, [split_at, end) validation.
+    Streamed units (chunk_bytes > 0): start/end are bytes of the file (streams), row groups
+    (parquet) or rows (datasets), read as chunks of about chunk_bytes of text, each split
+    train/validation at (1 - val_fraction); each chunk is its own shard (`.<part>` in its name).
+    """
 
     index: int
     source: str
@@ -40,6 +67,16 @@ class WorkUnit:
     hf_split: str = "train"
     text_field: str = "text"
     encoding_errors: str = "replace"
+    # Added with the streamed formats; left out of the plan digest at their defaults (see key()).
+    compression: str | None = None
+    chunk_bytes: int = 0
+    val_fraction: float = 0.0
+    max_bytes: int | None = None
+    text_lists: str = "error"
+
+    @property
+    def streamed(self) -> bool:
+        return self.chunk_bytes > 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,6 +84,20 @@ class WorkUnit:
     @classmethod
     def from_dict(cls, d: dict) -> WorkUnit:
         return cls(**d)
+
+    def key(self) -> tuple:
+        """What identifies the unit in the plan digest: the fields of a unit before streamed formats,
+        plus any later field that is not at its default (so existing shard runs still resume)."""
+        values = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _LATER_FIELDS and value == f.default:
+                continue
+            values.append([f.name, value] if f.name in _LATER_FIELDS else value)
+        return tuple(values)
+
+
+_LATER_FIELDS = {"compression", "chunk_bytes", "val_fraction", "max_bytes", "text_lists"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,87 +158,239 @@ def materialize_builtin(run_dir: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Planning: source -> files -> work units
 # --------------------------------------------------------------------------------------------
-def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
-    """Expand a path, glob or gs:// URI into (file, format) pairs; one-line errors otherwise."""
+@dataclass(frozen=True)
+class CorpusFile:
+    """A corpus file as one listing saw it: its size and version feed the plan, no request per file."""
+
+    path: str
+    fmt: Format
+    size: int
+    version: str = ""
+
+
+def _version(info: dict) -> str:
+    """What changes when a file is rewritten: generation (GCS), mtime (local), etag/commit (Hub)."""
+    for key in ("generation", "mtime", "updated", "ETag", "etag", "blob_id", "last_commit"):
+        if info.get(key):
+            return str(info[key])
+    return ""
+
+
+def list_files(source: str, field: str = "corpus.source") -> list[CorpusFile]:
+    """Expand a path, glob, gs:// or hf:// URI into corpus files with sizes, from one listing;
+    one-line errors otherwise. A `datasets` save_to_disk directory is one entry of format `hf_disk`
+    (its .arrow and .json files are not corpus files)."""
     if any(ch in source for ch in "*?["):
-        files = storage.glob(source, files_only=True)  # a directory the pattern matches is not text
-        if not files:
+        found = storage.glob_info(source)  # a directory the pattern matches is not text
+        if not found:
             what = "only directories match" if storage.glob(source) else "no files match"
             raise UserError(f"{field}={source!r}: {what} this pattern; check the path")
     elif storage.exists(source):
         if storage.isdir(source):
-            files = [f for f in storage.glob(storage.join(source, "**"), files_only=True) if _fmt_of(f, strict=False)]
-            if not files:
-                raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.parquet files")
+            if is_saved_dataset(source):
+                return [CorpusFile(source, "hf_disk", 0)]
+            found, saved = _without_saved_datasets(storage.glob_info(storage.join(source, "**")))
+            found = {f: i for f, i in found.items() if detect(f, strict=False)}
+            if not found and not saved:
+                raise UserError(f"{field}={source!r}: directory holds no .txt/.jsonl/.json/.csv/.tsv/.parquet files "
+                                f"(compressed or not) and is not a datasets save_to_disk directory")
+            if saved:
+                return sorted([*(CorpusFile(d, "hf_disk", 0) for d in saved), *_files(found)], key=lambda f: f.path)
         else:
-            files = [source]
+            found = {source: storage.info(source)}
     else:
         raise UserError(f"{field}={source!r}: no such file or directory; pass an existing path, a glob, "
-                        f"a gs:// URI, 'hf:NAME' or '{BUILTIN_CORPUS}'")
-    return [(f, _fmt_of(f)) for f in sorted(files)]
+                        f"a gs:// or hf:// URI, 'hf:NAME' or '{BUILTIN_CORPUS}'")
+    return _files(found)
 
 
-def _fmt_of(path: str, strict: bool = True) -> Format | None:
-    for suffix, fmt in TEXT_SUFFIXES.items():
-        if path.lower().endswith(suffix):
-            return fmt  # type: ignore[return-value]
-    if strict:
-        return "txt"  # unknown suffix: treat as plain text (binary content is caught when read)
-    return None
+def _files(found: dict[str, dict]) -> list[CorpusFile]:
+    return [CorpusFile(f, detect(f)[0], int(i.get("size") or 0), _version(i))  # type: ignore[index]
+            for f, i in sorted(found.items())]
+
+
+_SAVED_MARKERS = ("state.json", "dataset_dict.json")
+
+
+def _without_saved_datasets(found: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
+    """Files of a corpus directory apart from save_to_disk directories inside it, and those
+    directories: their .json metadata and .arrow files are not corpus files, the datasets are."""
+    roots = sorted({f.rsplit("/", 1)[0] for f in found if f.rsplit("/", 1)[-1] in _SAVED_MARKERS
+                    and is_saved_dataset(f.rsplit("/", 1)[0])}, key=len)
+    saved: list[str] = []
+    for d in roots:
+        if not any(d.startswith(r + "/") for r in saved):  # a DatasetDict's splits are inside it
+            saved.append(d)
+    rest = {f: i for f, i in found.items() if not any(f.startswith(d + "/") for d in saved)}
+    return rest, saved
+
+
+def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, Format]]:
+    """(file, format) pairs of a source (see list_files)."""
+    return [(f.path, f.fmt) for f in list_files(source, field)]
+
+
+PLAN_FILE = "plan.json"  # the plan of a run's corpus, reused by the tokenizer and shard stages
 
 
 def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[WorkUnit]:
-    """All work units for a corpus config, numbered 0..n-1 in a fixed order."""
+    """All work units for a corpus config, numbered 0..n-1 in a fixed order.
+
+    Planned once per run: the units are stored in RUN/plan.json under a key made of the corpus
+    and unit settings and every file's size and version (one listing), and reused while that key
+    holds (the tokenizer stage plans, the shard stage and resumes reuse it).
+    """
     frac = 0.0 if corpus.validation_source else corpus.validation_fraction
-    units = _plan_source(corpus.source, corpus, shard, run_dir, frac, "corpus.source")
+    sources = [(corpus.source, frac, "corpus.source")]
     if corpus.validation_source:
-        val = _plan_source(corpus.validation_source, corpus, shard, run_dir, 1.0, "corpus.validation_source")
-        units += val
+        sources.append((corpus.validation_source, 1.0, "corpus.validation_source"))
+    listed = [_listed(src, run_dir, fld) for src, _, fld in sources]
+    key = _plan_key(corpus, shard, listed)
+    cached = _cached_plan(run_dir, key) if key else None
+    if cached is not None:
+        return cached
+    units: list[WorkUnit] = []
+    for (src, fr, fld), files in zip(sources, listed):
+        units += _plan_source(src, corpus, shard, run_dir, fr, fld, files)
     units = [WorkUnit(**{**u.to_dict(), "index": i}) for i, u in enumerate(units)]
     if not any(u.end > u.start for u in units):
         raise UserError(f"corpus.source={corpus.source!r}: the corpus is empty; point it at text")
+    if key:
+        _store_plan(run_dir, key, units)
     return units
 
 
-def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir: str, frac: float,
-                 field: str) -> list[WorkUnit]:
-    common = dict(hf_config=corpus.hf_config, hf_split=corpus.hf_split, text_field=corpus.text_field,
-                  encoding_errors=corpus.encoding_errors)
+def _listed(source: str, run_dir: str, field: str) -> list[CorpusFile] | None:
+    """The files of a file-based source (None for hf: names, planned by datasets)."""
     if source == BUILTIN_CORPUS:
         source = materialize_builtin(run_dir)
     elif source.startswith("builtin:"):
         raise UserError(f"{field}={source!r}: unknown built-in corpus; the built-in one is '{BUILTIN_CORPUS}'")
-    if source.startswith("hf:"):
-        n = len(_load_hf(source, corpus.hf_config, corpus.hf_split, field))
-        return [WorkUnit(0, source, "hf", s, _row_split(s, e, frac), e, **common)
-                for s, e in _ranges(n, shard.unit_rows)]
+    if source.startswith("hf:") and not source.startswith("hf://"):
+        return None
+    return list_files(source, field)
+
+
+def _plan_key(corpus: CorpusConfig, shard: ShardConfig, listed: list[list[CorpusFile] | None]) -> str | None:
+    if any(files is None or any(f.fmt == "hf_disk" for f in files) for files in listed):
+        return None  # datasets are planned from their Arrow metadata, cheaply, every time
+    payload = json.dumps([PLAN_VERSION, corpus.model_dump(mode="json"), shard.unit_bytes, shard.unit_rows,
+                          [[asdict(f) for f in files] for files in listed]], sort_keys=True)  # type: ignore[union-attr]
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+PLAN_VERSION = 1
+
+
+def _cached_plan(run_dir: str, key: str) -> list[WorkUnit] | None:
+    path = storage.join(run_dir, PLAN_FILE)
+    try:
+        data = json.loads(storage.read_text(path))
+        if data.get("key") != key:
+            return None
+        return [WorkUnit.from_dict(u) for u in data["units"]]
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return None  # absent, from another corpus, damaged or not a file: plan again (it is only a cache)
+
+
+def _store_plan(run_dir: str, key: str, units: list[WorkUnit]) -> None:
+    try:
+        storage.makedirs(run_dir)
+        storage.atomic_write_text(storage.join(run_dir, PLAN_FILE),
+                                  json.dumps({"key": key, "units": [u.to_dict() for u in units]}) + "\n")
+    except (OSError, UserError) as exc:  # a read-only run dir only loses the cache
+        log.warning("corpus plan not cached in %s (%s)", run_dir, exc)
+
+
+def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir: str, frac: float,
+                 field: str, files: list[CorpusFile] | None) -> list[WorkUnit]:
+    common = dict(hf_config=corpus.hf_config, hf_split=corpus.hf_split, text_field=corpus.text_field,
+                  encoding_errors=corpus.encoding_errors, text_lists=corpus.text_lists)
+    stream = dict(chunk_bytes=shard.unit_bytes, val_fraction=frac)
+    if files is None:  # an hf: name
+        name = source[3:]
+        if name in PACKAGED_BUILDERS:
+            ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
+            ranges = tabular.dataset_ranges(ds, _hf_where(source, corpus.hf_config), corpus.text_field,
+                                            corpus.text_lists, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
+            return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
+        hub = [(f, detect(f, strict=False)) for f in tabular.hub_data_files(name, corpus.hf_config,
+                                                                              corpus.hf_split, field)]
+        if not hub or any(d is None for _, d in hub):  # e.g. .arrow files: only datasets reads them
+            ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
+            ranges = tabular.dataset_ranges(ds, _hf_where(source, corpus.hf_config), corpus.text_field,
+                                            corpus.text_lists, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
+            return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
+        files = [CorpusFile(f, d[0], -1) for f, d in hub]  # type: ignore[index]
     units: list[WorkUnit] = []
-    for path, fmt in resolve_files(source, field):
-        if fmt == "parquet":
-            n = parquet_rows(path, corpus.text_field)
-            units += [WorkUnit(0, path, fmt, s, _row_split(s, e, frac), e, **common)
-                      for s, e in _ranges(n, shard.unit_rows)]
-            continue
-        size = storage.size(path)
-        limit = corpus.max_line_bytes
-        if corpus.max_bytes is not None and corpus.max_bytes < size:
-            size = _align(path, corpus.max_bytes, size, limit)
-        bounds = sorted({0, size, *(_align(path, b, size, limit)
-                                    for b in range(shard.unit_bytes, size, shard.unit_bytes))})
-        for s, e in zip(bounds, bounds[1:]):
-            split_at = e if frac == 0 else _align(path, s + int((e - s) * (1 - frac)), e, limit)
-            if frac >= 1.0:
-                split_at = s
-            units.append(WorkUnit(0, path, fmt, s, split_at, e, **common))
+    for f in files:
+        units += _plan_file(f, corpus, shard, frac, common, stream)
     return units
 
 
-def _ranges(n: int, step: int) -> list[tuple[int, int]]:
-    return [(s, min(s + step, n)) for s in range(0, n, step)]
+def _hf_where(source: str, config: str | None) -> str:
+    """How errors name an hf: dataset: the name and its configuration (the files, for hf:json etc.)."""
+    return f"{source} (hf_config={config})" if config else source
 
 
-def _row_split(start: int, end: int, frac: float) -> int:
-    return start + round((end - start) * (1 - frac))
+def _plan_file(file: CorpusFile, corpus: CorpusConfig, shard: ShardConfig, frac: float, common: dict,
+               stream: dict) -> list[WorkUnit]:
+    path, fmt = file.path, file.fmt
+    if fmt == "hf_disk":
+        ds = tabular.load_saved(path, corpus.hf_split)
+        ranges = tabular.dataset_ranges(ds, path, corpus.text_field, corpus.text_lists, shard.unit_bytes,
+                                        shard.unit_rows, corpus.max_bytes)
+        return [WorkUnit(0, path, fmt, s, s, e, **common, **stream) for s, e in ranges]
+    if fmt == "parquet":
+        groups = tabular.parquet_groups(path, corpus.text_field, corpus.text_lists)
+        ranges = tabular.pack_groups(groups, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
+        return [WorkUnit(0, path, fmt, s, s, e, **common, **stream) for s, e in ranges]
+    compression = detect(path)[1]  # type: ignore[index]
+    size = file.size if file.size >= 0 else storage.size(path)
+    if compression or fmt in ("csv", "tsv"):
+        # Not splittable by byte range (compressed, or records that may span lines): one unit,
+        # streamed in chunks; max_bytes counts decompressed bytes (CSV: text bytes).
+        return [WorkUnit(0, path, fmt, 0, 0, size, compression=compression, max_bytes=corpus.max_bytes,
+                         **common, **stream)] if size else []
+    limit = corpus.max_line_bytes
+    # Every boundary aligned in one batch of ranged reads (and the split points in a second).
+    wanted = list(range(shard.unit_bytes, size, shard.unit_bytes))
+    capped = corpus.max_bytes is not None and corpus.max_bytes < size
+    aligned = _align_all(path, wanted + ([corpus.max_bytes] if capped else []), size, limit, shard.unit_bytes)
+    if capped:
+        size = aligned[corpus.max_bytes]  # type: ignore[index]
+    bounds = sorted({0, size, *(min(aligned[b], size) for b in wanted if b < size)})
+    pairs = list(zip(bounds, bounds[1:]))
+    targets = [s + int((e - s) * (1 - frac)) for s, e in pairs]
+    splits = _align_all(path, targets, size, limit, shard.unit_bytes) if 0 < frac < 1 else {}
+    units = []
+    for (s, e), t in zip(pairs, targets):
+        split_at = e if frac == 0 else min(splits[t], e) if t < e else e
+        if frac >= 1.0:
+            split_at = s
+        units.append(WorkUnit(0, path, fmt, s, split_at, e, **common))
+    return units
+
+
+def _align_all(path: str, positions: list[int], size: int, max_line_bytes: int | None,
+               unit_bytes: int) -> dict[int, int]:
+    """`_align` of many positions of one file: one batch of small ranged reads (concurrent on
+    object stores) instead of an open (an info request plus readahead) per boundary. A window
+    without a usable newline falls back to `_align` (very long lines only)."""
+    todo = sorted({p for p in positions if 0 < p < size})
+    out = {p: (0 if p <= 0 else size) for p in positions if not 0 < p < size}
+    if not todo:
+        return out
+    # Windows far smaller than a unit (lines are rarely longer; a longer one falls back below).
+    span = max(_MIN_WINDOW, min(_ALIGN_WINDOW, unit_bytes // 16))
+    windows = storage.read_ranges(path, [p - 1 for p in todo], [min(p - 1 + span, size) for p in todo])
+    for p, window in zip(todo, windows):
+        nl = window.find(b"\n")
+        if nl >= 0 and (max_line_bytes is None or nl <= max_line_bytes):
+            out[p] = min(p + nl, size)
+        else:
+            out[p] = _align(path, p, size, max_line_bytes)
+    return out
 
 
 def _align(path: str, pos: int, size: int, max_line_bytes: int | None = None) -> int:
@@ -222,92 +425,110 @@ def _align(path: str, pos: int, size: int, max_line_bytes: int | None = None) ->
     return min(pos + i, size)
 
 
-def parquet_rows(path: str, text_field: str = "text") -> int:
-    """Rows of a parquet file; one-line errors for a file that is not parquet or lacks the column."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    with storage.open(path, "rb") as f:
-        try:
-            pf = pq.ParquetFile(f)
-        except (pa.ArrowException, OSError) as exc:
-            raise UserError(f"{path}: not a readable parquet file ({first_line(exc)}); fix or remove it") from None
-        names = pf.schema_arrow.names
-        if text_field not in names:
-            raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(names[:8])}); "
-                            f"set corpus.text_field to the column that holds the text")
-        return pf.metadata.num_rows
-
-
-_HF_CACHE: dict[tuple, object] = {}
-
-
-def _load_hf(source: str, config: str | None, split: str, field: str = "corpus.source"):
-    """Load a Hugging Face dataset split once per process (from the datasets cache after the first)."""
-    key = (source, config, split)
-    if key not in _HF_CACHE:
-        import datasets
-
-        name = source[3:]
-        kwargs = {}
-        if name in {"text", "json", "parquet", "csv"} and config:
-            kwargs["data_files"] = config  # packaged builders read local/gs files: hf_config is the files
-            config = None
-        try:
-            _HF_CACHE[key] = datasets.load_dataset(name, config, split=split, **kwargs)
-        except Exception as exc:  # datasets raises many types; the user needs one line
-            first = first_line(exc)
-            raise UserError(f"{field}={source!r} (hf_config={config!r}, split={split!r}): "
-                            f"cannot load dataset: {first}") from None
-    return _HF_CACHE[key]
+def parquet_rows(path: str, text_field: str = "text", text_lists: str = "error") -> int:
+    """Rows of a parquet file from its footer; one-line errors for a file that is not parquet, lacks
+    the column, or whose column is not text."""
+    return sum(rows for rows, _ in tabular.parquet_groups(path, text_field, text_lists))
 
 
 # --------------------------------------------------------------------------------------------
 # Reading a unit
 # --------------------------------------------------------------------------------------------
-def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) -> list[str]:
-    """The lines of one part of a unit (empty lines kept out)."""
-    lo, hi = {"train": (unit.start, unit.split_at), "validation": (unit.split_at, unit.end),
-              "all": (unit.start, unit.end)}[part]
-    if hi <= lo:
-        return []
-    if unit.fmt == "hf":
-        ds = _load_hf(unit.source, unit.hf_config, unit.hf_split)
-        return _nonempty(_field(row, unit, i) for i, row in enumerate(ds.select(range(lo, hi)), lo))
-    if unit.fmt == "parquet":
-        import pyarrow.parquet as pq
+def iter_chunks(unit: WorkUnit, counts: Counts | None = None) -> Iterator[Chunk]:
+    """The unit's chunks, front to back, one alive at a time; `counts` gathers skipped records."""
+    counts = counts if counts is not None else Counts()
+    yield from _chunks(unit, counts)
+    counts.require_field(unit.source, unit.text_field)  # JSON lines: no record had the field at all
 
-        with storage.open(unit.source, "rb") as f:
-            table = pq.read_table(f, columns=[unit.text_field]).slice(lo, hi - lo)
-        return _nonempty(str(v) for v in table.column(unit.text_field).to_pylist() if v is not None)
+
+def _chunks(unit: WorkUnit, counts: Counts) -> Iterator[Chunk]:
+    field, lists = unit.text_field, unit.text_lists
+    if not unit.streamed:
+        yield _byte_range_chunk(unit, counts)
+        return
+    if unit.fmt in ("txt", "jsonl"):
+        def decode(raw: bytes, offset: int) -> str:
+            return decode_text(raw, unit, offset, "decompressed byte" if unit.compression else "byte")
+
+        yield from stream_text_chunks(unit.source, unit.compression, unit.fmt, unit.chunk_bytes, unit.val_fraction,
+                                      unit.max_bytes, decode, field, lists, counts)
+        return
+    if unit.fmt in ("csv", "tsv"):
+        items = csv_records(unit.source, unit.compression, "," if unit.fmt == "csv" else "\t", field,
+                            unit.encoding_errors, counts)
+        limit = unit.max_bytes
+    elif unit.fmt == "parquet":
+        items = tabular.parquet_items(unit.source, unit.start, unit.end, field, lists, counts)
+        limit = None  # applied at planning, by whole row groups
+    elif unit.fmt in ("hf", "hf_disk"):
+        if unit.fmt == "hf":
+            ds = tabular.load_builder(unit.source[3:], unit.hf_config, unit.hf_split, "corpus.source")
+        else:
+            ds = tabular.load_saved(unit.source, unit.hf_split)
+        where = _hf_where(unit.source, unit.hf_config) if unit.fmt == "hf" else unit.source
+        joined = tabular.dataset_column(ds, where, field, lists)
+        items = tabular.dataset_items(ds, unit.start, unit.end, field, joined, counts)
+        limit = None  # applied at planning, by rows
+    else:  # pragma: no cover - READERS and this dispatch change together
+        raise AssertionError(f"no reader for {unit.fmt}")
+    for train, validation in chunked(items, unit.chunk_bytes, unit.val_fraction, limit):
+        yield Chunk(lines_of(train), lines_of(validation))
+
+
+def _byte_range_chunk(unit: WorkUnit, counts: Counts) -> Chunk:
+    """A plain .txt/.jsonl byte range, read once: its train and validation parts."""
     with storage.open(unit.source, "rb") as f:
-        f.seek(lo)
-        raw = f.read(hi - lo)
-    text = decode_text(raw, unit, lo)
+        f.seek(unit.start)
+        raw = f.read(unit.end - unit.start)
+    cut = unit.split_at - unit.start
+    parts = []
+    for lo, data in ((unit.start, raw[:cut]), (unit.split_at, raw[cut:])):
+        if not data:
+            parts.append([])
+            continue
+        text = decode_text(data, unit, lo)
+        if unit.fmt == "jsonl":
+            parts.append(lines_of(json_texts(_json_lines(text, lo), unit.source, unit.text_field, unit.text_lists,
+                                             counts)))
+        else:
+            parts.append(lines_of([text]))
+        del text
     del raw  # one copy of a unit's text at a time (a unit may be one huge line)
-    if unit.fmt == "jsonl":
-        out = []
-        offset = lo
-        for line in text.split("\n"):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{unit.source}: byte {offset}: not a JSON line ({exc.msg}); "
-                                    f"fix the record or use a .txt file") from None
-                out.append(_field(record, unit, offset))
-            offset += len(line.encode("utf-8")) + 1
-        return _nonempty(out)
-    return _nonempty(text.split("\n"))
+    return Chunk(parts[0], parts[1])
+
+
+def _json_lines(text: str, offset: int) -> Iterator[tuple[str, str]]:
+    """("byte N", line) for the lines of a JSON-lines byte range starting at byte `offset`."""
+    for line in text.split("\n"):
+        yield f"byte {offset}", line
+        offset += len(line.encode("utf-8")) + 1
+
+
+def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) -> list[str]:
+    """The lines of one part of a unit (empty lines kept out), all chunks together."""
+    out: list[str] = []
+    for chunk in iter_chunks(unit):
+        if part in ("train", "all"):
+            out += chunk.train
+        if part in ("validation", "all"):
+            out += chunk.validation
+    return out
 
 
 def check_unit_bytes(unit: WorkUnit) -> None:
-    """Fail on a unit's bad input (binary, non-UTF-8 under `fail`, bad JSON) without keeping its text.
+    """Fail on a byte-range unit's bad input (binary, non-UTF-8 under `fail`, bad JSON, a field that
+    is not text) without keeping its text, before any shard exists.
 
-    Plain text needs only the decode; other formats are parsed as for real.
+    Streamed units are not read twice for this (a second full decompression or row-group read per
+    unit): their bad input fails the shard pass, whose committed shards stay out of any complete
+    manifest (the train stage refuses an incomplete one), and the fixed rerun resumes.
     """
+    if unit.streamed:
+        return
     if unit.fmt != "txt":
-        read_unit_text(unit, "all")
+        counts = Counts()
+        _byte_range_chunk(unit, counts)
+        counts.require_field(unit.source, unit.text_field)
         return
     with storage.open(unit.source, "rb") as f:
         f.seek(unit.start)
@@ -315,39 +536,28 @@ def check_unit_bytes(unit: WorkUnit) -> None:
     decode_text(raw, unit, unit.start)
 
 
-def decode_text(raw: bytes, unit: WorkUnit, offset: int) -> str:
+def decode_text(raw: bytes, unit: WorkUnit, offset: int, what: str = "byte") -> str:
     if b"\x00" in raw:
         at = offset + raw.index(b"\x00")
-        raise UserError(f"{unit.source}: byte {at}: NUL byte, this looks like a binary file, not text; "
+        raise UserError(f"{unit.source}: {what} {at}: NUL byte, this looks like a binary file, not text; "
                         f"point corpus.source at text files")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if unit.encoding_errors == "replace":
             return raw.decode("utf-8", errors="replace")
-        raise UserError(f"{unit.source}: byte {offset + exc.start}: not UTF-8 ({exc.reason}); fix the file "
+        raise UserError(f"{unit.source}: {what} {offset + exc.start}: not UTF-8 ({exc.reason}); fix the file "
                         f"or set corpus.encoding_errors=replace") from None
 
 
-def _field(record: object, unit: WorkUnit, where: int) -> str:
-    if not isinstance(record, dict) or unit.text_field not in record:
-        raise UserError(f"{unit.source}: record at {where} has no field {unit.text_field!r}; "
-                        f"set corpus.text_field to the field that holds the text")
-    value = record[unit.text_field]
-    return "" if value is None else str(value)
-
-
-def _nonempty(lines) -> list[str]:
-    return [s for s in (line.strip() for line in lines) if s]
-
-
-def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None = None) -> Iterator[list[str]]:
-    """Batches of training lines in unit order, up to about max_bytes: the tokenizer's sample.
+def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None = None,
+                    seed: int = 0) -> Iterator[list[str]]:
+    """Batches of training lines, up to about max_bytes: the tokenizer's sample (see sample_order).
 
     The first batch is read now, not when the tokenizer asks for it: a corpus with no text at all
     (only whitespace) is a one-line error here rather than a 5-token tokenizer.
     """
-    batches = _train_batches(units, max_bytes, max_line_bytes)
+    batches = _train_batches(units, max_bytes, max_line_bytes, seed)
     first = next(batches, None)
     if first is None:
         sources = sorted({u.source for u in units})
@@ -357,22 +567,44 @@ def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int |
     return itertools.chain([first], batches)
 
 
-def _train_batches(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None) -> Iterator[list[str]]:
+def sample_order(units: list[WorkUnit], max_bytes: int, seed: int = 0) -> list[WorkUnit]:
+    """The units in the order the tokenizer reads them.
+
+    A corpus that fits in the sample (plain byte ranges totalling <= max_bytes) is read whole, in
+    unit order. Otherwise units are drawn in an order fixed by `seed` (a hash of seed and unit
+    index), so a sample of a multi-source corpus covers every file and source, not the first ones.
+    """
+    if all(not u.streamed for u in units) and sum(u.split_at - u.start for u in units) <= max_bytes:
+        return list(units)
+    return sorted(units, key=lambda u: hashlib.sha256(f"{seed}:{u.index}".encode()).digest())
+
+
+def _train_batches(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None,
+                   seed: int = 0) -> Iterator[list[str]]:
+    """First pass: the first chunk of every unit in sample order (a streamed unit, a whole
+    compressed file, gives one chunk rather than the whole file); then the rest of each unit."""
     seen = 0
     split = 0
+    order = sample_order(units, max_bytes, seed)
     try:
-        for unit in units:
-            lines = read_unit_text(unit, "train")
-            if max_line_bytes:
-                lines, n = split_long_lines(lines, max_line_bytes)
-                split += n
-            if not lines:
-                continue
-            yield lines
-            seen += sum(len(s) for s in lines)
-            if seen >= max_bytes:
-                return
+        for first_pass in (True, False):
+            for unit in order:
+                if not first_pass and not unit.streamed:
+                    continue  # read whole in the first pass
+                for k, chunk in enumerate(iter_chunks(unit)):
+                    if first_pass and k > 0:
+                        break
+                    if not first_pass and k == 0:
+                        continue
+                    lines = chunk.train
+                    if max_line_bytes:
+                        lines, n = split_long_lines(lines, max_line_bytes)
+                        split += n
+                    if not lines:
+                        continue
+                    yield lines
+                    seen += sum(len(s) for s in lines)
+                    if seen >= max_bytes:
+                        return
     finally:
         warn_split_lines(split, max_line_bytes, "tokenizer")
-
-

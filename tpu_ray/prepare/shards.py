@@ -18,7 +18,6 @@ What remains is ~50 lines around `ray.wait` that resubmits a dead actor's unit t
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -34,7 +33,8 @@ import numpy as np
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
-from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, plan_units, read_unit_text
+from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, iter_chunks, plan_units
+from tpu_ray.prepare.streams import Counts
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.manifest_check import check_manifest
@@ -77,14 +77,18 @@ def chunk_ids(token_lists: list[list[int]], seq_len: int, cls_id: int, sep_id: i
     return cut_rows(join_ids(token_lists, sep_id), seq_len, cls_id, sep_id)
 
 
-def shard_name(split: str, unit_index: int, count: int) -> str:
-    """`<split>-<index:05d>-<count>.tfrecord`: the sample count in the name, as HF's TPU scripts read."""
-    return f"{split}-{unit_index:05d}-{count}.tfrecord"
+def shard_name(split: str, unit_index: int, count: int, part: int | None = None) -> str:
+    """`<split>-<index:05d>-<count>.tfrecord`: the sample count in the name, as HF's TPU scripts read.
+
+    A streamed unit (a compressed file, a CSV, row groups) writes a shard per chunk:
+    `<split>-<index:05d>.<part:04d>-<count>.tfrecord` (the count stays the last `-` field)."""
+    index = f"{unit_index:05d}" if part is None else f"{unit_index:05d}.{part:04d}"
+    return f"{split}-{index}-{count}.tfrecord"
 
 
-def shard_path(split: str, unit_index: int, count: int) -> str:
+def shard_path(split: str, unit_index: int, count: int, part: int | None = None) -> str:
     """A shard's path relative to the shards dir, as the manifest records it: `<split>/<name>`."""
-    return f"{split}/{shard_name(split, unit_index, count)}"
+    return f"{split}/{shard_name(split, unit_index, count, part)}"
 
 
 def text_tokenizer(tokenizer_json: str) -> Any:
@@ -133,10 +137,13 @@ def _respell(tok: Any, line: str, special_ids: frozenset[int]) -> list[int]:
 
 
 def _unk_id(tok: Any, special_ids: frozenset[int]) -> int:
-    from tpu_ray.config import UNK
-
-    unk = tok.token_to_id(UNK)
-    return unk if unk is not None else min(special_ids)
+    """The tokenizer's unknown id: BPE and WordPiece name their unknown token; a Unigram model does
+    not expose it, so the two spellings the families use (`<unk>`, `[UNK]`) are tried."""
+    for name in (getattr(tok.model, "unk_token", None), "<unk>", "[UNK]"):
+        unk = tok.token_to_id(name) if name else None
+        if unk is not None:
+            return unk
+    return min(special_ids)
 
 
 ENCODE_BATCH_LINES = 2048  # lines per tokenizer call: bounds the Python lists alive at once
@@ -166,31 +173,40 @@ def _batches(lines: list[str]):
 
 
 def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, out_dir: str,
-                 max_line_bytes: int | None = None) -> dict:
+                 max_line_bytes: int | None = None, live: dict | None = None) -> dict:
     """Tokenize, chunk and write one unit's shards (atomically); returns its manifest entries
-    (and `split_lines`: lines over `max_line_bytes` that were cut, for the driver's warning)."""
-    result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0, "split_lines": 0}
-    for split in SPLITS:
-        lines = read_unit_text(unit, split)
-        if max_line_bytes:
-            lines, cut = split_long_lines(lines, max_line_bytes)
-            result["split_lines"] += cut
-        if not lines:
-            continue
-        flat = encode_joined(tok, lines, info.sep_id, never_text_ids(info))
-        del lines
-        rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
-        del flat
-        result["tokens"] += tokens
-        result["dropped_tokens"] += dropped
-        if len(rows) == 0:
-            continue
-        name = shard_path(split, unit.index, len(rows))
-        if not storage.is_remote(out_dir):  # object stores have no folders to make
-            storage.makedirs(storage.join(out_dir, split))
-        digest, nbytes = _commit_shard(rows, storage.join(out_dir, name))
-        result["shards"].append({"split": split, "path": name, "unit": unit.index, "samples": len(rows),
-                                 "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
+    (and `split_lines`: lines over `max_line_bytes` that were cut, for the driver's warning;
+    `skipped_records`: records whose text field was null or missing, records.py's rule)."""
+    result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0, "split_lines": 0,
+                              "skipped_records": 0}
+    counts = Counts()
+    for part, chunk in enumerate(iter_chunks(unit, counts)):
+        for split in SPLITS:
+            lines = chunk.train if split == "train" else chunk.validation
+            if max_line_bytes:
+                lines, cut = split_long_lines(lines, max_line_bytes)
+                result["split_lines"] += cut
+            if not lines:
+                continue
+            flat = encode_joined(tok, lines, info.sep_id, never_text_ids(info))
+            if live is not None:  # read by the driver while the unit runs (ShardWorker.live_progress)
+                live.update(lines=live["lines"] + len(lines), chars=live["chars"] + sum(map(len, lines)),
+                            tokens=live["tokens"] + len(flat))
+            del lines
+            rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
+            del flat
+            result["tokens"] += tokens
+            result["dropped_tokens"] += dropped
+            if len(rows) == 0:
+                continue
+            name = shard_path(split, unit.index, len(rows), part if unit.streamed else None)
+            if not storage.is_remote(out_dir):  # object stores have no folders to make
+                storage.makedirs(storage.join(out_dir, split))
+            digest, nbytes = _commit_shard(rows, storage.join(out_dir, name))
+            result["shards"].append({"split": split, "path": name, "unit": unit.index, "samples": len(rows),
+                                     "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
+        chunk.train, chunk.validation = [], []  # one chunk's text alive at a time
+    result["skipped_records"] = counts.skipped
     return result
 
 
@@ -214,6 +230,25 @@ def actor_env(threads: int) -> dict[str, str]:
     return env
 
 
+def _read_bytes() -> int:
+    """Bytes this process read through read() calls (`rchar` of /proc/self/io); 0 where there is none."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def _warm_imports(unit: dict) -> None:
+    """Import a format's reader before the read counter starts: reading modules is not reading corpus."""
+    if unit["fmt"] == "parquet":
+        import pyarrow.parquet  # noqa: F401
+    elif unit["fmt"] in ("hf", "hf_disk"):
+        import datasets  # noqa: F401
+    if unit.get("compression") == "zstd":
+        import zstandard  # noqa: F401
+
+
 class ShardWorker:
     """One Ray actor: loads the tokenizer once, then processes units."""
 
@@ -225,21 +260,38 @@ class ShardWorker:
         # Ray's prestarted workers.
         os.environ.update(env)
         self.tok = text_tokenizer(tokenizer_json)
+        self.read_total = 0  # bytes read by check and process calls, module imports excluded
         self.info = info
         self.seq_len = seq_len
         self.out_dir = out_dir
         self.max_line_bytes = max_line_bytes
 
     def check(self, unit: dict) -> int:
+        _warm_imports(unit)
+        before = _read_bytes()
         check_unit(WorkUnit.from_dict(unit))
+        self.read_total += _read_bytes() - before
         return unit["index"]
 
     def process(self, unit: dict) -> dict:
+        self.live = {"unit": unit["index"], "lines": 0, "chars": 0, "tokens": 0}
+        _warm_imports(unit)
+        before = _read_bytes()
         result = process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir,
-                              self.max_line_bytes)
+                              self.max_line_bytes, self.live)
+        self.read_total += _read_bytes() - before
+        self.live = None
         # Peak resident memory of this actor so far (Linux reports KiB); not part of the manifest.
         result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # Bytes this actor has read since it started (check and shard passes), for the benchmark.
+        result["actor"] = os.getpid()
+        result["read_bytes"] = self.read_total
         return result
+
+    def live_progress(self) -> dict | None:
+        """The unit in progress and its lines, characters and tokens so far (None when idle): the
+        actor runs two calls at once (max_concurrency=2), so the driver asks while it works."""
+        return dict(self.live) if getattr(self, "live", None) else None
 
     def pid(self) -> int:
         return os.getpid()
@@ -264,16 +316,22 @@ class ShardSummary:
     skipped_units: int
     actors: int
     peak_actor_rss_bytes: int = 0  # the largest peak RSS any actor reported (0 if none ran)
+    skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
+    resumed_tokens: int = 0  # tokens of units an earlier run committed: not this run's work
+    read_bytes: int = 0  # bytes the actors read (corpus, check and shard passes; /proc rchar): the benchmark's
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+        """This run's rate: resumed units' tokens are not counted against this run's time."""
+        return (self.tokens - self.resumed_tokens) / self.seconds if self.seconds else 0.0
 
     def line(self) -> str:
         return (f"shards={self.shards} samples={self.samples} tokens={self.tokens} "
                 f"dropped_remainder_tokens={self.dropped_tokens} seconds={self.seconds:.1f} "
                 f"tokens/s={self.tokens_per_s:,.0f} units={self.units} resumed_units={self.skipped_units} "
-                f"actors={self.actors} peak_actor_rss_mb={self.peak_actor_rss_bytes / 2**20:.0f}")
+                f"resumed_tokens={self.resumed_tokens} "
+                f"actors={self.actors} peak_actor_rss_mb={self.peak_actor_rss_bytes / 2**20:.0f} "
+                f"skipped_records={self.skipped_records}")
 
 
 def manifest_path(shards_dir: str) -> str:
@@ -296,7 +354,7 @@ def read_manifest(shards_dir: str) -> dict | None:
 
 def _plan_digest(units: list[WorkUnit]) -> str:
     """Identifies the plan: every unit (source path, format, byte or row range); a moved corpus is a new plan."""
-    payload = json.dumps([dataclasses.astuple(u) for u in units], sort_keys=True).encode()
+    payload = json.dumps([u.key() for u in units], sort_keys=True).encode()
     return hashlib.sha256(payload).hexdigest()
 
 
@@ -323,9 +381,11 @@ def _manifest(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], result
         "units_done": sorted(results),
         "corpus_tokens": sum(r["tokens"] for r in results.values()),
         "dropped_tokens": sum(r["dropped_tokens"] for r in results.values()),
+        # Records whose text field was null or missing (records.py): skipped, never trained on.
+        "skipped_records": sum(r.get("skipped_records", 0) for r in results.values()),
         "splits": splits,
-        "unit_stats": [{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"]}
-                       for k, v in sorted(results.items())],
+        "unit_stats": [{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"],
+                        "skipped": v.get("skipped_records", 0)} for k, v in sorted(results.items())],
     }
 
 
@@ -349,15 +409,17 @@ def _resume_state(previous: dict | None, cfg: RunConfig, info: TokenizerInfo, un
                         f"seq_len; use a new output directory or delete the shards")
     done: dict[int, dict] = {u: {"unit": u, "shards": [], "tokens": 0, "dropped_tokens": 0}
                              for u in previous.get("units_done", [])}
+    present = storage.find_sizes(shards_dir)  # one listing, not an `exists` per shard
     for split in SPLITS:
         for entry in previous["splits"][split]["shards"]:
-            if not storage.exists(storage.join(shards_dir, entry["path"])):
+            if entry["path"] not in present:
                 done.pop(entry["unit"], None)  # a committed file vanished: redo the unit
             elif entry["unit"] in done:
                 done[entry["unit"]]["shards"].append({"split": split, **entry})
     for unit_stats in previous.get("unit_stats", []):
         if unit_stats["unit"] in done:
-            done[unit_stats["unit"]].update(tokens=unit_stats["tokens"], dropped_tokens=unit_stats["dropped"])
+            done[unit_stats["unit"]].update(tokens=unit_stats["tokens"], dropped_tokens=unit_stats["dropped"],
+                                            skipped_records=unit_stats.get("skipped", 0))
     return done
 
 
@@ -392,7 +454,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     n_actors = actors or cfg.shard.num_actors or int(cluster_cpus)
     n_actors = max(1, min(n_actors, len(todo))) if todo else 0
     actor_cpus = _actor_cpus(cluster_cpus, n_actors)
-    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0, **placement)(ShardWorker)
+    Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0, max_concurrency=2, **placement)(ShardWorker)
     tok_ref = ray.put(tokenizer_json)
     env = actor_env(cfg.shard.tokenizer_threads)
 
@@ -433,10 +495,14 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
     n_actors = len(pool)
     # Pass 1: read every unit once so bad bytes fail before any shard is written.
     retries = cfg.shard.max_unit_retries
-    run_on_pool(pool, todo, "check", new_actor, lambda unit, res: None, None, retries)
+    checking = Progress("shard check", total=len(todo), unit="units read", counts=False) if todo else None
+    run_on_pool(pool, todo, "check", new_actor, lambda unit, res: checking.advance(1), checking, retries)
+    if checking:
+        checking.close()
     stats = {"samples": sum(s["samples"] for r in results.values() for s in r["shards"]),
              "tokens": sum(r["tokens"] for r in results.values())}
-    progress = Progress("shard", total=len(units), done=skipped, unit="units", **stats)
+    progress = Progress("shard", total=len(units), done=skipped, unit="units", live=lambda: _live(pool), **stats)
+    resumed_tokens = stats["tokens"]
 
     # The manifest is rewritten whole, so writing it after every unit would cost O(units^2) bytes;
     # every `every`-th unit keeps ~MANIFEST_WRITES writes per run (a crash redoes at most that many).
@@ -452,7 +518,15 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         if on_unit_done:
             on_unit_done(len(results), pool)
 
-    run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
+    try:
+        run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
+    except KeyboardInterrupt:
+        # Ctrl-C: record every committed unit (the next run skips them) and say how to continue.
+        _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
+        progress.close()
+        log.warning("shard: interrupted; %d of %d units are committed and kept in %s; run the same command "
+                    "to continue from them", len(results), len(units), manifest_path(out_dir))
+        raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     _cleanup_temp(out_dir)
     manifest = _manifest(cfg, info, units, results, complete=True)
@@ -464,9 +538,37 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         samples=sum(manifest["splits"][s]["samples"] for s in SPLITS),
         tokens=manifest["corpus_tokens"], dropped_tokens=manifest["dropped_tokens"],
         seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors,
-        peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0))
+        resumed_tokens=resumed_tokens,
+        peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0),
+        skipped_records=manifest["skipped_records"], read_bytes=_actors_read(results))
     log.info("shard summary: %s", summary.line())
     return summary
+
+
+def _actors_read(results: dict[int, dict]) -> int:
+    """Bytes read by this run's actors: each actor's last (cumulative) figure, summed."""
+    per_actor: dict[int, int] = {}
+    for r in results.values():
+        if "actor" in r:
+            per_actor[r["actor"]] = max(per_actor.get(r["actor"], 0), r.get("read_bytes", 0))
+    return sum(per_actor.values())
+
+
+def _live(pool: list) -> list[dict]:
+    """What each busy actor has done of its current unit so far (a quick ask; a slow one is left out)."""
+    import ray
+
+    refs = [actor.live_progress.remote() for actor in pool]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
+    out = []
+    for ref in ready:
+        try:
+            value = ray.get(ref)
+        except Exception:  # a dying actor: its unit is retried, its progress is not shown
+            continue
+        if value:
+            out.append(value)
+    return out
 
 
 def _require_a_sample(cfg: RunConfig, manifest: dict, units: int) -> None:

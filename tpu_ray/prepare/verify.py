@@ -60,17 +60,23 @@ def count_records(data: bytes) -> int:
 SHARD_FIX = "delete it and rerun `tpu-ray shard` to rewrite it"
 
 
-def check_shard(shards_dir: str, entry: dict, deep: bool) -> str | None:
+def check_shard(shards_dir: str, entry: dict, deep: bool, sizes: dict[str, int] | None = None) -> str | None:
     """None if the shard matches its manifest entry, else what is wrong, naming the file
     (callers add the fix, SHARD_FIX).
 
-    Shallow: exists and has the recorded size. Deep: also sha256 and sample count (reads it).
+    Shallow: exists and has the recorded size (from `sizes`, one listing of the shard dir, when
+    given). Deep: also sha256 and sample count (reads it).
     """
     path = storage.join(shards_dir, entry["path"])
-    try:
-        size = storage.size(path)
-    except FileNotFoundError:
-        return f"{path}: listed in manifest.json but missing"
+    if sizes is not None:
+        if entry["path"] not in sizes:
+            return f"{path}: listed in manifest.json but missing"
+        size = sizes[entry["path"]]
+    else:
+        try:
+            size = storage.size(path)
+        except FileNotFoundError:
+            return f"{path}: listed in manifest.json but missing"
     if "bytes" in entry and size != entry["bytes"]:
         return f"{path}: {size} bytes, manifest.json says {entry['bytes']} (truncated or rewritten)"
     if not deep:
@@ -98,8 +104,9 @@ def verify_for_training(shards_dir: str, manifest: dict | None) -> None:
         return
     entries = manifest_shards(manifest)
     deep = deep_checked(entries, full=False)
+    sizes = storage.find_sizes(shards_dir)  # one listing, not a `size` request per shard
     for entry in entries:
-        problem = check_shard(shards_dir, entry, deep=entry["path"] in deep)
+        problem = check_shard(shards_dir, entry, deep=entry["path"] in deep, sizes=sizes)
         if problem:
             raise UserError(f"{problem}; {SHARD_FIX}")
 
@@ -153,6 +160,7 @@ def preflight_corpus(cfg) -> list[str]:
     """
     from tpu_ray.config import BUILTIN_CORPUS
     from tpu_ray.prepare.corpus import WorkUnit, decode_text, parquet_rows, resolve_files
+    from tpu_ray.prepare.formats import detect
 
     checked: list[str] = []
     for field, source in (("corpus.source", cfg.corpus.source),
@@ -160,12 +168,12 @@ def preflight_corpus(cfg) -> list[str]:
         if not source or source == BUILTIN_CORPUS or source.startswith("hf:"):
             continue
         files = resolve_files(source, field)
-        if all(storage.size(path) == 0 for path, _ in files):
+        if all(fmt != "hf_disk" and storage.size(path) == 0 for path, fmt in files):
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
         for path, fmt in files[:SNIFF_FILES]:
-            if fmt == "parquet":  # reads the footer only: not parquet, or no text column
-                parquet_rows(path, cfg.corpus.text_field)
-            if fmt in ("txt", "jsonl"):
+            if fmt == "parquet":  # reads the footer only: not parquet, no text column, not text
+                parquet_rows(path, cfg.corpus.text_field, cfg.corpus.text_lists)
+            if fmt in ("txt", "jsonl") and detect(path)[1] is None:  # compressed ones: their stage reads them
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)
                 # The corpus reader's own one-line errors: NUL bytes, and non-UTF-8 under

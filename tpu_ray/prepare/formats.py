@@ -1,0 +1,129 @@
+"""Which reader a corpus path needs, and opening compressed files as decompressed streams.
+
+Why here: the format of a file is decided once (by its name, as fsspec and Hugging Face do), and
+both planning and the readers need the answer. Compression is inferred from the suffix with
+fsspec's table (`fsspec.utils.compressions`: .gz .bz2 .xz .zst ...); a suffix that names a
+compression this installation cannot read is refused in one line instead of read as text.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import IO, Literal
+
+from tpu_ray import storage
+from tpu_ray.errors import UserError
+
+Format = Literal["txt", "jsonl", "parquet", "csv", "tsv", "hf", "hf_disk"]
+TEXT_SUFFIXES: dict[str, Format] = {".txt": "txt", ".text": "txt", ".md": "txt", ".jsonl": "jsonl",
+                                    ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
+                                    ".csv": "csv", ".tsv": "tsv"}
+# fsspec's suffix -> compression; zip is an archive of files, not a stream of text: not one.
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd", ".lzma": "lzma"}
+# Suffixes of compressions/archives we cannot stream: named in the error rather than read as text.
+UNSUPPORTED = (".zip", ".lz4", ".br", ".snappy", ".sz", ".7z", ".tar", ".tgz", ".z", ".lzo", ".rar")
+STREAMABLE: tuple[Format, ...] = ("txt", "jsonl", "csv", "tsv")  # formats that may be compressed
+
+
+def detect(path: str, strict: bool = True) -> tuple[Format, str | None] | None:
+    """(format, compression) of a file by its name; None (strict=False) for files that are not corpus.
+
+    With strict=True an unknown suffix is plain text (binary content is caught when read).
+    """
+    name = path.lower().rsplit("/", 1)[-1]
+    compression = None
+    for suffix, comp in COMPRESSIONS.items():
+        if name.endswith(suffix):
+            compression, name = comp, name[: -len(suffix)]
+            break
+    else:
+        bad = next((s for s in UNSUPPORTED if name.endswith(s)), None)
+        if bad:
+            if not strict:
+                return None
+            raise UserError(f"{path}: compression/archive {bad!r} is not supported; decompress it, or recompress "
+                            f"with gzip (.gz), zstd (.zst), bzip2 (.bz2) or xz (.xz)")
+    for suffix, fmt in TEXT_SUFFIXES.items():
+        if name.endswith(suffix):
+            if compression and fmt not in STREAMABLE:
+                if not strict:
+                    return None
+                raise UserError(f"{path}: a compressed {suffix} file cannot be read in row groups; decompress it "
+                                f"(parquet compresses its pages itself)")
+            return fmt, compression
+    if compression or strict:
+        return "txt", compression  # e.g. `notes.gz`: compressed text
+    return None
+
+
+def open_decompressed(path: str, compression: str | None) -> IO[bytes]:
+    """A binary stream of the file's decompressed bytes (the file itself when not compressed).
+
+    gzip/bz2/xz through fsspec's registry (they raise EOFError on a truncated stream). zstd by hand:
+    fsspec's zstandard reader returns a truncated stream's bytes and then a clean EOF (checked with
+    zstandard 0.25), which would train on half a file without a word.
+    """
+    raw = storage.open(path, "rb")
+    if compression is None:
+        return raw
+    if compression == "zstd":
+        return io.BufferedReader(_ZstdReader(raw), buffer_size=1 << 20)
+    from fsspec.compression import compr
+
+    if compression not in compr:
+        raw.close()
+        raise UserError(f"{path}: compression {compression!r} is not installed; pip install its package or "
+                        f"decompress the file")
+    return compr[compression](raw, mode="rb")
+
+
+class _ZstdReader(io.RawIOBase):
+    """zstd frames (one or many, as `zstd`/`pzstd` write them) decompressed; a cut stream raises EOFError."""
+
+    def __init__(self, raw: IO[bytes]):
+        import zstandard
+
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj = self._dctx.decompressobj()
+        self._fed = False  # the current frame has input it has not finished
+        self._buf = b""
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> None:
+        if self._pos >= len(self._buf):
+            self._buf, self._pos = b"", 0
+        while not self._buf:
+            if self._obj.eof:
+                rest = self._obj.unused_data
+                self._obj, self._fed = self._dctx.decompressobj(), False
+                if rest:
+                    self._fed = True
+                    self._buf = self._obj.decompress(rest)
+                    continue
+            data = self._raw.read(1 << 20)
+            if not data:
+                if self._fed and not self._obj.eof:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                return
+            self._fed = True
+            self._buf = self._obj.decompress(data)
+
+    def readinto(self, b) -> int:
+        self._fill()
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = memoryview(self._buf)[self._pos: self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def is_saved_dataset(path: str) -> bool:
+    """A `datasets` save_to_disk directory: `state.json` (a Dataset) or `dataset_dict.json` (a DatasetDict)."""
+    return storage.exists(storage.join(path, "state.json")) or storage.exists(storage.join(path, "dataset_dict.json"))
