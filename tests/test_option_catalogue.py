@@ -282,6 +282,7 @@ CONFIG_ROWS: dict[str, object] = {
     "corpus.hf_config": Str(),
     "corpus.hf_split": Str(),
     "corpus.text_field": Str(),
+    "corpus.text_lists": Enum(),
     "corpus.validation_source": Str("source"),
     "corpus.validation_fraction": fraction(),  # 0: no validation split from the units
     "corpus.encoding_errors": Enum(),
