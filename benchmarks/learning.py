@@ -210,15 +210,16 @@ def run_reference(cfg, args, batch: dict):
     return final, seconds, curve
 
 
-def time_to(curve: list[tuple[float, int, float]], target: float) -> float | None:
-    """Seconds at which a (seconds, step, loss) curve first reaches `target` (linear between points)."""
+def time_to(curve: list[tuple[float, int, float]], target: float, at: int = 0) -> float | None:
+    """Seconds (at=0) or steps (at=1) at which a (seconds, step, loss) curve first reaches `target`
+    (linear between points)."""
     prev = None
     for point in curve:
         if point[2] <= target:
             if prev is None:
-                return point[0]
-            (t0, _, l0), (t1, _, l1) = prev, point
-            return t0 + (t1 - t0) * (l0 - target) / (l0 - l1) if l0 != l1 else t1
+                return point[at]
+            (l0, l1), (x0, x1) = (prev[2], point[2]), (prev[at], point[at])
+            return x0 + (x1 - x0) * (l0 - target) / (l0 - l1) if l0 != l1 else x1
         prev = point
     return None
 
@@ -260,6 +261,9 @@ def main() -> None:
     p.add_argument("--mask-prob", type=float, default=0.15, help="tpu-ray's masking rate (the reference: 0.15)")
     p.add_argument("--jit", type=lambda v: {"true": True, "false": False, "auto": None}[v.lower()], default=None,
                    help="tpu-ray's train.jit_compile: true, false or auto (the strategy's default)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for tpu-ray's side only (a recipe lever), e.g. "
+                        "train.whole_word_mask=true; repeatable; the reference stays as it is")
     p.add_argument("--snapshot-every", type=int, default=100, help="steps between scored snapshots")
     p.add_argument("--plot", help="write the test-loss-against-seconds curves to this PNG")
     p.add_argument("--reference-curve", help="a JSON line of an earlier run: its reference side is reused "
@@ -275,6 +279,8 @@ def main() -> None:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         cfg = prepare(work, args)
+        if args.set:
+            cfg = cfg.override(args.set)
         batch = test_batch(cfg)
         base_loss, base_top1 = baseline(cfg, batch)
         ours_loss = ours_top1 = ours_s = None
@@ -303,16 +309,18 @@ def main() -> None:
         print(f"  {'tpu-ray trainer':30s} {ours_loss:10.3f} {ours_top1:7.1%} {ours_s:8.0f}")
     if ref_loss is not None:
         print(f"  {'reference model.fit':30s} {ref_loss:10.3f} {ref_top1:7.1%} {ref_s:8.0f}")
-    reach = ratio = None
+    reach = ratio = reach_steps = None
     if ours_loss is not None and ref_loss is not None:
         print(f"  tpu-ray vs reference: {ref_loss - ours_loss:+.3f} nats, {ref_s / ours_s:.2f}x faster")
         reach = time_to(ours_curve, ref_loss)
         ratio = reach / ref_s if reach is not None else None
+        # Steps are what a recipe lever changes and do not depend on how loaded the machine was.
+        reach_steps = time_to(ours_curve, ref_loss, at=1)
         print(f"  test loss by seconds (every {args.snapshot_every} steps): tpu-ray {ours_curve}")
         print(f"  {'':37s}reference {ref_curve}")
         print(f"  time to the reference's final test loss {ref_loss:.3f}: tpu-ray "
-              + (f"{reach:.0f} s against the reference's {ref_s:.0f} s: ratio {ratio:.2f}" if reach is not None
-                 else "never reached it"))
+              + (f"{reach:.0f} s against the reference's {ref_s:.0f} s: ratio {ratio:.2f}; "
+                 f"{reach_steps:.0f} of its {args.steps} steps" if reach is not None else "never reached it"))
     if args.plot:
         plot(args.plot, {"tpu-ray trainer": ours_curve, "reference model.fit": ref_curve}, ref_loss)
     if ours_loss is not None:
@@ -325,7 +333,9 @@ def main() -> None:
            "tpu_ray_seconds": ours_s and round(ours_s, 1), "reference_seconds": ref_s and round(ref_s, 1),
            "steps": args.steps, "masked_test_tokens": n,
            "time_to_reference_seconds": reach and round(reach, 1), "time_to_reference_ratio": ratio and round(ratio, 3),
-           "tpu_ray_curve": ours_curve, "reference_curve": ref_curve, "mask_prob": args.mask_prob,
+           "steps_to_reference": reach_steps and round(reach_steps),
+           "steps_to_reference_ratio": reach_steps and round(reach_steps / args.steps, 3),
+           "tpu_ray_overrides": args.set, "tpu_ray_curve": ours_curve, "reference_curve": ref_curve, "mask_prob": args.mask_prob,
            "jit_compile": args.jit}
     print(json.dumps(out))
 

@@ -80,6 +80,12 @@ class Family:
     # (substring of the PyTorch name, "in1k" for a depthwise Conv1d [in, 1, k] | "column" for [n, 1]).
     pt_reshapes: tuple[tuple[str, str], ...] = ()
     note: str = ""
+    # Why this type cannot train in mixed precision ("" when it can): checked against the precision
+    # the strategy resolves (auto included), so the run stops with one line before building the model.
+    float32_only: str = ""
+    # Why the PyTorch-layout export computes differently from the TF model ("" when it does not):
+    # the export still writes it (init_from reads it back exactly) but says so in its log and card.
+    pytorch_differs: str = ""
 
     @property
     def pad_role_id(self) -> int:
@@ -108,7 +114,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _roberta_like("camembert"),
     _roberta_like("roberta-prelayernorm"),
     _roberta_like("longformer", published=dict(_ROBERTA_PUBLISHED, max_position_embeddings=4098),
-                  note="attention_window is set to the sequence length from scratch"),
+                  note="attention_window is set to the sequence length from scratch",
+                  float32_only="TF Longformer's global attention does tf.where(mask, -10000.0, scores) on "
+                               "half-precision scores, a TypeError inside transformers 4.57"),
     _roberta_like("mpnet", tokens=MPNET_TOKENS, published=dict(max_position_embeddings=514, layer_norm_eps=1e-5),
                   dropout_fields=("hidden_dropout_prob", "attention_probs_dropout_prob")),
     _bert_like("bert", ("mlm",)),
@@ -133,7 +141,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            published=dict(max_position_embeddings=512, layer_norm_eps=1e-9, type_vocab_size=3),
            size_fields={"num_hidden_layers": None, "intermediate_size": "d_inner"},
            dropout_fields=("hidden_dropout", "attention_dropout", "activation_dropout"),
-           note="layers come as block_sizes (one layer per block from scratch)"),
+           note="layers come as block_sizes (one layer per block from scratch)",
+           pytorch_differs="PyTorch Funnel computes other logits than TF Funnel from the same weights "
+                           "(measured: up to 7 apart, every weight loaded); use the TF weights (tf_model.h5)"),
     Family("xlm", XLM_TOKENS, id_order=("cls", "sep", "pad", "unk", "mask"), head=None,
            published=dict(max_position_embeddings=512), size_fields={"intermediate_size": None},
            dropout_fields=("dropout", "attention_dropout")),

@@ -79,6 +79,7 @@ def compile_program(cfg: RunConfig, tok: Any, program: Program, files: list[str]
     import tensorflow as tf
     import tf_keras
 
+    from tpu_ray.errors import UserError
     from tpu_ray.train.inputs import train_dataset
     from tpu_ray.train.loop import build, make_train_step, mask_spec
     from tpu_ray.train.strategy import StrategyInfo
@@ -109,6 +110,8 @@ def compile_program(cfg: RunConfig, tok: Any, program: Program, files: list[str]
         step_s = time.perf_counter() - t1
     except tf.errors.OpError as exc:
         return {"ok": False, "error": exc.message or str(exc)}
+    except UserError as exc:  # e.g. a model type that cannot train in the target's precision
+        return {"ok": False, "error": str(exc)}
     finally:
         tf_keras.mixed_precision.set_global_policy(previous)
     fn = train_steps if multi else train_step

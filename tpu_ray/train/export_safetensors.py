@@ -108,6 +108,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "",
         "PyTorch (Transformers 4.57 or 5), from `model.safetensors`:",
         "",
+        *([f"**Caveat:** {differs}.", ""] if (differs := _pytorch_differs(model_type)) else []),
         "```python",
         "from transformers import pipeline",
         'unmasker = pipeline("fill-mask", model="PATH/TO/model")',
@@ -128,12 +129,21 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
     return "\n".join(lines)
 
 
+def _pytorch_differs(model_type: str) -> str:
+    from tpu_ray.families import FAMILIES
+
+    fam = FAMILIES.get(model_type)
+    return fam.pytorch_differs if fam else ""
+
+
 def write_pytorch_files(directory: str | Path, s: Any, last_eval: dict[str, Any] | None = None) -> None:
     """The export hook: model.safetensors + README.md into the export staging `directory`.
 
     `s` is the trainer's TrainSetup (model, cfg, tok, step_var); `last_eval` its last eval record.
     """
     write_safetensors(s.model, directory)
+    if differs := _pytorch_differs(s.model.config.model_type):
+        log.warning("export: model.safetensors is written, but %s", differs)
     card = model_card(s.cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval,
                       mask=s.tok.tokens.mask)
     (Path(directory) / MODEL_CARD).write_text(card, encoding="utf-8")

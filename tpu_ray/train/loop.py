@@ -80,6 +80,7 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     from tpu_ray.train.optimizer import make_optimizer
 
     t = cfg.train
+    refuse_precision(cfg, info.mixed_precision)
     warmup = lr_schedule.warmup_steps(cfg)
     # `seed` fixes the initial weights and dropout too, not only data order and masks: an
     # uninterrupted run can be repeated exactly (after --resume only the dropout draws differ).
@@ -286,6 +287,17 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
                            make_execute(s, iterator, train_step, train_steps)):
         step = done.step
     return finish(cfg, s, metrics, state, start, step, files_read, t_start)
+
+
+def refuse_precision(cfg: RunConfig, precision: str) -> None:
+    """A model type that cannot train in mixed precision stops here with one line (auto on a TPU or
+    GPU resolves to it too), before any model is built."""
+    from tpu_ray.families import family
+
+    why = family(cfg.model.model_type).float32_only
+    if why and precision != "float32":
+        raise UserError(f"model.model_type={cfg.model.model_type} cannot train in {precision}: {why}; "
+                        f"set train.mixed_precision=float32")
 
 
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
