@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from tpu_ray import storage
 from tpu_ray.config import MASK
 from tpu_ray.errors import UserError, first_line
@@ -10,11 +12,17 @@ from tpu_ray.errors import UserError, first_line
 def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     """Top-k predictions for the mask token in `text` (written as [MASK], or the model's own mask
     token such as RoBERTa's <mask>: the CLI's examples work whatever the model's family)."""
+    check_fill_mask_text(text)  # before loading TensorFlow: a refusal costs no model load
+    return load_unmasker(model_dir)(text, top_k)
+
+
+def load_unmasker(model_dir: str) -> Callable[[str, int], list[dict]]:
+    """The exported model loaded once, as `predict(text, top_k)` (fill_mask per sentence; probes
+    over many sentences load it once)."""
     from transformers import pipeline
 
     if not storage.exists(storage.join(model_dir, "config.json")):
         raise UserError(f"{model_dir}: no exported model (config.json missing); train first or fix the path")
-    check_fill_mask_text(text)  # before loading TensorFlow: a refusal costs no model load
     from tpu_ray.prepare.tokenizer import check_json_files
 
     check_json_files(model_dir, "export it again (tpu-ray train --resume with the run's config)")
@@ -29,15 +37,20 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
         raise UserError(f"{model_dir}: cannot load the exported model ({first_line(exc)}); export it again "
                         f"(tpu-ray train --resume with the run's config)") from None
     mask = unmasker.tokenizer.mask_token
-    if mask != MASK and MASK in text and mask not in text:  # [MASK] is the placeholder for any model's mask
-        text = text.replace(MASK, mask)
-    if mask not in text:
-        raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")
-    _one_mask(text, mask)
-    if top_k < 1:
-        raise UserError(f"--top-k {top_k}: must be >= 1 (how many predictions to print)")
-    # More than the vocabulary means "all of it": TensorFlow's top_k would refuse k > vocabulary.
-    return unmasker(text, top_k=min(top_k, len(unmasker.tokenizer)))
+
+    def predict(text: str, top_k: int = 5) -> list[dict]:
+        check_fill_mask_text(text)
+        if mask != MASK and MASK in text and mask not in text:  # [MASK] is the placeholder for any model's mask
+            text = text.replace(MASK, mask)
+        if mask not in text:
+            raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")
+        _one_mask(text, mask)
+        if top_k < 1:
+            raise UserError(f"--top-k {top_k}: must be >= 1 (how many predictions to print)")
+        # More than the vocabulary means "all of it": TensorFlow's top_k would refuse k > vocabulary.
+        return unmasker(text, top_k=min(top_k, len(unmasker.tokenizer)))
+
+    return predict
 
 
 def check_fill_mask_text(text: str, mask: str = MASK) -> None:
