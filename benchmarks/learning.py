@@ -10,8 +10,12 @@ counted in the training shards, the same prediction at every position.
 
     python benchmarks/learning.py                   # table, then one JSON line
     python benchmarks/learning.py --skip-reference  # tpu-ray and the baseline only (tuning)
+    python benchmarks/learning.py --mask-prob 0.15  # tpu-ray with the reference's own recipe
+    python benchmarks/learning.py --skip-reference --reference-curve LAST_LINE.json --set train.whole_word_mask=true
 
-The defaults (BPE vocab 4000, 1500 steps, lr 2e-3, warm-up 100) are the setting measured to learn
+tpu-ray masks 30% of tokens by default here, the recipe measured best for time to quality; the
+reference masks 15% as it always did, and the evaluation masks 15%. The defaults (BPE vocab 4000,
+1500 steps, lr 2e-3, warm-up 100) are the setting measured to learn
 from context on 2 cores in about 5 minutes for tpu-ray's trainer (README, "Does it learn?"). With
 vocab 8000 two runs of one setting ended 0.6 nats apart (5.90 and 6.50): the model was still
 leaving the word-frequency plateau at the last step, so the result hung on when it left it.
@@ -21,7 +25,10 @@ steps (tpu-ray: its own checkpoints, written as in any run; the reference: a Ker
 the weights to memory, and the copy's time is taken off its clock), each stamped with the seconds
 since that trainer started. After training, the same held-out evaluation scores every snapshot, so
 the evaluation stays outside both trainers. The figure: the seconds tpu-ray needs to reach the
-reference's final test loss (linear between snapshots), and its ratio to the reference's seconds.
+reference's final test loss (linear between snapshots), and its ratio to the seconds the reference
+needed to reach it (its last snapshot; `..._vs_wall`: to model.fit's whole wall time). With
+`--set KEY=VALUE` a recipe lever changes tpu-ray's side only; `steps_to_reference` is the same
+figure in steps, which the machine's load does not move.
 `--plot PNG` draws both curves (test loss against seconds).
 
 Last line: {"tpu_ray_test_loss", "reference_test_loss", "baseline_loss", "tpu_ray_top1",
@@ -258,7 +265,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--mask-prob", type=float, default=0.15, help="tpu-ray's masking rate (the reference: 0.15)")
+    p.add_argument("--mask-prob", type=float, default=0.3,
+                   help="tpu-ray's masking rate (the reference's stays 0.15): 0.3 measured best (README, Time to quality)")
     p.add_argument("--jit", type=lambda v: {"true": True, "false": False, "auto": None}[v.lower()], default=None,
                    help="tpu-ray's train.jit_compile: true, false or auto (the strategy's default)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -309,17 +317,22 @@ def main() -> None:
         print(f"  {'tpu-ray trainer':30s} {ours_loss:10.3f} {ours_top1:7.1%} {ours_s:8.0f}")
     if ref_loss is not None:
         print(f"  {'reference model.fit':30s} {ref_loss:10.3f} {ref_top1:7.1%} {ref_s:8.0f}")
-    reach = ratio = reach_steps = None
+    reach = ratio = ratio_wall = reach_steps = None
     if ours_loss is not None and ref_loss is not None:
         print(f"  tpu-ray vs reference: {ref_loss - ours_loss:+.3f} nats, {ref_s / ours_s:.2f}x faster")
         reach = time_to(ours_curve, ref_loss)
-        ratio = reach / ref_s if reach is not None else None
+        # The reference's time to its own final loss: its last snapshot's stamp (model.fit's wall time
+        # also holds ~45 s after its last step, which would flatter the ratio); the wall ratio is kept too.
+        ref_reach = ref_curve[-1][0] if ref_curve else ref_s
+        ratio = reach / ref_reach if reach is not None else None
+        ratio_wall = reach / ref_s if reach is not None else None
         # Steps are what a recipe lever changes and do not depend on how loaded the machine was.
         reach_steps = time_to(ours_curve, ref_loss, at=1)
         print(f"  test loss by seconds (every {args.snapshot_every} steps): tpu-ray {ours_curve}")
         print(f"  {'':37s}reference {ref_curve}")
         print(f"  time to the reference's final test loss {ref_loss:.3f}: tpu-ray "
-              + (f"{reach:.0f} s against the reference's {ref_s:.0f} s: ratio {ratio:.2f}; "
+              + (f"{reach:.0f} s against the reference's {ref_reach:.0f} s: ratio {ratio:.2f} "
+                 f"({ratio_wall:.2f} of its {ref_s:.0f} s wall time); "
                  f"{reach_steps:.0f} of its {args.steps} steps" if reach is not None else "never reached it"))
     if args.plot:
         plot(args.plot, {"tpu-ray trainer": ours_curve, "reference model.fit": ref_curve}, ref_loss)
@@ -333,6 +346,7 @@ def main() -> None:
            "tpu_ray_seconds": ours_s and round(ours_s, 1), "reference_seconds": ref_s and round(ref_s, 1),
            "steps": args.steps, "masked_test_tokens": n,
            "time_to_reference_seconds": reach and round(reach, 1), "time_to_reference_ratio": ratio and round(ratio, 3),
+           "time_to_reference_ratio_vs_wall": ratio_wall and round(ratio_wall, 3),
            "steps_to_reference": reach_steps and round(reach_steps),
            "steps_to_reference_ratio": reach_steps and round(reach_steps / args.steps, 3),
            "tpu_ray_overrides": args.set, "tpu_ray_curve": ours_curve, "reference_curve": ref_curve, "mask_prob": args.mask_prob,
