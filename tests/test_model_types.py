@@ -125,15 +125,26 @@ def test_bfloat16_training_stays_finite(scratch_runs, tmp_path, model_type):
     from tpu_ray.train.loop import train
 
     tok_dir, shards, *_ = scratch_runs(model_type)
-    cfg = type_config(tmp_path / "bf16", model_type, tok_dir, shards, **{"train.mixed_precision": "mixed_bfloat16"})
-    if family(model_type).float32_only:  # longformer: refused in one line before any model is built
-        from tpu_ray.errors import UserError
-
-        with pytest.raises(UserError, match="set train.mixed_precision=float32"):
-            train(cfg)
+    if family(model_type).float32_only:  # longformer: refused in one line, never a TypeError mid-trace
+        _assert_mixed_precision_refused(tmp_path, model_type, tok_dir, shards)
         return
-    summary = train(cfg)
+    summary = train(type_config(tmp_path / "bf16", model_type, tok_dir, shards,
+                                **{"train.mixed_precision": "mixed_bfloat16"}))
     assert np.isfinite(summary["final_loss"]) and np.isfinite(summary["eval_loss"])
+
+
+def _assert_mixed_precision_refused(tmp_path: Path, model_type: str, tok_dir: str, shards: Path) -> None:
+    """Named in the config: refused when the config is read. Reached through auto (bfloat16 on a
+    TPU): refused when the trainer knows its precision, before building the model."""
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.loop import refuse_precision
+
+    with pytest.raises(UserError, match="cannot train in mixed_bfloat16: .*set train.mixed_precision=float32"):
+        type_config(tmp_path / "bf16", model_type, tok_dir, shards, **{"train.mixed_precision": "mixed_bfloat16"})
+    cfg = type_config(tmp_path / "auto", model_type, tok_dir, shards)
+    with pytest.raises(UserError, match="set train.mixed_precision=float32"):
+        refuse_precision(cfg, "mixed_bfloat16")  # what auto resolves to on a TPU
+    refuse_precision(cfg, "float32")  # CPU's auto: trains
 
 
 @pytest.mark.parametrize("weights", ["tf_model.h5", "model.safetensors"])
