@@ -278,13 +278,11 @@ class RunConfig(_Section):
         if t.mask_token_fraction + t.random_token_fraction > 1:
             raise ValueError(f"train.mask_token_fraction={t.mask_token_fraction} + train.random_token_fraction="
                              f"{t.random_token_fraction} exceed 1; they are shares of the selected tokens")
-        if t.mixed_precision in ("mixed_bfloat16", "mixed_float16"):  # auto: checked when the hardware is known
-            from tpu_ray.families import FAMILIES
+        if t.mixed_precision != "auto":  # auto: checked by the trainer once the hardware is known
+            from tpu_ray.families import mixed_precision_refusal
 
-            fam = FAMILIES.get(self.model.model_type)
-            if fam and fam.float32_only:
-                raise ValueError(f"model.model_type={self.model.model_type} cannot train in {t.mixed_precision}: "
-                                 f"{fam.float32_only}; set train.mixed_precision=float32")
+            if why := mixed_precision_refusal(self.model.model_type, t.mixed_precision):
+                raise ValueError(why)
         positions = self.max_positions()
         # With init_from the checkpoint's positions decide (checked when it is read: train/init_from.py).
         if self.positions_needed() > positions and not self.model.init_from:

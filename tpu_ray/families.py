@@ -174,6 +174,15 @@ def family(model_type: str, where: str = "model.model_type") -> Family:
                     f"use one of {', '.join(sorted(FAMILIES))}")
 
 
+def mixed_precision_refusal(model_type: str, precision: str) -> str | None:
+    """The one line refusing `precision` for a type that trains in float32 only (None: it can)."""
+    fam = FAMILIES.get(model_type)
+    if fam is None or not fam.float32_only or precision == "float32":
+        return None
+    return (f"model.model_type={model_type} cannot train in {precision}: {fam.float32_only}; "
+            f"set train.mixed_precision=float32")
+
+
 def training_order(fam: Family) -> list[str]:
     """The special tokens in the id order a tokenizer trained for `fam` gives them (ids 0..4)."""
     roles = fam.tokens.by_role()

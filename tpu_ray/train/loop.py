@@ -292,12 +292,10 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
 def refuse_precision(cfg: RunConfig, precision: str) -> None:
     """A model type that cannot train in mixed precision stops here with one line (auto on a TPU or
     GPU resolves to it too), before any model is built."""
-    from tpu_ray.families import family
+    from tpu_ray.families import mixed_precision_refusal
 
-    why = family(cfg.model.model_type).float32_only
-    if why and precision != "float32":
-        raise UserError(f"model.model_type={cfg.model.model_type} cannot train in {precision}: {why}; "
-                        f"set train.mixed_precision=float32")
+    if why := mixed_precision_refusal(cfg.model.model_type, precision):
+        raise UserError(why)
 
 
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
