@@ -129,6 +129,14 @@ def test_fill_mask_top_k_beyond_the_vocabulary_prints_all(quickstart_run, capsys
     assert scores == sorted(scores, reverse=True)
 
 
+def test_fill_mask_text_without_a_mask_names_both_spellings(quickstart_run, capsys):
+    """A RoBERTa model's mask is <mask>, and the CLI takes [MASK] for it: the refusal names both."""
+    assert main(["fill-mask", "--model", str(quickstart_run), "no mask here"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "contains no mask token; put [MASK] (or the model's own <mask>) where a word is missing" in err
+    assert "\n" not in err
+
+
 def test_tokenizer_pad_id_matches_tf_roberta_padding_index(quickstart_run):
     from transformers import AutoTokenizer
 

@@ -43,7 +43,8 @@ def load_unmasker(model_dir: str) -> Callable[[str, int], list[dict]]:
         if mask != MASK and MASK in text and mask not in text:  # [MASK] is the placeholder for any model's mask
             text = text.replace(MASK, mask)
         if mask not in text:
-            raise UserError(f"fill-mask text {text!r}: contains no {mask} token; put {mask} where a word is missing")
+            spelled = MASK if mask == MASK else f"{MASK} (or the model's own {mask})"
+            raise UserError(f"fill-mask text {text!r}: contains no mask token; put {spelled} where a word is missing")
         _one_mask(text, mask)
         if top_k < 1:
             raise UserError(f"--top-k {top_k}: must be >= 1 (how many predictions to print)")
