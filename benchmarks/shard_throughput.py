@@ -9,7 +9,7 @@ tokenizer (vocab 10k, trained with tpu_ray.prepare.tokenizer):
    `.map(tokenizer, batched=True, num_proc=<cores>)`, `group_texts` by list concatenation, one
    `tf.train.Example` per sample serialized in Python, `tf.io.TFRecordWriter`;
 3. tpu-ray: `make_shards` on a local Ray cluster (start-up, including its worker processes, not
-   counted), end to end: planning, the bad-input check, tokenizing, shards and manifest; and the
+   counted), end to end: planning, tokenizing (one read per unit), shards and manifest; and the
    same with Ray's start-up counted (`e2e_*`), which is what a user waits for.
 
 Every rate divides the SAME token count (the corpus' tokens without special tokens, as the
@@ -24,7 +24,7 @@ The last line printed is one JSON object with the figures and the ratios.
 --format: the same text in the shapes real corpora ship in (C4-like .jsonl.gz files, Pile-like
 .jsonl.zst, FineWeb-like parquet with row groups and extra columns, a save_to_disk dataset), one
 record per line of the corpus, each sharded by make_shards; per format: tokens/s, its ratio to
-plain text's, peak actor RSS, bytes the actors read (/proc rchar, check and shard passes) over
+plain text's, peak actor RSS, bytes the actors read (/proc rchar) over
 the bytes stored. And `txt_vs_ceiling`: plain text against N processes of `encode_batch_fast`
 (one per CPU, one thread each, no I/O), the real ceiling of N single-threaded actors.
 """

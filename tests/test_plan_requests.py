@@ -13,7 +13,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from tpu_ray.config import CorpusConfig, ShardConfig
-from tpu_ray.prepare.corpus import check_unit_bytes, iter_chunks, plan_units
+from tpu_ray.prepare.corpus import iter_chunks, plan_units
 
 
 class CountingFileSystem(LocalFileSystem):
@@ -96,15 +96,14 @@ def test_planning_costs_o_files_requests_and_is_done_once(counting, tmp_path, sm
     assert plan_units(corpus, shard, run_dir) == units
     assert counting.get("open", 0) == 0 and counting.get("bytes", 0) == 0 and counting.get("list", 0) <= 2, counting
 
-    # What the actors read: the check pass reads each unit once, the shard pass once more (one open
-    # each): 2x the corpus, one open per unit and pass (not yet the 1.1x: see the report).
+    # What the actors read: each unit once, in one open; nothing else (no check pass, no second
+    # read for the validation part): at most the 1.1x the corpus.
     counting.clear()
     for unit in units:
-        check_unit_bytes(unit)
         for _ in iter_chunks(unit):
             pass
-    assert counting["open"] == 2 * len(units), counting
-    assert counting["bytes"] <= 2.05 * total, counting
+    assert counting["open"] == len(units), counting
+    assert counting["bytes"] <= 1.1 * total, counting
 
 
 def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp_path, small_corpus):

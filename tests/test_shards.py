@@ -227,9 +227,37 @@ def test_non_utf8_fails_with_file_and_offset_or_is_replaced(tmp_path, small_corp
     with pytest.raises(UserError) as err:
         make_shards(cfg)
     assert f"latin1.txt: byte {offset + 3}: not UTF-8" in str(err.value) and "\n" not in str(err.value)
-    assert _no_shards(cfg)
+    # Units before the bad one may be committed (the corpus is read once), never a complete set.
+    assert read_manifest(cfg.shards_dir) is None or not read_manifest(cfg.shards_dir)["complete"]
     ok = _cfg(tmp_path, bad, tiny_tokenizer_dir, name="replace", **{"corpus.encoding_errors": "replace"})
     assert make_shards(ok).samples > 0
+
+
+def test_bad_bytes_in_a_late_unit_fail_the_one_read_and_the_fixed_rerun_gives_the_clean_bytes(
+        tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir, caplog):
+    """Issue 21: the corpus is read once (no check pass before sharding). Bad bytes in unit 13 of 16
+    fail the shard pass naming the byte; the units committed before it stay in an incomplete
+    manifest that training refuses; the fixed file shards to exactly the clean corpus's bytes."""
+    _, _, expected = reference_run
+    data = mid_corpus.read_bytes()
+    offset = data.index(b"\n", 850_000) + 1
+    corpus = tmp_path / "mid.txt"
+    corpus.write_bytes(data[:offset] + b"caf\xe9\n" + data[offset:])
+    cfg = _cfg(tmp_path, corpus, tiny_tokenizer_dir, **{"corpus.encoding_errors": "fail"})
+    with pytest.raises(UserError) as err:
+        make_shards(cfg, actors=1)
+    assert f"mid.txt: byte {offset + 3}: not UTF-8" in str(err.value) and "\n" not in str(err.value)
+    partial = read_manifest(cfg.shards_dir)
+    assert partial is not None and not partial["complete"] and len(partial["units_done"]) >= 1
+    with pytest.raises(UserError, match="sharding did not finish"):
+        shard_files(cfg.shards_dir, "train")
+    corpus.write_bytes(data)  # fixed: another size, so another plan; the unfinished attempt is dropped
+    with caplog.at_level("WARNING", logger="tpu_ray"):
+        make_shards(cfg, actors=2)
+    assert "unfinished attempt over another corpus plan" in caplog.text
+    got = _digest_dir(Path(cfg.shards_dir))  # the manifest names another corpus path: shards compared
+    assert got.pop("manifest.json") and got == {k: v for k, v in expected.items() if k != "manifest.json"}
+    assert read_manifest(cfg.shards_dir)["complete"]
 
 
 def test_binary_file_given_as_text(tmp_path, tiny_tokenizer_dir, ray_local):

@@ -515,27 +515,6 @@ def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) 
     return out
 
 
-def check_unit_bytes(unit: WorkUnit) -> None:
-    """Fail on a byte-range unit's bad input (binary, non-UTF-8 under `fail`, bad JSON, a field that
-    is not text) without keeping its text, before any shard exists.
-
-    Streamed units are not read twice for this (a second full decompression or row-group read per
-    unit): their bad input fails the shard pass, whose committed shards stay out of any complete
-    manifest (the train stage refuses an incomplete one), and the fixed rerun resumes.
-    """
-    if unit.streamed:
-        return
-    if unit.fmt != "txt":
-        counts = Counts()
-        _byte_range_chunk(unit, counts)
-        counts.require_field(unit.source, unit.text_field)
-        return
-    with storage.open(unit.source, "rb") as f:
-        f.seek(unit.start)
-        raw = f.read(unit.end - unit.start)
-    decode_text(raw, unit, unit.start)
-
-
 def decode_text(raw: bytes, unit: WorkUnit, offset: int, what: str = "byte") -> str:
     if b"\x00" in raw:
         at = offset + raw.index(b"\x00")

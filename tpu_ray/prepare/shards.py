@@ -33,7 +33,7 @@ import numpy as np
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
-from tpu_ray.prepare.corpus import WorkUnit, check_unit_bytes, iter_chunks, plan_units
+from tpu_ray.prepare.corpus import WorkUnit, iter_chunks, plan_units
 from tpu_ray.prepare.streams import Counts
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
@@ -217,11 +217,6 @@ def _commit_shard(rows: np.ndarray, final_path: str) -> tuple[str, int]:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def check_unit(unit: WorkUnit) -> None:
-    """Read and decode a unit without writing anything: bad bytes fail before any shard exists."""
-    check_unit_bytes(unit)
-
-
 def actor_env(threads: int) -> dict[str, str]:
     """Environment of a sharding actor: its tokenizer thread budget and the driver's storage endpoint."""
     env = storage.forwarded_env()
@@ -260,18 +255,11 @@ class ShardWorker:
         # Ray's prestarted workers.
         os.environ.update(env)
         self.tok = text_tokenizer(tokenizer_json)
-        self.read_total = 0  # bytes read by check and process calls, module imports excluded
+        self.read_total = 0  # bytes read by process calls, module imports excluded
         self.info = info
         self.seq_len = seq_len
         self.out_dir = out_dir
         self.max_line_bytes = max_line_bytes
-
-    def check(self, unit: dict) -> int:
-        _warm_imports(unit)
-        before = _read_bytes()
-        check_unit(WorkUnit.from_dict(unit))
-        self.read_total += _read_bytes() - before
-        return unit["index"]
 
     def process(self, unit: dict) -> dict:
         self.live = {"unit": unit["index"], "lines": 0, "chars": 0, "tokens": 0}
@@ -283,7 +271,7 @@ class ShardWorker:
         self.live = None
         # Peak resident memory of this actor so far (Linux reports KiB); not part of the manifest.
         result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        # Bytes this actor has read since it started (check and shard passes), for the benchmark.
+        # Bytes this actor has read since it started, for the benchmark.
         result["actor"] = os.getpid()
         result["read_bytes"] = self.read_total
         return result
@@ -318,7 +306,7 @@ class ShardSummary:
     peak_actor_rss_bytes: int = 0  # the largest peak RSS any actor reported (0 if none ran)
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
     resumed_tokens: int = 0  # tokens of units an earlier run committed: not this run's work
-    read_bytes: int = 0  # bytes the actors read (corpus, check and shard passes; /proc rchar): the benchmark's
+    read_bytes: int = 0  # bytes the actors read (the corpus, once; /proc rchar): the benchmark's
 
     @property
     def tokens_per_s(self) -> float:
@@ -404,6 +392,18 @@ def _resume_state(previous: dict | None, cfg: RunConfig, info: TokenizerInfo, un
     same = (previous.get("plan_sha256") == _plan_digest(units)
             and previous.get("tokenizer_sha256") == info.sha256
             and previous.get("seq_len") == cfg.shard.seq_len)
+    if not same and not previous.get("complete"):
+        # An unfinished attempt (bad input fixed since, Ctrl-C) over another plan: its shards are
+        # this stage's own unfinished output, never trained on; start the stage over without them.
+        log.warning("shard: %s is an unfinished attempt over another corpus plan, tokenizer or seq_len (a file "
+                    "changed since?); sharding again from the first unit", manifest_path(shards_dir))
+        present = storage.find_sizes(shards_dir)
+        for split in SPLITS:
+            for entry in previous["splits"][split]["shards"]:
+                if entry["path"] in present:
+                    storage.remove(storage.join(shards_dir, entry["path"]))
+        storage.remove(manifest_path(shards_dir))
+        return {}
     if not same:
         raise UserError(f"{manifest_path(shards_dir)}: these shards were made from another corpus, tokenizer or "
                         f"seq_len; use a new output directory or delete the shards")
@@ -493,12 +493,10 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
     out_dir = cfg.shards_dir
     skipped = len(results)
     n_actors = len(pool)
-    # Pass 1: read every unit once so bad bytes fail before any shard is written.
+    # One read per unit (issue 21: bytes read <= 1.1x the corpus): bad input fails the shard pass
+    # itself. Units committed before it stay out of any complete manifest (training refuses an
+    # incomplete one) and are kept for the fixed rerun; see _resume_state.
     retries = cfg.shard.max_unit_retries
-    checking = Progress("shard check", total=len(todo), unit="units read", counts=False) if todo else None
-    run_on_pool(pool, todo, "check", new_actor, lambda unit, res: checking.advance(1), checking, retries)
-    if checking:
-        checking.close()
     stats = {"samples": sum(s["samples"] for r in results.values() for s in r["shards"]),
              "tokens": sum(r["tokens"] for r in results.values())}
     progress = Progress("shard", total=len(units), done=skipped, unit="units", live=lambda: _live(pool), **stats)
@@ -526,6 +524,12 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         progress.close()
         log.warning("shard: interrupted; %d of %d units are committed and kept in %s; run the same command "
                     "to continue from them", len(results), len(units), manifest_path(out_dir))
+        raise
+    except UserError:
+        # Bad input in a unit: keep what is committed (incomplete: nothing trains on it) for the rerun.
+        if len(results) > skipped:
+            _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
+        progress.close()
         raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     _cleanup_temp(out_dir)
