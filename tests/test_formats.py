@@ -65,12 +65,13 @@ def shards_of(source: str, tmp: Path, tok, unit_bytes: int = 1 << 22, frac: floa
 
 
 def plain(tmp: Path, parts: list[list[str]], tok) -> list[bytes]:
-    """The same documents as plain .txt files, one per part."""
+    """The same documents as plain .txt files, one per part, each its own source (a directory of
+    small plain files would be packed into one unit; compressed files never are)."""
     d = tmp / "plain"
     d.mkdir(exist_ok=True)
     for i, part in enumerate(parts):
         (d / f"{i}.txt").write_text("\n".join(part) + "\n")
-    return shards_of(str(d), tmp, tok)
+    return [data for i in range(len(parts)) for data in shards_of(str(d / f"{i}.txt"), tmp, tok)]
 
 
 @pytest.mark.parametrize("suffix,opener", [(".gz", gzip.open), (".bz2", bz2.open), (".xz", lzma.open),

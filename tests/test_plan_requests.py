@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import json
+
 import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from tpu_ray.config import CorpusConfig, ShardConfig
+from tpu_ray.errors import UserError
 from tpu_ray.prepare.corpus import iter_chunks, plan_units
 
 
@@ -104,6 +107,41 @@ def test_planning_costs_o_files_requests_and_is_done_once(counting, tmp_path, sm
             pass
     assert counting["open"] == len(units), counting
     assert counting["bytes"] <= 1.1 * total, counting
+
+
+def test_small_files_are_packed_into_units_planned_from_the_listing_alone(counting, tmp_path, small_corpus):
+    """Issue 21 item 2: 300 files of ~3 KB become units of about shard.unit_bytes (not 300 units,
+    shards and manifest entries); planning reads nothing but the listing; sharding opens each file
+    once and reads the corpus once; every line is kept, in order."""
+    lines = [s for s in small_corpus.read_text().splitlines() if s.strip()][:3000]
+    corpus_dir = tmp_path / "many"
+    corpus_dir.mkdir()
+    for i in range(300):
+        (corpus_dir / f"doc-{i:04d}.txt").write_text("\n".join(lines[i * 10:(i + 1) * 10]) + "\n")
+    total = sum(p.stat().st_size for p in corpus_dir.iterdir())
+    corpus = CorpusConfig(source=f"counting://{corpus_dir}", validation_fraction=0.1)
+    units = plan_units(corpus, ShardConfig(unit_bytes=64 * 1024), str(tmp_path / "run"))
+    assert len(units) <= total // (32 * 1024) + 1 and all(u.members for u in units), len(units)
+    assert counting.get("open", 0) == 0 and counting.get("bytes", 0) == 0 and counting.get("list", 0) <= 2, counting
+    counting.clear()
+    chunks = [c for u in units for c in iter_chunks(u)]
+    assert counting["open"] == 300 and counting["bytes"] == total, counting
+    assert [x for c in chunks for x in c.train + c.validation] == [s.strip() for s in lines]
+    assert all(c.validation for c in chunks)  # each packed unit keeps its validation tail
+
+
+def test_a_bad_record_in_a_packed_file_is_named_by_its_own_file(tmp_path):
+    corpus_dir = tmp_path / "docs"
+    corpus_dir.mkdir()
+    for i in range(20):
+        body = "".join(json.dumps({"text": f"document {i} line {k}"}) + "\n" for k in range(5))
+        if i == 7:
+            body += '{"text": 12}\n'
+        (corpus_dir / f"doc-{i:02d}.jsonl").write_text(body)
+    units = plan_units(CorpusConfig(source=str(corpus_dir)), ShardConfig(unit_bytes=64 * 1024), str(tmp_path / "r"))
+    assert len(units) == 1 and len(units[0].members) == 20
+    with pytest.raises(UserError, match=r"doc-07\.jsonl: byte 150: field .text. is a number, not text"):
+        list(iter_chunks(units[0]))
 
 
 def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp_path, small_corpus):

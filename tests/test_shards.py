@@ -439,6 +439,10 @@ def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small
     assert summary.shards == len(list(Path(cfg.shards_dir).rglob("*.tfrecord")))
     assert summary.peak_actor_rss_bytes > 0
     assert any(line in r.getMessage() for r in caplog.records if r.name == "tpu_ray.prepare.shards")
+    # Storage requests counted (issue 21): per unit one open and its two shard writes, plus the
+    # driver's listing, plan and manifest calls: O(units), nothing per shard on top.
+    assert f"storage_requests={summary.requests}" in line
+    assert summary.units * 3 <= summary.requests <= summary.units * 3 + 30, (summary.requests, summary.units)
     # The bar's text: units done, samples so far, and this run's tokens/s.
     bar = Progress("shard", total=8, done=2, samples=100, tokens=1000)
     bar.advance(1, samples=150, tokens=5000)

@@ -26,6 +26,7 @@ gs:// goes through gcsfs, configured here and nowhere else:
 from __future__ import annotations
 
 import builtins
+import collections
 import errno
 import functools
 import os
@@ -59,6 +60,26 @@ class StorageError(UserError):
 
 class MissingBucketError(StorageError):
     """The store says the bucket does not exist (404), as opposed to not answering."""
+
+
+# Storage calls this process made, by function (a listing, an open, an info, one ranged read, a
+# write...): what the shard summary and benchmarks/shard_throughput.py report as requests. Why by
+# hand: fsspec keeps no such count, and on 2 cores the counts are what compares runs, not seconds.
+REQUESTS: collections.Counter[str] = collections.Counter()
+
+
+def requests_made() -> int:
+    """Storage calls made by this process so far (see REQUESTS)."""
+    return sum(REQUESTS.values())
+
+
+def _counted(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        REQUESTS[fn.__name__] += 1
+        return fn(*args, **kwargs)
+
+    return counted
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,6 +297,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 # --------------------------------------------------------------------------------------------
 # Queries
 # --------------------------------------------------------------------------------------------
+@_counted
 def exists(path: str) -> bool:
     """Whether a file or directory exists; a gs:// path in a missing bucket is an error, not False."""
     fs, p = filesystem(path)
@@ -286,6 +308,7 @@ def exists(path: str) -> bool:
     return found
 
 
+@_counted
 def isdir(path: str) -> bool:
     """Whether `path` is a directory (on object stores: a prefix with objects under it)."""
     fs, p = filesystem(path)
@@ -307,6 +330,7 @@ def makedirs(path: str) -> None:
         raise _missing_bucket_error(path)
 
 
+@_counted
 def glob(pattern: str, files_only: bool = False) -> list[str]:
     """Sorted matches, named with the same scheme as the pattern (gs://bucket/x for gs://);
     `files_only` leaves out directories (one listing, no extra call per match)."""
@@ -319,6 +343,7 @@ def glob(pattern: str, files_only: bool = False) -> list[str]:
     return sorted(_unstrip(pattern, m) for m in matches)
 
 
+@_counted
 def glob_info(pattern: str) -> dict[str, dict]:
     """Files matching `pattern` (a path, glob or `dir/**`) with their listing info (size, mtime or
     generation): one listing, so callers need no `size` request per file."""
@@ -328,6 +353,7 @@ def glob_info(pattern: str) -> dict[str, dict]:
     return {_unstrip(pattern, m): info for m, info in sorted(found.items()) if info.get("type") != "directory"}
 
 
+@_counted
 def info(path: str) -> dict:
     """A file's listing info (size, type, mtime or generation)."""
     fs, p = filesystem(path)
@@ -335,6 +361,7 @@ def info(path: str) -> dict:
         return fs.info(p)
 
 
+@_counted
 def find_sizes(path: str) -> dict[str, int]:
     """Size of every file under `path` (recursively), by path relative to it: one listing."""
     fs, p = filesystem(path)
@@ -344,10 +371,12 @@ def find_sizes(path: str) -> dict[str, int]:
     return {k[len(root):]: int(v.get("size") or 0) for k, v in found.items() if k.startswith(root)}
 
 
+@_counted
 def read_ranges(path: str, starts: list[int], ends: list[int]) -> list[bytes]:
     """Bytes [start, end) of a file for each pair: concurrent ranged reads on async stores (gcsfs
     `cat_ranges`: no per-range `info`, no readahead), else one open and a seek per range."""
     fs, p = filesystem(path)
+    REQUESTS["read_ranges"] += max(len(starts) - 1, 0)  # one request per range
     with _remote_errors(path):
         if getattr(fs, "async_impl", False):
             return list(fs.cat_ranges([p] * len(starts), starts, ends, on_error="raise"))
@@ -359,6 +388,7 @@ def read_ranges(path: str, starts: list[int], ends: list[int]) -> list[bytes]:
         return out
 
 
+@_counted
 def listdir(path: str) -> list[str]:
     """Full paths (same scheme as `path`) of the entries of a directory, sorted."""
     fs, p = filesystem(path)
@@ -367,6 +397,7 @@ def listdir(path: str) -> list[str]:
     return sorted(_unstrip(path, e) for e in entries if e.rstrip("/") != p.rstrip("/"))
 
 
+@_counted
 def size(path: str) -> int:
     """Size of a file in bytes."""
     fs, p = filesystem(path)
@@ -374,6 +405,7 @@ def size(path: str) -> int:
         return int(fs.size(p))
 
 
+@_counted
 def remove(path: str, recursive: bool = False) -> None:
     """Delete a file (or, with recursive=True, a directory tree / every object under a prefix)."""
     fs, p = filesystem(path)
@@ -384,6 +416,7 @@ def remove(path: str, recursive: bool = False) -> None:
 # --------------------------------------------------------------------------------------------
 # Reading
 # --------------------------------------------------------------------------------------------
+@_counted
 def open(path: str, mode: str = "rb", **kwargs: Any) -> IO:
     """fsspec's open. Writing through this is NOT atomic on local disk: use atomic_* for artifacts.
 
@@ -395,6 +428,7 @@ def open(path: str, mode: str = "rb", **kwargs: Any) -> IO:
         return fs.open(p, mode, **kwargs)
 
 
+@_counted
 def read_bytes(path: str) -> bytes:
     """The whole content of a file."""
     fs, p = filesystem(path)
@@ -407,6 +441,7 @@ def read_text(path: str) -> str:
     return read_bytes(path).decode("utf-8")
 
 
+@_counted
 def download_file(path: str, local_dst: str) -> None:
     """Copy the file `path` (any scheme) to the local file `local_dst`, streaming, not in memory."""
     fs, p = filesystem(path)
@@ -466,6 +501,7 @@ def _local(path: str) -> str:
     return filesystem(path)[1]
 
 
+@_counted
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old file, or the whole new one, never half."""
     if is_remote(path):
@@ -505,6 +541,7 @@ def atomic_write_text(path: str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+@_counted
 def atomic_copy_file(local_src: str, dst: str) -> None:
     """Commit a finished local file to `dst` in one atomic step.
 
@@ -542,6 +579,7 @@ def _silent_remove(path: str) -> None:
 # --------------------------------------------------------------------------------------------
 # Conditional writes (the run directory's lock)
 # --------------------------------------------------------------------------------------------
+@_counted
 def create_if_absent(path: str, data: bytes) -> bool:
     """Create `path` holding `data` only if nothing is there: True if created, False if it exists.
 
@@ -566,6 +604,7 @@ def create_if_absent(path: str, data: bytes) -> bool:
     return True
 
 
+@_counted
 def remove_if_generation(path: str, generation: str | None = None) -> None:
     """Delete `path` only while it is still `generation` (gs://: `ifGenerationMatch`; the current
     generation when None). Local paths have no generations: plain delete."""
@@ -582,6 +621,7 @@ def remove_if_generation(path: str, generation: str | None = None) -> None:
             pass
 
 
+@_counted
 def generation(path: str) -> str | None:
     """The object generation of a gs:// path (None locally or when the store has none)."""
     if not is_remote(path):

@@ -18,7 +18,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
 from tpu_ray import storage
@@ -26,7 +26,8 @@ from tpu_ray.config import BUILTIN_CORPUS, CorpusConfig, ShardConfig
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.formats import Format, detect, is_saved_dataset
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
-from tpu_ray.prepare.streams import Chunk, Counts, chunked, csv_records, json_texts, lines_of, stream_text_chunks
+from tpu_ray.prepare.streams import (Chunk, Counts, chunked, csv_records, json_texts, lines_of, split_items,
+                                     stream_text_chunks)
 from tpu_ray.prepare import tabular
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class WorkUnit:
     val_fraction: float = 0.0
     max_bytes: int | None = None
     text_lists: str = "error"
+    # A packed unit: several small plain files, each read whole, as (path, size) in listing order;
+    # `source` is the first, `end` their total size, split at (1 - val_fraction) when read.
+    members: tuple[tuple[str, int], ...] = ()
 
     @property
     def streamed(self) -> bool:
@@ -83,7 +87,7 @@ class WorkUnit:
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkUnit:
-        return cls(**d)
+        return cls(**{**d, "members": tuple(tuple(m) for m in d.get("members", ()))})
 
     def key(self) -> tuple:
         """What identifies the unit in the plan digest: the fields of a unit before streamed formats,
@@ -97,7 +101,7 @@ class WorkUnit:
         return tuple(values)
 
 
-_LATER_FIELDS = {"compression", "chunk_bytes", "val_fraction", "max_bytes", "text_lists"}
+_LATER_FIELDS = {"compression", "chunk_bytes", "val_fraction", "max_bytes", "text_lists", "members"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,9 +327,38 @@ def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir:
             return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
         files = [CorpusFile(f, d[0], -1) for f, d in hub]  # type: ignore[index]
     units: list[WorkUnit] = []
-    for f in files:
-        units += _plan_file(f, corpus, shard, frac, common, stream)
+    for group in _packs(files, corpus, shard):
+        if len(group) == 1:
+            units += _plan_file(group[0], corpus, shard, frac, common, stream)
+        else:
+            first = group[0]
+            units.append(WorkUnit(0, first.path, first.fmt, 0, 0, sum(f.size for f in group), **common,
+                                  val_fraction=frac, members=tuple((f.path, f.size) for f in group)))
     return units
+
+
+def _packs(files: list[CorpusFile], corpus: CorpusConfig, shard: ShardConfig) -> Iterator[list[CorpusFile]]:
+    """Files in listing order, consecutive small plain files grouped up to shard.unit_bytes.
+
+    Why: a corpus of a million 100 KB files would otherwise be a million units, shards and
+    manifest entries. Small means under half a unit, uncompressed .txt/.jsonl (read whole, so
+    nothing is aligned at planning) and not cut by corpus.max_bytes; anything else is its own group.
+    """
+    group: list[CorpusFile] = []
+    total = 0
+    for f in files:
+        small = (f.fmt in ("txt", "jsonl") and 0 < f.size < shard.unit_bytes // 2 and detect(f.path)[1] is None  # type: ignore[index]
+                 and (corpus.max_bytes is None or f.size <= corpus.max_bytes))
+        if group and (not small or total + f.size > shard.unit_bytes):
+            yield group
+            group, total = [], 0
+        if small:
+            group.append(f)
+            total += f.size
+        else:
+            yield [f]
+    if group:
+        yield group
 
 
 def _hf_where(source: str, config: str | None) -> str:
@@ -443,6 +476,9 @@ def iter_chunks(unit: WorkUnit, counts: Counts | None = None) -> Iterator[Chunk]
 
 def _chunks(unit: WorkUnit, counts: Counts) -> Iterator[Chunk]:
     field, lists = unit.text_field, unit.text_lists
+    if unit.members:
+        yield _packed_chunk(unit, counts)
+        return
     if not unit.streamed:
         yield _byte_range_chunk(unit, counts)
         return
@@ -495,6 +531,30 @@ def _byte_range_chunk(unit: WorkUnit, counts: Counts) -> Chunk:
         del text
     del raw  # one copy of a unit's text at a time (a unit may be one huge line)
     return Chunk(parts[0], parts[1])
+
+
+def _packed_chunk(unit: WorkUnit, counts: Counts) -> Chunk:
+    """A packed unit's files, each read whole once, as one chunk: their texts in order, the
+    validation part from (1 - val_fraction) of their characters (at a line or record boundary)."""
+    items: list[tuple[int, int, str]] = []
+    pos = 0
+    for path, _size in unit.members:
+        member = replace(unit, source=path, members=())
+        with storage.open(path, "rb") as f:
+            raw = f.read()
+        text = decode_text(raw, member, 0)
+        del raw
+        if unit.fmt == "jsonl":
+            texts = json_texts(_json_lines(text, 0), path, unit.text_field, unit.text_lists, counts)
+            counts.require_field(path, unit.text_field)
+        else:
+            texts = text.split("\n")
+        del text
+        for t in texts:
+            items.append((pos, len(t) + 1, t))
+            pos += len(t) + 1
+    train, validation = split_items(items, pos, unit.val_fraction) if items else ([], [])
+    return Chunk(lines_of(train), lines_of(validation))
 
 
 def _json_lines(text: str, offset: int) -> Iterator[tuple[str, str]]:
@@ -553,9 +613,14 @@ def sample_order(units: list[WorkUnit], max_bytes: int, seed: int = 0) -> list[W
     unit order. Otherwise units are drawn in an order fixed by `seed` (a hash of seed and unit
     index), so a sample of a multi-source corpus covers every file and source, not the first ones.
     """
-    if all(not u.streamed for u in units) and sum(u.split_at - u.start for u in units) <= max_bytes:
+    if all(not u.streamed for u in units) and sum(_train_bytes(u) for u in units) <= max_bytes:
         return list(units)
     return sorted(units, key=lambda u: hashlib.sha256(f"{seed}:{u.index}".encode()).digest())
+
+
+def _train_bytes(unit: WorkUnit) -> int:
+    """A byte-range or packed unit's train bytes (a packed unit splits when read: all of it, at most)."""
+    return unit.end - unit.start if unit.members else unit.split_at - unit.start
 
 
 def _train_batches(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None,

@@ -256,6 +256,7 @@ class ShardWorker:
         os.environ.update(env)
         self.tok = text_tokenizer(tokenizer_json)
         self.read_total = 0  # bytes read by process calls, module imports excluded
+        self.requests_total = 0  # storage calls of process calls (tpu_ray.storage.REQUESTS)
         self.info = info
         self.seq_len = seq_len
         self.out_dir = out_dir
@@ -264,16 +265,18 @@ class ShardWorker:
     def process(self, unit: dict) -> dict:
         self.live = {"unit": unit["index"], "lines": 0, "chars": 0, "tokens": 0}
         _warm_imports(unit)
-        before = _read_bytes()
+        before, calls = _read_bytes(), storage.requests_made()
         result = process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir,
                               self.max_line_bytes, self.live)
         self.read_total += _read_bytes() - before
+        self.requests_total += storage.requests_made() - calls
         self.live = None
         # Peak resident memory of this actor so far (Linux reports KiB); not part of the manifest.
         result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         # Bytes this actor has read since it started, for the benchmark.
         result["actor"] = os.getpid()
         result["read_bytes"] = self.read_total
+        result["requests"] = self.requests_total
         return result
 
     def live_progress(self) -> dict | None:
@@ -306,7 +309,8 @@ class ShardSummary:
     peak_actor_rss_bytes: int = 0  # the largest peak RSS any actor reported (0 if none ran)
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
     resumed_tokens: int = 0  # tokens of units an earlier run committed: not this run's work
-    read_bytes: int = 0  # bytes the actors read (the corpus, once; /proc rchar): the benchmark's
+    read_bytes: int = 0  # bytes the actors read (the corpus, once; /proc rchar): the benchmark's figure
+    requests: int = 0  # storage calls of this run: the driver's (planning, manifest) and the actors'
 
     @property
     def tokens_per_s(self) -> float:
@@ -319,7 +323,7 @@ class ShardSummary:
                 f"tokens/s={self.tokens_per_s:,.0f} units={self.units} resumed_units={self.skipped_units} "
                 f"resumed_tokens={self.resumed_tokens} "
                 f"actors={self.actors} peak_actor_rss_mb={self.peak_actor_rss_bytes / 2**20:.0f} "
-                f"skipped_records={self.skipped_records}")
+                f"skipped_records={self.skipped_records} storage_requests={self.requests}")
 
 
 def manifest_path(shards_dir: str) -> str:
@@ -431,7 +435,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     """
     import ray
 
-    t0 = time.monotonic()
+    t0, calls_before = time.monotonic(), storage.requests_made()
     out_dir = cfg.shards_dir
     tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
     info = describe(tokenizer_json, cfg.tokenizer_dir)
@@ -463,7 +467,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
-        return _shard_on_pool(cfg, info, units, todo, results, pool, new_actor, on_unit_done, t0)
+        return _shard_on_pool(cfg, info, units, todo, results, pool, new_actor, on_unit_done, t0, calls_before)
     finally:
         # Always release the actors (and their CPUs), also when a unit fails with bad input:
         # leaked actors would hold every CPU and the next run would wait for them forever.
@@ -487,7 +491,7 @@ def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
 
 
 def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], todo: list[WorkUnit],
-                   results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float) -> ShardSummary:
+                   results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float, calls_before: int = 0) -> ShardSummary:
     from tpu_ray.prepare.progress import Progress
 
     out_dir = cfg.shards_dir
@@ -544,17 +548,18 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors,
         resumed_tokens=resumed_tokens,
         peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0),
-        skipped_records=manifest["skipped_records"], read_bytes=_actors_read(results))
+        skipped_records=manifest["skipped_records"], read_bytes=_actors_total(results, "read_bytes"),
+        requests=_actors_total(results, "requests") + storage.requests_made() - calls_before)
     log.info("shard summary: %s", summary.line())
     return summary
 
 
-def _actors_read(results: dict[int, dict]) -> int:
-    """Bytes read by this run's actors: each actor's last (cumulative) figure, summed."""
+def _actors_total(results: dict[int, dict], key: str) -> int:
+    """A cumulative per-actor figure of this run's actors (read_bytes, requests): each actor's last, summed."""
     per_actor: dict[int, int] = {}
     for r in results.values():
         if "actor" in r:
-            per_actor[r["actor"]] = max(per_actor.get(r["actor"], 0), r.get("read_bytes", 0))
+            per_actor[r["actor"]] = max(per_actor.get(r["actor"], 0), r.get(key, 0))
     return sum(per_actor.values())
 
 

@@ -72,16 +72,18 @@ def chunked(items: Iterable[tuple[int, int, Any]], chunk_bytes: int, frac: float
         if limit is not None and pos >= limit:
             break
         if chunk and pos >= cut:
-            yield _split(chunk, pos, frac)
+            yield split_items(chunk, pos, frac)
             chunk = []
         if not chunk:
             cut = (pos // chunk_bytes + 1) * chunk_bytes
         chunk.append((pos, n, payload))
     if chunk:
-        yield _split(chunk, chunk[-1][0] + chunk[-1][1], frac)
+        yield split_items(chunk, chunk[-1][0] + chunk[-1][1], frac)
 
 
-def _split(chunk: list[tuple[int, int, Any]], end: int, frac: float) -> tuple[list, list]:
+def split_items(chunk: list[tuple[int, int, Any]], end: int, frac: float) -> tuple[list, list]:
+    """(train, validation) payloads of one chunk: validation from the first item at or past
+    (1 - frac) of the chunk's span."""
     start = chunk[0][0]
     if frac <= 0:
         k = len(chunk)

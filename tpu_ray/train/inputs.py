@@ -176,14 +176,39 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
 
+def eval_files(val_files: Sequence[tuple[str, int]], needed: int, seed: int) -> list[str]:
+    """Validation shards spread evenly over the whole corpus, enough for `needed` samples.
+
+    Each unit writes its own validation shard, in corpus order: reading the first files until
+    `needed` samples would evaluate on the corpus's first files only (issue 21). Take k shards at
+    evenly spaced places (the offset chosen by `seed`), doubling k until their samples suffice.
+    """
+    ordered = sorted(val_files)
+    n = len(ordered)
+    if n == 0:
+        return []
+    offset = seed % n
+    k = 1
+    while True:
+        picked = sorted({(offset + (i * n) // k) % n for i in range(k)})
+        if k >= n or sum(ordered[i][1] for i in picked) >= needed:
+            return [ordered[i][0] for i in picked]
+        k = min(2 * k, n)
+
+
 def eval_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
                  max_batches: int, ctx: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
     """A fixed, finite evaluation set: same samples and same masks at every evaluation.
 
-    Hosts split it by record, not by file: validation sets are small and often one file.
+    The files (eval_files' spread) are read round-robin, one record from each in turn, so even a
+    single batch mixes the whole corpus. Hosts split it by record, not by file: validation sets are
+    small and often one file.
     """
     pipeline = ctx.input_pipeline_id if ctx else 0
-    ds = tf.data.TFRecordDataset(sorted(files))
+    files = sorted(files)
+    # At most 64 files open at once (each holds a read buffer); the cycle moves on as files end.
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=max(1, min(len(files), 64)), block_length=1)
     if ctx is not None and ctx.num_input_pipelines > 1:
         ds = ds.shard(ctx.num_input_pipelines, pipeline)
     ds = ds.batch(batch_size, drop_remainder=True).take(max_batches)

@@ -35,7 +35,7 @@ from tpu_ray.train.hooks import executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.input_position import PositionTracker
-from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, host_files, predictions_per_sequence, train_dataset
+from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, eval_files, host_files, predictions_per_sequence, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
@@ -412,7 +412,7 @@ def evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int)
     if batches == 0:
         log.warning("no evaluation: %d validation samples are fewer than one global batch", samples)
         return None
-    files = [p for p, _ in val_files]
+    files = eval_files(val_files, batches * per_replica, cfg.seed)
     spec = mask_spec(cfg, s.tok)
     dist = strategy.distribute_datasets_from_function(
         lambda ctx: eval_dataset(files, cfg.shard.seq_len, per_replica, spec, cfg.seed,
