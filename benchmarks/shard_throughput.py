@@ -25,7 +25,7 @@ The last line printed is one JSON object with the figures and the ratios.
 .jsonl.zst, FineWeb-like parquet with row groups and extra columns, a save_to_disk dataset), one
 record per line of the corpus, each sharded by make_shards; per format: tokens/s, its ratio to
 plain text's, peak actor RSS, bytes the actors read (/proc rchar) over
-the bytes stored. And `txt_vs_ceiling`: plain text against N processes of `encode_batch_fast`
+the bytes stored, storage requests (tpu_ray.storage calls of the driver and the actors). And `txt_vs_ceiling`: plain text against N processes of `encode_batch_fast`
 (one per CPU, one thread each, no I/O), the real ceiling of N single-threaded actors.
 """
 
@@ -58,19 +58,27 @@ def corpus_lines(path: Path) -> list[str]:
     return [s for s in (line.strip() for line in text.split("\n")) if s]
 
 
+_BATCH_LINES = 50_000  # encode in slices: a whole 1 GB corpus's encodings would not fit in memory
+
+
 def measure_ceiling(tokenizer_dir: str, lines: list[str]) -> dict:
-    """`encode_batch` on all cores over in-memory lines; also the offsets-free `encode_batch_fast`."""
+    """`encode_batch` on all cores over in-memory lines; also the offsets-free `encode_batch_fast`.
+    In slices of _BATCH_LINES lines (each slice's encodings freed before the next), timed in sum."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
-    t0 = time.perf_counter()
-    encodings = tok.encode_batch(lines, add_special_tokens=False)
-    seconds = time.perf_counter() - t0
-    tokens = sum(len(e.ids) for e in encodings)
-    del encodings
-    t0 = time.perf_counter()
-    tok.encode_batch_fast(lines, add_special_tokens=False)
-    fast_seconds = time.perf_counter() - t0
+    seconds = fast_seconds = 0.0
+    tokens = 0
+    for i in range(0, len(lines), _BATCH_LINES):
+        part = lines[i:i + _BATCH_LINES]
+        t0 = time.perf_counter()
+        encodings = tok.encode_batch(part, add_special_tokens=False)
+        seconds += time.perf_counter() - t0
+        tokens += sum(len(e.ids) for e in encodings)
+        del encodings
+        t0 = time.perf_counter()
+        tok.encode_batch_fast(part, add_special_tokens=False)
+        fast_seconds += time.perf_counter() - t0
     return {"seconds": seconds, "tokens": tokens, "fast_seconds": fast_seconds}
 
 
@@ -215,7 +223,8 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
     return {"seconds": summary.seconds, "samples": summary.samples, "shards": summary.shards,
             "units": summary.units, "actors": summary.actors, "tokens_with_sep": summary.tokens,
             "dropped": summary.dropped_tokens, "peak_actor_rss_bytes": summary.peak_actor_rss_bytes,
-            "ray_start_s": start_up, "digest": digest_dir(Path(cfg.shards_dir)), "read_bytes": summary.read_bytes}
+            "ray_start_s": start_up, "digest": digest_dir(Path(cfg.shards_dir)), "read_bytes": summary.read_bytes,
+            "requests": summary.requests}
 
 
 def digest_dir(d: Path) -> str:
@@ -275,15 +284,23 @@ def write_format(fmt: str, corpus: Path, lines: list[str], out: Path) -> tuple[s
     return source, stored
 
 
-def _ceiling_child(args: tuple[str, list[str]]) -> tuple[float, int]:
+_CHILD_LINES: list[str] = []  # set before the pool forks: children read it, nothing is pickled
+
+
+def _ceiling_child(args: tuple[str, int, int]) -> tuple[float, int]:
     os.environ["RAYON_NUM_THREADS"] = "1"
     from tokenizers import Tokenizer
 
-    tokenizer_dir, lines = args
+    tokenizer_dir, index, procs = args
+    lines = _CHILD_LINES[index::procs]
     tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
-    t0 = time.perf_counter()
-    n = sum(len(e.ids) for e in tok.encode_batch_fast(lines, add_special_tokens=False))
-    return time.perf_counter() - t0, n
+    seconds, n = 0.0, 0
+    for i in range(0, len(lines), _BATCH_LINES):
+        part = lines[i:i + _BATCH_LINES]
+        t0 = time.perf_counter()
+        n += sum(len(e.ids) for e in tok.encode_batch_fast(part, add_special_tokens=False))
+        seconds += time.perf_counter() - t0
+    return seconds, n
 
 
 def measure_process_ceiling(tokenizer_dir: str, lines: list[str], procs: int) -> dict:
@@ -291,9 +308,13 @@ def measure_process_ceiling(tokenizer_dir: str, lines: list[str], procs: int) ->
     the seconds of the slowest (they run at once). What N one-threaded actors could reach."""
     import multiprocessing as mp
 
-    chunks = [(tokenizer_dir, lines[i::procs]) for i in range(procs)]
-    with mp.get_context("fork").Pool(procs) as pool:
-        results = pool.map(_ceiling_child, chunks)
+    global _CHILD_LINES
+    _CHILD_LINES = lines
+    try:
+        with mp.get_context("fork").Pool(procs) as pool:
+            results = pool.map(_ceiling_child, [(tokenizer_dir, i, procs) for i in range(procs)])
+    finally:
+        _CHILD_LINES = []
     return {"seconds": max(r[0] for r in results), "tokens": sum(r[1] for r in results)}
 
 
@@ -306,7 +327,7 @@ def measure_formats(args: argparse.Namespace, work: Path, corpus: Path, lines: l
         cfg = cfg.override({"corpus.source": source})
         r = txt if (fmt == "txt" and txt) else measure_tpu_ray(cfg, args.actors, args.cpus, 1)
         out[fmt] = {"tokens_per_s": round(tokens / r["seconds"]), "seconds": round(r["seconds"], 2),
-                    "bytes_read_ratio": round(r["read_bytes"] / stored, 2), "requests": None,
+                    "bytes_read_ratio": round(r["read_bytes"] / stored, 2), "requests": r["requests"],
                     "peak_actor_rss_mb": round(r["peak_actor_rss_bytes"] / 2**20), "stored_mb": round(stored / 1e6, 1),
                     "units": r["units"], "shards": r["shards"]}
     base = out.get("txt", {}).get("tokens_per_s")
@@ -332,6 +353,8 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=1, help="also run on a ray.cluster_utils.Cluster of N nodes "
                                                          "and check the bytes equal the 1-node run")
     p.add_argument("--repeat", type=int, default=1, help="measure each method N times, keep the fastest")
+    p.add_argument("--ceiling-runs", type=int, default=2, help="ceiling measurements per round (best kept); 1 for "
+                   "GB-sized corpora")
     p.add_argument("--skip-reference", action="store_true", help="memory runs: no reference baseline")
     p.add_argument("--workdir", default=None, help="default: a temp dir, removed at the end")
     p.add_argument("--format", default=None, help=f"comma list of {','.join(FORMATS)}: also shard the same text "
@@ -356,7 +379,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     runs: dict[str, list[dict]] = {"ceiling": [], "reference": [], "tpu-ray": []}
     for _ in range(args.repeat):  # interleaved, so a burst of load on the machine hits all methods alike
         # The ceiling twice per round: its best is the strictest yardstick on a noisy machine.
-        runs["ceiling"] += [measure_ceiling(tokenizer_dir, lines) for _ in range(2)]
+        runs["ceiling"] += [measure_ceiling(tokenizer_dir, lines) for _ in range(args.ceiling_runs)]
         if not args.skip_reference:
             runs["reference"].append(measure_reference(corpus, tokenizer_dir, work, args.cpus, args.seq_len))
         runs["tpu-ray"].append(measure_tpu_ray(cfg, args.actors, args.cpus, 1))
@@ -379,7 +402,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     mb = 2**20
     print(f"\ncorpus {corpus.stat().st_size / 1e6:.1f} MB, {tokens:,} tokens (no special tokens), "
           f"seq_len {args.seq_len}, {args.cpus} CPUs, unit {args.unit_mb} MiB, best of {args.repeat} "
-          f"(ceiling: of {2 * args.repeat})")
+          f"(ceiling: of {args.ceiling_runs * args.repeat})")
     print(f"{'method':<44} {'seconds':>8} {'tokens/s':>12} {'vs ceiling':>10}  notes")
     fast_s = min(r["fast_seconds"] for r in runs["ceiling"])
     print(f"{'ceiling: encode_batch, all cores, no I/O':<44} {ceiling['seconds']:>8.2f} {rate['ceiling']:>12,.0f} "
@@ -423,11 +446,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
         result["nodes_identical"] = same
     if formats:
         n_ceiling = tokens / process_ceiling["seconds"]
-        print(f"\n{'format':<12} {'tokens/s':>12} {'vs txt':>7} {'read/stored':>12} {'peak RSS/actor':>15} "
-              f"{'stored MB':>10} {'units':>6}")
+        print(f"\n{'format':<12} {'tokens/s':>12} {'vs txt':>7} {'read/stored':>12} {'requests':>9} "
+              f"{'peak RSS/actor':>15} {'stored MB':>10} {'units':>6}")
         for fmt, e in formats.items():
             print(f"{fmt:<12} {e['tokens_per_s']:>12,} {e['vs_txt'] or 0:>7.2f} {e['bytes_read_ratio']:>12.2f} "
-                  f"{e['peak_actor_rss_mb']:>11,} MiB {e['stored_mb']:>10.1f} {e['units']:>6}")
+                  f"{e['requests']:>9,} {e['peak_actor_rss_mb']:>11,} MiB {e['stored_mb']:>10.1f} {e['units']:>6}")
         print(f"ceiling: {args.cpus} processes x encode_batch_fast (1 thread, no I/O): {n_ceiling:,.0f} tokens/s; "
               f"plain text / ceiling = {rate['tpu-ray'] / n_ceiling:.2f}")
         result["formats"] = formats
