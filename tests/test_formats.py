@@ -244,6 +244,34 @@ def test_max_bytes_is_honoured_by_every_reader(tmp_path, docs):
         assert cap * 0.9 <= read <= cap * 1.6 < full, (source, read)
 
 
+def test_max_rows_is_honoured_by_every_reader(tmp_path, docs):
+    """corpus.max_rows gives each source file's first N records, whatever its format: lines of
+    .txt (plain too: then streamed from its start), records of JSON lines and CSV, rows of parquet
+    (inside a row group) and datasets."""
+    import datasets
+
+    cap = 37  # not a multiple of any row group or batch size
+    docs = [d.replace("\n", " ") for d in docs if d.strip()]
+    want = [d.strip() for d in docs[:cap]]
+    (tmp_path / "a.txt").write_text("\n".join(docs) + "\n")
+    (tmp_path / "b.txt.gz").write_bytes(gzip.compress(("\n".join(docs) + "\n").encode()))
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    with open(tmp_path / "d.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["text"]] + [[d] for d in docs])
+    _fineweb(tmp_path / "e.parquet", docs, rows_per_group=10)
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "saved"))
+    for source in ("a.txt", "b.txt.gz", "c.jsonl", "d.csv", "e.parquet", "saved"):
+        got = _read_all(str(tmp_path / source), tmp_path / f"run-{source}", max_rows=cap, validation_fraction=0)
+        assert got == want, source
+    # Several files: the cap is per file; small plain files are not packed past it.
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(3):
+        (many / f"{i}.txt").write_text("\n".join(docs[i * 50:(i + 1) * 50]) + "\n")
+    got = _read_all(str(many), tmp_path / "run-many", max_rows=5, validation_fraction=0)
+    assert got == [d.strip() for i in range(3) for d in docs[i * 50:i * 50 + 5]]
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input, one line each (issue 21 item 6)
 # --------------------------------------------------------------------------------------------

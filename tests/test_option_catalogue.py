@@ -287,6 +287,7 @@ CONFIG_ROWS: dict[str, object] = {
     "corpus.validation_fraction": fraction(),  # 0: no validation split from the units
     "corpus.encoding_errors": Enum(),
     "corpus.max_bytes": gt0("huge: no limit, the whole corpus"),
+    "corpus.max_rows": gt0("huge: no limit, every record"),
     "corpus.max_line_bytes": Num(1024, meaning="huge: lines are never split"),
     "tokenizer.kind": Enum(),
     "tokenizer.vocab_size": Num(64, 1_000_000),

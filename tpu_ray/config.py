@@ -69,6 +69,10 @@ class CorpusConfig(_Section):
     # Decompressed bytes for compressed files, text bytes for CSV/datasets, whole row groups of
     # the text column's size for parquet.
     max_bytes: int | None = Field(None, gt=0)
+    # Read at most this many records per source file (lines of .txt, records of JSON lines and
+    # CSV/TSV, rows of parquet and datasets): a sample of a corpus by count. Plain text files are
+    # then streamed from their start (one unit per file) rather than split by byte range.
+    max_rows: int | None = Field(None, gt=0)
     # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
     # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
     max_line_bytes: int = Field(1 << 20, ge=1024)

@@ -77,6 +77,7 @@ class WorkUnit:
     # A packed unit: several small plain files, each read whole, as (path, size) in listing order;
     # `source` is the first, `end` their total size, split at (1 - val_fraction) when read.
     members: tuple[tuple[str, int], ...] = ()
+    max_rows: int | None = None  # streamed units: records (lines, rows) this unit may read at most
 
     @property
     def streamed(self) -> bool:
@@ -101,7 +102,7 @@ class WorkUnit:
         return tuple(values)
 
 
-_LATER_FIELDS = {"compression", "chunk_bytes", "val_fraction", "max_bytes", "text_lists", "members"}
+_LATER_FIELDS = {"compression", "chunk_bytes", "val_fraction", "max_bytes", "text_lists", "members", "max_rows"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,14 +318,14 @@ def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir:
             ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
             ranges = tabular.dataset_ranges(ds, _hf_where(source, corpus.hf_config), corpus.text_field,
                                             corpus.text_lists, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
-            return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
+            return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in _first_rows(ranges, corpus)]
         hub = [(f, detect(f, strict=False)) for f in tabular.hub_data_files(name, corpus.hf_config,
                                                                               corpus.hf_split, field)]
         if not hub or any(d is None for _, d in hub):  # e.g. .arrow files: only datasets reads them
             ds = tabular.load_builder(name, corpus.hf_config, corpus.hf_split, field)
             ranges = tabular.dataset_ranges(ds, _hf_where(source, corpus.hf_config), corpus.text_field,
                                             corpus.text_lists, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
-            return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in ranges]
+            return [WorkUnit(0, source, "hf", s, s, e, **common, **stream) for s, e in _first_rows(ranges, corpus)]
         files = [CorpusFile(f, d[0], -1) for f, d in hub]  # type: ignore[index]
     units: list[WorkUnit] = []
     for group in _packs(files, corpus, shard):
@@ -342,13 +343,14 @@ def _packs(files: list[CorpusFile], corpus: CorpusConfig, shard: ShardConfig) ->
 
     Why: a corpus of a million 100 KB files would otherwise be a million units, shards and
     manifest entries. Small means under half a unit, uncompressed .txt/.jsonl (read whole, so
-    nothing is aligned at planning) and not cut by corpus.max_bytes; anything else is its own group.
+    nothing is aligned at planning) and not cut by corpus.max_bytes or max_rows; anything else is its
+    own group.
     """
     group: list[CorpusFile] = []
     total = 0
     for f in files:
         small = (f.fmt in ("txt", "jsonl") and 0 < f.size < shard.unit_bytes // 2 and detect(f.path)[1] is None  # type: ignore[index]
-                 and (corpus.max_bytes is None or f.size <= corpus.max_bytes))
+                 and (corpus.max_bytes is None or f.size <= corpus.max_bytes) and corpus.max_rows is None)
         if group and (not small or total + f.size > shard.unit_bytes):
             yield group
             group, total = [], 0
@@ -359,6 +361,13 @@ def _packs(files: list[CorpusFile], corpus: CorpusConfig, shard: ShardConfig) ->
             yield [f]
     if group:
         yield group
+
+
+def _first_rows(ranges: list[tuple[int, int]], corpus: CorpusConfig) -> list[tuple[int, int]]:
+    """Row ranges of a dataset cut to its first corpus.max_rows rows."""
+    if corpus.max_rows is None:
+        return ranges
+    return [(s, min(e, corpus.max_rows)) for s, e in ranges if s < corpus.max_rows]
 
 
 def _hf_where(source: str, config: str | None) -> str:
@@ -373,18 +382,27 @@ def _plan_file(file: CorpusFile, corpus: CorpusConfig, shard: ShardConfig, frac:
         ds = tabular.load_saved(path, corpus.hf_split)
         ranges = tabular.dataset_ranges(ds, path, corpus.text_field, corpus.text_lists, shard.unit_bytes,
                                         shard.unit_rows, corpus.max_bytes)
-        return [WorkUnit(0, path, fmt, s, s, e, **common, **stream) for s, e in ranges]
+        return [WorkUnit(0, path, fmt, s, s, e, **common, **stream) for s, e in _first_rows(ranges, corpus)]
     if fmt == "parquet":
         groups = tabular.parquet_groups(path, corpus.text_field, corpus.text_lists)
         ranges = tabular.pack_groups(groups, shard.unit_bytes, shard.unit_rows, corpus.max_bytes)
-        return [WorkUnit(0, path, fmt, s, s, e, **common, **stream) for s, e in ranges]
+        units, before = [], 0  # rows of the file before each unit: max_rows cuts inside a row group
+        for s, e in ranges:
+            if corpus.max_rows is not None and before >= corpus.max_rows:
+                break
+            rows = sum(r for r, _ in groups[s:e])
+            cap = corpus.max_rows - before if corpus.max_rows is not None and before + rows > corpus.max_rows else None
+            units.append(WorkUnit(0, path, fmt, s, s, e, **common, **stream, max_rows=cap))
+            before += rows
+        return units
     compression = detect(path)[1]  # type: ignore[index]
     size = file.size if file.size >= 0 else storage.size(path)
-    if compression or fmt in ("csv", "tsv"):
-        # Not splittable by byte range (compressed, or records that may span lines): one unit,
-        # streamed in chunks; max_bytes counts decompressed bytes (CSV: text bytes).
+    if compression or fmt in ("csv", "tsv") or corpus.max_rows is not None:
+        # Not splittable by byte range (compressed, records that may span lines, or the first
+        # max_rows records wanted): one unit, streamed in chunks; max_bytes counts decompressed
+        # bytes (CSV: text bytes).
         return [WorkUnit(0, path, fmt, 0, 0, size, compression=compression, max_bytes=corpus.max_bytes,
-                         **common, **stream)] if size else []
+                         max_rows=corpus.max_rows, **common, **stream)] if size else []
     limit = corpus.max_line_bytes
     # Every boundary aligned in one batch of ranged reads (and the split points in a second).
     wanted = list(range(shard.unit_bytes, size, shard.unit_bytes))
@@ -487,7 +505,7 @@ def _chunks(unit: WorkUnit, counts: Counts) -> Iterator[Chunk]:
             return decode_text(raw, unit, offset, "decompressed byte" if unit.compression else "byte")
 
         yield from stream_text_chunks(unit.source, unit.compression, unit.fmt, unit.chunk_bytes, unit.val_fraction,
-                                      unit.max_bytes, decode, field, lists, counts)
+                                      unit.max_bytes, decode, field, lists, counts, unit.max_rows)
         return
     if unit.fmt in ("csv", "tsv"):
         items = csv_records(unit.source, unit.compression, "," if unit.fmt == "csv" else "\t", field,
@@ -507,6 +525,8 @@ def _chunks(unit: WorkUnit, counts: Counts) -> Iterator[Chunk]:
         limit = None  # applied at planning, by rows
     else:  # pragma: no cover - READERS and this dispatch change together
         raise AssertionError(f"no reader for {unit.fmt}")
+    if unit.max_rows is not None:
+        items = itertools.islice(items, unit.max_rows)
     for train, validation in chunked(items, unit.chunk_bytes, unit.val_fraction, limit):
         yield Chunk(lines_of(train), lines_of(validation))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import lzma
 import zlib
@@ -220,9 +221,13 @@ def lines_of(texts: Iterable[str]) -> list[str]:
 
 def stream_text_chunks(path: str, compression: str | None, fmt: str, chunk_bytes: int, frac: float,
                        limit: int | None, decode: Callable[[bytes, int], str], text_field: str, lists: str,
-                       counts: Counts) -> Iterator[Chunk]:
-    """Chunks of a streamed .txt/.jsonl file (compressed or not): lines of each part, one chunk alive."""
-    for train, validation in chunked(raw_lines(path, compression), chunk_bytes, frac, limit):
+                       counts: Counts, max_rows: int | None = None) -> Iterator[Chunk]:
+    """Chunks of a streamed .txt/.jsonl file (compressed or not): lines of each part, one chunk alive;
+    its first `max_rows` lines (records) only, when given."""
+    lines = raw_lines(path, compression)
+    if max_rows is not None:
+        lines = itertools.islice(lines, max_rows)
+    for train, validation in chunked(lines, chunk_bytes, frac, limit):
         parts = []
         for items in (train, validation):
             if fmt == "jsonl":
