@@ -202,3 +202,52 @@ def test_training_start_verifies_shards_from_one_listing(counting, tmp_path, mon
     (tmp_path / "shards" / "train" / "train-00007-4.tfrecord").write_bytes(b"short")
     with pytest.raises(UserError, match=r"train-00007-4.tfrecord: 5 bytes, manifest.json says \d+"):
         verify.verify_for_training(f"counting://{tmp_path}/shards", manifest)
+
+
+@pytest.fixture
+def http_calls(gcs_emulator, monkeypatch):
+    """Every HTTP request gcsfs makes to the storage emulator, by method, and the body bytes it
+    received: the real requests (a counting wrapper around gcsfs's one request method)."""
+    from tpu_ray import storage
+
+    cls = storage._emulator_fs_class()
+    calls: Counter = Counter()
+    inner = cls._call
+
+    async def counted(self, method, path, *args, **kwargs):
+        out = await inner(self, method, path, *args, **kwargs)
+        calls[method.upper()] += 1
+        if method.upper() == "GET" and not kwargs.get("json_out") and not kwargs.get("info_out"):
+            calls["bytes"] += len(out[1])
+        return out
+
+    monkeypatch.setattr(cls, "_call", counted)
+    return calls
+
+
+def test_a_gs_corpus_costs_o_files_requests_and_is_read_once(gcs_emulator, http_calls, tmp_path, small_corpus):
+    """Issue 21 item 2 on a real object store (the emulator, HTTP requests counted): planning is one
+    listing and a batch of small ranged reads per file; each unit is one GET of exactly its bytes
+    (no info request, no readahead past its end): the corpus once, 1.0x."""
+    from tpu_ray import storage
+
+    text = small_corpus.read_bytes()[:300_000]
+    text = text[: text.rfind(b"\n") + 1]
+    root = gcs_emulator.make_bucket()
+    n_files = 3
+    for i in range(n_files):
+        storage.atomic_write_bytes(f"{root}/corpus/part-{i}.txt", text)
+    total = n_files * len(text)
+    http_calls.clear()
+    units = plan_units(CorpusConfig(source=f"{root}/corpus/*.txt", validation_fraction=0.1),
+                       ShardConfig(unit_bytes=64 * 1024), str(tmp_path / "run"))
+    assert len(units) >= 4 * n_files
+    planned = dict(http_calls)
+    # One listing (a GET of the bucket's object list), then per file two batches of ranged reads
+    # (boundaries, then split points): ~2 small GETs per unit, nothing per file besides.
+    assert planned["GET"] <= 2 + 2 * len(units) and planned.get("bytes", 0) <= 0.15 * total, planned
+    http_calls.clear()
+    for unit in units:
+        for _ in iter_chunks(unit):
+            pass
+    assert http_calls["GET"] == len(units) and http_calls["bytes"] == total, dict(http_calls)
