@@ -251,3 +251,31 @@ def test_a_gs_corpus_costs_o_files_requests_and_is_read_once(gcs_emulator, http_
         for _ in iter_chunks(unit):
             pass
     assert http_calls["GET"] == len(units) and http_calls["bytes"] == total, dict(http_calls)
+
+
+def test_a_gs_parquet_unit_gets_only_its_text_column(gcs_emulator, http_calls, tmp_path, small_corpus):
+    """On the object store too: a parquet unit's GETs fetch its row groups' text column chunks
+    (and the footer), not the other columns, not readahead."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tpu_ray import storage
+
+    lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
+    local = tmp_path / "fw.parquet"
+    pq.write_table(pa.table({"text": lines, "html": [f"<p>{s[::-1] * 4}</p>" for s in lines]}), local,
+                   row_group_size=100, compression="none")
+    md = pq.ParquetFile(local).metadata
+    text_bytes = sum(md.row_group(i).column(0).total_compressed_size for i in range(md.num_row_groups))
+    root = gcs_emulator.make_bucket()
+    storage.atomic_write_bytes(f"{root}/fw.parquet", local.read_bytes())
+    units = plan_units(CorpusConfig(source=f"{root}/fw.parquet", validation_fraction=0.1),
+                       ShardConfig(unit_bytes=16 * 1024), str(tmp_path / "run"))
+    from tpu_ray.prepare import tabular
+
+    tabular._FOOTERS.clear()
+    http_calls.clear()
+    got = [line for u in units for c in iter_chunks(u) for line in c.train + c.validation]
+    assert got == [s.strip() for s in lines]
+    assert text_bytes <= http_calls["bytes"] <= text_bytes + 128 * 1024, (dict(http_calls), text_bytes,
+                                                                           local.stat().st_size)

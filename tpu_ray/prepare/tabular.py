@@ -59,7 +59,7 @@ def _text_column(pf: Any, path: str, text_field: str, lists: str) -> bool:
 
 def parquet_groups(path: str, text_field: str, lists: str = "error") -> list[tuple[int, int]]:
     """(rows, text-column bytes) of every row group, from the footer alone (one open per file)."""
-    with storage.open(path, "rb") as f:
+    with storage.open_random_access(path) as f:
         pf = _parquet_file(f, path)
         _text_column(pf, path, text_field, lists)
         md = pf.metadata
@@ -100,7 +100,7 @@ def parquet_items(path: str, first: int, last: int, text_field: str, lists: str,
     import pyarrow as pa
 
     pos = 0
-    with storage.open(path, "rb") as f:
+    with storage.open_random_access(path) as f:
         pf = _parquet_file(f, path)
         joined = _text_column(pf, path, text_field, lists)
         try:
