@@ -132,3 +132,32 @@ def test_unk_is_an_ordinary_masking_target_and_other_specials_never_are():
     became_other = masked[chosen][(masked[chosen] != spec.mask_id) & (masked[chosen] != 3)]
     assert abs(became_mask - 0.80) < 0.03 and abs(stayed_unk - 0.10) < 0.03, (became_mask, stayed_unk)
     assert abs(len(became_other) / n - 0.10) < 0.03 and not np.isin(became_other, (0, 1, 2, 3, 4)).any()
+
+
+def test_exact_count_masks_round_p_times_the_maskable_tokens_of_each_row():
+    """train.mask_count=exact: every row masks round(p x its maskable tokens), at least one, none
+    special, within the head's static bound; 80/10/10 of them; the same seed, the same masks."""
+    from tpu_ray.train.inputs import predictions_per_sequence
+
+    spec = MaskSpec(mask_prob=0.3, mask_id=4, vocab_size=1000, special_ids=(0, 1, 2, 3, 4), exact_count=True)
+    ids = _batch(shape=(512, 32)).numpy()
+    ids[:5, 10:] = 1  # short rows (mostly padding): fewer maskable tokens, a smaller count
+    ids[5, 1:-1] = 1  # a row with nothing maskable: nothing selected
+    ids = tf.constant(ids)
+    masked, labels = (t.numpy() for t in mask_tokens(ids, tf.constant([3, 4], tf.int64), spec))
+    orig = ids.numpy()
+    maskable = ~np.isin(orig, spec.special_ids)
+    selected = labels != IGNORE
+    want = np.where(maskable.sum(1) > 0, np.maximum(np.floor(maskable.sum(1) * 0.3 + 0.5), 1), 0)
+    np.testing.assert_array_equal(selected.sum(1), want)
+    assert not (selected & ~maskable).any()
+    assert selected.sum(1).max() <= predictions_per_sequence(32, 0.3, exact_count=True) == 10
+    to_mask = (masked == spec.mask_id) & selected
+    assert abs(to_mask.sum() / selected.sum() - 0.8) < 0.03
+    again = mask_tokens(ids, tf.constant([3, 4], tf.int64), spec)[1].numpy()
+    np.testing.assert_array_equal(again, labels)
+    # One trace for every batch: the count is data, not a shape.
+    fn = tf.function(lambda x, s: mask_tokens(x, s, spec))
+    for seed in range(3):
+        fn(ids, tf.constant([seed, 0], tf.int64))
+    assert fn.experimental_get_tracing_count() == 1

@@ -321,6 +321,7 @@ CONFIG_ROWS: dict[str, object] = {
     "train.weight_decay": fraction(hi_open=False),  # 0: no weight decay
     "train.mask_prob": fraction(lo_open=True),
     "train.whole_word_mask": Bool(),
+    "train.mask_count": Enum(),
     "train.mask_token_fraction": fraction(hi_open=False),  # 0: no mask tokens (random/unchanged only)
     "train.random_token_fraction": fraction(hi_open=False),  # 1 only with mask_token_fraction 0
     "train.log_every": gt0("huge: logs at the last step only"),

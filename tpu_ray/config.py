@@ -190,6 +190,12 @@ class TrainConfig(_Section):
     # Mask whole words (all pieces of a word together; word starts from the tokenizer: ▁/Ġ prefixes,
     # WordPiece ## continuations): google-research/bert's whole-word masking.
     whole_word_mask: bool = False
+    # How many tokens a sequence masks: "random", each token independently with mask_prob (Hugging
+    # Face's collator; the count varies, so the MLM head scores up to mean + 6 sd positions per
+    # sequence); "exact", round(mask_prob x its maskable tokens) (google-research/bert's
+    # create_pretraining_data: the head scores only that many, less work per step). Whole-word
+    # masking always draws per word.
+    mask_count: Literal["random", "exact"] = "random"
     # Of the selected tokens: this fraction becomes the mask token, `random_token_fraction` a random
     # token, the rest stays unchanged (BERT's 80/10/10).
     mask_token_fraction: float = Field(0.8, ge=0, le=1)
@@ -384,7 +390,7 @@ class RunConfig(_Section):
         keep = self.model_dump(mode="json", include={"corpus", "tokenizer", "shard", "model", "seed"})
         keep["train"] = self.train.model_dump(
             mode="json", include={"batch_size", "learning_rate", "mask_prob", "warmup_steps", "weight_decay",
-                                    "whole_word_mask", "mask_token_fraction", "random_token_fraction"}
+                                    "whole_word_mask", "mask_token_fraction", "random_token_fraction", "mask_count"}
         )
         return keep
 

@@ -35,13 +35,13 @@ def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 
     backward pass (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) per layer at 16 bits, no
     recomputation), and the vocabulary logits (compute dtype, float32 copy, float32 gradient) of
     the positions the MLM head scores (the trainer gathers `predictions_per_sequence` of them)."""
-    from tpu_ray.train.inputs import predictions_per_sequence
+    from tpu_ray.train.inputs import predictions_for
 
     s = cfg.model.sizes()
     h, layers, heads, seq = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], cfg.shard.seq_len
     params = param_count(cfg, vocab)
     acts = layers * seq * batch * h * (34 + 5 * heads * seq / h) * act_bytes / 2
-    logits = batch * predictions_per_sequence(seq, cfg.train.mask_prob) * vocab * (act_bytes + 8)
+    logits = batch * predictions_for(cfg.train, seq) * vocab * (act_bytes + 8)
     return {"weights": 4.0 * params, "gradients": 4.0 * params, "adam": 8.0 * params,
             "activations": acts, "logits": logits}
 
@@ -76,3 +76,4 @@ def fmt_count(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.1f}{unit}"
     return f"{n:.0f}"
+

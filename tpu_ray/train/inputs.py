@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -38,6 +39,10 @@ class MaskSpec:
     # Of the selected tokens: the share replaced by the mask token, and by a random token.
     mask_fraction: float = 0.8
     random_fraction: float = 0.1
+    # True: each sequence masks exactly round(mask_prob x its maskable tokens), at least one
+    # (google-research/bert's create_pretraining_data); False: each token independently with
+    # mask_prob (Hugging Face's data collator). Whole-word masking always draws per word.
+    exact_count: bool = False
 
     @property
     def never_masked(self) -> tuple[int, ...]:
@@ -77,7 +82,11 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     draw = tf.random.stateless_uniform(shape, s_select)
     if spec.continues_word is not None:  # one draw per word: every piece takes its word's first draw
         draw = word_draws(input_ids, draw, spec.continues_word)
-    selected = tf.logical_and(draw < spec.mask_prob, tf.logical_not(special))
+        selected = tf.logical_and(draw < spec.mask_prob, tf.logical_not(special))
+    elif spec.exact_count:
+        selected = exact_selection(draw, special, spec.mask_prob)
+    else:
+        selected = tf.logical_and(draw < spec.mask_prob, tf.logical_not(special))
     kind = tf.random.stateless_uniform(shape, s_kind)
     mask_end, random_end = spec.mask_fraction, spec.mask_fraction + spec.random_fraction
     to_mask = tf.logical_and(selected, kind < mask_end)
@@ -87,6 +96,20 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     masked = tf.where(to_random, random_ids, masked)
     labels = tf.where(selected, input_ids, tf.cast(IGNORE, input_ids.dtype))
     return masked, labels
+
+
+def exact_selection(draw: tf.Tensor, special: tf.Tensor, mask_prob: float) -> tf.Tensor:
+    """Per row, the round(mask_prob x n) maskable positions (at least one) with the smallest draws.
+
+    Static shapes, no data-dependent branch: each position's rank among its row's draws (special
+    positions sorted last) is compared with the row's count.
+    """
+    maskable = tf.logical_not(special)
+    n = tf.reduce_sum(tf.cast(maskable, tf.float32), axis=-1, keepdims=True)
+    count = tf.minimum(tf.maximum(tf.floor(n * mask_prob + 0.5), 1.0), n)
+    key = tf.where(maskable, draw, 2.0)
+    rank = tf.argsort(tf.argsort(key, axis=-1, stable=True), axis=-1, stable=True)
+    return tf.logical_and(tf.cast(rank, tf.float32) < count, maskable)
 
 
 def word_draws(input_ids: tf.Tensor, draw: tf.Tensor, continues_word: tuple[bool, ...]) -> tf.Tensor:
@@ -101,15 +124,25 @@ def word_draws(input_ids: tf.Tensor, draw: tf.Tensor, continues_word: tuple[bool
     return tf.gather(draw, word, batch_dims=1)
 
 
-def predictions_per_sequence(seq_len: int, mask_prob: float, whole_word: bool = False) -> int:
-    """How many positions per sequence the MLM head scores: the mean masked count plus six
-    standard deviations (a binomial tail of ~1e-9), so the gather below has a static size."""
+def predictions_per_sequence(seq_len: int, mask_prob: float, whole_word: bool = False,
+                             exact_count: bool = False) -> int:
+    """How many positions per sequence the MLM head scores: with an exact count per sequence, that
+    count's bound; else the mean masked count plus six standard deviations (a binomial tail of
+    ~1e-9), so the gather below has a static size."""
+    if exact_count and not whole_word:
+        return min(seq_len, max(1, math.floor(seq_len * mask_prob + 0.5)))
     mean = seq_len * mask_prob
     # Whole words: tokens are selected in groups, so the count varies more; bounded here for words of
     # up to 4 pieces on average (variance x4). A masked token beyond the bound is masked in the input
     # but not scored.
     spread = 2 if whole_word else 1
     return min(seq_len, math.ceil(mean + 6 * spread * math.sqrt(mean * (1 - mask_prob))) + 1)
+
+
+def predictions_for(train: Any, seq_len: int) -> int:
+    """predictions_per_sequence for a run's TrainConfig: the one bound the trainer, the doctor's
+    memory estimate and the FLOPs count share."""
+    return predictions_per_sequence(seq_len, train.mask_prob, train.whole_word_mask, train.mask_count == "exact")
 
 
 def mlm_targets(labels: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:

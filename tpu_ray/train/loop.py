@@ -35,7 +35,7 @@ from tpu_ray.train.hooks import executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.input_position import PositionTracker
-from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, eval_files, host_files, predictions_per_sequence, train_dataset
+from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, eval_files, host_files, predictions_for, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
@@ -200,9 +200,9 @@ def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
 
         words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
     return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
-                    predictions_per_sequence(cfg.shard.seq_len, t.mask_prob, t.whole_word_mask),
+                    predictions_for(t, cfg.shard.seq_len),
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
-                    random_fraction=t.random_token_fraction)
+                    random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact")
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:

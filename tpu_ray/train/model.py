@@ -44,12 +44,12 @@ def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:
     Counts what executes: every layer's projections and attention, and the MLM head, which the
     trainer runs only on the `predictions_per_sequence` gathered positions of each sequence.
     """
-    from tpu_ray.train.inputs import predictions_per_sequence
+    from tpu_ray.train.inputs import predictions_for
 
     s = cfg.model.sizes()
     h, layers, inter, seq = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"], cfg.shard.seq_len
     per_layer_macs = 4 * h * h + 2 * h * inter + 2 * seq * h  # q,k,v,o + MLP + scores and values
-    head_macs = (h * h + h * vocab_size) * predictions_per_sequence(seq, cfg.train.mask_prob) / seq
+    head_macs = (h * h + h * vocab_size) * predictions_for(cfg.train, seq) / seq
     return 3 * 2 * (layers * per_layer_macs + head_macs)
 
 
@@ -80,3 +80,4 @@ def measure_cpu_peak() -> float:
             best = min(best, time.perf_counter() - t)
         _CPU_PEAK = 2 * 1024**3 / best
     return _CPU_PEAK
+
