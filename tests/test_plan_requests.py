@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 import json
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -144,19 +145,25 @@ def test_a_bad_record_in_a_packed_file_is_named_by_its_own_file(tmp_path):
         list(iter_chunks(units[0]))
 
 
-def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp_path, small_corpus):
-    """Issue 21 item 1: planning reads footers only; the units together read the text column once
-    (not the other columns, not the whole file per unit); the compressed text column is counted."""
+def _parquet_with_html(corpus: Path, path: Path) -> tuple[list[str], int]:
+    """A FineWeb-shaped parquet of the corpus's lines in row groups of 100, with an extra column as
+    large as the text (the page's HTML) that no unit may read; returns the lines and the text
+    column's bytes."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
-    path = tmp_path / "fw.parquet"
-    # An extra column as large as the text (e.g. the page's HTML), which no unit may read.
+    lines = [s for s in corpus.read_text().splitlines() if s.strip()]
     pq.write_table(pa.table({"text": lines, "html": [f"<p>{s[::-1] * 4}</p>" for s in lines]}), path,
                    row_group_size=100, compression="none")
     md = pq.ParquetFile(path).metadata
-    text_bytes = sum(md.row_group(i).column(0).total_compressed_size for i in range(md.num_row_groups))
+    return lines, sum(md.row_group(i).column(0).total_compressed_size for i in range(md.num_row_groups))
+
+
+def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp_path, small_corpus):
+    """Issue 21 item 1: planning reads footers only; the units together read the text column once
+    (not the other columns, not the whole file per unit); the compressed text column is counted."""
+    path = tmp_path / "fw.parquet"
+    lines, text_bytes = _parquet_with_html(small_corpus, path)
     size = path.stat().st_size
     units = plan_units(CorpusConfig(source=f"counting://{path}", validation_fraction=0.1),
                        ShardConfig(unit_bytes=16 * 1024), str(tmp_path / "run"))
@@ -256,17 +263,10 @@ def test_a_gs_corpus_costs_o_files_requests_and_is_read_once(gcs_emulator, http_
 def test_a_gs_parquet_unit_gets_only_its_text_column(gcs_emulator, http_calls, tmp_path, small_corpus):
     """On the object store too: a parquet unit's GETs fetch its row groups' text column chunks
     (and the footer), not the other columns, not readahead."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from tpu_ray import storage
 
-    lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
     local = tmp_path / "fw.parquet"
-    pq.write_table(pa.table({"text": lines, "html": [f"<p>{s[::-1] * 4}</p>" for s in lines]}), local,
-                   row_group_size=100, compression="none")
-    md = pq.ParquetFile(local).metadata
-    text_bytes = sum(md.row_group(i).column(0).total_compressed_size for i in range(md.num_row_groups))
+    lines, text_bytes = _parquet_with_html(small_corpus, local)
     root = gcs_emulator.make_bucket()
     storage.atomic_write_bytes(f"{root}/fw.parquet", local.read_bytes())
     units = plan_units(CorpusConfig(source=f"{root}/fw.parquet", validation_fraction=0.1),
