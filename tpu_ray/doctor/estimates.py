@@ -76,4 +76,3 @@ def fmt_count(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.1f}{unit}"
     return f"{n:.0f}"
-

@@ -491,7 +491,8 @@ def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
 
 
 def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], todo: list[WorkUnit],
-                   results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float, calls_before: int = 0) -> ShardSummary:
+                   results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
+                   calls_before: int) -> ShardSummary:
     from tpu_ray.prepare.progress import Progress
 
     out_dir = cfg.shards_dir

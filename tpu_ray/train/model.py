@@ -80,4 +80,3 @@ def measure_cpu_peak() -> float:
             best = min(best, time.perf_counter() - t)
         _CPU_PEAK = 2 * 1024**3 / best
     return _CPU_PEAK
-
