@@ -51,7 +51,7 @@ def shards(work: Path, source: Path, seq_len: int):
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
-    from tpu_ray.prepare.shards import _manifest, _write_manifest, process_unit
+    from tpu_ray.prepare.shards import process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe
 
     corpus = work / "valid.txt"
@@ -68,7 +68,7 @@ def shards(work: Path, source: Path, seq_len: int):
         units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
         os.makedirs(cfg.shards_dir, exist_ok=True)
         results = {u.index: process_unit(u, tok, info, seq_len, cfg.shards_dir) for u in units}
-        _write_manifest(cfg.shards_dir, _manifest(cfg, info, units, results, complete=True))
+        shard_set(cfg, info, units, results, complete=True).write()
     return cfg
 
 

@@ -66,7 +66,7 @@ def prepare(work: Path, args) -> object:
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
-    from tpu_ray.prepare.shards import _manifest, _write_manifest, process_unit
+    from tpu_ray.prepare.shards import process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe, save_tokenizer, train_tokenizer
 
     corpus = work / "train.txt"
@@ -92,7 +92,7 @@ def prepare(work: Path, args) -> object:
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     os.makedirs(cfg.shards_dir, exist_ok=True)
     results = {u.index: process_unit(u, tok, info, args.seq_len, cfg.shards_dir) for u in units}
-    _write_manifest(cfg.shards_dir, _manifest(cfg, describe(tok.to_str(), "bench"), units, results, complete=True))
+    shard_set(cfg, describe(tok.to_str(), "bench"), units, results, complete=True).write()
     return cfg
 
 
@@ -141,7 +141,7 @@ def baseline(cfg, batch: dict) -> tuple[float, float]:
     """Token frequencies in the training shards (add-one smoothed) as the same prediction everywhere."""
     import numpy as np
 
-    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.prepare.tfrecord import read_records
     from tpu_ray.prepare.tokenizer import tokenizer_info
     import tensorflow as tf
@@ -149,7 +149,7 @@ def baseline(cfg, batch: dict) -> tuple[float, float]:
     info = tokenizer_info(cfg.tokenizer_dir)
     counts = np.ones(info.vocab_size)
     spec = {"input_ids": tf.io.FixedLenFeature([cfg.shard.seq_len], tf.int64)}
-    for path, _ in shard_files(cfg.shards_dir, "train"):
+    for path, _ in ShardSet.open(cfg.shards_dir).files("train"):
         with open(path, "rb") as f:
             records = list(read_records(f))
         ids = tf.io.parse_example(records, spec)["input_ids"].numpy().ravel()

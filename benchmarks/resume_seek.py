@@ -70,11 +70,11 @@ def main() -> None:
     args = p.parse_args()
     from train_throughput import prepare
 
-    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.shard_set import ShardSet
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = prepare(Path(tmp), 8000)
-        found = shard_files(cfg.shards_dir, "train")
+        found = ShardSet.open(cfg.shards_dir).files("train")
         files, counts = [f for f, _ in found], dict(found)
         first_batch_s(lambda: seek_pipeline(files, counts, 0))  # warm TF and the page cache
         first_batch_s(lambda: skip_pipeline(files, 0))

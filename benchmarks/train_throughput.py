@@ -38,7 +38,7 @@ def prepare(work: Path, vocab: int) -> "object":
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
-    from tpu_ray.prepare.shards import _manifest, _write_manifest, process_unit
+    from tpu_ray.prepare.shards import process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe, save_tokenizer, train_tokenizer
 
     corpus = work / "wikitext-2.txt"
@@ -56,7 +56,7 @@ def prepare(work: Path, vocab: int) -> "object":
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     os.makedirs(cfg.shards_dir, exist_ok=True)
     results = {u.index: process_unit(u, tok, info, SEQ_LEN, cfg.shards_dir) for u in units}
-    _write_manifest(cfg.shards_dir, _manifest(cfg, describe(tok.to_str(), "bench"), units, results, complete=True))
+    shard_set(cfg, describe(tok.to_str(), "bench"), units, results, complete=True).write()
     return cfg
 
 
@@ -74,7 +74,7 @@ def reference_fit(cfg, steps: int, lr: float, warmup_steps: int, seq_len: int = 
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling, TFAutoModelForMaskedLM, create_optimizer
 
     from tpu_ray.train.model import hf_config
-    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
     SEQ_LEN, BATCH = seq_len, batch  # noqa: N806 (the module's constants, overridable here)
@@ -83,7 +83,7 @@ def reference_fit(cfg, steps: int, lr: float, warmup_steps: int, seq_len: int = 
     tf_keras.utils.set_random_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_dir)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="tf")
-    files = [p for p, _ in shard_files(cfg.shards_dir, "train")]
+    files = [p for p, _ in ShardSet.open(cfg.shards_dir).files("train")]
 
     def decode(example):
         spec = {k: tf.io.FixedLenFeature([SEQ_LEN], tf.int64) for k in ("input_ids", "attention_mask")}
@@ -136,11 +136,11 @@ def tpu_ray_round(cfg, steps: int, warmup: int, work: Path, i: int, jit: bool = 
 def input_batches_per_s(cfg, batches: int = 300) -> float:
     """The masked input pipeline alone, as the trainer builds it."""
     from tpu_ray.train.inputs import train_dataset
-    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.loop import mask_spec
 
-    files = [p for p, _ in shard_files(cfg.shards_dir, "train")]
+    files = [p for p, _ in ShardSet.open(cfg.shards_dir).files("train")]
     ds = train_dataset(files, SEQ_LEN, BATCH, mask_spec(cfg, tokenizer_info(cfg.tokenizer_dir)), 0, 2048)
     it = iter(ds)
     for _ in range(20):

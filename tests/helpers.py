@@ -45,3 +45,23 @@ def tiny_config(run_dir: Path, corpus: Path, **overrides):
     }
     cfg = RunConfig.from_dict(base)
     return cfg.override(overrides) if overrides else cfg
+
+
+def manifest_json(shards_dir: str) -> dict | None:
+    """The manifest as written (its raw JSON, for tests asserting what the shard stage wrote), or None."""
+    import json
+
+    from tpu_ray import storage
+    from tpu_ray.prepare.shard_set import manifest_path
+
+    path = manifest_path(str(shards_dir))
+    return json.loads(storage.read_text(path)) if storage.exists(path) else None
+
+
+def shard_files(shards_dir: str, split: str) -> list[tuple[str, int]]:
+    """(path, samples) of a split, as training takes them: a complete manifest's, or by shard names."""
+    from tpu_ray.prepare.shard_set import ShardSet
+
+    shards = ShardSet.open(str(shards_dir))
+    shards.require_complete()
+    return shards.files(split)

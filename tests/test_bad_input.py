@@ -58,7 +58,7 @@ def flip_byte_in_first_train_shard(cfg: RunConfig) -> str:
 # --------------------------------------------------------------------------------------------
 def _plan(corpus: str, tmp: Path):
     from tpu_ray.prepare.corpus import plan_units
-    from tpu_ray.prepare.verify import preflight_corpus
+    from tpu_ray.prepare.preflight import preflight_corpus
 
     cfg = RunConfig.from_dict({"corpus": {"source": corpus}, "output_dir": str(tmp / "run")})
     preflight_corpus(cfg)
@@ -72,7 +72,7 @@ def _verify_truncated_shard(tmp: Path):
     import numpy as np
 
     from tpu_ray.prepare.tfrecord import serialize_examples, write_records
-    from tpu_ray.prepare.verify import verify_for_training
+    from tpu_ray.prepare.shard_set import ShardSet
 
     path = tmp / "train-00000-4.tfrecord"
     with open(path, "wb") as f:
@@ -80,7 +80,8 @@ def _verify_truncated_shard(tmp: Path):
     data = path.read_bytes()
     entry = {"path": path.name, "samples": 4, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     path.write_bytes(data[:-5])
-    verify_for_training(str(tmp), {"splits": {"train": {"shards": [entry]}}})
+    manifest = {"splits": {"train": {"shards": [entry]}, "validation": {"shards": []}}}
+    ShardSet.from_json(str(tmp), manifest, str(tmp / "manifest.json")).verify()
 
 
 STAGES: list[tuple[str, Callable[[Path], object], str]] = [

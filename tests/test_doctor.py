@@ -27,7 +27,7 @@ from tpu_ray.errors import UserError
 def prepared_run(run_dir: Path, corpus: Path, tokenizer_dir: str, **overrides):
     """A run directory with the tokenizer and committed shards + manifest, like `tpu-ray shard` leaves."""
     from tpu_ray.prepare.corpus import plan_units
-    from tpu_ray.prepare.shards import _manifest, _write_manifest, process_unit
+    from tpu_ray.prepare.shards import process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe, load_tokenizer_json
 
     shutil.copytree(tokenizer_dir, run_dir / "tokenizer")
@@ -40,7 +40,7 @@ def prepared_run(run_dir: Path, corpus: Path, tokenizer_dir: str, **overrides):
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     (run_dir / "shards").mkdir(parents=True, exist_ok=True)
     results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir) for u in units}
-    _write_manifest(cfg.shards_dir, _manifest(cfg, info, units, results, complete=True))
+    shard_set(cfg, info, units, results, complete=True).write()
     return cfg
 
 
@@ -182,7 +182,7 @@ def test_manifest_from_another_tokenizer(tmp_path, small_corpus, tiny_tokenizer_
     cfg = cfg.override({"tokenizer.path": tiny_tokenizer_dir})
     code, checks = doctor(cfg)
     assert code == 1
-    assert checks["manifest/tok"][0] == FAIL and "manifest.json says tokenizer" in checks["manifest/tok"][1]
+    assert checks["manifest/tok"][0] == FAIL and "manifest.json: shards were made with tokenizer" in checks["manifest/tok"][1]
     assert checks["vocab"][0] == FAIL and "vocab_size 300" in checks["vocab"][1]
 
 
@@ -292,9 +292,9 @@ def test_gs_run_on_tpu_node_and_missing_bucket(gcs_emulator, tmp_path, small_cor
 def test_doctor_checks_every_shard_that_training_checks(run):
     """Issue 15: doctor sampled 3 shards and passed a flipped byte that training refuses. Under
     training's size bound every shard is hashed, by both."""
-    from tpu_ray.prepare.verify import manifest_shards
+    from tpu_ray.prepare.shard_set import ShardSet
 
-    entries = manifest_shards(manifest_of(run))
+    entries = ShardSet.load(run.shards_dir).entries
     assert len(entries) > 3  # more shards than a sample of first, middle and last
     entry = manifest_of(run)["splits"]["train"]["shards"][1]  # not first, middle or last
     path = Path(run.shards_dir) / entry["path"]

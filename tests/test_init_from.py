@@ -82,7 +82,7 @@ def _first_batch_loss(cfg, model_dir: str | None) -> float:
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
 
-    from tpu_ray.prepare.shards import shard_files
+    from tests.helpers import shard_files
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.inputs import train_dataset
     from tpu_ray.train.loop import mask_spec, masked_sums, mlm_logits
@@ -112,14 +112,14 @@ def _continue(tmp: Path, corpus: Path, init_from: str, **over):
 
 
 def _check_continued(cfg, source: Path) -> None:
-    from tpu_ray.prepare.shards import read_manifest
+    from tests.helpers import manifest_json
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
     src_tok = tokenizer_info(str(source / "tokenizer"))
     tok = tokenizer_info(cfg.tokenizer_dir)
     assert tok.sha256 == src_tok.sha256  # the checkpoint's tokenizer, copied, not a new one
     assert tok.special_tokens == ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # RoBERTa's own convention
-    assert read_manifest(cfg.shards_dir)["tokenizer_sha256"] == tok.sha256
+    assert manifest_json(cfg.shards_dir)["tokenizer_sha256"] == tok.sha256
     first = next(r for r in _records(Path(cfg.run_dir), "train") if r["step"] == 1)
     own = _first_batch_loss(cfg, str(source / "model"))
     fresh = _first_batch_loss(cfg, None)

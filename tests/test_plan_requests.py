@@ -181,19 +181,23 @@ def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp
     assert text_bytes <= counting["bytes"] <= text_bytes + 64 * 1024, (counting, text_bytes, size)
 
 
-def test_training_start_verifies_shards_from_one_listing(counting, tmp_path, monkeypatch):
-    """Issue 21 item 2: the shard check at training start (and recovery) lists the shard directory
-    once instead of a `size` request per shard; a shard of the wrong size is still named."""
+@pytest.mark.parametrize("n_shards", [40, 400])
+def test_training_start_verifies_shards_from_one_listing(counting, tmp_path, monkeypatch, n_shards):
+    """Issue 21 items 2 and 3: training start (and every recovery attempt) loads the ShardSet and
+    verifies it with one manifest read and one listing of the shard directory, whatever the number
+    of shards (no `exists` or `size` request per shard); a shard of the wrong size is still named."""
     import hashlib
+    import json
 
     import numpy as np
 
     from tpu_ray.errors import UserError
-    from tpu_ray.prepare import verify
+    from tpu_ray.prepare import shard_set
+    from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
     entries = []
-    for i in range(40):
+    for i in range(n_shards):
         path = tmp_path / "shards" / "train" / f"train-{i:05d}-4.tfrecord"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
@@ -201,14 +205,20 @@ def test_training_start_verifies_shards_from_one_listing(counting, tmp_path, mon
         data = path.read_bytes()
         entries.append({"path": f"train/{path.name}", "samples": 4, "bytes": len(data),
                         "sha256": hashlib.sha256(data).hexdigest()})
-    manifest = {"splits": {"train": {"shards": entries}, "validation": {"shards": []}}}
-    monkeypatch.setattr(verify, "CHEAP_HASH_BYTES", 0)  # a large shard set: sizes all, hashes a sample
-    verify.verify_for_training(f"counting://{tmp_path}/shards", manifest)
+    manifest = {"complete": True, "splits": {"train": {"shards": entries}, "validation": {"shards": []}}}
+    (tmp_path / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(shard_set, "CHEAP_HASH_BYTES", 0)  # a large shard set: sizes all, hashes a sample
+    counting.clear()
+    shards = ShardSet.open(f"counting://{tmp_path}/shards")
+    shards.require_complete()
+    shards.verify()
+    assert len(shards.files("train")) == n_shards
+    # ls of the shard dir and of train/ (the local find walks folders; a store lists once).
     assert counting.get("info", 0) == 0 and counting["list"] <= 3, counting
-    assert counting["open"] == verify.SAMPLE  # the sampled deep checks read their shards, nothing else
+    assert counting["open"] == 1 + shard_set.SAMPLE  # the manifest, then the sampled deep checks; nothing else
     (tmp_path / "shards" / "train" / "train-00007-4.tfrecord").write_bytes(b"short")
     with pytest.raises(UserError, match=r"train-00007-4.tfrecord: 5 bytes, manifest.json says \d+"):
-        verify.verify_for_training(f"counting://{tmp_path}/shards", manifest)
+        ShardSet.open(f"counting://{tmp_path}/shards").verify()
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def _train_frequency(run_dir: Path, token_id: int) -> float:
     import tensorflow as tf
 
     from tpu_ray.config import RunConfig
-    from tpu_ray.prepare.shards import shard_files
+    from tests.helpers import shard_files
     from tpu_ray.prepare.tfrecord import read_records
 
     seq_len = RunConfig.from_yaml(str(REPO / "jobs/configs/quickstart.yaml")).shard.seq_len

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import start_local_ray, tiny_config, wikitext_slice
+from tests.helpers import manifest_json, shard_files, start_local_ray, tiny_config, wikitext_slice
 from tpu_ray.prepare import shards as shards_mod
 from tpu_ray.errors import UserError
-from tpu_ray.prepare.shards import chunk_ids, make_shards, read_manifest, shard_files
+from tpu_ray.prepare.shard_set import ShardSet
+from tpu_ray.prepare.shards import chunk_ids, make_shards
 from tpu_ray.prepare.tfrecord import read_records
 
 
@@ -62,7 +63,7 @@ def test_shards_are_identical_with_one_actor_or_three(tmp_path, reference_run, m
 
 def test_manifest_describes_every_shard(reference_run):
     cfg, summary, _ = reference_run
-    manifest = read_manifest(cfg.shards_dir)
+    manifest = manifest_json(cfg.shards_dir)
     assert manifest["complete"] and manifest["seq_len"] == 64
     for split in ("train", "validation"):
         for entry in manifest["splits"][split]["shards"]:
@@ -81,20 +82,20 @@ def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
         tmp_path, monkeypatch, reference_run, mid_corpus, tiny_tokenizer_dir, caplog):
     _, _, expected = reference_run
     cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
-    real_write = shards_mod._write_manifest
+    real_write = ShardSet.write
     calls = {"n": 0}
 
-    def crash_after_three(shards_dir, manifest):
-        real_write(shards_dir, manifest)
+    def crash_after_three(self):
+        real_write(self)
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt("simulated crash of the driver")
 
-    monkeypatch.setattr(shards_mod, "_write_manifest", crash_after_three)
+    monkeypatch.setattr(ShardSet, "write", crash_after_three)
     with pytest.raises(KeyboardInterrupt), caplog.at_level("WARNING", logger="tpu_ray"):
         make_shards(cfg, actors=2)
-    monkeypatch.setattr(shards_mod, "_write_manifest", real_write)
-    partial = read_manifest(cfg.shards_dir)
+    monkeypatch.setattr(ShardSet, "write", real_write)
+    partial = manifest_json(cfg.shards_dir)
     assert not partial["complete"] and len(partial["units_done"]) == 3
     # Ctrl-C says what was kept and that the same command continues.
     assert re.search(r"interrupted; 3 of \d+ units are committed and kept in .*; run the same command", caplog.text)
@@ -113,15 +114,15 @@ def test_manifest_is_rewritten_a_bounded_number_of_times(tmp_path, monkeypatch, 
                                                           ray_local):
     """Rewriting the whole manifest after every unit would cost O(units^2) bytes on a big corpus."""
     cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir)
-    real_write = shards_mod._write_manifest
+    real_write = ShardSet.write
     written: list[tuple[int, bool]] = []
 
-    def counting_write(shards_dir, manifest):
-        written.append((len(manifest["units_done"]), manifest["complete"]))
-        real_write(shards_dir, manifest)
+    def counting_write(self):
+        written.append((len(self.units_done), self.complete))
+        real_write(self)
 
     monkeypatch.setattr(shards_mod, "MANIFEST_WRITES", 2)
-    monkeypatch.setattr(shards_mod, "_write_manifest", counting_write)
+    monkeypatch.setattr(ShardSet, "write", counting_write)
     summary = make_shards(cfg, actors=2)
     assert summary.units == 5
     assert written == [(2, False), (4, False), (5, True)]
@@ -160,7 +161,7 @@ def test_tensorflow_reads_our_shards_like_the_reference_trainer(reference_run):
     train shards and only them (16.3), counts from names, parse_single_example with fixed lengths."""
     tf = pytest.importorskip("tensorflow")
     cfg, _, _ = reference_run
-    manifest = read_manifest(cfg.shards_dir)
+    manifest = manifest_json(cfg.shards_dir)
     assert not list(Path(cfg.shards_dir).glob("*.tfrecord"))  # no shard outside its split's folder
     for split in ("train", "validation"):
         found = tf.io.gfile.glob(str(Path(cfg.shards_dir) / split / "*.tfrecord"))
@@ -228,7 +229,7 @@ def test_non_utf8_fails_with_file_and_offset_or_is_replaced(tmp_path, small_corp
         make_shards(cfg)
     assert f"latin1.txt: byte {offset + 3}: not UTF-8" in str(err.value) and "\n" not in str(err.value)
     # Units before the bad one may be committed (the corpus is read once), never a complete set.
-    assert read_manifest(cfg.shards_dir) is None or not read_manifest(cfg.shards_dir)["complete"]
+    assert manifest_json(cfg.shards_dir) is None or not manifest_json(cfg.shards_dir)["complete"]
     ok = _cfg(tmp_path, bad, tiny_tokenizer_dir, name="replace", **{"corpus.encoding_errors": "replace"})
     assert make_shards(ok).samples > 0
 
@@ -247,7 +248,7 @@ def test_bad_bytes_in_a_late_unit_fail_the_one_read_and_the_fixed_rerun_gives_th
     with pytest.raises(UserError) as err:
         make_shards(cfg, actors=1)
     assert f"mid.txt: byte {offset + 3}: not UTF-8" in str(err.value) and "\n" not in str(err.value)
-    partial = read_manifest(cfg.shards_dir)
+    partial = manifest_json(cfg.shards_dir)
     assert partial is not None and not partial["complete"] and len(partial["units_done"]) >= 1
     with pytest.raises(UserError, match="sharding did not finish"):
         shard_files(cfg.shards_dir, "train")
@@ -257,7 +258,7 @@ def test_bad_bytes_in_a_late_unit_fail_the_one_read_and_the_fixed_rerun_gives_th
     assert "unfinished attempt over another corpus plan" in caplog.text
     got = _digest_dir(Path(cfg.shards_dir))  # the manifest names another corpus path: shards compared
     assert got.pop("manifest.json") and got == {k: v for k, v in expected.items() if k != "manifest.json"}
-    assert read_manifest(cfg.shards_dir)["complete"]
+    assert manifest_json(cfg.shards_dir)["complete"]
 
 
 def test_binary_file_given_as_text(tmp_path, tiny_tokenizer_dir, ray_local):
@@ -431,7 +432,7 @@ def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small
     assert re.fullmatch(rf"\[shard\] {summary.units}/{summary.units} units, {summary.samples:,} samples, "
                         rf"[\d,]+ tokens/s", progress[-1]), progress
     line = summary.line()
-    manifest = read_manifest(cfg.shards_dir)
+    manifest = manifest_json(cfg.shards_dir)
     for field, value in (("shards", summary.shards), ("samples", summary.samples),
                          ("tokens", manifest["corpus_tokens"]), ("dropped_remainder_tokens", manifest["dropped_tokens"])):
         assert f"{field}={value} " in line
@@ -495,7 +496,7 @@ def test_a_unit_that_always_kills_its_actor_fails_after_the_retries_naming_it(
     assert re.search(rf"shard unit 1 \({re.escape(str(small_corpus))} bytes \d+-\d+\) killed its actor 3 times",
                      msg), msg
     assert "likely cause" in msg and "shard.max_unit_retries=2" in msg
-    assert not read_manifest(cfg.shards_dir) or not read_manifest(cfg.shards_dir)["complete"]
+    assert not manifest_json(cfg.shards_dir) or not manifest_json(cfg.shards_dir)["complete"]
 
 
 def test_a_unit_that_kills_its_actor_once_is_retried_and_gives_the_same_bytes(
@@ -521,7 +522,7 @@ def test_old_one_folder_run_dirs_still_train_and_are_not_resharded_in_place(tmp_
     cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
     old = Path(cfg.shards_dir)
     old.mkdir(parents=True)
-    manifest = read_manifest(cfg_ref.shards_dir)
+    manifest = manifest_json(cfg_ref.shards_dir)
     manifest["format"] = "tpu-ray-shards/1"
     for split in ("train", "validation"):
         for entry in manifest["splits"][split]["shards"]:

@@ -143,8 +143,8 @@ def test_plain_text_lines_are_text_whatever_they_spell(tmp_path):
 
 def test_the_manifest_counts_skipped_records_and_the_shard_line_prints_them(tmp_path, small_corpus,
                                                                             tiny_tokenizer_dir, ray_local):
-    from tests.helpers import tiny_config
-    from tpu_ray.prepare.shards import make_shards, read_manifest
+    from tests.helpers import manifest_json, tiny_config
+    from tpu_ray.prepare.shards import make_shards
 
     lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
     path = tmp_path / "c.jsonl.gz"
@@ -154,5 +154,5 @@ def test_the_manifest_counts_skipped_records_and_the_shard_line_prints_them(tmp_
     cfg = tiny_config(tmp_path / "run", path, **{"tokenizer.path": tiny_tokenizer_dir})
     summary = make_shards(cfg, actors=1)
     skipped = len(range(0, len(lines), 10))
-    assert read_manifest(cfg.shards_dir)["skipped_records"] == skipped == summary.skipped_records
+    assert manifest_json(cfg.shards_dir)["skipped_records"] == skipped == summary.skipped_records
     assert f"skipped_records={skipped}" in summary.line()

@@ -699,7 +699,7 @@ def test_train_step_is_the_keras_fit_step(tmp_path, shards_dir, tiny_tokenizer_d
     """tpu-ray's train step (masked positions only, global-count loss, hand-applied gradients) moves
     the weights exactly as transformers' own `model.fit` step does on the same batches from the same
     initial weights: the learning benchmark's comparison then differs only in data order and masks."""
-    from tpu_ray.prepare.shards import shard_files
+    from tests.helpers import shard_files
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.inputs import train_dataset
     from tpu_ray.train.loop import build, make_train_step, mask_spec

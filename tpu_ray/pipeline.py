@@ -296,7 +296,7 @@ class Pipeline:
         if stage in ("run", "train"):
             refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
         if corpus:
-            from tpu_ray.prepare.verify import preflight_corpus
+            from tpu_ray.prepare.preflight import preflight_corpus
 
             preflight_corpus(cfg)  # a bad corpus fails before the run directory is written
         if ray:

@@ -99,7 +99,7 @@ class Doctor:
         self.cfg, self.target, self.full, self.out = cfg, target, full, out
         self.checks: list[Check] = []
         self.tok: Any = None  # TokenizerInfo, when the run has a tokenizer
-        self.manifest: dict | None = None
+        self.shards: Any = None  # the ShardSet, when the run has a manifest
         self.shards_ok = False
         self._unreachable: dict[str, str] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-doctor-")
@@ -160,10 +160,10 @@ class Doctor:
     def check_corpus(self) -> None:
         """The corpus sharding will read (skipped once shards exist: then it is no longer read)."""
         from tpu_ray.config import BUILTIN_CORPUS
-        from tpu_ray.prepare.verify import preflight_corpus
+        from tpu_ray.prepare.preflight import preflight_corpus
 
         src = self.cfg.corpus.source
-        if self.manifest is not None:
+        if self.shards is not None:
             self.add("corpus", PASS, "shards exist; the corpus is not read again")
         elif src == BUILTIN_CORPUS or src.startswith("hf:"):
             self.add("corpus", PASS, f"corpus.source={src} (loaded by the tokenizer/shard stages, not here)")
@@ -205,13 +205,13 @@ class Doctor:
                      f"{self.tok.pad_id}, mask id {self.tok.mask_id}, sha256 {self.tok.sha256[:12]}")
 
     def load_manifest(self) -> None:
-        from tpu_ray.prepare.shards import manifest_path, read_manifest
+        from tpu_ray.prepare.shard_set import ShardSet, manifest_path
 
         path = manifest_path(self.cfg.shards_dir)
         state, detail = self.probe(path)
         if state == "exists":
             try:
-                self.manifest = read_manifest(self.cfg.shards_dir)
+                self.shards = ShardSet.load(self.cfg.shards_dir)
             except UserError as exc:
                 self.add("manifest", FAIL, str(exc), "delete it and rerun `tpu-ray shard`")
         elif state == "error":
@@ -234,7 +234,7 @@ class Doctor:
         """Tokenizer vs model config vs shards: vocab size, special ids, pad id."""
         from tpu_ray.train.model import hf_config
 
-        cfg, tok, manifest = self.cfg, self.tok, self.manifest
+        cfg, tok, shards = self.cfg, self.tok, self.shards
         if tok is None:
             self.add("vocab", WARN, "no tokenizer to compare with the model config (see tokenizer)")
             return
@@ -255,13 +255,8 @@ class Doctor:
             problems.append(f"tokenizer pad id is {tok.pad_id}, TF {cfg.model.model_type} treats id {required} as padding")
         if max(tok.special_ids) >= hf.vocab_size:
             problems.append(f"special id {max(tok.special_ids)} >= vocab_size {hf.vocab_size}")
-        if manifest:
-            if manifest.get("vocab_size") not in (None, tok.vocab_size):
-                problems.append(f"shards were made with vocab_size {manifest['vocab_size']}, tokenizer has "
-                                f"{tok.vocab_size}")
-            ids = {"cls": tok.cls_id, "sep": tok.sep_id, "pad": tok.pad_id, "unk": tok.unk_id, "mask": tok.mask_id}
-            if manifest.get("special_ids") not in (None, ids):
-                problems.append(f"shards' special ids {manifest['special_ids']} != tokenizer's {ids}")
+        if shards:
+            problems += shards.vocab_mismatches(tok)
             biggest = self._max_shard_id()
             if biggest is not None and biggest >= hf.vocab_size:
                 problems.append(f"shards hold token id {biggest} >= vocab_size {hf.vocab_size}")
@@ -271,18 +266,17 @@ class Doctor:
                      "new --output-dir) or point tokenizer.path at the tokenizer the shards were made with")
             return
         self.add("vocab", PASS, f"model vocab_size {hf.vocab_size} = tokenizer; pad_token_id {hf.pad_token_id}, "
-                 f"special ids {tok.special_ids} agree" + (" with the shards" if manifest else ""))
+                 f"special ids {tok.special_ids} agree" + (" with the shards" if shards else ""))
 
     def _max_shard_id(self) -> int | None:
         """The largest token id in the first records of the sampled train shards (a cheap scan)."""
         import tensorflow as tf
 
-        from tpu_ray.prepare.verify import manifest_shards, sampled
+        from tpu_ray.prepare.shard_set import sampled
 
-        entries = [e for e in manifest_shards(self.manifest or {}) if e["split"] == "train"]
         biggest = None
-        for entry in sampled(entries, self.full):
-            local = self._local_copy(entry["path"])
+        for entry in sampled(self.shards.split_entries("train") if self.shards else [], self.full):
+            local = self._local_copy(entry.path)
             if local is None:
                 return None
             ds = tf.data.TFRecordDataset(local).take(256).batch(256)
@@ -313,16 +307,11 @@ class Doctor:
         return dst
 
     def check_manifest_tokenizer(self) -> None:
-        cfg, tok, manifest = self.cfg, self.tok, self.manifest
-        if manifest is None or tok is None:
+        cfg, tok, shards = self.cfg, self.tok, self.shards
+        if shards is None or tok is None:
             self.add("manifest/tok", WARN, "needs both a tokenizer and a shard manifest (see tokenizer, shards)")
             return
-        problems = []
-        if manifest.get("tokenizer_sha256") != tok.sha256:
-            problems.append(f"manifest.json says tokenizer {str(manifest.get('tokenizer_sha256'))[:12]}, "
-                            f"{cfg.tokenizer_dir} is {tok.sha256[:12]}")
-        if manifest.get("seq_len") != cfg.shard.seq_len:
-            problems.append(f"shards have seq_len={manifest.get('seq_len')}, config shard.seq_len={cfg.shard.seq_len}")
+        problems = shards.mismatches(tok, cfg.shard.seq_len, cfg.tokenizer_dir)
         if problems:
             self.add("manifest/tok", FAIL, "; ".join(problems),
                      "reshard with this tokenizer and seq_len (new --output-dir), or set tokenizer.path / "
@@ -372,40 +361,38 @@ class Doctor:
 
     def check_shards(self) -> None:
         """Manifest counts and per-shard sizes, checksums and record counts against the files."""
-        from tpu_ray.prepare.verify import check_shard, deep_checked, manifest_shards
+        from tpu_ray.prepare.shard_set import SHARD_FIX
 
-        manifest, shards_dir = self.manifest, self.cfg.shards_dir
-        if manifest is None:
+        shards, shards_dir = self.shards, self.cfg.shards_dir
+        if shards is None:
             if not any(c.name == "manifest" for c in self.checks):
                 self.add("shards", WARN, f"not prepared yet: no {shards_dir}/manifest.json (tpu-ray shard makes it)")
             return
-        if not manifest.get("complete"):
+        if not shards.complete:
             self.add("shards", FAIL, f"{shards_dir}/manifest.json: sharding did not finish",
                      "rerun `tpu-ray shard` to resume it")
             return
-        entries = manifest_shards(manifest)
-        for split, info in manifest.get("splits", {}).items():
-            listed = sum(e["samples"] for e in entries if e["split"] == split)
-            if listed != info.get("samples", listed):
-                self.add("shards", FAIL, f"{shards_dir}/manifest.json: {split} lists {listed} samples in its shards "
-                         f"but a total of {info['samples']}", "delete the shards and rerun `tpu-ray shard`")
-                return
-        deep = deep_checked(entries, self.full)  # at least what training checks
+        totals = shards.totals_problem()
+        if totals:
+            self.add("shards", FAIL, totals, "delete the shards and rerun `tpu-ray shard`")
+            return
+        deep = shards.deep_checked(self.full)  # at least what training checks
         try:
-            for entry in entries:
-                problem = _call_with_timeout(
-                    lambda e=entry: check_shard(shards_dir, e, deep=e["path"] in deep), 4 * STORAGE_TIMEOUT_S)
+            _call_with_timeout(shards.sizes, 4 * STORAGE_TIMEOUT_S)  # one listing for every size
+            for entry in shards.entries:
+                problem = _call_with_timeout(lambda e=entry: shards.problem(e, deep=e.path in deep),
+                                             4 * STORAGE_TIMEOUT_S)
                 if problem:
-                    self.add("shards", FAIL, problem, "delete that shard and rerun `tpu-ray shard` to rewrite it")
+                    self.add("shards", FAIL, problem, SHARD_FIX)
                     return
         except (UserError, TimeoutError) as exc:
             self.add("shards", WARN, f"not verified: {exc}", "run doctor where the shards are reachable")
             return
         self.shards_ok = True
-        train = [e for e in entries if e["split"] == "train"]
-        how = "all" if self.full or len(deep) == len(entries) else f"{len(deep)} sampled (--full: all)"
-        self.add("shards", PASS, f"{len(entries)} shards ({len(train)} train, {sum(e['samples'] for e in train)} "
-                 f"train samples) present with manifest sizes; sha256 + record counts of {how} match")
+        n, train = len(shards.entries), shards.split_entries("train")
+        how = "all" if self.full or len(deep) == n else f"{len(deep)} sampled (--full: all)"
+        self.add("shards", PASS, f"{n} shards ({len(train)} train, {shards.samples('train')} train samples) present "
+                 f"with manifest sizes; sha256 + record counts of {how} match")
 
     # -- the input pipeline and the XLA probe ----------------------------------------------------
     def vocab_and_spec(self):
@@ -418,10 +405,8 @@ class Doctor:
 
     def pipeline_files(self, batch: int) -> tuple[list[str], str]:
         """Train shard files for the probe: (up to 2 of) the run's own, else two synthetic ones."""
-        if self.shards_ok and self.manifest:
-            from tpu_ray.prepare.verify import manifest_shards
-
-            names = [e["path"] for e in manifest_shards(self.manifest) if e["split"] == "train"][:2]
+        if self.shards_ok and self.shards:
+            names = [e.path for e in self.shards.split_entries("train")][:2]
             files = [f for f in (self._local_copy(n) for n in names) if f]
             if files:
                 return files, "the run's shards"

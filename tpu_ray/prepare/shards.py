@@ -1,8 +1,8 @@
 """Corpus -> fixed-length samples -> TFRecord shards, in parallel on Ray actors, with a manifest.
 
-Why over 400 lines: the worker, the manifest (resume, the plan digest) and the driver change together
-(a manifest field is written by the driver from what the worker returns); the actor scheduler is
-prepare/actor_pool.py.
+Why over 400 lines: the worker and the driver change together (a manifest entry is written by the
+driver from what the worker returns); the manifest itself (schema, resume state, verification) is
+prepare/shard_set.py, the actor scheduler prepare/actor_pool.py.
 
 Each work unit (see corpus.py) becomes `train/train-<unit:05d>-<count>.tfrecord` (and a
 `validation/validation-...` shard for its tail): one folder per split, the layout Hugging Face's
@@ -31,21 +31,18 @@ from typing import Any
 
 import numpy as np
 
-from tpu_ray import rundir, storage
+from tpu_ray import storage
 from tpu_ray.config import RunConfig
 from tpu_ray.prepare.corpus import WorkUnit, iter_chunks, plan_units
 from tpu_ray.prepare.streams import Counts
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
-from tpu_ray.prepare.manifest_check import check_manifest
 from tpu_ray.prepare.actor_pool import run_on_pool
+from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
 
 log = logging.getLogger(__name__)
-MANIFEST = rundir.MANIFEST_FILE
-FORMAT = "tpu-ray-shards/2"  # /2: one folder per split; /1 (one folder for both) is still read
-SPLITS = ("train", "validation")
 MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about this many
 
 
@@ -326,105 +323,18 @@ class ShardSummary:
                 f"skipped_records={self.skipped_records} storage_requests={self.requests}")
 
 
-def manifest_path(shards_dir: str) -> str:
-    return storage.join(shards_dir, MANIFEST)
-
-
-def read_manifest(shards_dir: str) -> dict | None:
-    path = manifest_path(shards_dir)
-    if not storage.exists(path):
-        return None
-    try:
-        manifest = json.loads(storage.read_text(path))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{path}: manifest is not valid JSON; delete it to rebuild the shards") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, not a manifest; remove it to rebuild the shards") from None
-    check_manifest(manifest, path)
-    return manifest
-
-
 def _plan_digest(units: list[WorkUnit]) -> str:
     """Identifies the plan: every unit (source path, format, byte or row range); a moved corpus is a new plan."""
     payload = json.dumps([u.key() for u in units], sort_keys=True).encode()
     return hashlib.sha256(payload).hexdigest()
 
 
-def _manifest(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], results: dict[int, dict],
-              complete: bool) -> dict:
-    splits: dict[str, dict] = {s: {"samples": 0, "tokens": 0, "shards": []} for s in SPLITS}
-    for idx in sorted(results):
-        for entry in results[idx]["shards"]:
-            sp = splits[entry["split"]]
-            sp["samples"] += entry["samples"]
-            sp["tokens"] += entry["tokens"]
-            sp["shards"].append({k: v for k, v in entry.items() if k != "split"})
-    return {
-        "format": FORMAT,
-        "complete": complete,
-        "seq_len": cfg.shard.seq_len,
-        "tokenizer_sha256": info.sha256,
-        "vocab_size": info.vocab_size,
-        "special_ids": {"cls": info.cls_id, "sep": info.sep_id, "pad": info.pad_id, "unk": info.unk_id,
-                        "mask": info.mask_id},
-        "source": cfg.corpus.model_dump(mode="json"),
-        "plan_sha256": _plan_digest(units),
-        "units": len(units),
-        "units_done": sorted(results),
-        "corpus_tokens": sum(r["tokens"] for r in results.values()),
-        "dropped_tokens": sum(r["dropped_tokens"] for r in results.values()),
-        # Records whose text field was null or missing (records.py): skipped, never trained on.
-        "skipped_records": sum(r.get("skipped_records", 0) for r in results.values()),
-        "splits": splits,
-        "unit_stats": [{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"],
-                        "skipped": v.get("skipped_records", 0)} for k, v in sorted(results.items())],
-    }
-
-
-def _write_manifest(shards_dir: str, manifest: dict) -> None:
-    storage.atomic_write_text(manifest_path(shards_dir), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-
-
-def _resume_state(previous: dict | None, cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit],
-                  shards_dir: str) -> dict[int, dict]:
-    """Units already committed by an earlier (crashed or finished) run with the same plan."""
-    if not previous:
-        return {}
-    if previous.get("format") != FORMAT:
-        raise UserError(f"{manifest_path(shards_dir)}: shards in the old one-folder layout ({previous.get('format')}); "
-                        f"they still train, but to shard again delete them or use a new output directory")
-    same = (previous.get("plan_sha256") == _plan_digest(units)
-            and previous.get("tokenizer_sha256") == info.sha256
-            and previous.get("seq_len") == cfg.shard.seq_len)
-    if not same and not previous.get("complete"):
-        # An unfinished attempt (bad input fixed since, Ctrl-C) over another plan: its shards are
-        # this stage's own unfinished output, never trained on; start the stage over without them.
-        log.warning("shard: %s is an unfinished attempt over another corpus plan, tokenizer or seq_len (a file "
-                    "changed since?); sharding again from the first unit", manifest_path(shards_dir))
-        present = storage.find_sizes(shards_dir)
-        for split in SPLITS:
-            for entry in previous["splits"][split]["shards"]:
-                if entry["path"] in present:
-                    storage.remove(storage.join(shards_dir, entry["path"]))
-        storage.remove(manifest_path(shards_dir))
-        return {}
-    if not same:
-        raise UserError(f"{manifest_path(shards_dir)}: these shards were made from another corpus, tokenizer or "
-                        f"seq_len; use a new output directory or delete the shards")
-    done: dict[int, dict] = {u: {"unit": u, "shards": [], "tokens": 0, "dropped_tokens": 0}
-                             for u in previous.get("units_done", [])}
-    present = storage.find_sizes(shards_dir)  # one listing, not an `exists` per shard
-    for split in SPLITS:
-        for entry in previous["splits"][split]["shards"]:
-            if entry["path"] not in present:
-                done.pop(entry["unit"], None)  # a committed file vanished: redo the unit
-            elif entry["unit"] in done:
-                done[entry["unit"]]["shards"].append({"split": split, **entry})
-    for unit_stats in previous.get("unit_stats", []):
-        if unit_stats["unit"] in done:
-            done[unit_stats["unit"]].update(tokens=unit_stats["tokens"], dropped_tokens=unit_stats["dropped"],
-                                            skipped_records=unit_stats.get("skipped", 0))
-    return done
+def shard_set(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], results: dict[int, dict],
+              complete: bool) -> ShardSet:
+    """The shard set of the units committed so far (`results`: process_unit's, by unit index)."""
+    return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info,
+                                 source=cfg.corpus.model_dump(mode="json"), plan_sha256=_plan_digest(units),
+                                 units=len(units), results=results, complete=complete)
 
 
 def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) -> ShardSummary:
@@ -447,7 +357,8 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     require_shared(out_dir, "shard.dir" if cfg.shard.dir else "output_dir", "sharding", cfg.ray.shared_filesystem)
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     storage.makedirs(out_dir)
-    results = _resume_state(read_manifest(out_dir), cfg, info, units, out_dir)
+    previous = ShardSet.load(out_dir)
+    results = previous.committed_units(_plan_digest(units), info.sha256, cfg.shard.seq_len) if previous else {}
     todo = [u for u in units if u.index not in results]
 
     from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
@@ -516,7 +427,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         stats["samples"] += sum(s["samples"] for s in res["shards"])
         stats["tokens"] += res["tokens"]
         if (len(results) - skipped) % every == 0:
-            _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
+            shard_set(cfg, info, units, results, complete=False).write()
         progress.advance(1, samples=stats["samples"], tokens=stats["tokens"])
         if on_unit_done:
             on_unit_done(len(results), pool)
@@ -525,7 +436,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
     except KeyboardInterrupt:
         # Ctrl-C: record every committed unit (the next run skips them) and say how to continue.
-        _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
+        shard_set(cfg, info, units, results, complete=False).write()
         progress.close()
         log.warning("shard: interrupted; %d of %d units are committed and kept in %s; run the same command "
                     "to continue from them", len(results), len(units), manifest_path(out_dir))
@@ -533,23 +444,22 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
     except UserError:
         # Bad input in a unit: keep what is committed (incomplete: nothing trains on it) for the rerun.
         if len(results) > skipped:
-            _write_manifest(out_dir, _manifest(cfg, info, units, results, complete=False))
+            shard_set(cfg, info, units, results, complete=False).write()
         progress.close()
         raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     _cleanup_temp(out_dir)
-    manifest = _manifest(cfg, info, units, results, complete=True)
-    _write_manifest(out_dir, manifest)
+    shards = shard_set(cfg, info, units, results, complete=True)
+    shards.write()
     progress.close()
-    _require_a_sample(cfg, manifest, len(units))
+    _require_a_sample(cfg, shards, len(units))
     summary = ShardSummary(
-        shards=sum(len(manifest["splits"][s]["shards"]) for s in SPLITS),
-        samples=sum(manifest["splits"][s]["samples"] for s in SPLITS),
-        tokens=manifest["corpus_tokens"], dropped_tokens=manifest["dropped_tokens"],
+        shards=len(shards.entries), samples=sum(shards.samples(s) for s in SPLITS),
+        tokens=shards.corpus_tokens, dropped_tokens=shards.dropped_tokens,
         seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors,
         resumed_tokens=resumed_tokens,
         peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0),
-        skipped_records=manifest["skipped_records"], read_bytes=_actors_total(results, "read_bytes"),
+        skipped_records=shards.skipped_records, read_bytes=_actors_total(results, "read_bytes"),
         requests=_actors_total(results, "requests") + storage.requests_made() - calls_before)
     log.info("shard summary: %s", summary.line())
     return summary
@@ -581,12 +491,12 @@ def _live(pool: list) -> list[dict]:
     return out
 
 
-def _require_a_sample(cfg: RunConfig, manifest: dict, units: int) -> None:
+def _require_a_sample(cfg: RunConfig, shards: ShardSet, units: int) -> None:
     """Nothing to train on is a failure of this stage, not a success that the next stage refuses."""
-    if manifest["splits"]["train"]["samples"]:
+    if shards.samples("train"):
         return
     body = cfg.shard.seq_len - 2
-    raise UserError(f"corpus.source={cfg.corpus.source!r}: {manifest['corpus_tokens']} tokens in {units} unit(s), "
+    raise UserError(f"corpus.source={cfg.corpus.source!r}: {shards.corpus_tokens} tokens in {units} unit(s), "
                     f"fewer than one training sample of shard.seq_len-2={body} tokens per unit; give more "
                     f"text or lower shard.seq_len")
 
@@ -599,31 +509,6 @@ def _cleanup_temp(out_dir: str) -> None:
     for folder in (out_dir, *(storage.join(out_dir, split) for split in SPLITS)):
         for path in storage.glob(storage.join(folder, ".tmp-*")):
             storage.remove(path)
-
-
-def shard_files(shards_dir: str, split: str, require_complete: bool = True) -> list[tuple[str, int]]:
-    """(path, samples) of a split's shards: from our manifest, or from `-<index>-<count>` names.
-
-    The name fallback lets shards written by Hugging Face's reference scripts train here: their
-    `<split>/*.tfrecord` folders, or (tpu-ray before format /2) `<split>-*.tfrecord` in one folder.
-    """
-    manifest = read_manifest(shards_dir)
-    if manifest is not None:
-        if require_complete and not manifest.get("complete"):
-            raise UserError(f"{manifest_path(shards_dir)}: sharding did not finish; rerun `tpu-ray shard` "
-                            f"to resume it")
-        return [(storage.join(shards_dir, s["path"]), s["samples"]) for s in manifest["splits"][split]["shards"]]
-    files = storage.glob(storage.join(shards_dir, split, "*.tfrecord")) or (
-        storage.glob(storage.join(shards_dir, f"{split}-*.tfrecord")))
-    out = []
-    for path in files:
-        stem = path.rsplit("/", 1)[-1][: -len(".tfrecord")]
-        try:
-            out.append((path, int(stem.rsplit("-", 1)[1])))
-        except (IndexError, ValueError):
-            raise UserError(f"{path}: shard name has no sample count ('-<index>-<count>.tfrecord') and there "
-                            f"is no manifest.json; rename it or make shards with tpu-ray shard") from None
-    return out
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience for quick manual runs

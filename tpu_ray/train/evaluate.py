@@ -8,22 +8,26 @@ from tpu_ray.errors import UserError
 
 def evaluate_run(cfg: RunConfig) -> dict:
     from tpu_ray.train.metrics import MetricsWriter
-    from tpu_ray.prepare.shards import shard_files
+    from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.train.strategy import select
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.loop import evaluator, build, checkpoint_store
 
     tok = tokenizer_info(cfg.tokenizer_dir)
+    shards = ShardSet.open(cfg.shards_dir)
+    shards.require_complete()
+    shards.require_made_with(tok, cfg.shard.seq_len, cfg.tokenizer_dir)
     info = select(cfg.train)
     s = build(cfg, info, tok)
     with checkpoint_store(s, write=False) as ckpts:
         if not ckpts.present:
             raise UserError(f"{ckpts.directory}: no checkpoint to evaluate; train first (tpu-ray train)")
         ckpts.restore(s.checkpoint, partial=True)
-    evaluate = evaluator(s, shard_files(cfg.shards_dir, "validation"), cfg.train.batch_size // info.replicas)
+    evaluate = evaluator(s, shards.files("validation"), cfg.train.batch_size // info.replicas)
     if evaluate is None:
         raise UserError(f"{cfg.shards_dir}: too few validation samples for one batch of {cfg.train.batch_size}")
-    result = {"step": int(s.step_var.numpy()), **evaluate()}
+    with shards.naming_corrupt_files():
+        result = {"step": int(s.step_var.numpy()), **evaluate()}
     metrics = MetricsWriter(cfg.run_dir)
     metrics.write("eval", **result)
     metrics.close()

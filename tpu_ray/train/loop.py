@@ -40,10 +40,9 @@ from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
 from tpu_ray.train.export_safetensors import write_pytorch_files
-from tpu_ray.prepare.shards import read_manifest, shard_files
+from tpu_ray.prepare.shard_set import ShardSet
 from tpu_ray.train.strategy import StrategyInfo, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
-from tpu_ray.prepare.verify import guard_training
 
 log = logging.getLogger(__name__)
 
@@ -217,29 +216,30 @@ def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Te
     return gathered_logits(model, batch, training)
 
 
-def check_manifest(cfg: RunConfig, tok: TokenizerInfo) -> None:
-    manifest = read_manifest(cfg.shards_dir)
-    if manifest is None:
-        return  # shards from the reference scripts: names carry the counts
-    if manifest.get("tokenizer_sha256") != tok.sha256:
-        raise UserError(f"{cfg.shards_dir}/manifest.json: shards were made with tokenizer "
-                        f"{str(manifest.get('tokenizer_sha256'))[:12]}, but {cfg.tokenizer_dir} is "
-                        f"{tok.sha256[:12]}; reshard or point tokenizer.path at the right tokenizer")
-    if manifest.get("seq_len") != cfg.shard.seq_len:
-        raise UserError(f"{cfg.shards_dir}/manifest.json: shards have seq_len={manifest.get('seq_len')}, "
-                        f"config says shard.seq_len={cfg.shard.seq_len}; make them agree")
+def open_shards(cfg: RunConfig, tok: TokenizerInfo) -> ShardSet:
+    """The run's shards, checked before a step is paid for: complete, made with this tokenizer and
+    seq_len, present with the manifest's sizes (contents too, when small), all from one listing."""
+    shards = ShardSet.open(cfg.shards_dir)
+    shards.require_complete()
+    shards.require_made_with(tok, cfg.shard.seq_len, cfg.tokenizer_dir)
+    if not shards.files("train"):
+        raise UserError(f"{cfg.shards_dir}: no train shards; run `tpu-ray shard` first")
+    shards.verify()
+    return shards
 
 
-@guard_training  # shards checked against the manifest first; DataLossError names the file
 def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = None) -> dict[str, Any]:
     """Train to `cfg.train.steps`, evaluating, checkpointing and exporting; returns the summary."""
     t_start = time.monotonic()
     tok = tokenizer_info(cfg.tokenizer_dir)
-    check_manifest(cfg, tok)
-    train_files = shard_files(cfg.shards_dir, "train")
-    if not train_files:
-        raise UserError(f"{cfg.shards_dir}: no train shards; run `tpu-ray shard` first")
-    val_files = shard_files(cfg.shards_dir, "validation")
+    shards = open_shards(cfg, tok)
+    with shards.naming_corrupt_files():  # tf.data's DataLossError names no file; this names the shard
+        return _train(cfg, tok, shards.files("train"), shards.files("validation"), resume, metrics, t_start)
+
+
+def _train(cfg: RunConfig, tok: TokenizerInfo, train_files: list[tuple[str, int]],
+           val_files: list[tuple[str, int]], resume: bool, metrics: MetricsWriter | None,
+           t_start: float) -> dict[str, Any]:
     info = select(cfg.train)
     gb = cfg.train.batch_size
     if gb % info.replicas:

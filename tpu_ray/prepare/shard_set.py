@@ -1,0 +1,422 @@
+"""The shard set: one typed owner of `manifest.json` and of the shard files it lists.
+
+Every stage that touches shards goes through `ShardSet`: the shard stage writes it and resumes
+from it, training and eval take their files from it, training start verifies it, doctor and
+report describe it. So the manifest's schema, its validation (a manifest is input: copied,
+edited, downloaded), the resume state and the verification against the files live in one place,
+and all the file facts come from one listing of the shard directory (no `exists` or `size`
+request per shard: at 10,000 shards those would be minutes with a TPU slice reserved and idle).
+
+Shards without a manifest (written by Hugging Face's reference scripts, or their
+`<split>/*.tfrecord` folders) are a ShardSet too: the sample counts come from their names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpu_ray import rundir, storage
+from tpu_ray.errors import UserError, first_line
+from tpu_ray.prepare.tfrecord import read_records
+
+log = logging.getLogger(__name__)
+
+FORMAT = "tpu-ray-shards/2"  # /2: one folder per split; /1 (one folder for both) still trains
+SPLITS = ("train", "validation")
+REBUILD = "delete it to rebuild the shards"
+SHARD_FIX = "delete it and rerun `tpu-ray shard` to rewrite it"
+# Below this many bytes of shards, training hashes every shard before it starts; above, a sample.
+CHEAP_HASH_BYTES = 256 << 20
+SAMPLE = 3  # shards hashed by a sampled check (first, middle, last)
+
+
+def manifest_path(shards_dir: str) -> str:
+    return storage.join(shards_dir, rundir.MANIFEST_FILE)
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard file: its path relative to the shard directory (`<split>/<name>`) and what the
+    manifest recorded of it (absent for shards counted from their names)."""
+
+    split: str
+    path: str
+    samples: int
+    unit: int | None = None
+    tokens: int | None = None
+    bytes: int | None = None
+    sha256: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The entry as the manifest stores it (under its split, so without `split`)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "split" and v is not None}
+
+
+@dataclass
+class ShardSet:
+    """The shards of one directory and the manifest that describes them (see the module doc)."""
+
+    directory: str
+    entries: list[ShardEntry]
+    manifest: bool = True  # False: no manifest.json; counts come from the shard names
+    complete: bool = True
+    format: str | None = FORMAT
+    seq_len: int | None = None
+    tokenizer_sha256: str | None = None
+    vocab_size: int | None = None
+    special_ids: dict[str, int] | None = None
+    source: dict[str, Any] | None = None
+    plan_sha256: str | None = None
+    units: int | None = None
+    units_done: list[int] = field(default_factory=list)
+    corpus_tokens: int = 0
+    dropped_tokens: int = 0
+    skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
+    unit_stats: list[dict[str, int]] = field(default_factory=list)
+    recorded_samples: dict[str, int] = field(default_factory=dict)  # each split's total as written
+    _sizes: dict[str, int] | None = field(default=None, repr=False, compare=False)
+
+    # -- reading -------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, shards_dir: str) -> ShardSet | None:
+        """The manifest's shard set, validated; None when there is no manifest."""
+        path = manifest_path(shards_dir)
+        try:
+            raw = storage.read_bytes(path)  # one request: no `exists` first
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except IsADirectoryError:
+            raise UserError(f"{path}: is a directory, not a manifest; remove it to rebuild the shards") from None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError(f"{path}: manifest is not valid JSON; {REBUILD}") from None
+        return cls.from_json(shards_dir, data, path)
+
+    @classmethod
+    def open(cls, shards_dir: str) -> ShardSet:
+        """The shard set training reads: the manifest's, or else the `.tfrecord` files found by
+        name (empty if there are none)."""
+        return cls.load(shards_dir) or cls.from_names(shards_dir)
+
+    @classmethod
+    def from_names(cls, shards_dir: str) -> ShardSet:
+        """Shards without a manifest: `<split>/*.tfrecord` (Hugging Face's reference layout) or
+        `<split>-*.tfrecord` in one folder (tpu-ray before format /2), counts from `-<count>`."""
+        entries = []
+        for split in SPLITS:
+            files = storage.glob(storage.join(shards_dir, split, "*.tfrecord"))
+            folder = f"{split}/" if files else ""
+            files = files or storage.glob(storage.join(shards_dir, f"{split}-*.tfrecord"))
+            for path in files:
+                stem = path.rsplit("/", 1)[-1][: -len(".tfrecord")]
+                try:
+                    samples = int(stem.rsplit("-", 1)[1])
+                except (IndexError, ValueError):
+                    raise UserError(f"{path}: shard name has no sample count ('-<index>-<count>.tfrecord') and "
+                                    f"there is no manifest.json; rename it or make shards with tpu-ray shard") from None
+                entries.append(ShardEntry(split, folder + path.rsplit("/", 1)[-1], samples))
+        return cls(shards_dir, entries, manifest=False, format=None)
+
+    @classmethod
+    def from_json(cls, shards_dir: str, data: Any, path: str) -> ShardSet:
+        """Validate a manifest's JSON (its shape, its types, every path inside the shard directory)."""
+        splits = data.get("splits") if isinstance(data, dict) else None
+        if not isinstance(splits, dict) or not all(isinstance(splits.get(s), dict) for s in SPLITS):
+            raise UserError(f"{path}: not a tpu-ray shard manifest (no train/validation splits); {REBUILD}")
+        entries: list[ShardEntry] = []
+        for split in SPLITS:
+            shards = splits[split].get("shards")
+            if not isinstance(shards, list):
+                raise UserError(f"{path}: {split}.shards is not a list; {REBUILD}")
+            for i, raw in enumerate(shards):
+                entries.append(_entry(raw, split, i, path))
+        header = {name: _field(data, name, kind, path) for name, kind in _HEADER.items()}
+        totals = {s: _field(splits[s], "samples", int, f"{path}: {s}") for s in SPLITS}
+        return cls(shards_dir, entries, complete=bool(data.get("complete", True)),
+                   recorded_samples={s: n for s, n in totals.items() if n is not None},
+                   **{k: v for k, v in header.items() if v is not None})
+
+    # -- writing (the shard stage) --------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The manifest: the layout earlier versions wrote, so older readers keep reading it."""
+        splits: dict[str, dict[str, Any]] = {}
+        for split in SPLITS:
+            mine = self.split_entries(split)
+            splits[split] = {"samples": sum(e.samples for e in mine), "tokens": sum(e.tokens or 0 for e in mine),
+                             "shards": [e.record() for e in mine]}
+        return {"format": self.format, "complete": self.complete, "seq_len": self.seq_len,
+                "tokenizer_sha256": self.tokenizer_sha256, "vocab_size": self.vocab_size,
+                "special_ids": self.special_ids, "source": self.source, "plan_sha256": self.plan_sha256,
+                "units": self.units, "units_done": self.units_done, "corpus_tokens": self.corpus_tokens,
+                "dropped_tokens": self.dropped_tokens, "skipped_records": self.skipped_records,
+                "splits": splits, "unit_stats": self.unit_stats}
+
+    def write(self) -> None:
+        """Commit the manifest atomically (a crash leaves the previous one whole)."""
+        storage.atomic_write_text(manifest_path(self.directory),
+                                  json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+
+    # -- what the trainers read -----------------------------------------------------------------
+    def split_entries(self, split: str) -> list[ShardEntry]:
+        return [e for e in self.entries if e.split == split]
+
+    def files(self, split: str) -> list[tuple[str, int]]:
+        """(full path, samples) of a split's shards, in manifest order."""
+        return [(storage.join(self.directory, e.path), e.samples) for e in self.split_entries(split)]
+
+    def samples(self, split: str) -> int:
+        return sum(e.samples for e in self.split_entries(split))
+
+    def require_complete(self) -> None:
+        if not self.complete:
+            raise UserError(f"{manifest_path(self.directory)}: sharding did not finish; rerun `tpu-ray shard` "
+                            f"to resume it")
+
+    def mismatches(self, tok: Any, seq_len: int, tokenizer_dir: str = "the tokenizer") -> list[str]:
+        """How these shards disagree with a tokenizer (TokenizerInfo, from `tokenizer_dir`) and
+        seq_len; [] when they agree or when there is no manifest to say (reference scripts' shards)."""
+        if not self.manifest:
+            return []
+        where = f"{manifest_path(self.directory)}:"
+        out = []
+        if self.tokenizer_sha256 != tok.sha256:
+            out.append(f"{where} shards were made with tokenizer {str(self.tokenizer_sha256)[:12]}, but "
+                       f"{tokenizer_dir} is {tok.sha256[:12]}")
+        if self.seq_len != seq_len:
+            out.append(f"{where} shards have seq_len={self.seq_len}, config says shard.seq_len={seq_len}")
+        return out
+
+    def vocab_mismatches(self, tok: Any) -> list[str]:
+        """The vocabulary size and special ids the shards were made with, against the tokenizer's."""
+        out = []
+        if self.vocab_size not in (None, tok.vocab_size):
+            out.append(f"shards were made with vocab_size {self.vocab_size}, tokenizer has {tok.vocab_size}")
+        if self.special_ids not in (None, special_ids_of(tok)):
+            out.append(f"shards' special ids {self.special_ids} != tokenizer's {special_ids_of(tok)}")
+        return out
+
+    def require_made_with(self, tok: Any, seq_len: int, tokenizer_dir: str) -> None:
+        problems = self.mismatches(tok, seq_len, tokenizer_dir)
+        if problems:
+            raise UserError(f"{problems[0]}; reshard, or point tokenizer.path / shard.seq_len "
+                            f"at what the shards were made with")
+
+    # -- verification, from one listing ----------------------------------------------------------
+    def sizes(self) -> dict[str, int]:
+        """Every file's size under the shard directory, by relative path: one listing, cached."""
+        if self._sizes is None:
+            self._sizes = storage.find_sizes(self.directory)
+        return self._sizes
+
+    def totals_problem(self) -> str | None:
+        """A split whose recorded total disagrees with the sum over its shards (an edited manifest)."""
+        for split, total in self.recorded_samples.items():
+            listed = self.samples(split)
+            if listed != total:
+                return (f"{manifest_path(self.directory)}: {split} lists {listed} samples in its shards but a total "
+                        f"of {total}")
+        return None
+
+    def deep_checked(self, full: bool = False) -> set[str]:
+        """Paths of the shards whose sha256 and record counts are read: all when they total at most
+        CHEAP_HASH_BYTES (what training checks before it starts) or `full`, else first, middle, last.
+        Training and `tpu-ray doctor` both use this, so the doctor never checks less than training."""
+        cheap = sum(e.bytes or 0 for e in self.entries) <= CHEAP_HASH_BYTES
+        return {e.path for e in sampled(self.entries, full=full or cheap)}
+
+    def problem(self, entry: ShardEntry, deep: bool) -> str | None:
+        """None if the shard matches its entry, else what is wrong, naming the file (callers add
+        SHARD_FIX). Shallow: present with the recorded size (from the listing). Deep: also its
+        sha256 and record count (reads it)."""
+        path = storage.join(self.directory, entry.path)
+        if entry.path not in self.sizes():
+            return f"{path}: listed in manifest.json but missing"
+        size = self.sizes()[entry.path]
+        if entry.bytes is not None and size != entry.bytes:
+            return f"{path}: {size} bytes, manifest.json says {entry.bytes} (truncated or rewritten)"
+        if not deep:
+            return None
+        data = storage.read_bytes(path)
+        digest = hashlib.sha256(data).hexdigest()
+        if entry.sha256 and digest != entry.sha256:
+            return f"{path}: sha256 {digest[:12]} does not match manifest.json ({entry.sha256[:12]})"
+        try:
+            n = count_records(data)
+        except ValueError as exc:
+            return f"{path}: {exc} (corrupt TFRecord)"
+        if n != entry.samples:
+            return f"{path}: {n} records, manifest.json says {entry.samples}"
+        return None
+
+    def verify(self, full: bool = False) -> None:
+        """Raise a UserError naming the first shard that does not match the manifest (nothing to
+        check without one): sizes always, contents of `deep_checked(full)`."""
+        if not self.manifest:
+            return
+        deep = self.deep_checked(full)
+        for entry in self.entries:
+            problem = self.problem(entry, entry.path in deep)
+            if problem:
+                raise UserError(f"{problem}; {SHARD_FIX}")
+
+    @contextlib.contextmanager
+    def naming_corrupt_files(self) -> Iterator[None]:
+        """tf.data's DataLossError names no file: turn it into a one-line UserError naming the shard
+        (found by reading the framing in Python, on the error path only)."""
+        import tensorflow as tf
+
+        try:
+            yield
+        except tf.errors.DataLossError as exc:
+            bad = find_corrupt([p for split in SPLITS for p, _ in self.files(split)])
+            what = f"{bad}: truncated or corrupt TFRecord" if bad else f"{self.directory}: corrupt TFRecord data"
+            raise UserError(f"{what} ({first_line(exc, 120)}); delete it and rerun `tpu-ray shard`") from None
+
+    # -- resume (the shard stage) ----------------------------------------------------------------
+    def committed_units(self, plan_sha256: str, tokenizer_sha256: str, seq_len: int) -> dict[int, dict]:
+        """The units an earlier (crashed or finished) attempt over the same plan committed, as the
+        shard stage's per-unit results; a unit one of whose files vanished is left out (redone).
+
+        An unfinished attempt over another plan (bad input fixed since, Ctrl-C, then an edit) is
+        this stage's own output, never trained on: it is removed with a warning and {} returned.
+        A finished set over another plan is refused: those shards may be another run's input."""
+        where = manifest_path(self.directory)
+        if self.format != FORMAT:
+            raise UserError(f"{where}: shards in the old one-folder layout ({self.format}); they still train, "
+                            f"but to shard again delete them or use a new output directory")
+        same = (self.plan_sha256, self.tokenizer_sha256, self.seq_len) == (plan_sha256, tokenizer_sha256, seq_len)
+        if not same and not self.complete:
+            log.warning("shard: %s is an unfinished attempt over another corpus plan, tokenizer or seq_len (a file "
+                        "changed since?); sharding again from the first unit", where)
+            self.discard()
+            return {}
+        if not same:
+            raise UserError(f"{where}: these shards were made from another corpus, tokenizer or seq_len; use a new "
+                            f"output directory or delete the shards")
+        done: dict[int, dict] = {u: {"unit": u, "shards": [], "tokens": 0, "dropped_tokens": 0}
+                                 for u in self.units_done}
+        present = self.sizes()
+        for entry in self.entries:
+            if entry.unit is None or entry.path not in present:
+                done.pop(entry.unit, None)  # type: ignore[arg-type]  # a committed file vanished: redo
+            elif entry.unit in done:
+                done[entry.unit]["shards"].append({"split": entry.split, **entry.record()})
+        for stats in self.unit_stats:
+            if stats.get("unit") in done:
+                done[stats["unit"]].update(tokens=stats["tokens"], dropped_tokens=stats["dropped"],
+                                           skipped_records=stats.get("skipped", 0))
+        return done
+
+    def discard(self) -> None:
+        """Remove the listed shards that exist, then the manifest."""
+        present = self.sizes()
+        for entry in self.entries:
+            if entry.path in present:
+                storage.remove(storage.join(self.directory, entry.path))
+        storage.remove(manifest_path(self.directory))
+        self._sizes = None
+
+    # -- describing (doctor, report) ---------------------------------------------------------------
+    def describe(self) -> list[tuple[str, str]]:
+        """(label, value) rows a person reads: counts per split, where they came from."""
+        rows = [("shards", f"{len(self.entries)} ({len(self.split_entries('train'))} train, "
+                           f"{len(self.split_entries('validation'))} validation)"),
+                ("samples", f"{self.samples('train'):,} train, {self.samples('validation'):,} validation")]
+        if not self.manifest:
+            return rows + [("manifest", "none: counts from the shard names")]
+        rows += [("complete", "yes" if self.complete else f"no ({len(self.units_done)} of {self.units} units)"),
+                 ("seq_len", str(self.seq_len)),
+                 ("corpus tokens", f"{self.corpus_tokens:,} ({self.dropped_tokens:,} dropped as unit remainders)"),
+                 ("skipped records", f"{self.skipped_records:,}"),
+                 ("tokenizer", str(self.tokenizer_sha256)[:12])]
+        return rows
+
+    @classmethod
+    def from_results(cls, shards_dir: str, *, seq_len: int, tok: Any, source: dict[str, Any], plan_sha256: str,
+                     units: int, results: dict[int, dict], complete: bool) -> ShardSet:
+        """The shard stage's per-unit results (process_unit's) as a shard set, units in order."""
+        entries = [ShardEntry(**entry) for idx in sorted(results) for entry in results[idx]["shards"]]
+        entries.sort(key=lambda e: SPLITS.index(e.split))  # stable: train, then validation, each by unit
+        return cls(
+            shards_dir, entries, complete=complete, seq_len=seq_len, tokenizer_sha256=tok.sha256,
+            vocab_size=tok.vocab_size,
+            special_ids=special_ids_of(tok),
+            source=source, plan_sha256=plan_sha256, units=units, units_done=sorted(results),
+            corpus_tokens=sum(r["tokens"] for r in results.values()),
+            dropped_tokens=sum(r["dropped_tokens"] for r in results.values()),
+            skipped_records=sum(r.get("skipped_records", 0) for r in results.values()),
+            unit_stats=[{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"],
+                         "skipped": v.get("skipped_records", 0)} for k, v in sorted(results.items())])
+
+
+# The manifest's header fields and their JSON types (None allowed: older manifests lack some).
+_HEADER: dict[str, type | tuple[type, ...]] = {
+    "format": str, "seq_len": int, "tokenizer_sha256": str, "vocab_size": int, "special_ids": dict,
+    "source": dict, "plan_sha256": str, "units": int, "units_done": list, "corpus_tokens": int,
+    "dropped_tokens": int, "skipped_records": int, "unit_stats": list}
+_ENTRY: dict[str, type] = {"unit": int, "tokens": int, "bytes": int, "sha256": str}
+
+
+def _field(data: dict, name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise UserError(f"{where}: {name} is {type(value).__name__} {str(value)[:40]!r}, not "
+                        f"{getattr(kind, '__name__', kind)}; {REBUILD}")
+    return value
+
+
+def _entry(raw: Any, split: str, i: int, path: str) -> ShardEntry:
+    name = raw.get("path") if isinstance(raw, dict) else None
+    if not isinstance(name, str) or not isinstance(raw.get("samples"), int) or isinstance(raw["samples"], bool):
+        raise UserError(f"{path}: {split}.shards[{i}] lacks a path or a sample count; {REBUILD}")
+    if not is_confined(name):
+        raise UserError(f"{path}: {split}.shards[{i}] path {name!r} points outside the shard directory; the "
+                        f"manifest was edited or is not from tpu-ray: {REBUILD}")
+    extra = {k: _field(raw, k, kind, f"{path}: {split}.shards[{i}]") for k, kind in _ENTRY.items()}
+    return ShardEntry(split, name, raw["samples"], **extra)
+
+
+def sampled(entries: Sequence[ShardEntry], full: bool) -> list[ShardEntry]:
+    """All entries, or a deterministic sample of SAMPLE: first, middle, last."""
+    if full or len(entries) <= SAMPLE:
+        return list(entries)
+    return [entries[i] for i in sorted({0, len(entries) // 2, len(entries) - 1})]
+
+
+def special_ids_of(tok: Any) -> dict[str, int]:
+    """A TokenizerInfo's special ids as the manifest records them."""
+    return {"cls": tok.cls_id, "sep": tok.sep_id, "pad": tok.pad_id, "unk": tok.unk_id, "mask": tok.mask_id}
+
+
+def is_confined(rel: str) -> bool:
+    """True for a relative path that stays inside its directory (no '..', no absolute path or URL):
+    a manifest's `../../etc/hostname` must never be read or blamed."""
+    if not rel or rel.startswith(("/", "\\")) or "://" in rel or "\\" in rel or ":" in rel.split("/", 1)[0]:
+        return False
+    return all(part not in ("", ".", "..") for part in rel.split("/"))
+
+
+def count_records(data: bytes) -> int:
+    """Records in TFRecord bytes; ValueError if the framing or a CRC is broken (truncation)."""
+    return sum(1 for _ in read_records(io.BytesIO(data)))
+
+
+def find_corrupt(files: Sequence[str]) -> str | None:
+    """The first file whose TFRecord framing is broken (read in Python, on the error path only)."""
+    for path in files:
+        try:
+            count_records(storage.read_bytes(path))
+        except (ValueError, OSError):
+            return path
+    return None
