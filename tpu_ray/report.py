@@ -14,13 +14,14 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError
-from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SUMMARY_FILE
+from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SHARDS_DIR, SUMMARY_FILE
 from tpu_ray.plots import plot_accuracy, plot_loss, plot_lr, plot_throughput
 from tpu_ray.tables import by_step, column_values, last_value, median_value, mfu_text
 
@@ -214,6 +215,21 @@ def _stats(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     ]
 
 
+def _shard_rows(run_dir: str) -> list[tuple[str, str]]:
+    """The run's shard set as the manifest describes it (the saved config's shard.dir, else
+    RUN/shards of the directory reported, which may be a copy); [] when there is none. A damaged
+    manifest or config is shown, not raised: the report of a run must still render."""
+    from tpu_ray.prepare.shard_set import ShardSet
+    from tpu_ray.saved_config import read_saved_config
+
+    try:
+        cfg = read_saved_config(run_dir)
+        shards = ShardSet.load(cfg.shard.dir if cfg and cfg.shard.dir else storage.join(run_dir, SHARDS_DIR))
+    except UserError as exc:
+        return [("shards", str(exc))]
+    return shards.describe() if shards else []
+
+
 def _stage_rows(df: pd.DataFrame) -> list[tuple[str, str]]:
     if df.empty or "event" not in df.columns:
         return []
@@ -239,7 +255,8 @@ img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
 pre{background:#f7f7f7;padding:1em;border:1px solid #ddd;overflow-x:auto}"""
 
 
-def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None) -> str:
+def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None,
+          shards: Sequence[tuple[str, str]] = ()) -> str:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>tpu-ray report: {html.escape(run_dir)}</title><style>{_CSS}</style></head><body>",
@@ -250,6 +267,8 @@ def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None) -
         parts += ["<h2>summary.json</h2>", _table([(str(k), _fmt(v)) for k, v in summary.items()])]
     if stages:
         parts += ["<h2>Stages</h2>", _table(stages)]
+    if shards:
+        parts += ["<h2>Shards</h2>", _table(list(shards))]
     parts.append("<h2>Plots</h2>")
     for name in PLOTS:
         parts.append(f'<div><img src="{name}" alt="{name[:-4].replace("_", " ")}"></div>')
@@ -285,7 +304,7 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
         plot_throughput(train, lp["throughput.png"])
         plot_lr(train, lp["learning_rate.png"])
         plot_accuracy(train, ev, lp["accuracy.png"])
-        page = _html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text)
+        page = _html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
             f.write(page)
         if not remote:

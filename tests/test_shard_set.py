@@ -1,0 +1,200 @@
+"""Issue 21 item 3: ShardSet owns the manifest (schema, validation, resume state, verification).
+
+Real shards and manifests, written by the shard stage's own functions in-process (no Ray needed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_doctor import prepared_run
+from tpu_ray import storage
+from tpu_ray.errors import UserError
+from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def run(tmp_path, small_corpus, tiny_tokenizer_dir):
+    return prepared_run(tmp_path / "run", small_corpus, tiny_tokenizer_dir)
+
+
+def _raw(cfg) -> dict:
+    return json.loads(Path(manifest_path(cfg.shards_dir)).read_text())
+
+
+def _write(cfg, manifest: dict) -> None:
+    Path(manifest_path(cfg.shards_dir)).write_text(json.dumps(manifest))
+
+
+def test_the_manifest_round_trips_and_keeps_its_layout(run):
+    """What the shard stage wrote loads into a ShardSet that writes the same JSON back (older
+    readers and the reference-format contract see no change); files are in unit order."""
+    raw = _raw(run)
+    shards = ShardSet.load(run.shards_dir)
+    assert shards.to_json() == raw
+    assert shards.complete and shards.seq_len == run.shard.seq_len and shards.format == "tpu-ray-shards/2"
+    for split in SPLITS:
+        files = shards.files(split)
+        assert [p for p, _ in files] == [str(Path(run.shards_dir) / e["path"]) for e in raw["splits"][split]["shards"]]
+        assert sum(n for _, n in files) == raw["splits"][split]["samples"] == shards.samples(split)
+        units = [e.unit for e in shards.split_entries(split)]
+        assert units == sorted(units)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda m: m.update(seq_len="64"), r"manifest.json: seq_len is str '64', not int"),
+    (lambda m: m.update(tokenizer_sha256=7), r"manifest.json: tokenizer_sha256 is int '7', not str"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(samples=True),
+     r"manifest.json: train.shards\[0\] lacks a path or a sample count"),
+    (lambda m: m["splits"]["train"]["shards"][1].update(bytes="12"),
+     r"manifest.json: train.shards\[1\]: bytes is str '12', not int"),
+    (lambda m: m["splits"]["validation"]["shards"][0].update(path="/etc/hostname"),
+     r"validation.shards\[0\] path '/etc/hostname' points outside the shard directory"),
+    (lambda m: m["splits"].pop("validation"), r"not a tpu-ray shard manifest \(no train/validation splits\)"),
+    (lambda m: m["splits"]["train"].update(shards={}), r"train.shards is not a list"),
+])
+def test_a_damaged_manifest_is_one_line_naming_the_field(run, edit, expected):
+    manifest = _raw(run)
+    edit(manifest)
+    _write(run, manifest)
+    with pytest.raises(UserError, match=expected) as err:
+        ShardSet.load(run.shards_dir)
+    assert "\n" not in str(err.value) and "delete it to rebuild the shards" in str(err.value)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"{not json", "manifest is not valid JSON"),
+    (b'{"splits": "\xff\xfe"}', "manifest is not valid JSON"),
+    (b"[1, 2]", "not a tpu-ray shard manifest"),
+])
+def test_a_manifest_that_is_not_one_is_named(run, content, expected):
+    Path(manifest_path(run.shards_dir)).write_bytes(content)
+    with pytest.raises(UserError, match=f"manifest.json: {expected}"):
+        ShardSet.open(run.shards_dir)
+
+
+def test_a_directory_in_the_manifests_place_is_named(tmp_path):
+    (tmp_path / "manifest.json").mkdir()
+    with pytest.raises(UserError, match="manifest.json: is a directory, not a manifest"):
+        ShardSet.load(str(tmp_path))
+
+
+def test_no_manifest_means_counts_from_names(tmp_path):
+    """The reference scripts' layout (no manifest): counts from `-<count>.tfrecord`, and nothing to verify."""
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+
+    for split, n in (("train", 3), ("validation", 2)):
+        (tmp_path / split).mkdir()
+        with open(tmp_path / split / f"{split}-00000-{n}.tfrecord", "wb") as f:
+            write_records(f, serialize_examples(np.full((n, 8), 5)))
+    assert ShardSet.load(str(tmp_path)) is None
+    shards = ShardSet.open(str(tmp_path))
+    assert not shards.manifest and shards.files("train") == [(str(tmp_path / "train/train-00000-3.tfrecord"), 3)]
+    assert shards.samples("validation") == 2
+    shards.verify()  # nothing recorded to check against
+    assert ("manifest", "none: counts from the shard names") in shards.describe()
+
+
+def test_resume_state_comes_from_one_listing_and_drops_a_unit_whose_file_vanished(run):
+    """The shard stage's resume: one listing (no `exists` per shard); a unit with a missing shard is redone."""
+    shards = ShardSet.load(run.shards_dir)
+    victim = shards.split_entries("train")[1]
+    Path(run.shards_dir, victim.path).unlink()
+    before = dict(storage.REQUESTS)
+    done = shards.committed_units(shards.plan_sha256, shards.tokenizer_sha256, shards.seq_len)
+    calls = {k: v - before.get(k, 0) for k, v in storage.REQUESTS.items() if v != before.get(k, 0)}
+    assert calls == {"find_sizes": 1}
+    assert victim.unit not in done and len(done) == len(shards.units_done) - 1
+    kept = done[shards.split_entries("train")[0].unit]
+    assert kept["tokens"] > 0 and all(s["split"] in SPLITS for s in kept["shards"])
+
+
+def test_another_plan_discards_an_unfinished_attempt_and_refuses_a_finished_one(run, caplog):
+    shards = ShardSet.load(run.shards_dir)
+    with pytest.raises(UserError, match="these shards were made from another corpus, tokenizer or seq_len"):
+        shards.committed_units("another plan", shards.tokenizer_sha256, shards.seq_len)
+    manifest = _raw(run)
+    manifest["complete"] = False
+    _write(run, manifest)
+    unfinished = ShardSet.load(run.shards_dir)
+    with caplog.at_level("WARNING", logger="tpu_ray"):
+        assert unfinished.committed_units("another plan", shards.tokenizer_sha256, shards.seq_len) == {}
+    assert "unfinished attempt over another corpus plan" in caplog.text
+    assert not list(Path(run.shards_dir).rglob("*.tfrecord")) and ShardSet.load(run.shards_dir) is None
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda p: p.unlink(), r"listed in manifest.json but missing"),
+    (lambda p: p.write_bytes(p.read_bytes()[:-3]), r"\d+ bytes, manifest.json says \d+ \(truncated or rewritten\)"),
+    (lambda p: p.write_bytes(bytes([p.read_bytes()[0] ^ 1]) + p.read_bytes()[1:]), r"sha256 \w+ does not match"),
+])
+def test_verify_names_the_damaged_shard(run, damage, expected):
+    shards = ShardSet.load(run.shards_dir)
+    entry = shards.split_entries("validation")[0]
+    damage(Path(run.shards_dir, entry.path))
+    with pytest.raises(UserError, match=re.escape(entry.path) + ": " + expected):
+        ShardSet.load(run.shards_dir).verify()
+
+
+def test_a_record_count_that_disagrees_is_named(run):
+    manifest = _raw(run)
+    entry = manifest["splits"]["train"]["shards"][0]
+    entry["samples"] += 1
+    manifest["splits"]["train"]["samples"] += 1
+    _write(run, manifest)
+    with pytest.raises(UserError, match=re.escape(entry["path"]) + r": \d+ records, manifest.json says"):
+        ShardSet.load(run.shards_dir).verify()
+
+
+def test_made_with_names_the_tokenizer_and_seq_len(run):
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+
+    shards, tok = ShardSet.load(run.shards_dir), tokenizer_info(run.tokenizer_dir)
+    shards.require_made_with(tok, run.shard.seq_len, run.tokenizer_dir)
+    assert shards.vocab_mismatches(tok) == []
+    with pytest.raises(UserError, match=f"shards have seq_len={run.shard.seq_len}, config says shard.seq_len=32"):
+        shards.require_made_with(tok, 32, run.tokenizer_dir)
+    manifest = _raw(run)
+    manifest["vocab_size"] = 7
+    _write(run, manifest)
+    assert ShardSet.load(run.shards_dir).vocab_mismatches(tok) == [
+        f"shards were made with vocab_size 7, tokenizer has {tok.vocab_size}"]
+
+
+def test_data_loss_in_tf_data_is_named_by_file(run):
+    """tf.data's DataLossError names no file; inside naming_corrupt_files it names the shard."""
+    import tensorflow as tf
+
+    shards = ShardSet.load(run.shards_dir)
+    path = Path(shards.files("train")[-1][0])
+    path.write_bytes(path.read_bytes()[:-7])
+    with pytest.raises(UserError, match=re.escape(str(path)) + ": truncated or corrupt TFRecord"):
+        with shards.naming_corrupt_files():
+            for _ in tf.data.TFRecordDataset([p for p, _ in shards.files("train")]):
+                pass
+
+
+def test_the_report_shows_the_shard_set(run):
+    from tests.test_report import make_run
+    from tpu_ray.report import write_report
+
+    make_run(Path(run.run_dir))
+    page = Path(write_report(run.run_dir)["report.html"]).read_text()
+    shards = ShardSet.load(run.shards_dir)
+    assert "<h2>Shards</h2>" in page and f"{shards.samples('train'):,} train" in page
+    assert f"<th>skipped records</th><td>{shards.skipped_records:,}</td>" in page
+
+
+def test_only_the_shard_set_reads_the_manifest_layout():
+    """The manifest's JSON layout (its `splits` key) is read and written in prepare/shard_set.py alone;
+    every other module goes through ShardSet (the issue's 'one owner')."""
+    readers = [p.relative_to(REPO).as_posix() for p in (REPO / "tpu_ray").rglob("*.py")
+               if re.search(r"""["']splits["']""", p.read_text())]
+    assert readers == ["tpu_ray/prepare/shard_set.py"]
