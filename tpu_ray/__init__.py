@@ -15,6 +15,7 @@ __all__ = [
     "Pipeline",
     "RunConfig",
     "RunResult",
+    "ShardSet",
     "UserError",
     "load_metrics",
     "submit",
@@ -30,6 +31,7 @@ _WHERE = {
     "load_metrics": "tpu_ray.report",
     "write_report": "tpu_ray.report",
     "UserError": "tpu_ray.errors",
+    "ShardSet": "tpu_ray.prepare.shard_set",
 }
 
 
