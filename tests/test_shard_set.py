@@ -59,6 +59,10 @@ def test_the_manifest_round_trips_and_keeps_its_layout(run):
      r"validation.shards\[0\] path '/etc/hostname' points outside the shard directory"),
     (lambda m: m["splits"].pop("validation"), r"not a tpu-ray shard manifest \(no train/validation splits\)"),
     (lambda m: m["splits"]["train"].update(shards={}), r"train.shards is not a list"),
+    (lambda m: m.update(complete="yes"), r"manifest.json: complete is str 'yes', not bool"),
+    (lambda m: m.update(units_done=["0"]), r"units_done holds something other than unit numbers"),
+    (lambda m: m["unit_stats"][0].pop("dropped"), r"unit_stats\[0\] lacks dropped"),
+    (lambda m: m["unit_stats"][1].update(tokens=1.5), r"unit_stats\[1\]: tokens is float '1.5', not int"),
 ])
 def test_a_damaged_manifest_is_one_line_naming_the_field(run, edit, expected):
     manifest = _raw(run)

@@ -141,7 +141,15 @@ class ShardSet:
                 entries.append(_entry(raw, split, i, path))
         header = {name: _field(data, name, kind, path) for name, kind in _HEADER.items()}
         totals = {s: _field(splits[s], "samples", int, f"{path}: {s}") for s in SPLITS}
-        return cls(shards_dir, entries, complete=bool(data.get("complete", True)),
+        if not all(isinstance(u, int) and not isinstance(u, bool) for u in header["units_done"] or []):
+            raise UserError(f"{path}: units_done holds something other than unit numbers; {REBUILD}")
+        for i, stats in enumerate(header["unit_stats"] or []):
+            for key in ("unit", "tokens", "dropped"):
+                _field(stats if isinstance(stats, dict) else {}, key, int, f"{path}: unit_stats[{i}]")
+                if not isinstance(stats, dict) or key not in stats:
+                    raise UserError(f"{path}: unit_stats[{i}] lacks {key}; {REBUILD}")
+        complete = _field(data, "complete", bool, path)
+        return cls(shards_dir, entries, complete=complete is True,  # absent: not known to be finished
                    recorded_samples={s: n for s, n in totals.items() if n is not None},
                    **{k: v for k, v in header.items() if v is not None})
 
@@ -370,7 +378,7 @@ def _field(data: dict, name: str, kind: type | tuple[type, ...], where: str) -> 
     value = data.get(name)
     if value is None:
         return None
-    if not isinstance(value, kind) or isinstance(value, bool):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise UserError(f"{where}: {name} is {type(value).__name__} {str(value)[:40]!r}, not "
                         f"{getattr(kind, '__name__', kind)}; {REBUILD}")
     return value
