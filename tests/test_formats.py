@@ -19,7 +19,7 @@ import pytest
 
 from tpu_ray.config import CorpusConfig, ShardConfig
 from tpu_ray.errors import UserError
-from tpu_ray.prepare.corpus import plan_units, read_unit_text
+from tpu_ray.prepare.corpus import iter_chunks, plan_units, read_unit_text
 from tpu_ray.prepare.shards import process_unit
 from tpu_ray.prepare.tokenizer import describe, load_tokenizer_json
 
@@ -64,14 +64,14 @@ def shards_of(source: str, tmp: Path, tok, unit_bytes: int = 1 << 22, frac: floa
     return data
 
 
-def plain(tmp: Path, parts: list[list[str]], tok) -> list[bytes]:
+def plain(tmp: Path, parts: list[list[str]], tok, **kwargs) -> list[bytes]:
     """The same documents as plain .txt files, one per part, each its own source (a directory of
-    small plain files would be packed into one unit; compressed files never are)."""
+    small files, plain or compressed, would be packed); `kwargs` go to shards_of."""
     d = tmp / "plain"
     d.mkdir(exist_ok=True)
     for i, part in enumerate(parts):
         (d / f"{i}.txt").write_text("\n".join(part) + "\n")
-    return [data for i in range(len(parts)) for data in shards_of(str(d / f"{i}.txt"), tmp, tok)]
+    return [data for i in range(len(parts)) for data in shards_of(str(d / f"{i}.txt"), tmp, tok, **kwargs)]
 
 
 @pytest.mark.parametrize("suffix,opener", [(".gz", gzip.open), (".bz2", bz2.open), (".xz", lzma.open),
@@ -116,9 +116,71 @@ def test_a_c4_shaped_directory_of_json_gz_shards_like_plain_text(tmp_path, docs,
         with gzip.open(c4 / f"c4-train.{i:05d}-of-00003.json.gz", "wt") as f:
             for doc in part:
                 f.write(json.dumps({"text": doc, "timestamp": "2019-04-25T12:57:54Z", "url": "https://x"}) + "\n")
-    want = plain(tmp_path, _thirds(docs), tok)
+    want = plain(tmp_path, [docs], tok)  # three small files: packed into one unit, read as one text
     assert shards_of(str(c4), tmp_path, tok) == want  # the directory
     assert shards_of(str(c4 / "*.json.gz"), tmp_path, tok) == want  # a glob
+
+
+def _small_files(d: Path, docs: list[str], suffix: str, n: int = 200) -> dict[str, list[str]]:
+    """`docs` in `n` consecutive JSON-lines files compressed by `suffix` (C4's shape, small);
+    returns each file's documents by path."""
+    import zstandard
+
+    d.mkdir()
+    out = {}
+    for i in range(n):
+        part = docs[len(docs) * i // n: len(docs) * (i + 1) // n]
+        data = "".join(json.dumps({"text": doc, "url": f"https://x/{i}"}) + "\n" for doc in part).encode()
+        path = d / f"c4-{i:04d}{suffix}"
+        path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else zstandard.ZstdCompressor().compress(data))
+        out[str(path)] = part
+    return out
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_a_directory_of_small_compressed_files_packs_and_shards_like_plain_text(suffix, tmp_path, docs, tok):
+    """200 small compressed files pack into a few units (not 200 units and shard pairs); a unit
+    streams its files one after another and shards exactly like one plain .txt of their text:
+    chunk boundaries (several per unit) and validation tails included."""
+    files = _small_files(tmp_path / "c4", docs, suffix)
+    shard = ShardConfig(unit_bytes=64 * 1024)
+    units = plan_units(CorpusConfig(source=str(tmp_path / "c4")), shard, str(tmp_path))
+    assert 2 <= len(units) <= 8 and all(u.streamed and len(u.members) > 10 for u in units), len(units)
+    assert [p for u in units for p, _ in u.members] == sorted(files)  # every file once, in listing order
+    got = shards_of(str(tmp_path / "c4"), tmp_path, tok, unit_bytes=64 * 1024, frac=0.1)
+    want = plain(tmp_path, [[doc for p, _ in u.members for doc in files[p]] for u in units], tok,
+                 unit_bytes=64 * 1024, frac=0.1)
+    assert got == want and len(want) > 2 * len(units)  # more than one chunk (a train + a validation shard) a unit
+
+
+def test_a_packed_unit_holds_one_chunk_of_text_not_its_files_decompressed(tmp_path, small_corpus):
+    """Packing judges compressed files by their stored size; a pack that decompresses to many times
+    a unit comes out as many chunks of about unit_bytes of text each, and reading it holds about
+    one chunk in memory, not the files' text."""
+    import tracemalloc
+
+    text = small_corpus.read_text()[:20_000]
+    text = text[: text.rfind("\n") + 1] * 30  # compresses ~50x: the stored size says little
+    d = tmp_path / "many"
+    d.mkdir()
+    for i in range(4):  # ~12 KB each as stored, 600 KB of text
+        (d / f"{i:02d}.txt.gz").write_bytes(gzip.compress(f"file {i}\n{text}".encode()))
+    unit_bytes = 64 * 1024
+    units = plan_units(CorpusConfig(source=str(d), validation_fraction=0.1), ShardConfig(unit_bytes=unit_bytes),
+                       str(tmp_path))
+    assert len(units) == 1 and len(units[0].members) == 4
+    total = 4 * len(text)
+    sizes = []
+    tracemalloc.start()
+    try:
+        for chunk in iter_chunks(units[0]):
+            sizes.append(sum(len(line) + 1 for line in chunk.train + chunk.validation))
+            del chunk
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(sizes) >= total // unit_bytes - 1 and max(sizes) <= unit_bytes * 1.05, (len(sizes), max(sizes))
+    assert peak <= 6 * unit_bytes < total // 6, (peak, total)
 
 
 def test_a_pile_shaped_jsonl_zst_shards_like_plain_text(tmp_path, docs, tok):
@@ -242,6 +304,14 @@ def test_max_bytes_is_honoured_by_every_reader(tmp_path, docs):
                            ShardConfig(), str(tmp_path))
         read = sum(len(line.encode()) + 1 for u in units for line in read_unit_text(u, "all"))
         assert cap * 0.9 <= read <= cap * 1.6 < full, (source, read)
+    # Small compressed files pack under the cap: it applies to each file while the pack streams.
+    (tmp_path / "packed").mkdir()
+    for i in range(3):
+        (tmp_path / "packed" / f"{i}.txt.gz").write_bytes((tmp_path / "a.txt.gz").read_bytes())
+    units = plan_units(CorpusConfig(source=str(tmp_path / "packed"), validation_fraction=0, max_bytes=cap),
+                       ShardConfig(), str(tmp_path))
+    read = sum(len(line.encode()) + 1 for u in units for line in read_unit_text(u, "all"))
+    assert len(units) == 1 and len(units[0].members) == 3 and 3 * cap * 0.9 <= read <= 3 * cap * 1.6, read
 
 
 def test_max_rows_is_honoured_by_every_reader(tmp_path, docs):
@@ -270,6 +340,13 @@ def test_max_rows_is_honoured_by_every_reader(tmp_path, docs):
         (many / f"{i}.txt").write_text("\n".join(docs[i * 50:(i + 1) * 50]) + "\n")
     got = _read_all(str(many), tmp_path / "run-many", max_rows=5, validation_fraction=0)
     assert got == [d.strip() for i in range(3) for d in docs[i * 50:i * 50 + 5]]
+    # Small compressed files are packed (streamed): the cap applies to each file of the pack.
+    for i in range(3):
+        (many / f"{i}.txt.gz").write_bytes(gzip.compress((many / f"{i}.txt").read_bytes()))
+        (many / f"{i}.txt").unlink()
+    units = plan_units(CorpusConfig(source=str(many), max_rows=5), ShardConfig(), str(tmp_path / "run-manyz"))
+    assert len(units) == 1 and len(units[0].members) == 3
+    assert _read_all(str(many), tmp_path / "run-manyz", max_rows=5, validation_fraction=0) == got
 
 
 # --------------------------------------------------------------------------------------------

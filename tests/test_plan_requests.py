@@ -8,16 +8,20 @@ from __future__ import annotations
 
 from collections import Counter
 
+import gzip
 import json
+import re
 from pathlib import Path
 
 import fsspec
 import pytest
+import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
 from tpu_ray.config import CorpusConfig, ShardConfig
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.corpus import iter_chunks, plan_units
+from tpu_ray.prepare.streams import Counts
 
 
 class CountingFileSystem(LocalFileSystem):
@@ -143,6 +147,93 @@ def test_a_bad_record_in_a_packed_file_is_named_by_its_own_file(tmp_path):
     assert len(units) == 1 and len(units[0].members) == 20
     with pytest.raises(UserError, match=r"doc-07\.jsonl: byte 150: field .text. is a number, not text"):
         list(iter_chunks(units[0]))
+
+
+def test_a_pack_holds_one_format_and_compression(tmp_path):
+    """Each file is read by its own format: a .txt beside a .jsonl is not parsed as JSON (nor the
+    .jsonl trained as JSON text), a .gz beside a plain file is not read as plain."""
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "a.jsonl").write_text(json.dumps({"text": "from json"}) + "\n")
+    (d / "b.txt").write_text('{"text": "plain text that looks like JSON"}\n')
+    (d / "c.txt.gz").write_bytes(gzip.compress(b"compressed\n"))
+    (d / "d.txt.gz").write_bytes(gzip.compress(b"more compressed\n"))
+    units = plan_units(CorpusConfig(source=str(d), validation_fraction=0), ShardConfig(), str(tmp_path / "r"))
+    assert [len(u.members) for u in units] == [0, 0, 2]
+    assert [line for u in units for c in iter_chunks(u) for line in c.train] == [
+        "from json", '{"text": "plain text that looks like JSON"}', "compressed", "more compressed"]
+
+
+def _jsonl_files(d: Path, lines: list[str], n: int, suffix: str = ".jsonl.gz") -> None:
+    """`lines` as `n` small JSON-lines files, gzip or zstd by `suffix` (C4's shape)."""
+
+    d.mkdir()
+    for i in range(n):
+        body = "".join(json.dumps({"text": t, "url": f"https://x/{i}"}) + "\n"
+                       for t in lines[len(lines) * i // n: len(lines) * (i + 1) // n]).encode()
+        (d / f"doc-{i:03d}{suffix}").write_bytes(gzip.compress(body) if suffix.endswith(".gz")
+                                                  else zstandard.ZstdCompressor().compress(body))
+
+
+def test_small_compressed_files_are_packed_from_the_listing_and_read_once(counting, tmp_path, small_corpus):
+    """C4's shape: 200 small .jsonl.gz files become a few streamed units planned from the listing
+    alone (their compressed sizes; no request per file); sharding opens each file once and reads
+    the stored bytes once; every line is kept, in order."""
+    from tpu_ray import storage
+
+    lines = [s.strip() for s in small_corpus.read_text().splitlines() if s.strip()]
+    _jsonl_files(tmp_path / "c4", lines, 200)
+    stored = sum(p.stat().st_size for p in (tmp_path / "c4").iterdir())
+    before = storage.requests_made()
+    units = plan_units(CorpusConfig(source=f"counting://{tmp_path}/c4", validation_fraction=0.1),
+                       ShardConfig(unit_bytes=64 * 1024), str(tmp_path / "run"))
+    assert len(units) <= stored // (32 * 1024) + 1 and all(u.members and u.streamed for u in units), len(units)
+    assert sum(len(u.members) for u in units) == 200
+    # One listing, a few calls on the source itself (exists, isdir), none per file.
+    assert counting.get("open", 0) == 0 and counting.get("bytes", 0) == 0 and counting.get("list", 0) <= 2, counting
+    assert counting.get("info", 0) <= 5 and storage.requests_made() - before <= 10, (counting, storage.REQUESTS)
+    counting.clear()
+    chunks = [c for u in units for c in iter_chunks(u)]
+    assert counting["open"] == 200 and counting["bytes"] <= 1.1 * stored, (counting, stored)
+    assert len(chunks) > len(units) and [x for c in chunks for x in c.train + c.validation] == lines
+    assert all(c.validation for c in chunks)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_errors_in_a_packed_compressed_file_name_that_file_and_its_record(suffix, tmp_path, small_corpus):
+    """A cut stream, a bad JSON line, a field that is not text, a typo'd text field: each one line
+    naming the member file (not the first of the pack) and its own line number."""
+    lines = [s.strip() for s in small_corpus.read_text().splitlines() if s.strip()][:400]
+    d = tmp_path / "c4"
+    _jsonl_files(d, lines, 20, suffix)
+    shard = ShardConfig(unit_bytes=256 * 1024)
+
+    def error(**corpus) -> str:
+        units = plan_units(CorpusConfig(source=str(d), **corpus), shard, str(tmp_path / "run"))
+        assert len(units) == 1 and len(units[0].members) == 20
+        with pytest.raises(UserError) as info:
+            list(iter_chunks(units[0]))
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    kind = "gzip" if suffix.endswith(".gz") else "zstd"
+    assert re.search(rf"doc-000{suffix}: line 1: record has no field 'body' \(fields: text, url\); set corpus",
+                     error(text_field="body"))
+    bad = d / f"doc-007{suffix}"
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    assert re.search(rf"doc-007{suffix}: after line \d+: {kind} stream is damaged or cut short", error())
+    for record, needle in (('{"text": 12}', "field 'text' is a number, not text"),
+                           ('{"text": "cut', "not a JSON line"), ('{"url": "no text"}', None)):
+        body = "".join(json.dumps({"text": t}) + "\n" for t in lines[:5]) + record + "\n"
+        bad.write_bytes(gzip.compress(body.encode()) if kind == "gzip"
+                        else zstandard.ZstdCompressor().compress(body.encode()))
+        if needle:
+            assert re.search(rf"doc-007{suffix}: line 6: {needle}", error()), needle
+        else:  # a record without the field among records with it: skipped and counted, not an error
+            counts = Counts()
+            units = plan_units(CorpusConfig(source=str(d)), shard, str(tmp_path / "run"))
+            assert sum(len(c.train) for c in iter_chunks(units[0], counts)) > 0 and counts.skipped == 1
 
 
 def _parquet_with_html(corpus: Path, path: Path) -> tuple[list[str], int]:

@@ -75,8 +75,10 @@ class UnitFailedError(UserError):
 
 
 def describe_unit(unit: WorkUnit) -> str:
-    """`file bytes a-b` (text), `file row groups a-b` (parquet), `source rows a-b` (datasets) or
-    `file (whole, streamed)` (compressed files, CSV): where to look."""
+    """`file bytes a-b` (text), `file row groups a-b` (parquet), `source rows a-b` (datasets),
+    `file (whole, streamed)` (compressed files, CSV) or the first and last of packed files: where to look."""
+    if unit.members:
+        return f"{len(unit.members)} packed files, {unit.source} to {unit.members[-1][0]}"
     if unit.fmt == "parquet":
         return f"{unit.source} row groups {unit.start}-{unit.end}"
     if unit.fmt in ("hf", "hf_disk"):

@@ -1,9 +1,10 @@
 """Corpus sources and their deterministic work units.
 
 A work unit is a slice of the corpus: a byte range of a plain .txt/.jsonl file aligned to line
-boundaries, a whole streamed file (compressed text or JSON lines, CSV/TSV), a range of parquet row
-groups, or a row range of a Hugging Face dataset. Units depend only on the corpus and the config,
-never on how many actors run, which is what makes the shards byte-identical with 1 actor or 8.
+boundaries, a whole streamed file (compressed text or JSON lines, CSV/TSV), a pack of small
+.txt/.jsonl files (compressed ones streamed), a range of parquet row groups, or a row range of a
+Hugging Face dataset. Units depend only on the corpus and the config, never on how many actors
+run, which is what makes the shards byte-identical with 1 actor or 8.
 A unit is read as chunks (one for a byte range; one per ~shard.unit_bytes of text for the others,
 streams.py), and each chunk has its own train/validation split point: the validation text is the
 tail of every chunk. Every record's text is split into lines like a .txt file's, so the same text
@@ -26,8 +27,8 @@ from tpu_ray.config import BUILTIN_CORPUS, CorpusConfig, ShardConfig
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.formats import Format, detect, is_saved_dataset
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
-from tpu_ray.prepare.streams import (Chunk, Counts, chunked, csv_records, json_texts, lines_of, split_items,
-                                     stream_text_chunks)
+from tpu_ray.prepare.streams import (Chunk, Counts, chunked, csv_records, json_texts, lines_of, packed_text_chunks,
+                                     split_items, stream_text_chunks)
 from tpu_ray.prepare import tabular
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,10 @@ PACKAGED_BUILDERS = {"text", "json", "parquet", "csv"}  # hf:NAME read with load
 # Every reader, by format: what a unit of it is. tests/test_corpus.py's catalogue has a row per
 # entry (the text-field rule of issue 25), so a new format without a row fails there.
 READERS: dict[str, str] = {
-    "txt": "byte range of a plain text file aligned to lines (compressed: the whole file, streamed)",
-    "jsonl": "byte range of a JSON-lines file aligned to lines (compressed: the whole file, streamed)",
+    "txt": "byte range of a plain text file aligned to lines (compressed: the whole file, streamed); small "
+           "files packed",
+    "jsonl": "byte range of a JSON-lines file aligned to lines (compressed: the whole file, streamed); small "
+             "files packed",
     "csv": "a whole CSV file with a header row, streamed (compressed or not)",
     "tsv": "a whole TSV file with a header row, streamed (compressed or not)",
     "parquet": "a range of whole row groups, the text column only",
@@ -74,8 +77,9 @@ class WorkUnit:
     val_fraction: float = 0.0
     max_bytes: int | None = None
     text_lists: str = "error"
-    # A packed unit: several small plain files, each read whole, as (path, size) in listing order;
-    # `source` is the first, `end` their total size, split at (1 - val_fraction) when read.
+    # A packed unit: several small files of one format and compression, as (path, size) in listing
+    # order; `source` is the first, `end` their total (stored) size. Plain ones are read whole as one
+    # chunk split at (1 - val_fraction); compressed ones are streamed one after another (chunk_bytes > 0).
     members: tuple[tuple[str, int], ...] = ()
     max_rows: int | None = None  # streamed units: records (lines, rows) this unit may read at most
 
@@ -333,30 +337,43 @@ def _plan_source(source: str, corpus: CorpusConfig, shard: ShardConfig, run_dir:
             units += _plan_file(group[0], corpus, shard, frac, common, stream)
         else:
             first = group[0]
+            compression = detect(first.path)[1]  # type: ignore[index]
+            streamed = dict(compression=compression, chunk_bytes=shard.unit_bytes, max_bytes=corpus.max_bytes,
+                            max_rows=corpus.max_rows) if compression else {}
             units.append(WorkUnit(0, first.path, first.fmt, 0, 0, sum(f.size for f in group), **common,
-                                  val_fraction=frac, members=tuple((f.path, f.size) for f in group)))
+                                  val_fraction=frac, members=tuple((f.path, f.size) for f in group), **streamed))
     return units
 
 
 def _packs(files: list[CorpusFile], corpus: CorpusConfig, shard: ShardConfig) -> Iterator[list[CorpusFile]]:
-    """Files in listing order, consecutive small plain files grouped up to shard.unit_bytes.
+    """Files in listing order, consecutive small .txt/.jsonl files of one format and compression
+    grouped up to shard.unit_bytes (listed, i.e. stored, bytes); anything else is its own group.
 
-    Why: a corpus of a million 100 KB files would otherwise be a million units, shards and
-    manifest entries. Small means under half a unit, uncompressed .txt/.jsonl (read whole, so
-    nothing is aligned at planning) and not cut by corpus.max_bytes or max_rows; anything else is its
-    own group.
+    Why: a corpus of a million 100 KB files (or C4's small .json.gz) would otherwise be a million
+    units, shards and manifest entries. Small means under half a unit as listed. A plain file is
+    read whole (nothing aligned at planning) and must not be cut by corpus.max_bytes or max_rows.
+    A compressed file is judged by its compressed size: its text size is unknown until it is read
+    (gzip keeps it mod 4 GiB in its last bytes, zstd maybe in a frame header: a request per file,
+    which a million-file plan cannot afford), and it need not be known: a pack of compressed files
+    is streamed in chunks of ~unit_bytes of text (packed_text_chunks), so memory is one chunk however
+    much they decompress to, and a unit is ~unit_bytes of reading, like one compressed file's.
+    Their caps (max_bytes, max_rows) apply per file while streaming, so they pack under caps too.
     """
     group: list[CorpusFile] = []
     total = 0
+    kind: tuple = ()  # the group's (format, compression): one reader for all its files
     for f in files:
-        small = (f.fmt in ("txt", "jsonl") and 0 < f.size < shard.unit_bytes // 2 and detect(f.path)[1] is None  # type: ignore[index]
-                 and (corpus.max_bytes is None or f.size <= corpus.max_bytes) and corpus.max_rows is None)
-        if group and (not small or total + f.size > shard.unit_bytes):
+        compression = detect(f.path)[1]  # type: ignore[index]
+        small = (f.fmt in ("txt", "jsonl") and 0 < f.size < shard.unit_bytes // 2
+                 and (compression is not None
+                      or (corpus.max_bytes is None or f.size <= corpus.max_bytes) and corpus.max_rows is None))
+        if group and (not small or (f.fmt, compression) != kind or total + f.size > shard.unit_bytes):
             yield group
             group, total = [], 0
         if small:
             group.append(f)
             total += f.size
+            kind = (f.fmt, compression)
         else:
             yield [f]
     if group:
@@ -494,16 +511,19 @@ def iter_chunks(unit: WorkUnit, counts: Counts | None = None) -> Iterator[Chunk]
 
 def _chunks(unit: WorkUnit, counts: Counts) -> Iterator[Chunk]:
     field, lists = unit.text_field, unit.text_lists
-    if unit.members:
-        yield _packed_chunk(unit, counts)
-        return
     if not unit.streamed:
-        yield _byte_range_chunk(unit, counts)
+        yield _packed_chunk(unit, counts) if unit.members else _byte_range_chunk(unit, counts)
+        return
+
+    def decode(raw: bytes, offset: int, source: str | None = None) -> str:
+        return decode_text(raw, unit, offset, "decompressed byte" if unit.compression else "byte", source)
+
+    if unit.members:  # small compressed files, streamed one after another (their caps apply per file)
+        yield from packed_text_chunks([path for path, _ in unit.members], unit.compression, unit.fmt,
+                                      unit.chunk_bytes, unit.val_fraction, unit.max_bytes, unit.max_rows, decode,
+                                      field, lists, counts)
         return
     if unit.fmt in ("txt", "jsonl"):
-        def decode(raw: bytes, offset: int) -> str:
-            return decode_text(raw, unit, offset, "decompressed byte" if unit.compression else "byte")
-
         yield from stream_text_chunks(unit.source, unit.compression, unit.fmt, unit.chunk_bytes, unit.val_fraction,
                                       unit.max_bytes, decode, field, lists, counts, unit.max_rows)
         return
@@ -595,17 +615,19 @@ def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) 
     return out
 
 
-def decode_text(raw: bytes, unit: WorkUnit, offset: int, what: str = "byte") -> str:
+def decode_text(raw: bytes, unit: WorkUnit, offset: int, what: str = "byte", source: str | None = None) -> str:
+    """`raw` as text, or a one-line error naming `source` (default: the unit's file) and the byte."""
+    source = source or unit.source
     if b"\x00" in raw:
         at = offset + raw.index(b"\x00")
-        raise UserError(f"{unit.source}: {what} {at}: NUL byte, this looks like a binary file, not text; "
+        raise UserError(f"{source}: {what} {at}: NUL byte, this looks like a binary file, not text; "
                         f"point corpus.source at text files")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if unit.encoding_errors == "replace":
             return raw.decode("utf-8", errors="replace")
-        raise UserError(f"{unit.source}: {what} {offset + exc.start}: not UTF-8 ({exc.reason}); fix the file "
+        raise UserError(f"{source}: {what} {offset + exc.start}: not UTF-8 ({exc.reason}); fix the file "
                         f"or set corpus.encoding_errors=replace") from None
 
 

@@ -2,8 +2,9 @@
 
 Why streamed and chunked: a compressed file cannot be entered at a byte offset, and a CSV record
 may span lines, so neither can be cut into byte ranges like plain text. One such file is one work
-unit, read once, and cut while it streams into chunks of about `shard.unit_bytes` (each chunk is a
-train shard and a validation shard): memory stays one chunk however large the file.
+unit (small compressed .txt/.jsonl files: several, streamed one after another), read once, and cut
+while it streams into chunks of about `shard.unit_bytes` (each chunk is a train shard and a
+validation shard): memory stays one chunk however large the file.
 
 The chunk boundaries are those plain text gets: a chunk ends at the first line starting at or after
 the next multiple of unit_bytes (in decompressed bytes), and its validation tail starts at the first
@@ -240,3 +241,45 @@ def stream_text_chunks(path: str, compression: str | None, fmt: str, chunk_bytes
                 # One decode per part, as a plain-text unit gets (the same NUL and UTF-8 checks).
                 parts.append(lines_of([decode(b"".join(raw for _, raw, _ in items), items[0][2])]))
         yield Chunk(parts[0], parts[1])
+
+
+def packed_text_chunks(paths: list[str], compression: str | None, fmt: str, chunk_bytes: int, frac: float,
+                       limit: int | None, max_rows: int | None, decode: Callable[[bytes, int, str], str],
+                       text_field: str, lists: str, counts: Counts) -> Iterator[Chunk]:
+    """Chunks of a packed unit of small compressed .txt/.jsonl files: their lines as one stream, one
+    chunk alive (so memory is a chunk, not the files' decompressed size, unknown when they were packed).
+
+    The stream is the text a plain .txt of the files would hold (a JSON line's text field, split at
+    its newlines; a line end at each file's end), at that .txt's byte positions: `chunked` cuts it
+    where that file's units would end, so the pack shards like it. Each file keeps its own caps
+    (`max_rows` records, `limit` decompressed bytes) and its errors name it and its line.
+    """
+    for train, validation in chunked(_member_lines(paths, compression, fmt, limit, max_rows, decode, text_field,
+                                                   lists, counts), chunk_bytes, frac):
+        yield Chunk(lines_of(train), lines_of(validation))
+
+
+def _member_lines(paths: list[str], compression: str | None, fmt: str, limit: int | None, max_rows: int | None,
+                  decode: Callable[[bytes, int, str], str], text_field: str, lists: str,
+                  counts: Counts) -> Iterator[tuple[int, int, str]]:
+    """(text position, nbytes, line) of every text line of the files, one file after another."""
+    pos = 0
+    for path in paths:
+        lines = raw_lines(path, compression)
+        if max_rows is not None:
+            lines = itertools.islice(lines, max_rows)
+        for offset, _, (no, raw, _) in lines:
+            if limit is not None and offset >= limit:
+                break
+            if fmt != "jsonl":
+                n = len(raw) + (not raw.endswith(b"\n"))
+                yield pos, n, decode(raw, offset, path).removesuffix("\n")
+                pos += n
+                continue
+            for text in json_texts([(f"line {no}", raw)], path, text_field, lists, counts):
+                for line in text.split("\n"):
+                    n = (len(line) if line.isascii() else len(line.encode("utf-8", "replace"))) + 1
+                    yield pos, n, line
+                    pos += n
+        if fmt == "jsonl":
+            counts.require_field(path, text_field)  # no record of the file had it so far: a typo, named here
