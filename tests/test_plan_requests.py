@@ -380,3 +380,24 @@ def test_a_gs_parquet_unit_gets_only_its_text_column(gcs_emulator, http_calls, t
     assert got == [s.strip() for s in lines]
     assert text_bytes <= http_calls["bytes"] <= text_bytes + 128 * 1024, (dict(http_calls), text_bytes,
                                                                            local.stat().st_size)
+
+
+def test_a_gs_pack_of_small_compressed_files_is_one_get_per_file(gcs_emulator, http_calls, tmp_path, small_corpus):
+    """On the object store a packed member is fetched whole in one GET (no info request, no
+    readahead block past its end): N files cost N GETs and exactly their stored bytes."""
+    from tpu_ray import storage
+
+    lines = [s.strip() for s in small_corpus.read_text().splitlines() if s.strip()][:2000]
+    local = tmp_path / "c4"
+    _jsonl_files(local, lines, 40)
+    root = gcs_emulator.make_bucket()
+    for path in sorted(local.iterdir()):
+        storage.atomic_write_bytes(f"{root}/c4/{path.name}", path.read_bytes())
+    stored = sum(p.stat().st_size for p in local.iterdir())
+    units = plan_units(CorpusConfig(source=f"{root}/c4/*.jsonl.gz", validation_fraction=0.1),
+                       ShardConfig(unit_bytes=64 * 1024), str(tmp_path / "run"))
+    assert sum(len(u.members) for u in units) == 40 and len(units) < 40
+    http_calls.clear()
+    got = [x for u in units for c in iter_chunks(u) for x in c.train + c.validation]
+    assert got == lines
+    assert http_calls["GET"] == 40 and http_calls["bytes"] == stored, dict(http_calls)

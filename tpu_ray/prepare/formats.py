@@ -56,14 +56,17 @@ def detect(path: str, strict: bool = True) -> tuple[Format, str | None] | None:
     return None
 
 
-def open_decompressed(path: str, compression: str | None) -> IO[bytes]:
+def open_decompressed(path: str, compression: str | None, whole: bool = False) -> IO[bytes]:
     """A binary stream of the file's decompressed bytes (the file itself when not compressed).
+
+    `whole`: fetch the stored bytes in one read (one GET on object stores: no info request, no
+    readahead blocks), for files known to be small (the members of a packed unit).
 
     gzip/bz2/xz through fsspec's registry (they raise EOFError on a truncated stream). zstd by hand:
     fsspec's zstandard reader returns a truncated stream's bytes and then a clean EOF (checked with
     zstandard 0.25), which would train on half a file without a word.
     """
-    raw = storage.open(path, "rb")
+    raw = io.BytesIO(storage.read_bytes(path)) if whole else storage.open(path, "rb")
     if compression is None:
         return raw
     if compression == "zstd":

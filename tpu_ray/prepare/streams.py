@@ -115,12 +115,13 @@ def _damaged(path: str, where: str, exc: BaseException, compression: str | None)
                      f"re-compress the file")
 
 
-def raw_lines(path: str, compression: str | None) -> Iterator[tuple[int, int, tuple[int, bytes]]]:
-    """(offset, nbytes, (line number, raw line, offset)) for every line of a (decompressed) file, streamed."""
+def raw_lines(path: str, compression: str | None, whole: bool = False) -> Iterator[tuple[int, int, tuple[int, bytes]]]:
+    """(offset, nbytes, (line number, raw line, offset)) for every line of a (decompressed) file,
+    streamed (`whole`: the stored bytes fetched in one read, see open_decompressed)."""
     line_no = 0
     offset = 0
     try:
-        with open_decompressed(path, compression) as f:
+        with open_decompressed(path, compression, whole) as f:
             for line in f:
                 line_no += 1
                 yield offset, len(line), (line_no, line, offset)
@@ -265,7 +266,7 @@ def _member_lines(paths: list[str], compression: str | None, fmt: str, limit: in
     """(text position, nbytes, line) of every text line of the files, one file after another."""
     pos = 0
     for path in paths:
-        lines = raw_lines(path, compression)
+        lines = raw_lines(path, compression, whole=True)  # small by planning: one GET, no info request
         if max_rows is not None:
             lines = itertools.islice(lines, max_rows)
         for offset, _, (no, raw, _) in lines:
