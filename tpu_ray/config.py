@@ -91,7 +91,9 @@ class TokenizerConfig(_Section):
 
 class ShardConfig(_Section):
     seq_len: int = Field(128, ge=8)  # tokens per training sample; must fit the position embeddings
-    # Work-unit size: one unit -> one train shard (+ one validation shard). Independent of actors.
+    # Work-unit size, and the text per shard: a byte range of plain text is one train shard (+ one
+    # validation shard); a streamed unit (compressed files, packs of them, CSV, tables) writes one
+    # per ~unit_bytes of text. Independent of actors.
     unit_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     unit_rows: int = Field(50_000, ge=1)  # work-unit size of tables and datasets, in rows
     num_actors: int | None = Field(None, ge=1, le=4096)  # tokenizer actors (None: the cluster's CPUs)
