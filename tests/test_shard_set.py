@@ -60,9 +60,27 @@ def test_the_manifest_round_trips_and_keeps_its_layout(run):
     (lambda m: m["splits"].pop("validation"), r"not a tpu-ray shard manifest \(no train/validation splits\)"),
     (lambda m: m["splits"]["train"].update(shards={}), r"train.shards is not a list"),
     (lambda m: m.update(complete="yes"), r"manifest.json: complete is str 'yes', not bool"),
-    (lambda m: m.update(units_done=["0"]), r"units_done holds something other than unit numbers"),
+    (lambda m: m.update(units_done=["0"]), r"units_done holds '0', not a unit number"),
     (lambda m: m["unit_stats"][0].pop("dropped"), r"unit_stats\[0\] lacks dropped"),
     (lambda m: m["unit_stats"][1].update(tokens=1.5), r"unit_stats\[1\]: tokens is float '1.5', not int"),
+    (lambda m: m["unit_stats"][0].update(skipped="x"), r"unit_stats\[0\]: skipped is str 'x', not int"),
+    # what the writer never makes: counts below 1 or beyond int64, a count its name contradicts
+    (lambda m: m["splits"]["train"]["shards"][1].update(samples=-5), r"train.shards\[1\]: samples is -5, not a count"),
+    (lambda m: m["splits"]["train"]["shards"][1].update(samples=0), r"train.shards\[1\]: samples is 0, not a count"),
+    (lambda m: m["splits"]["train"]["shards"][1].update(samples=2**70), r"samples is \d+, not a count of at least 1"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(samples=m["splits"]["train"]["shards"][0]["samples"] + 1),
+     r"train.shards\[0\]: samples is \d+, its name says \d+"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(bytes=-1), r"train.shards\[0\]: bytes is -1, not a file size"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(sha256=""), r"sha256 '' is not a sha256"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(unit=-1), r"unit -1 is not a unit of the plan"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(unit=10**6), r"unit 1000000 is not a unit of the plan"),
+    (lambda m: m.update(units_done=m["units_done"] + [99]), r"units_done holds 99, not a unit number below units="),
+    (lambda m: m.update(format="garbage"), r"format 'garbage' is not a tpu-ray shard format"),
+    # one file counted twice, or a train shard scored as validation
+    (lambda m: m["splits"]["train"]["shards"].append(dict(m["splits"]["train"]["shards"][0])), r"is listed twice"),
+    (lambda m: m["splits"]["validation"]["shards"].append(dict(m["splits"]["train"]["shards"][0])),
+     r"validation.shards\[\d+\] path 'train/[^']+' is not a validation shard"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(path="train/a\nb-3.tfrecord"), r"points outside"),
 ])
 def test_a_damaged_manifest_is_one_line_naming_the_field(run, edit, expected):
     manifest = _raw(run)
@@ -75,6 +93,8 @@ def test_a_damaged_manifest_is_one_line_naming_the_field(run, edit, expected):
 
 @pytest.mark.parametrize("content, expected", [
     (b"{not json", "manifest is not valid JSON"),
+    (b'{"splits": ' + b"9" * 5000 + b"}", "manifest is not valid JSON"),  # int() refuses 5,000 digits
+    (b"[" * 100_000 + b"]" * 100_000, "manifest is not valid JSON"),  # deeper than the recursion limit
     (b'{"splits": "\xff\xfe"}', "manifest is not valid JSON"),
     (b"[1, 2]", "not a tpu-ray shard manifest"),
 ])
@@ -148,10 +168,19 @@ def test_verify_names_the_damaged_shard(run, damage, expected):
 
 
 def test_a_record_count_that_disagrees_is_named(run):
+    """A shard rewritten with other records whose size and sha256 were recorded anew (its name
+    and entry still say the old count): the record count itself is checked."""
+    import hashlib
+
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+
     manifest = _raw(run)
     entry = manifest["splits"]["train"]["shards"][0]
-    entry["samples"] += 1
-    manifest["splits"]["train"]["samples"] += 1
+    path = Path(run.shards_dir, entry["path"])
+    with open(path, "wb") as f:
+        write_records(f, serialize_examples(np.full((entry["samples"] - 1, run.shard.seq_len), 5)))
+    data = path.read_bytes()
+    entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     _write(run, manifest)
     with pytest.raises(UserError, match=re.escape(entry["path"]) + r": \d+ records, manifest.json says"):
         ShardSet.load(run.shards_dir).verify()
@@ -202,3 +231,80 @@ def test_only_the_shard_set_reads_the_manifest_layout():
     readers = [p.relative_to(REPO).as_posix() for p in (REPO / "tpu_ray").rglob("*.py")
                if re.search(r"""["']splits["']""", p.read_text())]
     assert readers == ["tpu_ray/prepare/shard_set.py"]
+
+
+@pytest.mark.parametrize("link", ["dangling", "loop"])
+def test_a_broken_link_in_the_manifests_place_is_named_not_taken_for_no_manifest(run, link):
+    """A manifest that is a broken symlink is damage: never 'no manifest' (which trains unchecked,
+    by names, or reshards everything); doctor fails it, report still renders."""
+    from tests.test_doctor import doctor
+
+    path = Path(manifest_path(run.shards_dir))
+    path.unlink()
+    path.symlink_to(path.parent / "gone.json" if link == "dangling" else path)
+    with pytest.raises(UserError, match="manifest.json: (a symbolic link to a missing file|cannot be read)"):
+        ShardSet.open(run.shards_dir)
+    code, checks = doctor(run)
+    assert code == 1 and checks["manifest"][0] == "FAIL"
+    from tpu_ray.report import _shard_rows
+
+    assert _shard_rows(run.run_dir)[0][1].startswith("cannot be read:")
+
+
+def test_resume_redoes_units_whose_files_or_records_do_not_add_up(run, caplog):
+    """The shard stage never rewrites a damaged set as complete: a cut or rewritten shard (size
+    from the listing), or a unit whose entries no longer hold its kept tokens, is redone."""
+    shards = ShardSet.load(run.shards_dir)
+    cut, other = shards.split_entries("train")[0], shards.split_entries("train")[2]
+    Path(run.shards_dir, cut.path).write_bytes(Path(run.shards_dir, cut.path).read_bytes()[:100])
+    manifest = _raw(run)
+    manifest["splits"]["train"]["shards"] = [e for e in manifest["splits"]["train"]["shards"]
+                                             if e["path"] != other.path]  # an entry deleted by hand
+    manifest["complete"] = False
+    _write(run, manifest)
+    edited = ShardSet.load(run.shards_dir)
+    with caplog.at_level("WARNING", logger="tpu_ray"):
+        done = edited.committed_units(edited.plan_sha256, edited.tokenizer_sha256, edited.seq_len)
+    assert cut.unit not in done and other.unit not in done
+    assert set(done) == set(edited.units_done) - {cut.unit, other.unit}
+    assert "2 committed unit(s) do not match their files or records" in caplog.text
+
+
+def test_eval_checks_the_validation_shards_and_names_a_missing_one(run):
+    """Eval reads the validation split: it is checked first (a deleted shard was a NotFoundError, exit 1)."""
+    shards = ShardSet.load(run.shards_dir)
+    gone = shards.split_entries("validation")[-1]
+    Path(run.shards_dir, gone.path).unlink()
+    with pytest.raises(UserError, match=re.escape(gone.path) + ": listed in manifest.json but missing"):
+        shards.verify(splits=("validation",))
+    shards.verify(splits=("train",))  # the train split is whole
+
+
+def test_shards_without_a_manifest_are_counted_against_their_names(tmp_path):
+    """No manifest: the names' counts are all there is, so training checks them (a renamed file
+    trained and resumed with wrong counts; a count of 0 divided by zero)."""
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+
+    (tmp_path / "train").mkdir()
+    with open(tmp_path / "train" / "train-00000-3.tfrecord", "wb") as f:
+        write_records(f, serialize_examples(np.full((2, 8), 5)))
+    with pytest.raises(UserError, match=r"train-00000-3.tfrecord: 2 records, its name says 3"):
+        ShardSet.open(str(tmp_path)).verify()
+    (tmp_path / "train" / "train-00000-3.tfrecord").rename(tmp_path / "train" / "train-00000-0.tfrecord")
+    with pytest.raises(UserError, match=r"train-00000-0.tfrecord: shard name has no sample count of at least 1"):
+        ShardSet.open(str(tmp_path))
+
+
+def test_doctor_and_report_describe_shards_without_a_manifest(run):
+    from tests.test_doctor import doctor
+    from tests.test_report import make_run
+    from tpu_ray.report import write_report
+
+    Path(manifest_path(run.shards_dir)).unlink()
+    code, checks = doctor(run)
+    assert checks["shards"][0] == "PASS" and "without a manifest: record counts of all match their names" in \
+        checks["shards"][1]
+    assert checks["manifest/tok"][0] == "WARN" and "tokenizer that made them is not recorded" in checks["manifest/tok"][1]
+    make_run(Path(run.run_dir))
+    page = Path(write_report(run.run_dir)["report.html"]).read_text()
+    assert "none: counts from the shard names" in page

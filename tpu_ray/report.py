@@ -224,10 +224,10 @@ def _shard_rows(run_dir: str) -> list[tuple[str, str]]:
 
     try:
         cfg = read_saved_config(run_dir)
-        shards = ShardSet.load(cfg.shard.dir if cfg and cfg.shard.dir else storage.join(run_dir, SHARDS_DIR))
-    except UserError as exc:
-        return [("shards", str(exc))]
-    return shards.describe() if shards else []
+        shards = ShardSet.open(cfg.shard.dir if cfg and cfg.shard.dir else storage.join(run_dir, SHARDS_DIR))
+    except (UserError, OSError, ValueError) as exc:
+        return [("shards", f"cannot be read: {exc}")]
+    return shards.describe() if shards.entries else []
 
 
 def _stage_rows(df: pd.DataFrame) -> list[tuple[str, str]]:

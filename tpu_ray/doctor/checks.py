@@ -121,7 +121,7 @@ class Doctor:
     def probe(self, path: str) -> tuple[str, str]:
         """("exists" | "missing" | "unreachable" | "error", detail) for a local or remote path."""
         if not storage.is_remote(path):
-            return ("exists" if os.path.exists(path) else "missing"), ""
+            return ("exists" if os.path.lexists(path) else "missing"), ""  # a broken link is there, and damaged
         bucket = path.split("://", 1)[1].split("/", 1)[0]
         if bucket in self._unreachable:
             return "unreachable", self._unreachable[bucket]
@@ -214,6 +214,13 @@ class Doctor:
                 self.shards = ShardSet.load(self.cfg.shards_dir)
             except UserError as exc:
                 self.add("manifest", FAIL, str(exc), "delete it and rerun `tpu-ray shard`")
+        elif state == "missing":  # shards without a manifest (the reference scripts'): training reads them by name
+            try:
+                found = ShardSet.from_names(self.cfg.shards_dir)
+            except UserError as exc:
+                self.add("manifest", FAIL, str(exc), "rename the shard or make shards with `tpu-ray shard`")
+                return
+            self.shards = found if found.entries else None
         elif state == "error":
             self.add("manifest", FAIL, detail, "create the bucket or fix shard.dir / --output-dir")
         elif state == "unreachable":
@@ -308,8 +315,10 @@ class Doctor:
 
     def check_manifest_tokenizer(self) -> None:
         cfg, tok, shards = self.cfg, self.tok, self.shards
-        if shards is None or tok is None:
-            self.add("manifest/tok", WARN, "needs both a tokenizer and a shard manifest (see tokenizer, shards)")
+        if shards is None or tok is None or not shards.manifest:
+            self.add("manifest/tok", WARN, "needs both a tokenizer and a shard manifest (see tokenizer, shards)"
+                     + ("; these shards have none, so the tokenizer that made them is not recorded"
+                        if shards is not None and not shards.manifest else ""))
             return
         problems = shards.mismatches(tok, cfg.shard.seq_len, cfg.tokenizer_dir)
         if problems:
@@ -391,6 +400,10 @@ class Doctor:
         self.shards_ok = True
         n, train = len(shards.entries), shards.split_entries("train")
         how = "all" if self.full or len(deep) == n else f"{len(deep)} sampled (--full: all)"
+        if not shards.manifest:
+            self.add("shards", PASS, f"{n} shards ({len(train)} train, {shards.samples('train')} train samples) "
+                     f"without a manifest: record counts of {how} match their names")
+            return
         self.add("shards", PASS, f"{n} shards ({len(train)} train, {shards.samples('train')} train samples) present "
                  f"with manifest sizes; sha256 + record counts of {how} match")
 

@@ -19,6 +19,8 @@ import hashlib
 import io
 import json
 import logging
+import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +32,7 @@ from tpu_ray.prepare.tfrecord import read_records
 log = logging.getLogger(__name__)
 
 FORMAT = "tpu-ray-shards/2"  # /2: one folder per split; /1 (one folder for both) still trains
+OLD_FORMAT = "tpu-ray-shards/1"
 SPLITS = ("train", "validation")
 REBUILD = "delete it to rebuild the shards"
 SHARD_FIX = "delete it and rerun `tpu-ray shard` to rewrite it"
@@ -92,12 +95,17 @@ class ShardSet:
         try:
             raw = storage.read_bytes(path)  # one request: no `exists` first
         except (FileNotFoundError, NotADirectoryError):
+            if not storage.is_remote(path) and os.path.islink(path):  # never "no manifest": that trains unchecked
+                raise UserError(f"{path}: a symbolic link to a missing file ({os.readlink(path)}); restore the "
+                                f"manifest or {REBUILD}") from None
             return None
         except IsADirectoryError:
             raise UserError(f"{path}: is a directory, not a manifest; remove it to rebuild the shards") from None
+        except OSError as exc:  # a symlink loop, a permission: named, never taken for "no manifest"
+            raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); fix it or {REBUILD}") from None
         try:
             data = json.loads(raw.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # bad JSON or UTF-8, a 5,000-digit number, 100,000 brackets
             raise UserError(f"{path}: manifest is not valid JSON; {REBUILD}") from None
         return cls.from_json(shards_dir, data, path)
 
@@ -117,12 +125,11 @@ class ShardSet:
             folder = f"{split}/" if files else ""
             files = files or storage.glob(storage.join(shards_dir, f"{split}-*.tfrecord"))
             for path in files:
-                stem = path.rsplit("/", 1)[-1][: -len(".tfrecord")]
-                try:
-                    samples = int(stem.rsplit("-", 1)[1])
-                except (IndexError, ValueError):
-                    raise UserError(f"{path}: shard name has no sample count ('-<index>-<count>.tfrecord') and "
-                                    f"there is no manifest.json; rename it or make shards with tpu-ray shard") from None
+                samples = _name_count(path)
+                if samples is None or samples < 1:
+                    raise UserError(f"{path}: shard name has no sample count of at least 1 ('-<index>-<count>"
+                                    f".tfrecord') and there is no manifest.json; rename it or make shards with "
+                                    f"tpu-ray shard")
                 entries.append(ShardEntry(split, folder + path.rsplit("/", 1)[-1], samples))
         return cls(shards_dir, entries, manifest=False, format=None)
 
@@ -132,22 +139,33 @@ class ShardSet:
         splits = data.get("splits") if isinstance(data, dict) else None
         if not isinstance(splits, dict) or not all(isinstance(splits.get(s), dict) for s in SPLITS):
             raise UserError(f"{path}: not a tpu-ray shard manifest (no train/validation splits); {REBUILD}")
+        header = {name: _field(data, name, kind, path) for name, kind in _HEADER.items()}
+        if header["format"] not in (None, FORMAT, OLD_FORMAT):
+            raise UserError(f"{path}: format {header['format']!r} is not a tpu-ray shard format ({FORMAT}); {REBUILD}")
+        units = header["units"]
         entries: list[ShardEntry] = []
         for split in SPLITS:
             shards = splits[split].get("shards")
             if not isinstance(shards, list):
                 raise UserError(f"{path}: {split}.shards is not a list; {REBUILD}")
             for i, raw in enumerate(shards):
-                entries.append(_entry(raw, split, i, path))
-        header = {name: _field(data, name, kind, path) for name, kind in _HEADER.items()}
+                entries.append(_entry(raw, split, i, path, units))
+        seen: set[str] = set()
+        for e in entries:  # one file counted twice, or a train shard scored as validation
+            if e.path in seen:
+                raise UserError(f"{path}: {e.path} is listed twice; the manifest was edited: {REBUILD}")
+            seen.add(e.path)
         totals = {s: _field(splits[s], "samples", int, f"{path}: {s}") for s in SPLITS}
-        if not all(isinstance(u, int) and not isinstance(u, bool) for u in header["units_done"] or []):
-            raise UserError(f"{path}: units_done holds something other than unit numbers; {REBUILD}")
+        for u in header["units_done"] or []:
+            if not _is_int(u) or not _in_range(u, units):
+                raise UserError(f"{path}: units_done holds {repr(u)[:20]}, not a unit number below units={units}; "
+                                f"{REBUILD}")
         for i, stats in enumerate(header["unit_stats"] or []):
-            for key in ("unit", "tokens", "dropped"):
-                _field(stats if isinstance(stats, dict) else {}, key, int, f"{path}: unit_stats[{i}]")
-                if not isinstance(stats, dict) or key not in stats:
-                    raise UserError(f"{path}: unit_stats[{i}] lacks {key}; {REBUILD}")
+            where = f"{path}: unit_stats[{i}]"
+            for key in ("unit", "tokens", "dropped", "skipped"):
+                value = _field(stats if isinstance(stats, dict) else {}, key, int, where)
+                if key != "skipped" and value is None or value is not None and value < 0:
+                    raise UserError(f"{where} lacks {key}, a whole number >= 0; {REBUILD}")
         complete = _field(data, "complete", bool, path)
         return cls(shards_dir, entries, complete=complete is True,  # absent: not known to be finished
                    recorded_samples={s: n for s, n in totals.items() if n is not None},
@@ -238,7 +256,8 @@ class ShardSet:
         """Paths of the shards whose sha256 and record counts are read: all when they total at most
         CHEAP_HASH_BYTES (what training checks before it starts) or `full`, else first, middle, last.
         Training and `tpu-ray doctor` both use this, so the doctor never checks less than training."""
-        cheap = sum(e.bytes or 0 for e in self.entries) <= CHEAP_HASH_BYTES
+        sizes = self.sizes() if not self.manifest else {}  # names-only sets: sizes from the listing
+        cheap = sum(e.bytes or sizes.get(e.path, 0) for e in self.entries) <= CHEAP_HASH_BYTES
         return {e.path for e in sampled(self.entries, full=full or cheap)}
 
     def problem(self, entry: ShardEntry, deep: bool) -> str | None:
@@ -247,7 +266,7 @@ class ShardSet:
         sha256 and record count (reads it)."""
         path = storage.join(self.directory, entry.path)
         if entry.path not in self.sizes():
-            return f"{path}: listed in manifest.json but missing"
+            return f"{path}: listed in manifest.json but missing" if self.manifest else f"{path}: missing"
         size = self.sizes()[entry.path]
         if entry.bytes is not None and size != entry.bytes:
             return f"{path}: {size} bytes, manifest.json says {entry.bytes} (truncated or rewritten)"
@@ -262,16 +281,16 @@ class ShardSet:
         except ValueError as exc:
             return f"{path}: {exc} (corrupt TFRecord)"
         if n != entry.samples:
-            return f"{path}: {n} records, manifest.json says {entry.samples}"
+            said = "manifest.json says" if self.manifest else "its name says"
+            return f"{path}: {n} records, {said} {entry.samples}"
         return None
 
-    def verify(self, full: bool = False) -> None:
-        """Raise a UserError naming the first shard that does not match the manifest (nothing to
-        check without one): sizes always, contents of `deep_checked(full)`."""
-        if not self.manifest:
-            return
+    def verify(self, full: bool = False, splits: Sequence[str] = SPLITS) -> None:
+        """Raise a UserError naming the first shard of `splits` that does not match the manifest:
+        sizes always, contents of `deep_checked(full)`. Without a manifest the names' counts are
+        what there is to check: records are counted under the same bound."""
         deep = self.deep_checked(full)
-        for entry in self.entries:
+        for entry in (e for e in self.entries if e.split in splits):
             problem = self.problem(entry, entry.path in deep)
             if problem:
                 raise UserError(f"{problem}; {SHARD_FIX}")
@@ -284,6 +303,8 @@ class ShardSet:
 
         try:
             yield
+        except tf.errors.NotFoundError as exc:  # a shard deleted after the check (or never checked)
+            raise UserError(f"{first_line(exc, 200)}; rerun `tpu-ray shard` to rewrite the missing shard") from None
         except tf.errors.DataLossError as exc:
             bad = find_corrupt([p for split in SPLITS for p, _ in self.files(split)])
             what = f"{bad}: truncated or corrupt TFRecord" if bad else f"{self.directory}: corrupt TFRecord data"
@@ -312,17 +333,29 @@ class ShardSet:
                             f"output directory or delete the shards")
         done: dict[int, dict] = {u: {"unit": u, "shards": [], "tokens": 0, "dropped_tokens": 0}
                                  for u in self.units_done}
-        present = self.sizes()
+        present, redo = self.sizes(), set()
         for entry in self.entries:
-            if entry.unit is None or entry.path not in present:
-                done.pop(entry.unit, None)  # type: ignore[arg-type]  # a committed file vanished: redo
+            if entry.unit is None:
+                raise UserError(f"{where}: {entry.path} has no unit; the manifest was edited: {REBUILD}")
+            if entry.path not in present or entry.bytes is not None and present[entry.path] != entry.bytes:
+                redo.add(entry.unit)  # a committed file vanished, was cut or rewritten: redo its unit
             elif entry.unit in done:
                 done[entry.unit]["shards"].append({"split": entry.split, **entry.record()})
-        for stats in self.unit_stats:
-            if stats.get("unit") in done:
-                done[stats["unit"]].update(tokens=stats["tokens"], dropped_tokens=stats["dropped"],
-                                           skipped_records=stats.get("skipped", 0))
-        return done
+        stats = {s["unit"]: s for s in self.unit_stats}
+        for unit, result in done.items():
+            s = stats.get(unit)
+            if s is None:
+                redo.add(unit)
+                continue
+            result.update(tokens=s["tokens"], dropped_tokens=s["dropped"], skipped_records=s.get("skipped", 0))
+            # Every token a unit kept is in its samples: [CLS] + seq_len-2 + [SEP] each. A unit whose
+            # entries do not add up lost one (an edited manifest): redo it rather than trust it.
+            if sum(e["samples"] for e in result["shards"]) * (seq_len - 2) != s["tokens"] - s["dropped"]:
+                redo.add(unit)
+        if redo & done.keys():
+            log.warning("shard: %d committed unit(s) do not match their files or records in %s; redoing them",
+                        len(redo & done.keys()), where)
+        return {u: r for u, r in done.items() if u not in redo}
 
     def discard(self) -> None:
         """Remove the listed shards that exist, then the manifest."""
@@ -384,15 +417,47 @@ def _field(data: dict, name: str, kind: type | tuple[type, ...], where: str) -> 
     return value
 
 
-def _entry(raw: Any, split: str, i: int, path: str) -> ShardEntry:
+def _entry(raw: Any, split: str, i: int, path: str, units: int | None) -> ShardEntry:
+    """One shard entry, validated: a shard the writer could have made (>= 1 sample, the count its
+    name carries, a sha256, its split's name, a unit of the plan), so nothing downstream (input
+    positions, resume, eval) ever computes with a count or a file it should not have."""
+    where = f"{path}: {split}.shards[{i}]"
     name = raw.get("path") if isinstance(raw, dict) else None
-    if not isinstance(name, str) or not isinstance(raw.get("samples"), int) or isinstance(raw["samples"], bool):
-        raise UserError(f"{path}: {split}.shards[{i}] lacks a path or a sample count; {REBUILD}")
+    samples = raw.get("samples") if isinstance(raw, dict) else None
+    if not isinstance(name, str) or not _is_int(samples):
+        raise UserError(f"{where} lacks a path or a sample count; {REBUILD}")
     if not is_confined(name):
-        raise UserError(f"{path}: {split}.shards[{i}] path {name!r} points outside the shard directory; the "
-                        f"manifest was edited or is not from tpu-ray: {REBUILD}")
-    extra = {k: _field(raw, k, kind, f"{path}: {split}.shards[{i}]") for k, kind in _ENTRY.items()}
-    return ShardEntry(split, name, raw["samples"], **extra)
+        raise UserError(f"{where} path {name!r} points outside the shard directory; the manifest was edited or is "
+                        f"not from tpu-ray: {REBUILD}")
+    if not name.rsplit("/", 1)[-1].startswith(f"{split}-"):
+        raise UserError(f"{where} path {name!r} is not a {split} shard ({split}-...); {REBUILD}")
+    if not 1 <= samples < 2**63:
+        raise UserError(f"{where}: samples is {samples}, not a count of at least 1; {REBUILD}")
+    named = _name_count(name)
+    if named is not None and named != samples:
+        raise UserError(f"{where}: samples is {samples}, its name says {named}; {REBUILD}")
+    extra = {k: _field(raw, k, kind, where) for k, kind in _ENTRY.items()}
+    if extra["bytes"] is not None and extra["bytes"] < 1:
+        raise UserError(f"{where}: bytes is {extra['bytes']}, not a file size; {REBUILD}")
+    if extra["sha256"] is not None and not re.fullmatch(r"[0-9a-f]{64}", extra["sha256"]):
+        raise UserError(f"{where}: sha256 {extra['sha256'][:70]!r} is not a sha256 (64 hex digits); {REBUILD}")
+    if extra["unit"] is not None and not _in_range(extra["unit"], units):
+        raise UserError(f"{where}: unit {extra['unit']} is not a unit of the plan (0..{units}); {REBUILD}")
+    return ShardEntry(split, name, samples, **extra)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _in_range(unit: int, units: int | None) -> bool:
+    return unit >= 0 and (units is None or unit < units)
+
+
+def _name_count(name: str) -> int | None:
+    """The sample count a shard's name carries (`...-<count>.tfrecord`, the reference convention)."""
+    match = re.search(r"-(\d+)\.tfrecord$", name)
+    return int(match.group(1)) if match and len(match.group(1)) < 20 else None
 
 
 def sampled(entries: Sequence[ShardEntry], full: bool) -> list[ShardEntry]:
@@ -411,6 +476,8 @@ def is_confined(rel: str) -> bool:
     """True for a relative path that stays inside its directory (no '..', no absolute path or URL):
     a manifest's `../../etc/hostname` must never be read or blamed."""
     if not rel or rel.startswith(("/", "\\")) or "://" in rel or "\\" in rel or ":" in rel.split("/", 1)[0]:
+        return False
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in rel):  # a newline would split the one-line errors
         return False
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 

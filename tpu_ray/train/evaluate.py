@@ -17,6 +17,7 @@ def evaluate_run(cfg: RunConfig) -> dict:
     shards = ShardSet.open(cfg.shards_dir)
     shards.require_complete()
     shards.require_made_with(tok, cfg.shard.seq_len, cfg.tokenizer_dir)
+    shards.verify(splits=("validation",))  # what eval reads, as training checks it before it starts
     info = select(cfg.train)
     s = build(cfg, info, tok)
     with checkpoint_store(s, write=False) as ckpts:

@@ -153,8 +153,8 @@ class PositionTracker:
             return self.at(step)
         saved = InputPosition.from_json(stored)
         if saved.shards_sha256 != self.digest:
-            raise UserError(f"{where}: the checkpoint's input position refers to other shards than "
-                            f"{len(self.counts)} files now in the shard directory; resume with the shards it "
+            raise UserError(f"{where}: the checkpoint's input position refers to other shards than the "
+                            f"{len(self.counts)} train files the shard set now lists; resume with the shards it "
                             f"was trained on, or start a new run")
         if saved.step != step:
             raise UserError(f"{where}: stored input position is for step {saved.step}, the checkpoint is at step "
