@@ -3,8 +3,10 @@
 One run measures, on the same corpus (WikiText-2 repeated to `--mb` MB) and the same Unigram
 tokenizer (vocab 10k, trained with tpu_ray.prepare.tokenizer):
 
-1. ceiling: `tokenizers`' own `encode_batch` over the corpus lines already in memory, all cores,
-   no I/O, no chunking, no writing: what tokenization alone costs;
+1. ceiling (`vs_ceiling`, the issue's yardstick): `tokenizers`' own `encode_batch` over the corpus
+   lines already in memory, in one process on all cores (its own threads), 50,000-line slices, no
+   I/O, no chunking, no writing. What a user calling the tokenizer directly would get; not an upper
+   bound for tpu-ray (its actors call encode_batch_fast on smaller batches, which costs less CPU);
 2. reference: the Hugging Face TPU example's workflow re-done in a subprocess: `load_dataset("text")`,
    `.map(tokenizer, batched=True, num_proc=<cores>)`, `group_texts` by list concatenation, one
    `tf.train.Example` per sample serialized in Python, `tf.io.TFRecordWriter`;
@@ -25,8 +27,25 @@ The last line printed is one JSON object with the figures and the ratios.
 .jsonl.zst, FineWeb-like parquet with row groups and extra columns, a save_to_disk dataset), one
 record per line of the corpus, each sharded by make_shards; per format: tokens/s, its ratio to
 plain text's, peak actor RSS, bytes the actors read (/proc rchar) over
-the bytes stored, storage requests (tpu_ray.storage calls of the driver and the actors). And `txt_vs_ceiling`: plain text against N processes of `encode_batch_fast`
-(one per CPU, one thread each, no I/O), the real ceiling of N single-threaded actors.
+the bytes stored, storage requests (tpu_ray.storage calls of the driver and the actors), the actors'
+CPU seconds per million tokens (/proc of the actor processes, read from outside: see ActorCpu). And the upper bound, `txt_vs_ceiling`: plain text against N fresh
+processes (N = the actors, one per CPU by default), started together, each running exactly the
+actors' tokenizer calls (`encode_lines` on `_batches` of the lines, the actors' environment from
+`actor_env`) over 1/N of the corpus, with reading, the tokenizer's loading and everything else
+outside the timing (see `ceiling_child`). The ceiling's CPU seconds per million tokens against the actors'
+(`txt_cpu_vs_ceiling`) is the cost of everything that is not tokenization, a figure the machine's
+load moves much less than the wall-clock ratio.
+
+Why not the earlier N-process ceiling (forked from this process, `encode_batch_fast` over
+50,000-line slices): a slice's encodings, hundreds of MB alive at once, cost ~20% more CPU per token
+than the actors' batches (2,048 lines / 1 MiB: one process, 50 MB, 0.97-1.06 against 0.82-0.87
+CPU-s per M tokens; 2x the RSS, ~100k page faults against none), more than the actors spend on
+tokenizing and everything else, so tpu-ray measured 1.17x that "ceiling". Forking instead of fresh
+processes, the thread settings and the token count made no difference measured.
+
+Under load from other processes the wall-clock ratios move with the scheduler, not the work (the
+ceiling's two CPU-bound processes were seen queued on one CPU for 40-75% of the time while others
+ran on the other), so there compare the CPU figures.
 """
 
 from __future__ import annotations
@@ -189,6 +208,84 @@ def wait_for_workers(nodes: list, count: int, timeout_s: float = 60.0) -> float:
     return time.perf_counter() - t0
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User+system CPU seconds of a live process (/proc/<pid>/stat), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ActorCpu:
+    """CPU seconds of the sharding actors, read from outside while make_shards runs.
+
+    The actors are Ray worker processes, children of our raylets, titled `ray::ShardWorker`.
+    make_shards kills them when it returns, so a thread samples /proc/<pid>/stat of the raylets'
+    children every `period` s and keeps each one's last reading; an actor's CPU is its last reading
+    less its reading before make_shards (0 for a worker started during the run: its start-up counts).
+    What a sample can miss is an actor's CPU after its last sample: < `period` s each, and idle
+    time by then (its last unit is done before the driver kills it).
+    """
+
+    def __init__(self, raylets: set[int], period: float = 0.05):
+        import threading
+
+        self.raylets, self.period = raylets, period
+        self.before = {pid: cpu for pid in self._children() if (cpu := _cpu_seconds(pid)) is not None}
+        self.last = dict(self.before)
+        self.actors: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _children(self) -> set[int]:
+        pids: set[int] = set()
+        for raylet in self.raylets:
+            try:
+                for tid in os.listdir(f"/proc/{raylet}/task"):
+                    with open(f"/proc/{raylet}/task/{tid}/children") as f:
+                        pids.update(map(int, f.read().split()))
+            except OSError:
+                continue
+        return pids
+
+    def _find_actors(self) -> None:
+        for pid in self._children() - self.actors:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().startswith(b"ray::ShardWorker"):
+                        self.actors.add(pid)
+            except OSError:
+                continue
+
+    def _sample(self) -> None:
+        for pid in self.actors:
+            if (cpu := _cpu_seconds(pid)) is not None:
+                self.last[pid] = cpu
+
+    def _run(self) -> None:
+        polls = 0
+        while not self._stop.wait(self.period):
+            if polls % 10 == 0:  # actors appear at the start (and on a retry): look for them now and then
+                self._find_actors()
+            self._sample()
+            polls += 1
+
+    def __enter__(self) -> "ActorCpu":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._sample()  # at once: make_shards has just asked Ray to kill the actors
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.last[pid] - self.before.get(pid, 0.0) for pid in self.actors if pid in self.last)
+
+
 def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
     """make_shards on a fresh local cluster of `nodes` nodes sharing `cpus` CPUs."""
     import ray
@@ -214,8 +311,12 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
     start_up = time.perf_counter() - t0
     # Only a head node prestarts workers: on several nodes, wait a little, not for all of them.
     start_up += wait_for_workers(ray_nodes, int(ray.cluster_resources().get("CPU", 1)), 60.0 if nodes == 1 else 10.0)
+    cpu = ActorCpu(_raylet_pids(ray_nodes))
+    driver0 = os.times()
     try:
-        summary = make_shards(cfg, actors=actors)
+        with cpu:
+            summary = make_shards(cfg, actors=actors)
+        driver1 = os.times()
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -224,7 +325,8 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
             "units": summary.units, "actors": summary.actors, "tokens_with_sep": summary.tokens,
             "dropped": summary.dropped_tokens, "peak_actor_rss_bytes": summary.peak_actor_rss_bytes,
             "ray_start_s": start_up, "digest": digest_dir(Path(cfg.shards_dir)), "read_bytes": summary.read_bytes,
-            "requests": summary.requests}
+            "requests": summary.requests, "actor_cpu_s": cpu.seconds, "actor_pids": len(cpu.actors),
+            "driver_cpu_s": driver1.user - driver0.user + driver1.system - driver0.system}
 
 
 def digest_dir(d: Path) -> str:
@@ -284,38 +386,82 @@ def write_format(fmt: str, corpus: Path, lines: list[str], out: Path) -> tuple[s
     return source, stored
 
 
-_CHILD_LINES: list[str] = []  # set before the pool forks: children read it, nothing is pickled
+def line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
+    """`parts` byte ranges of about equal size covering the file, each ending after a newline."""
+    size = path.stat().st_size
+    cuts = [0]
+    with open(path, "rb") as f:
+        for k in range(1, parts):
+            f.seek(max(cuts[-1], size * k // parts))
+            f.readline()  # to the end of the line the cut falls in
+            cuts.append(min(f.tell(), size))
+    cuts.append(size)
+    return list(zip(cuts, cuts[1:]))
 
 
-def _ceiling_child(args: tuple[str, int, int]) -> tuple[float, int]:
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    from tokenizers import Tokenizer
+def ceiling_child(corpus: str, start: int, end: int, tokenizer_dir: str, max_line_bytes: int) -> None:
+    """One process of the N-process ceiling (`--ceiling-child`): the actors' tokenization, nothing else.
 
-    tokenizer_dir, index, procs = args
-    lines = _CHILD_LINES[index::procs]
-    tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
-    seconds, n = 0.0, 0
-    for i in range(0, len(lines), _BATCH_LINES):
-        part = lines[i:i + _BATCH_LINES]
-        t0 = time.perf_counter()
-        n += sum(len(e.ids) for e in tok.encode_batch_fast(part, add_special_tokens=False))
-        seconds += time.perf_counter() - t0
-    return seconds, n
+    Its environment is the actors' (actor_env: the thread budget), set by the parent before this
+    interpreter imports `tokenizers`. Outside the timing: reading its lines (one byte range of the
+    corpus, cut into lines as the actors cut a unit), the tokenizer, the batches. Inside: exactly
+    the tokenizer calls of an actor's `encode_joined`, i.e. `encode_lines` (encode_batch_fast,
+    special-token strings respelled) on batches of ENCODE_BATCH_LINES / ENCODE_BATCH_CHARS, without
+    the joining into one array. It starts when the parent says go, so that all N run at once.
+    """
+    from tpu_ray.prepare.lines import split_long_lines
+    from tpu_ray.prepare.shards import _batches, encode_lines, never_text_ids, text_tokenizer
+    from tpu_ray.prepare.streams import lines_of
+    from tpu_ray.prepare.tokenizer import describe, load_tokenizer_json
+
+    with open(corpus, "rb") as f:
+        f.seek(start)
+        lines = lines_of([f.read(end - start).decode("utf-8")])
+    if max_line_bytes:
+        lines, _ = split_long_lines(lines, max_line_bytes)
+    tokenizer_json = load_tokenizer_json(tokenizer_dir)
+    tok = text_tokenizer(tokenizer_json)
+    special = never_text_ids(describe(tokenizer_json, tokenizer_dir))
+    batches = list(_batches(lines))
+    print("ready", flush=True)
+    sys.stdin.readline()
+    c0, t0 = os.times(), time.perf_counter()
+    tokens = 0
+    for batch in batches:
+        tokens += sum(map(len, encode_lines(tok, batch, special)))
+    t1, c1 = time.perf_counter(), os.times()
+    print(json.dumps({"start": t0, "end": t1, "tokens": tokens,
+                      "cpu_s": c1.user - c0.user + c1.system - c0.system}), flush=True)
 
 
-def measure_process_ceiling(tokenizer_dir: str, lines: list[str], procs: int) -> dict:
-    """N processes (fork), one thread each, each `encode_batch_fast` on 1/N of the lines in memory:
-    the seconds of the slowest (they run at once). What N one-threaded actors could reach."""
-    import multiprocessing as mp
+def measure_process_ceiling(corpus: Path, tokenizer_dir: str, procs: int, threads: int,
+                            max_line_bytes: int) -> dict:
+    """N fresh processes, each the actors' tokenization (see ceiling_child) of 1/N of the corpus,
+    all started together: seconds from the first start to the last end (CLOCK_MONOTONIC is one
+    clock for all processes), tokens, and their CPU seconds (user+sys) summed."""
+    from tpu_ray.prepare.shards import actor_env
 
-    global _CHILD_LINES
-    _CHILD_LINES = lines
+    env = {**os.environ, **actor_env(threads)}
+    children = [subprocess.Popen([sys.executable, __file__, "--ceiling-child", str(corpus), str(start), str(end),
+                                  tokenizer_dir, str(max_line_bytes)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                for start, end in line_ranges(corpus, procs)]
     try:
-        with mp.get_context("fork").Pool(procs) as pool:
-            results = pool.map(_ceiling_child, [(tokenizer_dir, i, procs) for i in range(procs)])
+        for child in children:
+            if child.stdout.readline().strip() != "ready":
+                sys.exit(f"ceiling child failed (exit {child.wait()})")
+        for child in children:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        results = [json.loads(child.stdout.readline()) for child in children]
     finally:
-        _CHILD_LINES = []
-    return {"seconds": max(r[0] for r in results), "tokens": sum(r[1] for r in results)}
+        for child in children:
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+    return {"seconds": max(r["end"] for r in results) - min(r["start"] for r in results),
+            "tokens": sum(r["tokens"] for r in results), "cpu_s": sum(r["cpu_s"] for r in results)}
 
 
 def measure_formats(args: argparse.Namespace, work: Path, corpus: Path, lines: list[str], tokenizer_dir: str,
@@ -327,6 +473,7 @@ def measure_formats(args: argparse.Namespace, work: Path, corpus: Path, lines: l
         cfg = cfg.override({"corpus.source": source})
         r = txt if (fmt == "txt" and txt) else measure_tpu_ray(cfg, args.actors, args.cpus, 1)
         out[fmt] = {"tokens_per_s": round(tokens / r["seconds"]), "seconds": round(r["seconds"], 2),
+                    "actor_cpu_s_per_mtok": round(r["actor_cpu_s"] / tokens * 1e6, 3),
                     "bytes_read_ratio": round(r["read_bytes"] / stored, 2), "requests": r["requests"],
                     "peak_actor_rss_mb": round(r["peak_actor_rss_bytes"] / 2**20), "stored_mb": round(stored / 1e6, 1),
                     "units": r["units"], "shards": r["shards"]}
@@ -376,17 +523,24 @@ def run(args: argparse.Namespace, work: Path) -> None:
     lines = corpus_lines(corpus)
     cfg = shard_config(work, corpus, tokenizer_dir, "tpu-ray", args.seq_len, args.unit_mb)
 
-    runs: dict[str, list[dict]] = {"ceiling": [], "reference": [], "tpu-ray": []}
+    procs = args.actors or args.cpus  # the ceiling's processes: as many as make_shards' actors
+
+    runs: dict[str, list[dict]] = {"ceiling": [], "reference": [], "tpu-ray": [], "process-ceiling": []}
     for _ in range(args.repeat):  # interleaved, so a burst of load on the machine hits all methods alike
-        # The ceiling twice per round: its best is the strictest yardstick on a noisy machine.
+        # The ceilings twice per round: their best is the strictest yardstick on a noisy machine.
         runs["ceiling"] += [measure_ceiling(tokenizer_dir, lines) for _ in range(args.ceiling_runs)]
+        if args.format:
+            runs["process-ceiling"] += [measure_process_ceiling(corpus, tokenizer_dir, procs,
+                                                                cfg.shard.tokenizer_threads,
+                                                                cfg.corpus.max_line_bytes)
+                                        for _ in range(args.ceiling_runs)]
         if not args.skip_reference:
             runs["reference"].append(measure_reference(corpus, tokenizer_dir, work, args.cpus, args.seq_len))
         runs["tpu-ray"].append(measure_tpu_ray(cfg, args.actors, args.cpus, 1))
     ceiling, ours = best(runs["ceiling"]), best(runs["tpu-ray"])
     formats = process_ceiling = None
     if args.format:
-        process_ceiling = measure_process_ceiling(tokenizer_dir, lines, args.cpus)
+        process_ceiling = best(runs["process-ceiling"])
         formats = measure_formats(args, work, corpus, lines, tokenizer_dir, ceiling["tokens"], ours)
     del lines
     reference = best(runs["reference"]) if runs["reference"] else None
@@ -417,6 +571,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
           f"{rate['tpu-ray'] / rate['ceiling']:>10.2f}  {ours['samples']:,} samples, {ours['shards']} shards, "
           f"{ours['units']} units, {ours['actors']} actors, peak RSS/actor {ours['peak_actor_rss_bytes'] / mb:,.0f} MiB")
     print(f"{'':<44} {'':>8} {'':>12} {'':>10}  Ray start-up {ours['ray_start_s']:.1f} s not counted")
+    actor_cpu = min(r["actor_cpu_s"] for r in runs["tpu-ray"])  # CPU seconds: load moves them much less
+    print(f"{'':<44} {'':>8} {'':>12} {'':>10}  actors' CPU {actor_cpu:.1f} s = "
+          f"{actor_cpu / tokens * 1e6:.3f} CPU-s per M tokens (/proc of {ours['actor_pids']} actor processes); "
+          f"driver's CPU {ours['driver_cpu_s']:.1f} s")
     e2e_s = ours["seconds"] + ours["ray_start_s"]  # what a user waits: Ray's start-up counted
     print(f"{'tpu-ray: with Ray start-up counted':<44} {e2e_s:>8.2f} {tokens / e2e_s:>12,.0f} "
           f"{tokens / e2e_s / rate['ceiling']:>10.2f}  "
@@ -441,21 +599,33 @@ def run(args: argparse.Namespace, work: Path) -> None:
         "vs_fast_ceiling": round(rate["tpu-ray"] * fast_s / tokens, 2),
         "corpus_mb": round(corpus.stat().st_size / 1e6, 1),
         "peak_actor_rss_mb": round(ours["peak_actor_rss_bytes"] / mb),
+        "actor_cpu_s_per_mtok": round(actor_cpu / tokens * 1e6, 3),
     }
     if multi:
         result["nodes_identical"] = same
     if formats:
         n_ceiling = tokens / process_ceiling["seconds"]
+        ceiling_cpu = min(r["cpu_s"] for r in runs["process-ceiling"])
         print(f"\n{'format':<12} {'tokens/s':>12} {'vs txt':>7} {'read/stored':>12} {'requests':>9} "
               f"{'peak RSS/actor':>15} {'stored MB':>10} {'units':>6}")
         for fmt, e in formats.items():
             print(f"{fmt:<12} {e['tokens_per_s']:>12,} {e['vs_txt'] or 0:>7.2f} {e['bytes_read_ratio']:>12.2f} "
                   f"{e['requests']:>9,} {e['peak_actor_rss_mb']:>11,} MiB {e['stored_mb']:>10.1f} {e['units']:>6}")
-        print(f"ceiling: {args.cpus} processes x encode_batch_fast (1 thread, no I/O): {n_ceiling:,.0f} tokens/s; "
-              f"plain text / ceiling = {rate['tpu-ray'] / n_ceiling:.2f}")
+        print(f"ceiling: {procs} processes x the actors' encode_lines batches ({cfg.shard.tokenizer_threads} "
+              f"tokenizer thread(s) each, no I/O): {process_ceiling['seconds']:.2f} s, {n_ceiling:,.0f} tokens/s "
+              f"(best of {len(runs['process-ceiling'])}); plain text / ceiling = {rate['tpu-ray'] / n_ceiling:.2f}")
+        if process_ceiling["tokens"] != tokens:
+            print(f"  note: the ceiling's processes counted {process_ceiling['tokens']:,} tokens (special-token "
+                  f"strings respelled, long lines cut, as the actors do), the rates divide {tokens:,}")
+        print(f"CPU-s per M tokens: ceiling {ceiling_cpu / tokens * 1e6:.3f}, tpu-ray's actors (plain text) "
+              f"{actor_cpu / tokens * 1e6:.3f}: {actor_cpu / ceiling_cpu:.2f}x, the share of everything that is "
+              f"not tokenization (reading, joining, cutting, writing, Ray's calls): "
+              f"{1 - ceiling_cpu / actor_cpu:.0%} of the actors' CPU")
         result["formats"] = formats
         result["process_ceiling_tokens_per_s"] = round(n_ceiling)
         result["txt_vs_ceiling"] = round(rate["tpu-ray"] / n_ceiling, 2)
+        result["ceiling_cpu_s_per_mtok"] = round(ceiling_cpu / tokens * 1e6, 3)
+        result["txt_cpu_vs_ceiling"] = round(actor_cpu / ceiling_cpu, 2)
     print(json.dumps(result))
     if multi and not same:
         sys.exit(1)
@@ -465,5 +635,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--reference-child":
         corpus_path, tok_dir, out_dir, procs, seq_len = sys.argv[2:7]
         print(json.dumps(reference_child(corpus_path, tok_dir, out_dir, int(procs), int(seq_len), 1000)))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--ceiling-child":
+        corpus_path, start, end, tok_dir, max_line_bytes = sys.argv[2:7]
+        ceiling_child(corpus_path, int(start), int(end), tok_dir, int(max_line_bytes))
     else:
         main()
