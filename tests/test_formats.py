@@ -150,13 +150,14 @@ def test_a_directory_of_small_compressed_files_packs_and_shards_like_plain_text(
     got = shards_of(str(tmp_path / "c4"), tmp_path, tok, unit_bytes=64 * 1024, frac=0.1)
     want = plain(tmp_path, [[doc for p, _ in u.members for doc in files[p]] for u in units], tok,
                  unit_bytes=64 * 1024, frac=0.1)
-    assert got == want and len(want) > 2 * len(units)  # more than one chunk (a train + a validation shard) a unit
+    assert got == want and len(want) >= 2 * len(units)  # a train + a validation shard for every chunk
 
 
 def test_a_packed_unit_holds_one_chunk_of_text_not_its_files_decompressed(tmp_path, small_corpus):
-    """Packing judges compressed files by their stored size; a pack that decompresses to many times
-    a unit comes out as many chunks of about unit_bytes of text each, and reading it holds about
-    one chunk in memory, not the files' text."""
+    """Packing judges a compressed file that records no text size (bz2, xz, a streamed zstd frame)
+    by its stored size; a pack that decompresses to many times a unit comes out as many chunks of
+    about unit_bytes of text each, and reading it holds about one chunk in memory, not the files' text."""
+    import bz2
     import tracemalloc
 
     text = small_corpus.read_text()[:20_000]
@@ -164,7 +165,7 @@ def test_a_packed_unit_holds_one_chunk_of_text_not_its_files_decompressed(tmp_pa
     d = tmp_path / "many"
     d.mkdir()
     for i in range(4):  # ~12 KB each as stored, 600 KB of text
-        (d / f"{i:02d}.txt.gz").write_bytes(gzip.compress(f"file {i}\n{text}".encode()))
+        (d / f"{i:02d}.txt.bz2").write_bytes(bz2.compress(f"file {i}\n{text}".encode()))
     unit_bytes = 64 * 1024
     units = plan_units(CorpusConfig(source=str(d), validation_fraction=0.1), ShardConfig(unit_bytes=unit_bytes),
                        str(tmp_path))
