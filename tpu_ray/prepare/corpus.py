@@ -366,10 +366,15 @@ def _text_size_hints(files: list[CorpusFile], shard: ShardConfig) -> dict[str, i
     raw = storage.read_heads_and_tails([f.path for f in picks], starts, ends)
     hints = {}
     for f, g, data in zip(picks, gz, raw):
-        size = int.from_bytes(data, "little") if g and len(data) == GZIP_TAIL else None if g else _zstd_content_size(data)
+        size = _gzip_isize(data) if g else _zstd_content_size(data)
         if size is not None:
             hints[f.path] = size
     return hints
+
+
+def _gzip_isize(tail: bytes) -> int | None:
+    """ISIZE, a gzip member's text size mod 2**32, from a file's last 4 bytes (RFC 1952 2.3.1)."""
+    return int.from_bytes(tail, "little") if len(tail) == GZIP_TAIL else None
 
 
 def _zstd_content_size(head: bytes) -> int | None:
@@ -389,10 +394,11 @@ def _zstd_content_size(head: bytes) -> int | None:
 def _packs(files: list[CorpusFile], corpus: CorpusConfig, shard: ShardConfig,
            text_sizes: dict[str, int] | None = None) -> Iterator[list[CorpusFile]]:
     """Files in listing order, consecutive small .txt/.jsonl files of one format and compression
-    grouped up to shard.unit_bytes (listed, i.e. stored, bytes); anything else is its own group.
+    grouped up to shard.unit_bytes (of stored bytes, or of the text a compressed file records);
+    anything else is its own group.
 
     Why: a corpus of a million 100 KB files (or C4's small .json.gz) would otherwise be a million
-    units, shards and manifest entries. Small means under half a unit as listed. A plain file is
+    units, shards and manifest entries. Small means under half a unit. A plain file is
     read whole (nothing aligned at planning) and must not be cut by corpus.max_bytes or max_rows.
     A compressed file is judged by the larger of its stored size and the text size it records
     (`text_sizes`: gzip's ISIZE, zstd's Frame_Content_Size; _text_size_hints), so a pack holds about
