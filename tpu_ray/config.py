@@ -544,6 +544,12 @@ class RunConfig(_Section):
         """Return a copy with dotted keys replaced: {"train.steps": 50} or ["train.steps=50"]."""
         if isinstance(overrides, list):
             overrides = parse_overrides(overrides)
+        if "train.eval_batches" in overrides:  # moved (issue 35): batches of the batch size -> eval.samples
+            overrides = dict(overrides)
+            batches = overrides.pop("train.eval_batches")
+            batch_size = overrides.get("train.batch_size", self.train.batch_size)
+            overrides.setdefault("eval.samples", batches * batch_size if isinstance(batches, int)
+                                 and isinstance(batch_size, int) else batches)
         data = self.model_dump()
         for dotted, value in overrides.items():
             _set_dotted(data, dotted, value)
