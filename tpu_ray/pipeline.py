@@ -176,11 +176,19 @@ class Pipeline:
     corrected rerun is accepted, and two commands never write one directory at once.
     """
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, corpus: Any = None):
+        """`corpus`: a path, or data in memory (a pandas.DataFrame, pyarrow.Table, datasets.Dataset or
+        IterableDataset, ray.data.Dataset, an iterable of strings), or a dict {source name: either}
+        for `corpus.sources`; data in memory is written once into RUN/corpus/ (prepare/given.py)."""
         if cfg.model.init_from:  # the checkpoint's architecture and sizes are the model's
             from tpu_ray.train.init_from import resolve_config
 
             cfg = resolve_config(cfg)
+        self._given: list = []
+        if corpus is not None:
+            from tpu_ray.prepare.given import point
+
+            cfg, self._given = point(cfg, corpus)
         self.cfg = cfg
 
     # --- stages ---------------------------------------------------------------------------------
@@ -275,6 +283,15 @@ class Pipeline:
         metrics.close()
 
     # --- the door every stage goes through ------------------------------------------------------
+    def _write_given(self) -> None:
+        """Write the in-memory sources into RUN/corpus/ once (a Ray Dataset on the cluster this
+        process is connected to, or one started here); later calls check the data is the same."""
+        from tpu_ray.prepare.given import write_given
+
+        if any(g.kind == "ray.data.Dataset" for g in self._given):
+            ensure_ray(self.cfg)
+        write_given(self.cfg, self._given)
+        self._given = []  # once per Pipeline: its later stages read what was written
 
     def _lock(self, stage: str, directory: str | None = None):
         from tpu_ray.runlock import RunLock
@@ -293,14 +310,18 @@ class Pipeline:
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if stage in ("run", "train"):
             refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
-        if corpus:
-            from tpu_ray.prepare.preflight import preflight_corpus
+        from tpu_ray.prepare.preflight import preflight_corpus
 
+        if corpus and not self._given:
             preflight_corpus(cfg)  # a bad corpus fails before the run directory is written
-        if ray:
+        if ray or self._given:
             check_ray_address(cfg)
         with ExitStack() as held:
             held.enter_context(self._lock(stage, cfg.run_dir))
+            if self._given:  # data in memory: written (or checked unchanged) under the run's lock
+                self._write_given()
+                if corpus:
+                    preflight_corpus(cfg)
             if ray and corpus and cfg.shard.dir:  # shards written outside the run dir: one writer there too
                 held.enter_context(self._lock(stage, cfg.shard.dir))
             saved_config.check_config(cfg)
