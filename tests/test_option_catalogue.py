@@ -73,7 +73,7 @@ IS_FILE = "is a file"
 IN_THE_WAY = "a file is in the way"
 CLI_ROWS: dict[tuple[str, str], object] = {
     **{(cmd, "--verbose"): Flag() for cmd in ("run", "tokenizer", "shard", "train", "eval", "fill-mask", "report",
-                                               "doctor", "submit", "status", "logs", "metrics")},
+                                               "doctor", "submit", "status", "logs", "metrics", "compare")},
     **{(cmd, "--config"): File() for cmd in ("run", "tokenizer", "shard", "train", "eval", "doctor", "submit")},
     **{(cmd, "--corpus"): Source() for cmd in ("run", "tokenizer", "shard", "submit")},
     **{(cmd, "overrides"): Overrides() for cmd in ("run", "tokenizer", "shard", "train", "eval", "doctor", "submit")},
@@ -103,6 +103,8 @@ CLI_ROWS: dict[tuple[str, str], object] = {
     ("metrics", "--tail"): Count(0, "every row, as 0 does"),
     ("metrics", "--all"): Flag(),
     ("metrics", "--csv"): Flag(),
+    ("compare", "runs"): Dir(IS_FILE),
+    ("compare", "--out"): Dir("--out is an existing file"),
 }
 
 
@@ -134,6 +136,7 @@ BASE: dict[str, list[str]] = {
     "status": ["<submission_id>", "--address", "http://127.0.0.1:1"],
     "logs": ["<submission_id>", "--address", "http://127.0.0.1:1"],
     "metrics": ["<run_dir>"],
+    "compare": ["<runs>", "--out", "<tmp>/cmp"],
 }
 
 
@@ -147,7 +150,7 @@ def _argv(cmd: str, option: str, value: str, ctx: dict[str, str]) -> list[str]:
         words[words.index(option) + 1] = value
     else:
         words += [value] if option == "overrides" else [option, value]
-    defaults = {"<corpus>": ctx["corpus"], "<run>": ctx["run"], "<run_dir>": ctx["run"], "<text>": "a [MASK] b",
+    defaults = {"<corpus>": ctx["corpus"], "<run>": ctx["run"], "<run_dir>": ctx["run"], "<runs>": ctx["run"], "<text>": "a [MASK] b",
                 "<submission_id>": "raysubmit_1"}
     return [cmd, *(defaults.get(w, w.replace("<tmp>", ctx["tmp"])) for w in words)]
 

@@ -121,3 +121,35 @@ def test_mfu_above_100_percent_does_not_hide_the_tokens_line(tmp_path):
     y_tokens = tokens_line.get_transform().transform(tokens_line.get_xydata())[:, 1]
     y_mfu = mfu_line.get_transform().transform(mfu_line.get_xydata())[:, 1]
     assert np.abs(y_tokens - y_mfu).min() > 20, "the MFU line lies on the tokens/s line (pixels apart)"
+
+
+@needs_chromium
+def test_comparison_page_renders_in_chromium_with_every_image_loaded(tmp_path, capsys):
+    """`tpu-ray compare`'s page (issue 37.2): every plot loads, the table and the comparability
+    note render; a screenshot is kept beside the report's."""
+    from tests.test_compare import BASE, _run
+    from tpu_ray.comparison import PAGE, PLOTS, write_comparison
+
+    assert CHROMIUM, NO_CHROMIUM
+    runs = [_run(tmp_path / "a", BASE, "s1"), _run(tmp_path / "b", BASE + "  learning_rate: 0.0003\n", "s2",
+                                                   tokenizer="other", scale=0.9)]
+    out = tmp_path / "cmp"
+    write_comparison(runs, str(out))
+    probe = out / "compare-probe.html"
+    probe.write_text((out / PAGE).read_text().replace("</body>", PROBE + "</body>"))
+    dom = _chromium(tmp_path, "--dump-dom", probe.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "<h1>tpu-ray run comparison</h1>" in dom.stdout and "NOT COMPARABLE" in dom.stdout
+    found = re.search(r"<pre id=\"probe\">IMAGES (.*?) END</pre>", dom.stdout)
+    assert found, "the load event never ran: " + dom.stdout[-1000:]
+    widths = dict(item.split("=") for item in found.group(1).split())
+    assert sorted(widths) == sorted(PLOTS)
+    assert all(int(w) > 0 for w in widths.values()), widths
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "compare.png"
+    shot.unlink(missing_ok=True)
+    done = _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1100,2600", (out / PAGE).as_uri())
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    with capsys.disabled():
+        print(f"\ncompare.html screenshot: {shot}")

@@ -1,6 +1,6 @@
 """tpu-ray: pretrain Hugging Face masked LMs with TensorFlow on TPU slices, orchestrated by Ray.
 
-    from tpu_ray import RunConfig, Pipeline, submit, load_metrics
+    from tpu_ray import RunConfig, Pipeline, submit, load_metrics, compare
 
 Imports are lazy so that `import tpu_ray` in a sharding worker never pulls in TensorFlow.
 """
@@ -17,6 +17,7 @@ __all__ = [
     "RunResult",
     "ShardSet",
     "UserError",
+    "compare",
     "load_metrics",
     "submit",
     "write_report",
@@ -28,6 +29,7 @@ _WHERE = {
     "RunResult": "tpu_ray.pipeline",
     "submit": "tpu_ray.cluster.jobs",
     "JobHandle": "tpu_ray.cluster.jobs",
+    "compare": "tpu_ray.comparison",
     "load_metrics": "tpu_ray.report",
     "write_report": "tpu_ray.report",
     "UserError": "tpu_ray.errors",

@@ -174,6 +174,15 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from tpu_ray.comparison import comparison_text, write_comparison
+
+    paths = write_comparison(args.runs, args.out)
+    print(comparison_text(args.runs))
+    print(f"comparison: {paths['compare.html']}")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from tpu_ray.doctor.checks import run_doctor
 
@@ -271,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN", type=nonempty("the run directory"),
                    help="the run directory (local path or gs://)")
     p.add_argument("--out", type=nonempty("a directory"), help="where to write (default: the run directory)")
+    p = add("compare", cmd_compare, "overlay runs' curves and tabulate their final figures (compare.html)",
+            common=False)
+    p.add_argument("runs", nargs="+", metavar="RUN", type=nonempty("a run directory"),
+                   help="run directories (local paths or gs://)")
+    p.add_argument("--out", type=nonempty("a directory"), default="compare",
+                   help="where to write compare.html and its plots (default: ./compare)")
     p = add("doctor", cmd_doctor, "check config, data and model on CPU before paying for a TPU")
     p.add_argument("--target", default=None, type=nonempty("an accelerator name, e.g. v4-8"), help="accelerator to plan for, e.g. v4-8, v3-8, v5e-8, a100")
     p.add_argument("--full", action="store_true", help="checksum every shard, not a sample")

@@ -1,0 +1,341 @@
+"""Runs side by side: one DataFrame of their records (`compare`) and a page of overlaid curves
+(`write_comparison`, `tpu-ray compare RUN...`).
+
+Why mark comparability: a loss or perplexity is a figure of its evaluation set, its tokenizer and
+its masking rate. Two runs scored on different sets (another tokenizer, other text, another rate)
+give numbers that only look comparable: each run gets an evaluation group (A, B, ...) by the
+identity of its last evaluation (`eval_set`, which names samples, shard contents, tokenizer, rate
+and sequence length), its tokenizer's sha256 and its masking rate, and the page says which differ.
+Bits per byte stands beside perplexity: it is per byte of text, so it compares runs with different
+tokenizers on the same text.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from tpu_ray import storage
+from tpu_ray.errors import UserError
+from tpu_ray.plots import dots, finish, new_figure, thousands
+from tpu_ray.report import _CSS, _check_run_dir, _fmt, _load_summary, load_metrics
+from tpu_ray.tables import by_step, column_values, last_value, median_value
+
+PLOTS = ("compare_loss.png", "compare_eval_sources.png", "compare_learning_rate.png", "compare_throughput.png")
+PAGE = "compare.html"
+KINDS = ("train", "eval", "eval_source")
+# Keys that differ between any two runs and say nothing about them.
+_IGNORED = {"output_dir"}
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_config(run: str) -> dict[str, Any]:
+    """The run's saved config as dotted keys; a corpus given in memory (written into the run
+    directory) appears as `given:<kind>:<content sha256[:12]>`, so two runs on the same data agree."""
+    import json
+
+    from tpu_ray.saved_config import read_saved_config
+
+    cfg = read_saved_config(run)
+    if cfg is None:
+        return {}
+    flat = _flat(cfg.model_dump(mode="json"))
+    given_root = storage.join(run, "corpus") + "/"
+    for key, value in list(flat.items()):
+        if isinstance(value, str) and key.endswith(".source") and value.startswith(given_root):
+            name = value[len(given_root):].split("/", 1)[0]
+            mark = storage.join(run, "corpus", f"{name}.given.json")
+            try:
+                rec = json.loads(storage.read_text(mark))
+                flat[key] = f"given:{rec.get('kind')}:{str(rec.get('content_sha256'))[:12]}"
+            except (OSError, ValueError):
+                flat[key] = "given:unrecorded"
+    return {k: v for k, v in flat.items() if k not in _IGNORED}
+
+
+def differing_keys(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """Dotted config keys whose values are not the same in every run."""
+    keys = sorted({k for c in configs for k in c})
+    return [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1]
+
+
+def _labels(runs: Sequence[str]) -> list[str]:
+    """Short names for the legend: the directory's base name, the whole path where two clash."""
+    base = [r.rstrip("/").rsplit("/", 1)[-1] or r for r in runs]
+    return [b if base.count(b) == 1 else r for b, r in zip(base, runs)]
+
+
+def _eval_identity(df: pd.DataFrame, summary: dict) -> tuple[Any, Any, Any]:
+    ev = df[df["kind"] == "eval"] if len(df) else df
+    last = by_step(ev).iloc[-1] if len(ev) else None
+    tok = summary.get("tokenizer") if isinstance(summary.get("tokenizer"), dict) else {}
+    eval_set = last.get("eval_set") if last is not None else None
+    mask = last.get("eval_mask_prob") if last is not None else None
+    return (None if pd.isna(eval_set) else eval_set, tok.get("sha256"),
+            None if mask is None or pd.isna(mask) else float(mask))
+
+
+def eval_groups(identities: Sequence[tuple[Any, Any, Any]]) -> list[str]:
+    """A letter per run; runs share a letter only when their evaluations are comparable."""
+    letters: dict[tuple, str] = {}
+    return [letters.setdefault(i, chr(ord("A") + len(letters))) for i in identities]
+
+
+def compare(runs: Sequence[str]) -> pd.DataFrame:
+    """The runs' train, eval and eval_source records in one DataFrame: a `run` column (the run
+    directory), `eval_group` (same letter: comparable evaluations), and one column per config key
+    in which the runs differ. `df.attrs["differing"]` lists those keys."""
+    runs = [str(r) for r in runs]
+    if not runs:
+        raise UserError("compare: name at least one run directory")
+    frames, configs, identities = [], [], []
+    for run in runs:
+        df = load_metrics(run, missing_ok=False)
+        configs.append(run_config(run))
+        identities.append(_eval_identity(df, _load_summary(run)))
+        frames.append(df[df["kind"].isin(KINDS)])
+    keys = differing_keys(configs)
+    groups = eval_groups(identities)
+    out = []
+    for run, df, cfg, group in zip(runs, frames, configs, groups):
+        df = df.copy()
+        df.insert(0, "run", run)
+        df.insert(1, "eval_group", group)
+        for k in keys:
+            df[k] = [cfg.get(k)] * len(df)
+        out.append(df)
+    result = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+    result.attrs["differing"] = keys
+    return result
+
+
+# ------------------------------------------------------------------------------------------ figures
+def final_figures(runs: Sequence[str], df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: its last figures, evaluation group, and the config keys that differ."""
+    rows = []
+    for run in runs:
+        d = df[df["run"] == run]
+        train, ev = by_step(d[d["kind"] == "train"]), by_step(d[d["kind"] == "eval"])
+        summary = _load_summary(run)
+        tok = summary.get("tokenizer") if isinstance(summary.get("tokenizer"), dict) else {}
+        steps = pd.concat([column_values(train, "step"), column_values(ev, "step")]).dropna()
+        row = {"run": run, "eval_group": d["eval_group"].iloc[0] if len(d) else "A",
+               "final step": int(steps.max()) if len(steps) else None,
+               "train loss": last_value(train, "loss"), "eval loss": last_value(ev, "eval_loss"),
+               "perplexity": last_value(ev, "perplexity"), "bits/byte": last_value(ev, "bits_per_byte"),
+               "median tokens/s": median_value(train, "tokens_per_s"),
+               "tokenizer": str(tok.get("sha256") or "")[:12] or None,
+               "eval set": ev["eval_set"].dropna().iloc[-1] if "eval_set" in ev and ev["eval_set"].notna().any()
+               else None,
+               "eval mask": last_value(ev, "eval_mask_prob")}
+        src = d[d["kind"] == "eval_source"]
+        for name, recs in src.groupby("source", sort=True):
+            r = recs.sort_values("step").iloc[-1]
+            row[f"{name}: ppl / bits/byte"] = f"{_fmt(r.get('perplexity'), '.2f')} / {_fmt(r.get('bits_per_byte'), '.3f')}"
+        for k in df.attrs.get("differing", []):
+            row[k] = d[k].iloc[0] if len(d) else None
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.attrs["differing"] = list(df.attrs.get("differing", []))
+    return table
+
+
+def _not_comparable_note(table: pd.DataFrame) -> str:
+    if table["eval_group"].nunique() <= 1:
+        return "All runs were evaluated on the same set (same tokenizer, text and masking rate): their losses compare."
+    what = [name for col, name in (("tokenizer", "tokenizer"), ("eval set", "evaluation set"),
+                                   ("eval mask", "masking rate")) if table[col].astype(str).nunique() > 1]
+    return (f"NOT COMPARABLE across groups: the runs' evaluations differ ({', '.join(what)}); compare loss and "
+            f"perplexity only within a group (the same letter). Bits per byte compares runs with different "
+            f"tokenizers, on the same text only.")
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def _group_tag(label: str, group: str, many: bool) -> str:
+    return f"{label} [eval {group}]" if many else label
+
+
+def plot_compare(df: pd.DataFrame, runs: Sequence[str], out: dict[str, str]) -> None:
+    """The four overlaid plots: loss, per-source evaluation, learning rate, throughput."""
+    labels, colors = _labels(runs), _colors(len(runs))
+    groups = {run: (df[df["run"] == run]["eval_group"].iloc[0] if (df["run"] == run).any() else "A") for run in runs}
+    many = len(set(groups.values())) > 1
+    parts = {run: df[df["run"] == run] for run in runs}
+
+    fig, ax = new_figure("Masked LM loss (line: train, points: eval)", "step", "cross-entropy loss")
+    drew = False
+    for run, label, color in zip(runs, labels, colors):
+        d = parts[run]
+        train, ev = by_step(d[d["kind"] == "train"]), by_step(d[d["kind"] == "eval"])
+        if column_values(train, "loss").notna().any():
+            ax.plot(train["step"], column_values(train, "loss"), color=color, lw=1.2, label=f"{label} train",
+                    **dots(column_values(train, "loss")))
+            drew = True
+        if column_values(ev, "eval_loss").notna().any():
+            ax.plot(ev["step"], column_values(ev, "eval_loss"), "o--", color=color, ms=6, lw=1,
+                    label=_group_tag(f"{label} eval", groups[run], many))
+            drew = True
+    finish(fig, ax, out["compare_loss.png"], drew, "upper right")
+
+    fig, ax = new_figure("Evaluation loss per source", "step", "cross-entropy loss (masked tokens)")
+    drew = False
+    styles = ["-", "--", ":", "-."]
+    for run, label, color in zip(runs, labels, colors):
+        d = parts[run]
+        src = d[d["kind"] == "eval_source"]
+        for i, (name, recs) in enumerate(src.sort_values("step").groupby("source", sort=True)):
+            loss = column_values(recs, "eval_loss")
+            if not loss.notna().any():
+                continue
+            bpb = column_values(recs, "bits_per_byte").dropna()
+            tag = f" ({bpb.iloc[-1]:.3f} bits/byte)" if len(bpb) else ""
+            ax.plot(recs["step"], loss, marker="o", ls=styles[i % 4], color=color, ms=4, lw=1.3,
+                    label=_group_tag(f"{label}: {name}{tag}", groups[run], many))
+            drew = True
+    finish(fig, ax, out["compare_eval_sources.png"], drew, "upper right")
+
+    fig, ax = new_figure("Learning rate schedule", "step", "learning rate")
+    drew = False
+    for run, label, color in zip(runs, labels, colors):
+        train = by_step(parts[run][parts[run]["kind"] == "train"])
+        lr = column_values(train, "learning_rate")
+        if lr.notna().any():
+            ax.plot(train["step"], lr, color=color, lw=1.2, label=label, **dots(lr))
+            drew = True
+    if drew:
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        ax.set_ylim(bottom=0)
+    finish(fig, ax, out["compare_learning_rate.png"], drew, "upper right")
+
+    fig, ax = new_figure("Throughput", "step", "tokens / s")
+    drew = False
+    for run, label, color in zip(runs, labels, colors):
+        train = by_step(parts[run][parts[run]["kind"] == "train"])
+        tok = column_values(train, "tokens_per_s")
+        if tok.notna().any():
+            ax.plot(train["step"], tok, color=color, lw=1.2, label=label, **dots(tok))
+            drew = True
+    if drew:
+        ax.yaxis.set_major_formatter(thousands())
+        top = column_values(df[df["kind"] == "train"], "tokens_per_s").max()
+        ax.set_ylim(0, top * 1.15)  # headroom above the curves
+    finish(fig, ax, out["compare_throughput.png"], drew, "lower right")
+
+
+def _frame_table(table: pd.DataFrame, labels: Sequence[str]) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    body = []
+    for label, (_, row) in zip(labels, table.iterrows()):
+        cells = []
+        for c in table.columns:
+            v = label if c == "run" else row[c]
+            spec = {"train loss": ".4f", "eval loss": ".4f", "perplexity": ".2f", "bits/byte": ".3f",
+                    "median tokens/s": ",.0f", "eval mask": ".2f"}.get(c, "")
+            cells.append(f"<td>{html.escape(_fmt(None if _missing(v) else v, spec))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<div style="overflow-x:auto"><table>\n<tr>{head}</tr>\n' + "\n".join(body)
+            + "\n</table></div>")
+
+
+def _missing(v: Any) -> bool:
+    try:
+        return v is None or bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _page(runs: Sequence[str], table: pd.DataFrame, keys: Sequence[str]) -> str:
+    labels = _labels(runs)
+    note = _not_comparable_note(table)
+    cls = "bad" if table["eval_group"].nunique() > 1 else "ok"
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>tpu-ray comparison of {len(runs)} runs</title><style>{_CSS}"
+             ".bad{background:#fde8e8;border:1px solid #e0a0a0;padding:0.6em}"
+             ".ok{background:#eaf6ea;border:1px solid #a0d0a0;padding:0.6em}</style></head><body>",
+             "<h1>tpu-ray run comparison</h1><ul>"
+             + "".join(f"<li><b>{html.escape(lbl)}</b>: <code>{html.escape(r)}</code></li>"
+                       for lbl, r in zip(labels, runs)) + "</ul>",
+             f'<p class="{cls}" id="comparability">{html.escape(note)}</p>',
+             "<h2>Final figures</h2>", _frame_table(table, labels),
+             "<h2>Config keys that differ</h2>",
+             "<p>" + (html.escape(", ".join(keys)) if keys else "none: the runs share one config") + "</p>",
+             "<h2>Plots</h2>"]
+    parts += [f'<div><img src="{name}" alt="{name[8:-4].replace("_", " ")}"></div>' for name in PLOTS]
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_comparison(runs: Sequence[str], out_dir: str) -> dict[str, str]:
+    """compare.html and its PNGs in `out_dir` (local or gs://); returns {file name: path}."""
+    runs = [str(r) for r in runs]
+    for run in runs:
+        if not _check_run_dir(run):
+            raise UserError(f"run directory not found: {run}")
+    df = compare(runs)
+    table = final_figures(runs, df)
+    remote = storage.is_remote(out_dir)
+    tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-compare-") if remote else None
+    local = tmp.name if tmp else out_dir
+    try:
+        if os.path.exists(local) and not os.path.isdir(local):
+            raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
+        os.makedirs(local, exist_ok=True)
+        paths = {name: os.path.join(local, name) for name in (*PLOTS, PAGE)}
+        plot_compare(df, runs, paths)
+        from tpu_ray.storage import atomic_write_text
+
+        atomic_write_text(paths[PAGE], _page(runs, table, df.attrs["differing"]))
+        if not remote:
+            return paths
+        out = {}
+        for name, path in paths.items():
+            out[name] = storage.join(out_dir, name)
+            storage.atomic_copy_file(path, out[name])
+        return out
+    finally:
+        if tmp:
+            tmp.cleanup()
+
+
+def comparison_text(runs: Sequence[str], table: pd.DataFrame | None = None) -> str:
+    """The final-figures table as text (what `tpu-ray compare` prints), with the comparability note."""
+    runs = [str(r) for r in runs]
+    if table is None:
+        table = final_figures(runs, compare(runs))
+    shown = table.copy()
+    shown["run"] = _labels(runs)
+    cols = [c for c in ("run", "eval_group", "final step", "train loss", "eval loss", "perplexity", "bits/byte",
+                        "median tokens/s") if c in shown.columns]
+    specs = {"train loss": ".4f", "eval loss": ".4f", "perplexity": ".2f", "bits/byte": ".3f",
+             "median tokens/s": ",.0f"}
+    lines = []
+    widths = {c: max(len(c), *(len(_fmt(None if _missing(v) else v, specs.get(c, ""))) for v in shown[c]))
+              for c in cols}
+    lines.append("  ".join(c.rjust(widths[c]) if c != "run" else c.ljust(widths[c]) for c in cols))
+    for _, row in shown.iterrows():
+        lines.append("  ".join((_fmt(None if _missing(row[c]) else row[c], specs.get(c, ""))).rjust(widths[c])
+                               if c != "run" else str(row[c]).ljust(widths[c]) for c in cols))
+    for k in table.attrs.get("differing", []):
+        lines.append(f"{k}: " + ", ".join(f"{lbl}={_fmt(v)}" for lbl, v in zip(shown['run'], table[k])))
+    lines.append(_not_comparable_note(table))
+    return "\n".join(lines)
