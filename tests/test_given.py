@@ -212,3 +212,22 @@ def test_a_local_run_dir_on_two_nodes_is_refused(tmp_path, docs):  # noqa: F811
         ray.shutdown()
         cluster.shutdown()
         start_local_ray()
+
+
+@pytest.mark.parametrize("kind", ["pandas.DataFrame", "ray.data.Dataset"])
+def test_a_gs_run_directory_gets_the_corpus_and_shards_like_a_file(kind, gcs_emulator, tmp_path, docs, tok):  # noqa: F811
+    """On gs:// the corpus lands under RUN/corpus/ in the bucket (Ray Data writing through the
+    same filesystem as `storage`), with nothing left under a temporary name."""
+    from tpu_ray import storage
+
+    bucket = gcs_emulator.make_bucket()
+    cfg, given = point(tiny_config(tmp_path / "unused-run", tmp_path / "unused", output_dir=f"{bucket}/run"),
+                       _as(kind, docs))
+    (record,) = write_given(cfg, given)
+    assert cfg.corpus.source == f"{bucket}/run/corpus/corpus/*.parquet" and record["text_rows"] == len(docs)
+    assert storage.exists(f"{bucket}/run/corpus/corpus.given.json")
+    assert not [p for p in storage.listdir(f"{bucket}/run/corpus") if ".tmp-" in p]
+    from tpu_ray.prepare.corpus import plan_units, read_unit_text
+
+    texts = sorted(t for u in plan_units(cfg.corpus, cfg.shard, str(tmp_path)) for t in read_unit_text(u, "all"))
+    assert texts == sorted(line for d in docs for line in d.split("\n"))
