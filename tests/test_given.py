@@ -59,6 +59,7 @@ def test_each_kind_shards_to_the_tokens_of_the_same_text_as_a_file(kind, tmp_pat
     cfg, (record,) = _written(tmp_path, _as(kind, docs))
     assert cfg.corpus.source == str(tmp_path / "run" / "corpus" / "corpus" / "*.parquet")
     assert (record["kind"], record["rows"], record["text_rows"]) == (kind, len(docs), len(docs))
+    assert record["columns"] == ([] if kind == "iterable" else ["text", "id"])
     assert shards_of(cfg.corpus.source, tmp_path, tok) == plain(tmp_path, [docs], tok)
     # Recorded in the run, the same identity whatever the kind the text came as.
     mark = json.loads(Path(mark_path(cfg.run_dir, "corpus")).read_text())

@@ -395,7 +395,7 @@ def _write_ray(g: Given, tmp: str, field: str, lists: str) -> dict:
     files = sorted(p for p in storage.glob(storage.join(tmp, "*.parquet")))
     digest_task = ray.remote(num_cpus=0.5)(_file_digest)
     parts = ray.get([digest_task.remote(storage.join(tmp, p.rsplit("/", 1)[-1]), field) for p in files])
-    columns = parts[0][4] if parts else _ray_columns(g.data)
+    columns = _ray_columns(g.data) or (parts[0][4] if parts else [])
     rows = sum(p[0] for p in parts)
     text_rows = sum(p[1] for p in parts)
     digest = sum(p[2] for p in parts) % _MOD
@@ -403,8 +403,9 @@ def _write_ray(g: Given, tmp: str, field: str, lists: str) -> dict:
 
 
 def _ray_columns(ds: Any) -> list[str]:
+    """The Ray Dataset's columns where Ray knows them without executing it (else [])."""
     try:
-        schema = ds.schema()
+        schema = ds.schema(fetch_if_missing=False)
         return list(schema.names) if schema is not None else []
-    except Exception:  # noqa: BLE001 - only for the message of an empty dataset
+    except Exception:  # noqa: BLE001 - only recorded, never needed
         return []
