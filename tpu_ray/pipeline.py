@@ -212,9 +212,10 @@ class Pipeline:
 
     def eval(self) -> dict[str, Any]:
         """Evaluate the last checkpoint on the validation shards; returns the eval record."""
-        from tpu_ray.train.evaluate import evaluate_run
+        from tpu_ray.train.evaluate import check_eval_config, evaluate_run
 
         with self._lock("eval"):
+            check_eval_config(self.cfg)
             return evaluate_run(self.cfg)
 
     def run(self, resume: bool = False) -> RunResult:

@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
-from tpu_ray.errors import DamagedRunDir, UserError
+from tpu_ray.errors import DamagedRunDir, UserError, first_line
 from tpu_ray.rundir import CHECKPOINT_STATE_FILE, latest_named
 from tpu_ray.train.generation import Generation
 
@@ -183,17 +183,24 @@ class CheckpointStore:
         return chosen
 
     def restore(self, checkpoint: tf.train.Checkpoint, partial: bool = False) -> None:
-        """Load `self.latest` into `checkpoint`; every saved object must match unless `partial`.
+        """Load `self.latest` into `checkpoint`; every saved object must match. `partial`: only the
+        model (and step) are restored, the rest of the checkpoint (optimizer slots, which another
+        precision or optimizer shapes differently) is left unread; every model variable must still
+        come from the checkpoint, else a one-line error (never freshly initialised layers evaluated).
 
         A checkpoint whose bytes fail TF's checksums is named, with the way back to the previous one.
         """
         if self.problem is not None:
             raise self.problem
         try:
-            status = checkpoint.restore(self.latest, options=self.options)
             if partial:
+                target = tf.train.Checkpoint(**{k: getattr(checkpoint, k) for k in ("model", "step")
+                                                if hasattr(checkpoint, k)})
+                status = target.restore(self.latest, options=self.options)
                 status.expect_partial()
+                self._require_matched(status)
             else:
+                status = checkpoint.restore(self.latest, options=self.options)
                 status.assert_existing_objects_matched()
         except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError) as exc:
             url = self.latest_url
@@ -205,6 +212,16 @@ class CheckpointStore:
                             else "", reason)[:160]
             raise DamagedRunDir(f"{url}: checkpoint is corrupt ({reason}); to resume from the previous "
                             f"checkpoint, delete {url}.* and rerun with --resume") from None
+
+    def _require_matched(self, status: Any) -> None:
+        """Every variable of the restored objects was in the checkpoint, else one line naming one."""
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as exc:
+            names = re.findall(r"name='?([^'\s,>]+)", str(exc)) or [first_line(exc)[:120]]
+            raise UserError(f"{self.latest_url}: {len(names)} variable(s) of this model are not in the checkpoint "
+                            f"(e.g. {names[0]}); it holds another model: evaluate it with the run's saved config "
+                            f"(config.yaml)") from None
 
     def stored_position(self) -> str | None:
         """The input position saved with the latest checkpoint (JSON text), if it has one."""

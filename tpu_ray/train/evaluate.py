@@ -5,6 +5,8 @@ from __future__ import annotations
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 
+RERUN_KIND = "eval_rerun"  # `tpu-ray eval` records: never mixed with the training curve's `eval`
+
 
 def evaluate_run(cfg: RunConfig) -> dict:
     from tpu_ray.train.metrics import MetricsWriter
@@ -29,7 +31,31 @@ def evaluate_run(cfg: RunConfig) -> dict:
         raise UserError(f"{cfg.shards_dir}: too few validation samples for one batch of {cfg.train.batch_size}")
     with shards.naming_corrupt_files():
         result = {"step": int(s.step_var.numpy()), **evaluate()}
+    # A rerun is its own kind: the training curve (kind eval) is history and stays as it was.
     metrics = MetricsWriter(cfg.run_dir)
-    metrics.write("eval", **result)
+    metrics.write(RERUN_KIND, **result, checkpoint=ckpts.latest_url)
     metrics.close()
     return result
+
+
+def check_eval_config(cfg: RunConfig) -> None:
+    """Refuse, in one line, a config that differs from the run's saved one in what shapes the model or
+    the evaluation set (the run's fingerprint and train.eval_batches): its figure would not be the
+    run's. Anything else (device, strategy, logging) may change."""
+    from tpu_ray.rundir import CONFIG_FILE
+    from tpu_ray.saved_config import first_difference, read_saved_config
+
+    saved = read_saved_config(cfg.run_dir)
+    if saved is None:
+        return
+
+    def identity(c: RunConfig) -> dict:
+        fp = c.fingerprint()
+        fp["train"] = {**fp["train"], "eval_batches": c.train.eval_batches}
+        return fp
+
+    diff = first_difference(identity(saved), identity(cfg))
+    if diff:
+        raise UserError(f"{cfg.run_dir}: {diff}; that changes the model or the evaluation set the run was trained "
+                        f"with, so its figure would not be the run's; evaluate with the saved config "
+                        f"({CONFIG_FILE}), without that override")

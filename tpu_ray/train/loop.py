@@ -379,20 +379,46 @@ def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, state: LoopSta
            files_read: list[str], t_start: float) -> dict[str, Any]:
     """Export (chief), the run summary, the train_end event."""
     info = s.info
-    last, last_eval = state.last or {}, state.last_eval or {}
+    if state.last is None and info.is_chief:  # no step ran (resumed at its end): the results stand
+        recover_results(cfg.run_dir, step, state)
+    last, last_eval, finite = state.last or {}, state.last_eval or {}, state.last_finite or {}
     export_dir = export(s, state.last_eval) if info.is_chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
         "replicas": info.replicas, "global_batch": cfg.train.batch_size, "steps": step, "resumed_from": start,
-        "train_traces": last.get("train_traces"), "final_loss": last.get("loss"),
+        "train_traces": last.get("train_traces"), "final_loss": finite.get("loss"),
+        "final_loss_step": finite.get("step"), "diverged_at": state.diverged_at,
         "eval_loss": last_eval.get("eval_loss"), "eval_accuracy": last_eval.get("eval_accuracy"),
-        "perplexity": last_eval.get("perplexity"), "train_seconds": time.monotonic() - t_start,
-        "model_dir": export_dir,
+        "perplexity": last_eval.get("perplexity"), "eval_step": last_eval.get("step"),
+        "train_seconds": time.monotonic() - t_start, "model_dir": export_dir,
     }
     if info.kind == "multiworker":  # what multiworker.py checks across workers
         summary.update(files_read=sorted(files_read), weights_sha256=weights_digest(s.model))
     metrics.event("train_end", stage="train", **{k: v for k, v in summary.items() if k not in ("kind", "files_read")})
     return summary
+
+
+def recover_results(run_dir: str, step: int, state: LoopState) -> None:
+    """The run's own last train and eval records up to `step`, from its metrics stream: a run resumed
+    at its last step (or retried after a failure past its last checkpoint) runs no step, and must not
+    replace the results it has with none (history is append-only)."""
+    from tpu_ray.report import read_records
+
+    records = sorted(read_records(run_dir), key=lambda r: (r.get("time") or 0.0))
+    for r in records:
+        at = r.get("step")
+        if not isinstance(at, int) or at > step:
+            continue
+        if r.get("kind") == "train":
+            state.last = r
+            if isinstance(r.get("loss"), (int, float)):
+                state.last_finite = r
+                if state.diverged_at is not None and at >= state.diverged_at:  # a retry that did not
+                    state.diverged_at = None
+            elif r.get("nonfinite") and state.diverged_at is None:
+                state.diverged_at = at
+        elif r.get("kind") == "eval":
+            state.last_eval = r
 
 
 def weights_digest(model: Any) -> str:

@@ -39,9 +39,10 @@ class Interval:
                replicas: int) -> dict[str, Any]:
         step_time = self.seconds / max(self.steps, 1)
         tokens_s = gb * seq_len / step_time if step_time else 0.0
+        # No masked token counted (or a non-finite sum): the interval has no loss, never a 0.0.
         return {
-            "loss": self.loss / max(self.count, 1.0),
-            "accuracy": self.correct / max(self.count, 1.0),
+            "loss": self.loss / self.count if self.count else math.nan,
+            "accuracy": self.correct / self.count if self.count else math.nan,
             "learning_rate": float(s.schedule(s.optimizer.iterations - 1)),
             "step_time_s": step_time,
             "samples_per_s": gb / step_time if step_time else 0.0,
@@ -56,6 +57,10 @@ class LoopState:
     interval: Interval | None = None
     last: dict[str, Any] | None = None
     last_eval: dict[str, Any] | None = None
+    # The last train record with a finite loss (summary.json's final_loss and its step), and the
+    # first step whose loss was not finite (train.on_nan=continue goes on past it).
+    last_finite: dict[str, Any] | None = None
+    diverged_at: int | None = None
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
@@ -73,13 +78,22 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     def accumulate(step: StepInfo) -> None:
         state.interval.add(step.sums, step.steps, step.seconds, step.input_wait)
         if not math.isfinite(float(step.sums[0])):  # log what was seen, then stop (or go on)
+            if state.diverged_at is None:
+                state.diverged_at = step.step
             log_train(step)
             on_nonfinite(cfg, metrics, ckpts, step.step,
                          f"the loss is {float(step.sums[0]) / max(float(step.sums[2]), 1.0)}")
 
     def log_train(step: StepInfo) -> None:
+        if not state.interval.steps:  # already logged at this step (a non-finite one): no empty record
+            return
         record = state.interval.record(s, t.batch_size, cfg.shard.seq_len, flops_token, peak, info.replicas)
+        finite = math.isfinite(record["loss"])
+        if not finite:  # the JSON stores NaN as null: say why it is missing
+            record["nonfinite"] = True
         state.last = metrics.write("train", step=step.step, **record, train_traces=traces())
+        if finite:
+            state.last_finite = state.last
         log.log(level, train_line(state.last))
         state.interval = Interval()
 
