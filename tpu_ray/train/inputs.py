@@ -170,16 +170,46 @@ def _seed(base: int, pipeline: int, index: tf.Tensor) -> tf.Tensor:
     return tf.stack([tf.constant(base, tf.int64), tf.cast(index, tf.int64) + pipeline * _PIPELINE_SEED_STRIDE])
 
 
-def host_files(files: Sequence[str], ctx: tf.distribute.InputContext | None) -> list[str]:
-    """This input pipeline's disjoint subset of the shard files."""
+def host_files(files: Sequence[str], ctx: tf.distribute.InputContext | None,
+               counts: Mapping[str, int] | None = None) -> list[str]:
+    """The shard files this input pipeline reads (all or part of each; see host_parts)."""
+    if ctx is None or ctx.num_input_pipelines == 1:
+        return sorted(files)
+    if counts is None:
+        from tpu_ray.train.input_position import count_records
+
+        counts = dict(zip(sorted(files), count_records(sorted(files))))
+    return [f for f, _, _ in host_parts(files, counts, ctx)]
+
+
+def host_parts(files: Sequence[str], counts: Mapping[str, int],
+               ctx: tf.distribute.InputContext | None) -> list[tuple[str, int, int]]:
+    """This input pipeline's share of the train records: `(file, first record, records)` parts.
+
+    Every pipeline feeds the same number of samples per step, so every pipeline must hold the same
+    number of records per epoch, or the samples of a small share are seen more often (5 files
+    round-robin on 4 pipelines: the two files of pipeline 0 were seen half as often as the others).
+    So pipeline p reads records [p N / P, (p + 1) N / P) of the sorted files' records laid end to
+    end: shares differ by at most one record, whatever the files' number and sizes. A share may
+    start or end inside a file (that file's first records are skipped by reading them, at most one
+    file per pipeline and epoch)."""
     files = sorted(files)
     if ctx is None or ctx.num_input_pipelines == 1:
-        return files
-    mine = files[ctx.input_pipeline_id :: ctx.num_input_pipelines]
-    if not mine:
-        raise UserError(f"only {len(files)} shard files for {ctx.num_input_pipelines} reading hosts; "
-                        f"make more shards (lower shard.unit_bytes)")
-    return mine
+        return [(f, 0, int(counts[f])) for f in files]
+    p, n_pipes = ctx.input_pipeline_id, ctx.num_input_pipelines
+    total = sum(int(counts[f]) for f in files)
+    lo, hi = p * total // n_pipes, (p + 1) * total // n_pipes
+    if hi <= lo:
+        raise UserError(f"only {total} train samples for {n_pipes} reading hosts; make more shards "
+                        f"(a larger corpus)")
+    parts, begin = [], 0
+    for f in files:
+        end = begin + int(counts[f])
+        a, b = max(lo, begin), min(hi, end)
+        if a < b:
+            parts.append((f, a - begin, b - a))
+        begin = end
+    return parts
 
 
 def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
@@ -192,13 +222,16 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
     order is `input_position.seekable_records` (files per epoch, then windows of `shuffle_buffer`
     records shuffled by seed), so reaching a batch skips whole files by their record `counts`
     (the manifest's; read from the files when not given) instead of re-reading every record.
+    Under several input pipelines each reads an equal share of the records (host_parts).
     """
     from tpu_ray.train.input_position import count_records, seekable_records
 
-    mine = host_files(files, ctx)
+    if counts is None:
+        counts = dict(zip(sorted(files), count_records(sorted(files))))
+    mine = host_parts(files, counts, ctx)
     pipeline = ctx.input_pipeline_id if ctx else 0
-    sizes = [counts[f] for f in mine] if counts is not None else count_records(mine)
-    ds = seekable_records(mine, sizes, seed, shuffle_buffer, start_sample=start_batch * batch_size)
+    ds = seekable_records([f for f, _, _ in mine], [n for _, _, n in mine], seed, shuffle_buffer,
+                          start_sample=start_batch * batch_size, firsts=[a for _, a, _ in mine])
     ds = ds.batch(batch_size, drop_remainder=True)
     ds = ds.enumerate(start=start_batch)
 

@@ -35,7 +35,7 @@ from tpu_ray.train.hooks import executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.input_position import PositionTracker
-from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, eval_files, host_files, predictions_for, train_dataset
+from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, eval_files, host_parts, predictions_for, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
@@ -337,8 +337,9 @@ def train_input(cfg: RunConfig, s: TrainSetup, train_files: list[tuple[str, int]
     positions = PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        files_read.extend(host_files(files, ctx))
-        positions.bind(host_files(files, ctx), ctx.num_input_pipelines)
+        parts = host_parts(files, positions.counts, ctx)  # an equal share of the records per pipeline
+        files_read.extend(f if n == positions.counts[f] else f"{f}[{a}:{a + n}]" for f, a, n in parts)
+        positions.bind(parts, ctx.num_input_pipelines)
         return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
                              cfg.train.shuffle_buffer,
                              start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx,
