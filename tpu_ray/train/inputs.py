@@ -163,7 +163,42 @@ def _with_targets(batch: dict[str, tf.Tensor], seed: tf.Tensor, spec: MaskSpec) 
     batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], seed, spec)
     k = spec.predictions or batch["labels"].shape[-1]
     batch["mlm_positions"], batch["mlm_labels"] = mlm_targets(batch["labels"], k)
+    batch["mlm_unscored"] = unscored_targets(batch["labels"], batch["mlm_labels"])
     return batch
+
+
+def unscored_targets(labels: tf.Tensor, mlm_labels: tf.Tensor) -> tf.Tensor:
+    """Per row, the masked positions beyond the `predictions` bound: masked in the input, never
+    scored. Counted so that a bound too small for a corpus's words shows in the metrics."""
+    def count(x: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.cast(tf.not_equal(x, IGNORE), tf.int32), axis=-1)
+
+    return count(labels) - count(mlm_labels)
+
+
+def whole_word_bound(rows: Any, continues_word: Sequence[bool], mask_prob: float, never_masked: Sequence[int] = ()) -> int:
+    """The predictions bound whole-word masking needs for these sample rows ([n, seq_len] ids).
+
+    A row's masked count is the sum over its words of (pieces x a Bernoulli(mask_prob) draw): mean
+    mask_prob x seq_len, variance mask_prob (1 - mask_prob) x sum of squared word lengths. The bound
+    is the mean plus six standard deviations of the row with the largest sum of squares: one word of
+    dozens of pieces (a space-free CJK line under Metaspace) raises it, up to seq_len."""
+    import numpy as np
+
+    rows = np.asarray(rows)
+    seq_len = rows.shape[-1]
+    if not rows.size:
+        return seq_len
+    table = np.asarray(continues_word, bool)
+    starts = ~table[rows] | np.isin(rows, list(never_masked))
+    starts[:, 0] = True
+    worst = 0
+    for row in starts:
+        edges = np.flatnonzero(row)
+        lengths = np.diff(np.append(edges, seq_len))
+        worst = max(worst, int((lengths.astype(np.int64) ** 2).sum()))
+    mean = seq_len * mask_prob
+    return min(seq_len, math.ceil(mean + 6 * math.sqrt(mask_prob * (1 - mask_prob) * worst)) + 1)
 
 
 def _seed(base: int, pipeline: int, index: tf.Tensor) -> tf.Tensor:

@@ -158,7 +158,7 @@ def make_train_step(s: TrainSetup):
         global_count = tf.distribute.get_replica_context().all_reduce("sum", count)
         grads, loss_sum, correct, count = compiled(batch, global_count)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return tf.stack([loss_sum, correct, count])
+        return tf.stack([loss_sum, correct, count, unscored(batch)])
 
     def reduce(per_replica):
         return strategy.reduce("sum", per_replica, axis=None)
@@ -169,7 +169,7 @@ def make_train_step(s: TrainSetup):
 
     @tf.function
     def train_steps(iterator, n):
-        total = tf.zeros([3])
+        total = tf.zeros([4])
         for _ in tf.range(n):
             total += reduce(strategy.run(replica_step, args=(next(iterator),)))
         return total
@@ -177,11 +177,20 @@ def make_train_step(s: TrainSetup):
     return train_step, train_steps
 
 
+def unscored(batch: dict[str, tf.Tensor]) -> tf.Tensor:
+    """Masked pieces of the batch beyond the predictions bound (never scored); 0 for a batch made
+    without the count (a test's own)."""
+    if "mlm_unscored" not in batch:
+        return tf.zeros([])
+    return tf.reduce_sum(tf.cast(batch["mlm_unscored"], tf.float32))
+
+
 def make_eval_step(s: TrainSetup):
     strategy, model = s.info.strategy, s.model
 
     def replica_eval(batch):
-        return tf.stack(masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False)))
+        return tf.stack([*masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False)),
+                         unscored(batch)])
 
     @tf.function
     def eval_step(batch):
@@ -198,10 +207,37 @@ def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
         from tpu_ray.train.words import continuation_table
 
         words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
-    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
-                    predictions_for(t, cfg.shard.seq_len),
+    predictions = predictions_for(t, cfg.shard.seq_len)
+    if words is not None:  # the bound the corpus's own words need (long words would lose targets)
+        predictions = max(predictions, sampled_word_bound(cfg, words, tok))
+    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids), predictions,
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
                     random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact")
+
+
+_WORD_BOUNDS: dict[tuple, int] = {}
+
+
+def sampled_word_bound(cfg: RunConfig, words: tuple[bool, ...], tok: TokenizerInfo, rows_per_file: int = 64,
+                       max_files: int = 16) -> int:
+    """inputs.whole_word_bound over a sample of the train shards (`rows_per_file` rows of up to
+    `max_files` files spread over the split), measured once per shard set and masking rate."""
+    from tpu_ray.train.inputs import parse_batch, whole_word_bound
+
+    files = sorted(ShardSet.open(cfg.shards_dir).files("train"))
+    key = (cfg.shards_dir, tuple(files), cfg.train.mask_prob, cfg.shard.seq_len)
+    if key not in _WORD_BOUNDS:
+        picked = [f for f, _ in files[:: max(1, len(files) // max_files)]][:max_files]
+        rows = []
+        for f in picked:
+            for serialized in tf.data.TFRecordDataset(f).batch(rows_per_file).take(1):
+                rows.append(parse_batch(serialized, cfg.shard.seq_len)["input_ids"].numpy())
+        import numpy as np
+
+        sample = np.concatenate(rows) if rows else np.zeros((0, cfg.shard.seq_len), np.int32)
+        never = tuple(i for i in tok.special_ids if i != tok.unk_id)
+        _WORD_BOUNDS[key] = whole_word_bound(sample, words, cfg.train.mask_prob, never)
+    return _WORD_BOUNDS[key]
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
@@ -447,13 +483,14 @@ def evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int)
     eval_step = make_eval_step(s)
 
     def evaluate() -> dict[str, float]:
-        total = tf.zeros([3])
+        total = tf.zeros([4])
         for batch in dist:
             total += eval_step(batch)
-        loss_sum, correct, count = (float(x) for x in total.numpy())
+        loss_sum, correct, count, dropped = (float(x) for x in total.numpy())
         loss = loss_sum / max(count, 1.0)
         return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0),
-                "perplexity": math.exp(min(loss, 700.0)), "eval_tokens": int(count)}
+                "perplexity": math.exp(min(loss, 700.0)), "eval_tokens": int(count),
+                "eval_unscored_targets": int(dropped)}
 
     return evaluate
 

@@ -22,7 +22,7 @@ class Interval:
     """Sums over one logging interval."""
 
     def __init__(self) -> None:
-        self.loss = self.correct = self.count = 0.0
+        self.loss = self.correct = self.count = self.unscored = 0.0
         self.steps = 0
         self.seconds = 0.0
         self.input_wait = 0.0
@@ -31,6 +31,7 @@ class Interval:
         self.loss += float(sums[0])
         self.correct += float(sums[1])
         self.count += float(sums[2])
+        self.unscored += float(sums[3]) if len(sums) > 3 else 0.0  # masked pieces beyond the bound
         self.steps += n
         self.seconds += seconds
         self.input_wait += input_wait  # NaN once any execution ran several steps
@@ -49,6 +50,7 @@ class Interval:
             "tokens_per_s": tokens_s,
             "mfu": tokens_s * flops_token / (peak * replicas) if peak else None,
             "input_wait_s": self.input_wait / max(self.steps, 1),
+            "unscored_targets": int(self.unscored),
         }
 
 
@@ -61,6 +63,7 @@ class LoopState:
     # first step whose loss was not finite (train.on_nan=continue goes on past it).
     last_finite: dict[str, Any] | None = None
     diverged_at: int | None = None
+    warned_unscored: bool = False
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
@@ -92,6 +95,11 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
         if not finite:  # the JSON stores NaN as null: say why it is missing
             record["nonfinite"] = True
         state.last = metrics.write("train", step=step.step, **record, train_traces=traces())
+        if record["unscored_targets"] and not state.warned_unscored:
+            state.warned_unscored = True
+            log.warning("step %d: %d masked pieces were beyond the predictions bound per sequence and not "
+                        "scored (the train records' unscored_targets count them): words longer than the "
+                        "shards' sample showed", step.step, record["unscored_targets"])
         if finite:
             state.last_finite = state.last
         log.log(level, train_line(state.last))
