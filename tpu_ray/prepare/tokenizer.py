@@ -184,6 +184,20 @@ def describe(tokenizer_json: str, where: str) -> TokenizerInfo:
     )
 
 
+def reserved_ids(tokenizer_json: str) -> list[int]:
+    """Ids of every special token beyond the five roles: added tokens marked special, and XLM's
+    `<special0>`..`<special9>` wherever they sit in the vocabulary. Masking never draws them as
+    random replacements (nor masks them): they are not text."""
+    import re
+
+    data = json.loads(tokenizer_json)
+    ids = {int(t["id"]) for t in data.get("added_tokens", []) if t.get("special") and "id" in t}
+    vocab = (data.get("model") or {}).get("vocab") or {}
+    pieces = vocab.items() if isinstance(vocab, dict) else ((p[0], i) for i, p in enumerate(vocab))
+    ids |= {int(i) for piece, i in pieces if isinstance(piece, str) and re.fullmatch(r"<special\d+>", piece)}
+    return sorted(ids)
+
+
 def find_convention(tok: Tokenizer) -> tuple[SpecialTokens, list[str]]:
     """The first special-token convention (families.CONVENTIONS: tpu-ray's mixed set first, so old
     runs read as before) whose five tokens the tokenizer has; else the closest one and what it lacks."""

@@ -200,17 +200,21 @@ def make_eval_step(s: TrainSetup):
 
 
 def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
+    from tpu_ray.prepare.tokenizer import load_tokenizer_json, reserved_ids
+
     t = cfg.train
     words = None
+    tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
     if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
-        from tpu_ray.prepare.tokenizer import load_tokenizer_json
         from tpu_ray.train.words import continuation_table
 
-        words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
+        words = continuation_table(tokenizer_json)
+    # Every special token (XLM's <special0-9> too) is never masked nor drawn as a random replacement.
+    specials = tuple(sorted({*tok.special_ids, *(i for i in reserved_ids(tokenizer_json) if i < tok.vocab_size)}))
     predictions = predictions_for(t, cfg.shard.seq_len)
     if words is not None:  # the bound the corpus's own words need (long words would lose targets)
         predictions = max(predictions, sampled_word_bound(cfg, words, tok))
-    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids), predictions,
+    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, specials, predictions,
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
                     random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact")
 

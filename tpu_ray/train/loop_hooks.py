@@ -74,7 +74,7 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     run's last step. `position(step)` is the input position saved beside each checkpoint."""
     t, info = cfg.train, s.info
     level = logging.INFO if info.is_chief else logging.DEBUG
-    flops_token = train_flops_per_token(cfg, s.tok.vocab_size)
+    flops_token = train_flops_per_token(cfg, s.tok.vocab_size, s.model.config)
     peak = peak_flops(info.device, t.peak_flops)
     state.interval = Interval()
 
