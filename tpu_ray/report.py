@@ -35,10 +35,10 @@ KIND_COLUMNS = {
     "train": ["elapsed_s", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
               "tokens_per_s", "mfu", "train_traces", "input_wait_s"],
     "eval": ["eval_loss", "eval_accuracy", "perplexity"],
-    "eval_rerun": ["eval_loss", "eval_accuracy", "perplexity", "checkpoint"],  # `tpu-ray eval`, apart from the curve
+    "eval_rerun": ["eval_loss", "eval_accuracy", "perplexity"],  # `tpu-ray eval`, apart from the curve
     "event": ["event", "stage", "seconds"],
 }
-TEXT_COLUMNS = {"kind", "event", "stage", "checkpoint"}
+TEXT_COLUMNS = {"kind", "event", "stage"}
 
 
 # ----------------------------------------------------------------------------------------- reading

@@ -41,6 +41,9 @@ class TokenizerInfo:
     # The tokens of the five roles (cls, pad, sep, unk, mask): tpu-ray's mixed set for old runs,
     # the family's convention for tokenizers trained since, the checkpoint's own with init_from.
     special_tokens: tuple[str, ...] = TPU_RAY_MIXED.as_tuple()
+    # Every other special token's id (reserved_ids: XLM's <special0-9>, added special tokens):
+    # never masked, never a random replacement.
+    reserved_ids: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> SpecialTokens:
@@ -180,7 +183,7 @@ def describe(tokenizer_json: str, where: str) -> TokenizerInfo:
         sha256=hashlib.sha256(canonical_json(tokenizer_json)).hexdigest(),
         vocab_size=tok.get_vocab_size(with_added_tokens=True),
         cls_id=ids["cls"], sep_id=ids["sep"], pad_id=ids["pad"], unk_id=ids["unk"], mask_id=ids["mask"],
-        special_tokens=conv.as_tuple(),
+        special_tokens=conv.as_tuple(), reserved_ids=tuple(reserved_ids(tokenizer_json)),
     )
 
 

@@ -200,17 +200,15 @@ def make_eval_step(s: TrainSetup):
 
 
 def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
-    from tpu_ray.prepare.tokenizer import load_tokenizer_json, reserved_ids
-
     t = cfg.train
     words = None
-    tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
     if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
+        from tpu_ray.prepare.tokenizer import load_tokenizer_json
         from tpu_ray.train.words import continuation_table
 
-        words = continuation_table(tokenizer_json)
+        words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
     # Every special token (XLM's <special0-9> too) is never masked nor drawn as a random replacement.
-    specials = tuple(sorted({*tok.special_ids, *(i for i in reserved_ids(tokenizer_json) if i < tok.vocab_size)}))
+    specials = tuple(sorted({*tok.special_ids, *(i for i in tok.reserved_ids if i < tok.vocab_size)}))
     predictions = predictions_for(t, cfg.shard.seq_len)
     if words is not None:  # the bound the corpus's own words need (long words would lose targets)
         predictions = max(predictions, sampled_word_bound(cfg, words, tok))
@@ -228,7 +226,10 @@ def sampled_word_bound(cfg: RunConfig, words: tuple[bool, ...], tok: TokenizerIn
     `max_files` files spread over the split), measured once per shard set and masking rate."""
     from tpu_ray.train.inputs import parse_batch, whole_word_bound
 
-    files = sorted(ShardSet.open(cfg.shards_dir).files("train"))
+    try:  # training opened and checked them already; a doctor's program check may have none here
+        files = sorted(ShardSet.open(cfg.shards_dir).files("train"))
+    except (UserError, OSError):
+        return 0
     key = (cfg.shards_dir, tuple(files), cfg.train.mask_prob, cfg.shard.seq_len)
     if key not in _WORD_BOUNDS:
         picked = [f for f, _ in files[:: max(1, len(files) // max_files)]][:max_files]
