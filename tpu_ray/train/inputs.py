@@ -133,8 +133,9 @@ def predictions_per_sequence(seq_len: int, mask_prob: float, whole_word: bool = 
         return min(seq_len, max(1, math.floor(seq_len * mask_prob + 0.5)))
     mean = seq_len * mask_prob
     # Whole words: tokens are selected in groups, so the count varies more; bounded here for words of
-    # up to 4 pieces on average (variance x4). A masked token beyond the bound is masked in the input
-    # but not scored.
+    # up to 4 pieces on average (variance x4); the trainer raises it to what a sample of the shards'
+    # words needs (whole_word_bound). A masked token beyond the bound is masked in the input but not
+    # scored, and counted (mlm_unscored, the records' unscored_targets).
     spread = 2 if whole_word else 1
     return min(seq_len, math.ceil(mean + 6 * spread * math.sqrt(mean * (1 - mask_prob))) + 1)
 
