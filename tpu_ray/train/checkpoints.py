@@ -198,10 +198,10 @@ class CheckpointStore:
                                                 if hasattr(checkpoint, k)})
                 status = target.restore(self.latest, options=self.options)
                 status.expect_partial()
-                self._require_matched(status)
+                self._require_matched(status, "model")
             else:
                 status = checkpoint.restore(self.latest, options=self.options)
-                status.assert_existing_objects_matched()
+                self._require_matched(status, "model and optimizer")
         except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError) as exc:
             url = self.latest_url
             # The half-done restore warns about "unrestored values" when it is collected, after our
@@ -213,15 +213,15 @@ class CheckpointStore:
             raise DamagedRunDir(f"{url}: checkpoint is corrupt ({reason}); to resume from the previous "
                             f"checkpoint, delete {url}.* and rerun with --resume") from None
 
-    def _require_matched(self, status: Any) -> None:
-        """Every variable of the restored objects was in the checkpoint, else one line naming one."""
+    def _require_matched(self, status: Any, what: str) -> None:
+        """Every variable of the restored objects (`what`) was in the checkpoint, else one line naming one."""
         try:
             status.assert_existing_objects_matched()
         except AssertionError as exc:
             names = re.findall(r"name='?([^'\s,>]+)", str(exc)) or [first_line(exc)[:120]]
-            raise UserError(f"{self.latest_url}: {len(names)} variable(s) of this model are not in the checkpoint "
-                            f"(e.g. {names[0]}); it holds another model: evaluate it with the run's saved config "
-                            f"(config.yaml)") from None
+            raise UserError(f"{self.latest_url}: {len(names)} variable(s) of this {what} are not in the checkpoint "
+                            f"(e.g. {names[0]}); it was saved by another {what}: use the run's saved config "
+                            f"(config.yaml) and precision") from None
 
     def stored_position(self) -> str | None:
         """The input position saved with the latest checkpoint (JSON text), if it has one."""
