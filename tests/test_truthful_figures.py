@@ -99,7 +99,7 @@ def test_a_checkpoint_that_leaves_model_variables_unmatched_is_refused(finished,
     with pytest.raises(UserError) as refused:
         evaluate_run(cfg.override({"model.num_hidden_layers": 3}))
     line = str(refused.value)
-    assert "\n" not in line and "not in the checkpoint" in line, line
+    assert "\n" not in line and "not in the checkpoint (e.g. " in line and "layer_._2" in line, line
 
 
 def test_a_diverged_run_never_reports_zero(tmp_path, shards, tiny_tokenizer_dir):

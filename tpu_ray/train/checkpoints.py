@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import storage
-from tpu_ray.errors import DamagedRunDir, UserError, first_line
+from tpu_ray.errors import DamagedRunDir, UserError
 from tpu_ray.rundir import CHECKPOINT_STATE_FILE, latest_named
 from tpu_ray.train.generation import Generation
 
@@ -218,10 +218,14 @@ class CheckpointStore:
         try:
             status.assert_existing_objects_matched()
         except AssertionError as exc:
-            names = re.findall(r"name='?([^'\s,>]+)", str(exc)) or [first_line(exc)[:120]]
-            raise UserError(f"{self.latest_url}: {len(names)} variable(s) of this {what} are not in the checkpoint "
-                            f"(e.g. {names[0]}); it was saved by another {what}: use the run's saved config "
-                            f"(config.yaml) and precision") from None
+            text = str(exc)  # "Found N Python objects that were not bound ... [<tf.Variable 'name:0' ...>, ...]"
+            found = re.search(r"Found (\d+) Python objects", text)
+            name = re.search(r"<tf\.Variable '([^']+)'", text)
+            count = found.group(1) if found else "some"
+            example = f" (e.g. {name.group(1)})" if name else ""
+            raise UserError(f"{self.latest_url}: {count} object(s) of this {what} are not in the checkpoint{example}; "
+                            f"it was saved by another {what}: use the run's saved config (config.yaml) and "
+                            f"precision") from None
 
     def stored_position(self) -> str | None:
         """The input position saved with the latest checkpoint (JSON text), if it has one."""
