@@ -211,38 +211,12 @@ def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
     specials = tuple(sorted({*tok.special_ids, *(i for i in tok.reserved_ids if i < tok.vocab_size)}))
     predictions = predictions_for(t, cfg.shard.seq_len)
     if words is not None:  # the bound the corpus's own words need (long words would lose targets)
+        from tpu_ray.train.words import sampled_word_bound
+
         predictions = max(predictions, sampled_word_bound(cfg, words, tok))
     return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, specials, predictions,
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
                     random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact")
-
-
-_WORD_BOUNDS: dict[tuple, int] = {}
-
-
-def sampled_word_bound(cfg: RunConfig, words: tuple[bool, ...], tok: TokenizerInfo, rows_per_file: int = 64,
-                       max_files: int = 16) -> int:
-    """inputs.whole_word_bound over a sample of the train shards (`rows_per_file` rows of up to
-    `max_files` files spread over the split), measured once per shard set and masking rate."""
-    from tpu_ray.train.inputs import parse_batch, whole_word_bound
-
-    try:  # training opened and checked them already; a doctor's program check may have none here
-        files = sorted(ShardSet.open(cfg.shards_dir).files("train"))
-    except (UserError, OSError):
-        return 0
-    key = (cfg.shards_dir, tuple(files), cfg.train.mask_prob, cfg.shard.seq_len)
-    if key not in _WORD_BOUNDS:
-        picked = [f for f, _ in files[:: max(1, len(files) // max_files)]][:max_files]
-        rows = []
-        for f in picked:
-            for serialized in tf.data.TFRecordDataset(f).batch(rows_per_file).take(1):
-                rows.append(parse_batch(serialized, cfg.shard.seq_len)["input_ids"].numpy())
-        import numpy as np
-
-        sample = np.concatenate(rows) if rows else np.zeros((0, cfg.shard.seq_len), np.int32)
-        never = tuple(i for i in tok.special_ids if i != tok.unk_id)
-        _WORD_BOUNDS[key] = whole_word_bound(sample, words, cfg.train.mask_prob, never)
-    return _WORD_BOUNDS[key]
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
@@ -422,6 +396,8 @@ def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, state: LoopSta
     """Export (chief), the run summary, the train_end event."""
     info = s.info
     if state.last is None and info.is_chief:  # no step ran (resumed at its end): the results stand
+        from tpu_ray.train.loop_hooks import recover_results
+
         recover_results(cfg.run_dir, step, state)
     last, last_eval, finite = state.last or {}, state.last_eval or {}, state.last_finite or {}
     export_dir = export(s, state.last_eval) if info.is_chief else None
@@ -438,29 +414,6 @@ def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, state: LoopSta
         summary.update(files_read=sorted(files_read), weights_sha256=weights_digest(s.model))
     metrics.event("train_end", stage="train", **{k: v for k, v in summary.items() if k not in ("kind", "files_read")})
     return summary
-
-
-def recover_results(run_dir: str, step: int, state: LoopState) -> None:
-    """The run's own last train and eval records up to `step`, from its metrics stream: a run resumed
-    at its last step (or retried after a failure past its last checkpoint) runs no step, and must not
-    replace the results it has with none (history is append-only)."""
-    from tpu_ray.report import read_records
-
-    records = sorted(read_records(run_dir), key=lambda r: (r.get("time") or 0.0))
-    for r in records:
-        at = r.get("step")
-        if not isinstance(at, int) or at > step:
-            continue
-        if r.get("kind") == "train":
-            state.last = r
-            if isinstance(r.get("loss"), (int, float)):
-                state.last_finite = r
-                if state.diverged_at is not None and at >= state.diverged_at:  # a retry that did not
-                    state.diverged_at = None
-            elif r.get("nonfinite") and state.diverged_at is None:
-                state.diverged_at = at
-        elif r.get("kind") == "eval":
-            state.last_eval = r
 
 
 def weights_digest(model: Any) -> str:

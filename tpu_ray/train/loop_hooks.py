@@ -144,3 +144,26 @@ def on_nonfinite(cfg: RunConfig, metrics: MetricsWriter, ckpts: Any, step: int, 
         return
     raise UserError(f"step {step}: {what}, training stopped; the last good checkpoint is kept ({kept}); "
                     f"lower train.learning_rate and rerun with --resume, or set train.on_nan=continue")
+
+
+def recover_results(run_dir: str, step: int, state: LoopState) -> None:
+    """The run's own last train and eval records up to `step`, from its metrics stream: a run resumed
+    at its last step (or retried after a failure past its last checkpoint) runs no step, and must not
+    replace the results it has with none (history is append-only)."""
+    from tpu_ray.report import read_records
+
+    records = sorted(read_records(run_dir), key=lambda r: (r.get("time") or 0.0))
+    for r in records:
+        at = r.get("step")
+        if not isinstance(at, int) or at > step:
+            continue
+        if r.get("kind") == "train":
+            state.last = r
+            if isinstance(r.get("loss"), (int, float)):
+                state.last_finite = r
+                if state.diverged_at is not None and at >= state.diverged_at:  # a retry that did not
+                    state.diverged_at = None
+            elif r.get("nonfinite") and state.diverged_at is None:
+                state.diverged_at = at
+        elif r.get("kind") == "eval":
+            state.last_eval = r
