@@ -65,7 +65,7 @@ def test_tpu_ray_eval_refuses_overrides_that_change_the_model_or_the_set(finishe
     from tpu_ray.cli import main
 
     run, _, _ = finished
-    for override in ("train.eval_batches=200", "train.mask_prob=0.3", "seed=7", "model.num_hidden_layers=3"):
+    for override in ("eval.samples=200", "eval.mask_prob=0.3", "model.num_hidden_layers=3", "shard.seq_len=32"):
         assert main(["eval", str(run), override]) == 2, override
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and override.split("=")[0] in err[0] and "saved" in err[0], err
@@ -77,15 +77,17 @@ def test_tpu_ray_eval_is_a_rerun_record_that_never_replaces_the_training_curve(f
 
     run, _, first = finished
     trained = _records(run, "eval")
-    assert main(["eval", str(run), "train.log_every=1"]) == 0  # not in the model or the set: accepted
+    # The seed and batch size shape neither the restored model nor the set: accepted, and the same figure.
+    assert main(["eval", str(run), "seed=7", "train.batch_size=8"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["step"] == 4
+    assert result["step"] == 4 and result["eval_loss"] == pytest.approx(trained[-1]["eval_loss"], rel=1e-5)
     assert _records(run, "eval") == trained  # the training curve is as it was
-    reruns = _records(run, "eval_rerun")
+    reruns = [r for r in _records(run, "eval_rerun") if r.get("source") is None]  # the pooled figure
     assert len(reruns) == 1 and reruns[0]["step"] == 4 and reruns[0]["checkpoint"].endswith("ckpt-4")
+    assert reruns[0]["eval_set"] == trained[-1]["eval_set"]
     ev = load_metrics(str(run), kind="eval")
     assert list(ev["eval_loss"]) == pytest.approx([r["eval_loss"] for r in trained])
-    assert len(load_metrics(str(run), kind="eval_rerun")) == 1
+    assert len(load_metrics(str(run), kind="eval_rerun")) == len(_records(run, "eval_rerun"))
     assert f"{first['eval_loss']:.4f}" in text_summary(str(run))
 
 

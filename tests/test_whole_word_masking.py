@@ -182,7 +182,7 @@ def test_training_sizes_the_whole_word_bound_from_the_shards_and_reports_unscore
             write_records(f, serialize_examples(_one_word_rows(table, tok.cls_id, tok.sep_id, n, seed)))
     cfg = tiny_config(tmp_path / "run", tmp_path / "unused.txt", **{
         "tokenizer.path": tiny_tokenizer_dir, "shard.dir": str(shards), "train.whole_word_mask": True,
-        "train.steps": 2, "train.log_every": 1, "train.eval_every": 2, "train.eval_batches": 1,
+        "train.steps": 2, "train.log_every": 1, "train.eval_every": 2, "eval.samples": 16,
         "train.placement": "local"})
     assert mask_spec(cfg, tok).predictions == SEQ
     train(cfg)

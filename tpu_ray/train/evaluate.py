@@ -26,22 +26,25 @@ def evaluate_run(cfg: RunConfig) -> dict:
         if not ckpts.present:
             raise UserError(f"{ckpts.directory}: no checkpoint to evaluate; train first (tpu-ray train)")
         ckpts.restore(s.checkpoint, partial=True)
-    evaluate = evaluator(s, shards.files("validation"), cfg.train.batch_size // info.replicas)
+    evaluate = evaluator(s, shards, cfg.train.batch_size // info.replicas)
     if evaluate is None:
-        raise UserError(f"{cfg.shards_dir}: too few validation samples for one batch of {cfg.train.batch_size}")
+        raise UserError(f"{cfg.shards_dir}: no validation samples to evaluate on")
     with shards.naming_corrupt_files():
         result = {"step": int(s.step_var.numpy()), **evaluate()}
     # A rerun is its own kind: the training curve (kind eval) is history and stays as it was.
     metrics = MetricsWriter(cfg.run_dir)
-    metrics.write(RERUN_KIND, **result, checkpoint=ckpts.latest_url)
+    for name, fields in result.get("sources", {}).items():  # each source's, beside the pooled figure
+        metrics.write(RERUN_KIND, step=result["step"], source=name, **fields, checkpoint=ckpts.latest_url)
+    metrics.write(RERUN_KIND, **{k: v for k, v in result.items() if k != "sources"}, checkpoint=ckpts.latest_url)
     metrics.close()
     return result
 
 
 def check_eval_config(cfg: RunConfig) -> None:
     """Refuse, in one line, a config that differs from the run's saved one in what shapes the model or
-    the evaluation set (the run's fingerprint and train.eval_batches): its figure would not be the
-    run's. Anything else (device, strategy, logging) may change."""
+    the evaluation set (the corpus, tokenizer, shard, model and eval sections of the fingerprint):
+    its figure would not be the run's. The rest (seed, batch size, device, strategy) may change: the
+    weights come from the checkpoint and the set is fixed by the shards alone."""
     from tpu_ray.rundir import CONFIG_FILE
     from tpu_ray.saved_config import first_difference, read_saved_config
 
@@ -50,9 +53,7 @@ def check_eval_config(cfg: RunConfig) -> None:
         return
 
     def identity(c: RunConfig) -> dict:
-        fp = c.fingerprint()
-        fp["train"] = {**fp["train"], "eval_batches": c.train.eval_batches}
-        return fp
+        return {k: v for k, v in c.fingerprint().items() if k in ("corpus", "tokenizer", "shard", "model", "eval")}
 
     diff = first_difference(identity(saved), identity(cfg))
     if diff:
