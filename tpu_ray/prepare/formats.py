@@ -15,21 +15,20 @@ from tpu_ray import storage
 from tpu_ray.errors import UserError
 
 Format = Literal["txt", "jsonl", "parquet", "csv", "tsv", "hf", "hf_disk"]
-TEXT_SUFFIXES: dict[str, Format] = {".txt": "txt", ".text": "txt", ".md": "txt", ".jsonl": "jsonl",
-                                    ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
-                                    ".csv": "csv", ".tsv": "tsv"}
 # fsspec's suffix -> compression; zip is an archive of files, not a stream of text: not one.
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd", ".lzma": "lzma"}
 # Suffixes of compressions/archives we cannot stream: named in the error rather than read as text.
 UNSUPPORTED = (".zip", ".lz4", ".br", ".snappy", ".sz", ".7z", ".tar", ".tgz", ".z", ".lzo", ".rar")
-STREAMABLE: tuple[Format, ...] = ("txt", "jsonl", "csv", "tsv")  # formats that may be compressed
 
 
 def detect(path: str, strict: bool = True) -> tuple[Format, str | None] | None:
     """(format, compression) of a file by its name; None (strict=False) for files that are not corpus.
 
-    With strict=True an unknown suffix is plain text (binary content is caught when read).
+    With strict=True an unknown suffix is plain text (binary content is caught when read). The
+    suffixes are the readers' own (tpu_ray/prepare/readers/: each format's class names them).
     """
+    from tpu_ray.prepare.readers import compressible, suffix_table
+
     name = path.lower().rsplit("/", 1)[-1]
     compression = None
     for suffix, comp in COMPRESSIONS.items():
@@ -43,14 +42,14 @@ def detect(path: str, strict: bool = True) -> tuple[Format, str | None] | None:
                 return None
             raise UserError(f"{path}: compression/archive {bad!r} is not supported; decompress it, or recompress "
                             f"with gzip (.gz), zstd (.zst), bzip2 (.bz2) or xz (.xz)")
-    for suffix, fmt in TEXT_SUFFIXES.items():
+    for suffix, fmt in suffix_table().items():
         if name.endswith(suffix):
-            if compression and fmt not in STREAMABLE:
+            if compression and fmt not in compressible():
                 if not strict:
                     return None
                 raise UserError(f"{path}: a compressed {suffix} file cannot be read in row groups; decompress it "
                                 f"(parquet compresses its pages itself)")
-            return fmt, compression
+            return fmt, compression  # type: ignore[return-value]
     if compression or strict:
         return "txt", compression  # e.g. `notes.gz`: compressed text
     return None

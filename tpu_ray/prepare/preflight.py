@@ -19,8 +19,9 @@ def preflight_corpus(cfg) -> list[str]:
     datasets are left to their stage (reading them writes or downloads). Returns the files checked.
     """
     from tpu_ray.config import BUILTIN_CORPUS
-    from tpu_ray.prepare.corpus import WorkUnit, decode_text, parquet_rows, resolve_files
+    from tpu_ray.prepare.corpus import resolve_files
     from tpu_ray.prepare.formats import detect
+    from tpu_ray.prepare.readers import reader
 
     checked: list[str] = []
     for field, source in (("corpus.source", cfg.corpus.source),
@@ -28,18 +29,16 @@ def preflight_corpus(cfg) -> list[str]:
         if not source or source == BUILTIN_CORPUS or source.startswith("hf:"):
             continue
         files = resolve_files(source, field)
-        if all(fmt != "hf_disk" and storage.size(path) == 0 for path, fmt in files):
+        if all(reader(fmt).sized and storage.size(path) == 0 for path, fmt in files):
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
         for path, fmt in files[:SNIFF_FILES]:
-            if fmt == "parquet":  # reads the footer only: not parquet, no text column, not text
-                parquet_rows(path, cfg.corpus.text_field, cfg.corpus.text_lists)
-            if fmt in ("txt", "jsonl") and detect(path)[1] is None:  # compressed ones: their stage reads them
+            # Each reader's own cheap check (parquet: the footer; text: the first bytes of an
+            # uncompressed file, by the reader's one-line errors; compressed ones: their stage reads them).
+            r = reader(fmt)
+            head = None
+            if r.sniffs and detect(path)[1] is None:  # type: ignore[index]
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)
-                # The corpus reader's own one-line errors: NUL bytes, and non-UTF-8 under
-                # encoding_errors=fail (whole lines only: a character cut at the sniff's end is fine).
-                lines = head[: head.rfind(b"\n") + 1]
-                policy = cfg.corpus.encoding_errors if lines else "replace"
-                decode_text(lines or head, WorkUnit(0, path, fmt, 0, 0, len(head), encoding_errors=policy), 0)
+            r.preflight(path, cfg.corpus, head)
         checked += [path for path, _ in files]
     return checked

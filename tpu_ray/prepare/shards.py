@@ -233,10 +233,9 @@ def _read_bytes() -> int:
 
 def _warm_imports(unit: dict) -> None:
     """Import a format's reader before the read counter starts: reading modules is not reading corpus."""
-    if unit["fmt"] == "parquet":
-        import pyarrow.parquet  # noqa: F401
-    elif unit["fmt"] in ("hf", "hf_disk"):
-        import datasets  # noqa: F401
+    from tpu_ray.prepare.readers import reader
+
+    reader(unit["fmt"]).warm()
     if unit.get("compression") == "zstd":
         import zstandard  # noqa: F401
 
