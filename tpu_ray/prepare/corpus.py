@@ -34,7 +34,7 @@ from tpu_ray.prepare.readers import formats, reader, source_reader
 from tpu_ray.prepare.readers.base import CorpusFile, PlanContext, WorkUnit, decode_text  # noqa: F401 (importers)
 from tpu_ray.prepare.readers.builtin import builtin_python_docs, materialize_builtin  # noqa: F401 (importers)
 from tpu_ray.prepare.readers.hub import PACKAGED_BUILDERS  # noqa: F401 (importers)
-from tpu_ray.prepare.streams import Chunk, Counts
+from tpu_ray.prepare.streams import Chunk, Counts, require_field
 from tpu_ray.prepare import tabular
 
 log = logging.getLogger(__name__)
@@ -294,8 +294,13 @@ def parquet_rows(path: str, text_field: str = "text", text_lists: str = "error")
 def iter_chunks(unit: WorkUnit, counts: Counts | None = None) -> Iterator[Chunk]:
     """The unit's chunks, front to back, one alive at a time; `counts` gathers skipped records."""
     counts = counts if counts is not None else Counts()
-    yield from reader(unit.fmt).chunks(unit, counts)
-    counts.require_field(unit.source, unit.text_field)  # JSON lines: no record had the field at all
+    counts.skip_bad = unit.bad_records == "skip"
+    before = counts.skipped
+    try:
+        yield from reader(unit.fmt).chunks(unit, counts)
+    finally:  # records without text (null or missing field, short rows) by file kind, for the summary
+        if counts.skipped > before:
+            counts.by_kind[unit.fmt] = counts.by_kind.get(unit.fmt, 0) + counts.skipped - before
 
 
 def read_unit_text(unit: WorkUnit, part: Literal["train", "validation", "all"]) -> list[str]:
@@ -316,9 +321,11 @@ def iter_train_text(units: list[WorkUnit], max_bytes: int, max_line_bytes: int |
     The first batch is read now, not when the tokenizer asks for it: a corpus with no text at all
     (only whitespace) is a one-line error here rather than a 5-token tokenizer.
     """
-    batches = _train_batches(units, max_bytes, max_line_bytes, seed)
+    counts = Counts()
+    batches = _train_batches(units, max_bytes, max_line_bytes, seed, counts)
     first = next(batches, None)
     if first is None:
+        require_field([counts], units[0].text_field if units else "text")  # a typo'd field, named once
         sources = sorted({u.source for u in units})
         shown = ", ".join(sources[:3]) + (f" (+{len(sources) - 3} more)" if len(sources) > 3 else "")
         raise UserError(f"{shown}: no text to train the tokenizer on (empty or only whitespace); "
@@ -344,7 +351,7 @@ def _train_bytes(unit: WorkUnit) -> int:
 
 
 def _train_batches(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | None,
-                   seed: int = 0) -> Iterator[list[str]]:
+                   seed: int = 0, counts: Counts | None = None) -> Iterator[list[str]]:
     """First pass: the first chunk of every unit in sample order (a streamed unit, a whole
     compressed file, gives one chunk rather than the whole file); then the rest of each unit."""
     seen = 0
@@ -355,7 +362,7 @@ def _train_batches(units: list[WorkUnit], max_bytes: int, max_line_bytes: int | 
             for unit in order:
                 if not first_pass and not unit.streamed:
                     continue  # read whole in the first pass
-                for k, chunk in enumerate(iter_chunks(unit)):
+                for k, chunk in enumerate(iter_chunks(unit, counts)):
                     if first_pass and k > 0:
                         break
                     if not first_pass and k == 0:

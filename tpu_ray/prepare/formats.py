@@ -129,3 +129,22 @@ class _ZstdReader(io.RawIOBase):
 def is_saved_dataset(path: str) -> bool:
     """A `datasets` save_to_disk directory: `state.json` (a Dataset) or `dataset_dict.json` (a DatasetDict)."""
     return storage.exists(storage.join(path, "state.json")) or storage.exists(storage.join(path, "dataset_dict.json"))
+
+
+# Byte-order marks (longest first: UTF-32's little-endian mark begins with UTF-16's).
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"), (b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"),
+         (b"\xef\xbb\xbf", "UTF-8"), (b"\xff\xfe", "UTF-16 (little-endian)"), (b"\xfe\xff", "UTF-16 (big-endian)"))
+
+
+def byte_order_mark(head: bytes, path: str) -> int:
+    """How many bytes of a UTF-8 byte-order mark open a file's text (3 or 0): never text (issue 34).
+
+    A UTF-16 or UTF-32 mark is refused in one line naming the file and the encoding: its text would
+    otherwise be read as NUL bytes or trained as replacement characters."""
+    for mark, name in _BOMS:
+        if head.startswith(mark):
+            if name == "UTF-8":
+                return len(mark)
+            raise UserError(f"{path}: starts with a {name} byte-order mark: only UTF-8 text is read; convert it "
+                            f"(e.g. iconv -f {name.split()[0]} -t UTF-8 FILE > FILE.utf8.txt)")
+    return 0

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, ClassVar
 
 from tpu_ray.errors import UserError
-from tpu_ray.prepare.formats import Format
+from tpu_ray.prepare.formats import Format, byte_order_mark
 from tpu_ray.prepare.streams import Chunk, Counts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +50,7 @@ class WorkUnit:
     # chunk split at (1 - val_fraction); compressed ones are streamed one after another (chunk_bytes > 0).
     members: tuple[tuple[str, int], ...] = ()
     max_rows: int | None = None  # streamed units: records (lines, rows) this unit may read at most
+    bad_records: str = "fail"  # corpus.bad_records: "skip" lists and skips records that cannot be read
 
     @property
     def streamed(self) -> bool:
@@ -74,7 +75,8 @@ class WorkUnit:
         return tuple(values)
 
 
-_LATER_FIELDS = {"compression", "chunk_bytes", "val_fraction", "max_bytes", "text_lists", "members", "max_rows"}
+_LATER_FIELDS = {"compression", "chunk_bytes", "val_fraction", "max_bytes", "text_lists", "members", "max_rows",
+                 "bad_records"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class PlanContext:
         """The unit fields every reader copies from the corpus settings."""
         c = self.corpus
         return dict(hf_config=c.hf_config, hf_split=c.hf_split, text_field=c.text_field,
-                    encoding_errors=c.encoding_errors, text_lists=c.text_lists)
+                    encoding_errors=c.encoding_errors, text_lists=c.text_lists, bad_records=c.bad_records)
 
     @property
     def stream(self) -> dict:
@@ -167,6 +169,8 @@ class Reader:
 def decode_text(raw: bytes, unit: WorkUnit, offset: int, what: str = "byte", source: str | None = None) -> str:
     """`raw` as text, or a one-line error naming `source` (default: the unit's file) and the byte."""
     source = source or unit.source
+    if offset == 0:  # a file's first bytes: a byte-order mark is never text (a UTF-16/32 one: refused)
+        raw = raw[byte_order_mark(raw[:4], source):]
     if b"\x00" in raw:
         at = offset + raw.index(b"\x00")
         raise UserError(f"{source}: {what} {at}: NUL byte, this looks like a binary file, not text; "
