@@ -217,7 +217,7 @@ def _text_size_hints(files: list[CorpusFile], shard: ShardConfig) -> dict[str, i
     raw = storage.read_heads_and_tails([f.path for f in picks], starts, ends)
     hints = {}
     for f, g, data in zip(picks, gz, raw):
-        size = _gzip_isize(data) if g else _zstd_content_size(data)
+        size = _gzip_text_size(data, f.size) if g else _zstd_content_size(data)
         if size is not None:
             hints[f.path] = size
     return hints
@@ -226,6 +226,30 @@ def _text_size_hints(files: list[CorpusFile], shard: ShardConfig) -> dict[str, i
 def _gzip_isize(tail: bytes) -> int | None:
     """ISIZE, a gzip member's text size mod 2**32, from a file's last 4 bytes (RFC 1952 2.3.1)."""
     return int.from_bytes(tail, "little") if len(tail) == GZIP_TAIL else None
+
+
+DEFLATE_MAX_RATIO = 1032  # deflate's largest expansion of stored bytes into text (258 bytes per 2 bits)
+_GZIP_SLACK = 1024  # header (name, comment, extra fields) and trailer bytes a member may add
+
+
+def _gzip_text_size(tail: bytes, stored: int) -> int | None:
+    """The text size a gzip file's trailer gives, or UNTRUSTED where it cannot describe the file (issue 34).
+
+    ISIZE describes only the last member, modulo 2**32. A file's text is ISIZE only if it is one
+    member: less text than its stored bytes (less the header and the stored blocks' 5 bytes per
+    64 KiB) means several members (`cat a.gz b.gz`, the text of the others unknown); more than
+    deflate can expand to means a cut or damaged file; and a file that could hold 4 GiB of text may
+    have wrapped. Such a file stands alone (its own unit), never packed by a guess."""
+    isize = _gzip_isize(tail)
+    if isize is None:
+        return None
+    if (stored * DEFLATE_MAX_RATIO >= 1 << 32 or isize + _GZIP_SLACK + stored // 8192 < stored
+            or isize > stored * DEFLATE_MAX_RATIO + _GZIP_SLACK):
+        return UNTRUSTED
+    return isize
+
+
+UNTRUSTED = -1  # a text-size hint that cannot describe its file: the file stands alone
 
 
 def _zstd_content_size(head: bytes) -> int | None:
@@ -252,7 +276,8 @@ def _packs(files: list[CorpusFile], corpus: CorpusConfig, shard: ShardConfig,
     units, shards and manifest entries. Small means under half a unit. A plain file is
     read whole (nothing aligned at planning) and must not be cut by corpus.max_bytes or max_rows.
     A compressed file is judged by the larger of its stored size and the text size it records
-    (`text_sizes`: gzip's ISIZE, zstd's Frame_Content_Size; _text_size_hints), so a pack holds about
+    (`text_sizes`: gzip's ISIZE, zstd's Frame_Content_Size; _text_size_hints; a gzip trailer that
+    cannot describe its file, UNTRUSTED, makes it stand alone), so a pack holds about
     a unit of text and the actors share the work; a file that records none (bz2, xz, a streamed
     zstd frame) counts its stored size. Memory is bounded either way: a pack of compressed files is
     streamed in chunks of ~unit_bytes of text (packed_text_chunks), one chunk alive however much
@@ -266,7 +291,7 @@ def _packs(files: list[CorpusFile], corpus: CorpusConfig, shard: ShardConfig,
     for f in files:
         compression = detect(f.path)[1]  # type: ignore[index]
         size = max(f.size, text_sizes.get(f.path, 0))  # a compressed file's text, where it says
-        small = (reader(f.fmt).packable and 0 < size < shard.unit_bytes // 2
+        small = (reader(f.fmt).packable and 0 < size < shard.unit_bytes // 2 and text_sizes.get(f.path) != UNTRUSTED
                  and (compression is not None
                       or (corpus.max_bytes is None or f.size <= corpus.max_bytes) and corpus.max_rows is None))
         if group and (not small or (f.fmt, compression) != kind or total + size > shard.unit_bytes):
