@@ -289,6 +289,8 @@ CONFIG_ROWS: dict[str, object] = {
     "corpus.max_bytes": gt0("huge: no limit, the whole corpus"),
     "corpus.max_rows": gt0("huge: no limit, every record"),
     "corpus.max_line_bytes": Num(1024, meaning="huge: lines are never split"),
+    "corpus.bad_records": Enum(),
+    "corpus.max_bad_fraction": fraction(hi_open=False),  # 0: none may be bad; 1: any number
     "tokenizer.kind": Enum(),
     "tokenizer.vocab_size": Num(64, 1_000_000),
     "tokenizer.path": Str("dir"),

@@ -80,6 +80,7 @@ class CorpusConfig(_Section):
     # is not text): "fail" the pass naming it, or "skip" it: counted and listed (file, line, reason)
     # in bad_records.jsonl in the shard directory; past max_bad_fraction of the records the pass fails.
     bad_records: Literal["fail", "skip"] = "fail"
+    # Under bad_records=skip: the most bad records the pass accepts, as a fraction of the records read.
     max_bad_fraction: float = Field(0.001, ge=0.0, le=1.0)
 
 
