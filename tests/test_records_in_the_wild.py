@@ -322,3 +322,26 @@ def _tok(path: str):
 
     text = load_tokenizer_json(path)
     return Tokenizer.from_str(text), describe(text, path)
+
+
+def test_too_many_bad_records_fail_the_pass_and_a_rerun_with_a_higher_bound_resumes_every_unit(
+        tmp_path, lines, tiny_tokenizer_dir, ray_local):
+    """On Ray: past corpus.max_bad_fraction the pass fails naming the count and the list, keeping
+    every committed unit; raising the bound resumes them all (their counts are in the manifest) and
+    writes the same list."""
+    from tests.helpers import manifest_json, tiny_config
+    from tpu_ray.prepare.shards import make_shards
+
+    path = tmp_path / "c.jsonl"
+    _with_cut_records(path, lines[:760], 190)  # 4 of 760 records cut: 0.53%
+    base = {"corpus.bad_records": "skip", "tokenizer.path": tiny_tokenizer_dir, "shard.unit_bytes": 32768}
+    cfg = tiny_config(tmp_path / "run", path, **base)
+    with pytest.raises(UserError, match=r"4 bad records of 760 \(0.526%\) exceed corpus.max_bad_fraction=0.001; "
+                                        r"they are listed in .*shards/bad_records.jsonl"):
+        make_shards(cfg, actors=2)
+    listed = (Path(cfg.shards_dir) / BAD_FILE).read_text()
+    assert len(listed.splitlines()) == 4 and not manifest_json(cfg.shards_dir)["complete"]
+    summary = make_shards(cfg.override({"corpus.max_bad_fraction": 0.01}), actors=2)
+    assert summary.skipped_units == summary.units > 1 and summary.bad_records == 4
+    assert (Path(cfg.shards_dir) / BAD_FILE).read_text() == listed
+    assert manifest_json(cfg.shards_dir)["complete"]

@@ -410,7 +410,8 @@ class ShardSet:
             bad_records=sum(r.get("bad_records", 0) for r in results.values()),
             unit_stats=[{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"],
                          "skipped": v.get("skipped_records", 0),
-                         **{m: v[k2] for k2, m in STAT_KEYS.items() if v.get(k2)}}  # record counts (issue 34)
+                         **{m: v[k2] for k2, m in STAT_KEYS.items()  # record counts (issue 34)
+                            if v.get(k2) or k2 == "with_field" and k2 in v}}
                         for k, v in sorted(results.items())])
 
 

@@ -244,9 +244,10 @@ def json_texts(lines: Iterable[tuple[str, bytes | str]], source: str, text_field
                counts: Counts) -> list[str]:
     """The text field of every JSON line (`where` names each record); the text-field rule applies.
 
-    Records none of which has the field at all are a typo'd `corpus.text_field`, not data to skip:
-    an error naming the fields the first record has (`counts.require_field`, at the end of a unit,
-    or as soon as TYPO_RECORDS records in a row lack it).
+    A record without the field is skipped and counted wherever it stands (a warning when the first
+    TYPO_RECORDS read all lack it); a corpus where none has it is a typo'd `corpus.text_field`,
+    refused once over every unit's counts (`require_field`). A record that cannot be read (not
+    JSON, not an object, a field that is not text) fails, or is listed under bad_records=skip.
     """
     out: list[str] = []
     for where, line in lines:
