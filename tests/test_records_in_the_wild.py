@@ -291,6 +291,10 @@ def test_a_thousand_file_corpus_with_cut_and_fieldless_records_shards_exactly_th
     assert "bad_records=10" in summary.line() and "skipped_records=2000 (jsonl: 2000)" in summary.line()
     manifest = manifest_json(cfg.shards_dir)
     assert manifest["bad_records"] == 10 and manifest["skipped_by_kind"] == {"jsonl": 2000}
+    from tpu_ray.report import _shard_rows  # the report's Shards table
+
+    rows = dict(_shard_rows(cfg.run_dir))
+    assert rows["skipped records"] == "2,000 (jsonl: 2,000)" and rows["bad records"].startswith("10 (listed")
     listed = (Path(cfg.shards_dir) / BAD_FILE).read_text()
     assert len(listed.splitlines()) == 10
     assert listed == (Path(runs[2][0].shards_dir) / BAD_FILE).read_text()
@@ -345,3 +349,7 @@ def test_too_many_bad_records_fail_the_pass_and_a_rerun_with_a_higher_bound_resu
     assert summary.skipped_units == summary.units > 1 and summary.bad_records == 4
     assert (Path(cfg.shards_dir) / BAD_FILE).read_text() == listed
     assert manifest_json(cfg.shards_dir)["complete"]
+    from tpu_ray.report import _shard_rows  # the report's Shards table
+
+    rows = dict(_shard_rows(cfg.run_dir))
+    assert rows["bad records"] == "4 (listed in bad_records.jsonl)" and rows["skipped records"] == "0"
