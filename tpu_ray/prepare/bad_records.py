@@ -52,27 +52,41 @@ def skipped_by_kind(results: dict[int, dict]) -> dict[str, int]:
 
 
 def check_corpus(results: dict[int, dict], text_field: str, max_bad_fraction: float, out_dir: str) -> int:
-    """The corpus-wide rules at the end of a pass; returns the bad records skipped (listed in BAD_FILE).
+    """The corpus-wide rules at the end of a pass over one source; see check_sources."""
+    return check_sources(results, [(None, sorted(results), text_field, max_bad_fraction)], out_dir)
 
-    A corpus where records lack the text field and none has it is refused (one line, the fields
-    found). Bad records past `max_bad_fraction` of the records read fail the pass, naming the count
-    and the list."""
-    ordered = [results[i] for i in sorted(results)]
-    if not any(r.get("with_field") or r.get("with_field") is None and r.get("tokens") for r in ordered):
-        require_field([_counts(r) for r in ordered], text_field)
-    bad = sum(r.get("bad_records", 0) for r in ordered)
+
+def check_sources(results: dict[int, dict], groups: list[tuple[str | None, list[int], str, float]],
+                  out_dir: str) -> int:
+    """The corpus-wide rules at the end of a pass, source by source (`groups`: the config field that
+    names each, None for the one-source corpus; its units; its text field; its max_bad_fraction);
+    returns the bad records skipped, all listed in BAD_FILE in unit order.
+
+    A source where records lack the text field and none has it is refused (one line, the fields
+    found). Bad records past `max_bad_fraction` of a source's records fail the pass, naming the
+    count and the list."""
     path = storage.join(out_dir, BAD_FILE)
-    if not bad:
-        if storage.exists(path):  # from an earlier pass over a corpus since fixed
-            storage.remove(path)
-        return 0
-    lines = [storage.read_text(unit_path(out_dir, i)) for i in sorted(results) if results[i].get("bad_records")]
-    storage.atomic_write_text(path, "".join(lines))
-    records = sum(r.get("records", 0) for r in ordered)
-    if bad > max_bad_fraction * records:
-        raise UserError(f"{bad:,} bad records of {records:,} ({bad / max(records, 1):.3%}) exceed "
-                        f"corpus.max_bad_fraction={max_bad_fraction}; they are listed in {path}; fix or remove "
-                        f"them, or raise corpus.max_bad_fraction")
+    bad = sum(r.get("bad_records", 0) for r in results.values())
+    if bad:
+        lines = [storage.read_text(unit_path(out_dir, i)) for i in sorted(results) if results[i].get("bad_records")]
+        storage.atomic_write_text(path, "".join(lines))
+    elif storage.exists(path):  # from an earlier pass over a corpus since fixed
+        storage.remove(path)
+    for name, units, text_field, max_bad_fraction in groups:
+        ordered = [results[i] for i in units if i in results]
+        where = f"{name}: " if name else ""
+        if not any(r.get("with_field") or r.get("with_field") is None and r.get("tokens") for r in ordered):
+            try:
+                require_field([_counts(r) for r in ordered], text_field)
+            except UserError as exc:
+                raise UserError(f"{where}{exc}") from None
+        n_bad = sum(r.get("bad_records", 0) for r in ordered)
+        records = sum(r.get("records", 0) for r in ordered)
+        if n_bad > max_bad_fraction * records:
+            field = f"{name}.max_bad_fraction" if name else "corpus.max_bad_fraction"
+            raise UserError(f"{where}{n_bad:,} bad records of {records:,} ({n_bad / max(records, 1):.3%}) exceed "
+                            f"{field}={max_bad_fraction}; they are listed in {path}; fix or remove them, or raise "
+                            f"{field}")
     return bad
 
 

@@ -24,8 +24,10 @@ def preflight_corpus(cfg) -> list[str]:
     from tpu_ray.prepare.readers import reader
 
     checked: list[str] = []
-    for field, source in (("corpus.source", cfg.corpus.source),
-                          ("corpus.validation_source", cfg.corpus.validation_source)):
+    named = cfg.corpus.named_sources()
+    prefix = {n: "corpus" if cfg.corpus.sources is None else f"corpus.sources.{n}" for n in named}
+    for field, source, corpus in [(f"{prefix[n]}.{key}", getattr(src, key), src) for n, src in named.items()
+                                  for key in ("source", "validation_source")]:
         if not source or source == BUILTIN_CORPUS or source.startswith("hf:"):
             continue
         files = resolve_files(source, field)
@@ -39,6 +41,6 @@ def preflight_corpus(cfg) -> list[str]:
             if r.sniffs and detect(path)[1] is None:  # type: ignore[index]
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)
-            r.preflight(path, cfg.corpus, head)
+            r.preflight(path, corpus, head)
         checked += [path for path, _ in files]
     return checked

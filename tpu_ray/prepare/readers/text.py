@@ -76,9 +76,10 @@ class TextReader(Reader):
         splits = _align_all(path, targets, size, limit, shard.unit_bytes) if 0 < frac < 1 else {}
         units = []
         for (s, e), t in zip(pairs, targets):
-            split_at = e if frac == 0 else min(splits[t], e) if t < e else e
-            if frac >= 1.0:
+            if frac >= 1.0:  # validation text only (a validation source; an evaluation-only source)
                 split_at = s
+            else:
+                split_at = e if frac == 0 else min(splits[t], e) if t < e else e
             units.append(WorkUnit(0, path, self.fmt, s, split_at, e, **ctx.common))  # type: ignore[arg-type]
         return units
 
