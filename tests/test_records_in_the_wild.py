@@ -98,6 +98,21 @@ def test_a_corpus_where_no_record_has_the_field_is_refused_once_naming_the_field
         iter_train_text(units, 1 << 30)
 
 
+def test_the_preflight_warns_of_a_typod_field_without_failing_a_valid_corpus(tmp_path, lines, caplog):
+    """The typo'd-field help stays, as a warning before any stage: the corpus may still have the
+    field further on (here it does), so nothing is refused."""
+    from tpu_ray.config import RunConfig
+    from tpu_ray.prepare.preflight import preflight_corpus
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(lines[:200]))
+                    + "".join(json.dumps({"text": t}) + "\n" for t in lines[200:400]))
+    cfg = RunConfig.from_dict({"name": "t", "output_dir": str(tmp_path / "run"), "corpus": {"source": str(path)}})
+    with caplog.at_level("WARNING", logger="tpu_ray.prepare.corpus"):
+        assert preflight_corpus(cfg) == [str(path)]
+    assert "none of the" in caplog.text and "has field 'text'" in caplog.text and "fields: body, id" in caplog.text
+
+
 # ---- 2. broken records: fail (default) or skip, counted, listed, bounded ------------------------
 def _with_cut_records(path: Path, lines: list[str], every: int) -> list[str]:
     """A JSON-lines file where every `every`-th record is cut mid-line; returns the good texts."""

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from tpu_ray import storage
 from tpu_ray.errors import UserError
+from tpu_ray.prepare.streams import Counts
+
+log = logging.getLogger("tpu_ray.prepare.corpus")
 
 # Bytes sniffed at the start of each corpus file for NUL bytes (binary files given as text).
 SNIFF_BYTES = 8192
@@ -33,6 +38,7 @@ def preflight_corpus(cfg) -> list[str]:
         files = resolve_files(source, field)
         if all(reader(fmt).sized and storage.size(path) == 0 for path, fmt in files):
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
+        counts = Counts()
         for path, fmt in files[:SNIFF_FILES]:
             # Each reader's own cheap check (parquet: the footer; text: the first bytes of an
             # uncompressed file, by the reader's one-line errors; compressed ones: their stage reads them).
@@ -41,6 +47,14 @@ def preflight_corpus(cfg) -> list[str]:
             if r.sniffs and detect(path)[1] is None:  # type: ignore[index]
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)
-            r.preflight(path, corpus, head)
+            r.preflight(path, corpus, head, counts)
+        if counts.missing and not counts.with_field and counts.first_missing:
+            where, keys = counts.first_missing
+            # A warning, not a refusal: records without the field are skipped and counted wherever
+            # they stand, and the rest of the corpus may have it (a corpus where none has it is
+            # refused once it has been read).
+            log.warning("%s=%r: none of the %d records sniffed has field %r (first: %s, fields: %s); if "
+                        "corpus.text_field is wrong, stop and set it", field, source, counts.missing,
+                        corpus.text_field, where, ", ".join(keys))
         checked += [path for path, _ in files]
     return checked

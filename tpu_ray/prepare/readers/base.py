@@ -159,9 +159,10 @@ class Reader:
         """The unit's chunks, front to back, one alive at a time; `counts` gathers skipped records."""
         raise NotImplementedError
 
-    def preflight(self, path: str, corpus: CorpusConfig, head: bytes | None) -> None:
+    def preflight(self, path: str, corpus: CorpusConfig, head: bytes | None, counts: Counts) -> None:
         """A cheap check of one file before a stage writes anything (preflight.py); `head` is the
-        file's first bytes where the reader asked for them (`sniffs`)."""
+        file's first bytes where the reader asked for them (`sniffs`); `counts` gathers the records
+        it saw (for the typo'd-text-field warning)."""
 
     sniffs: ClassVar[bool] = False  # preflight wants the first bytes of uncompressed files
 

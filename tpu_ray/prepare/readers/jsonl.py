@@ -28,6 +28,15 @@ class JsonLinesReader(TextReader):
         return json_texts(_json_lines(text, 0), path, unit.text_field, unit.text_lists, counts)
 
 
+    def sniff_records(self, text: str, path: str, corpus, counts: Counts) -> None:
+        skip = Counts(skip_bad=True, warned=True)  # a record cut or broken: its stage judges it
+        json_texts(_json_lines(text, 0), path, corpus.text_field, corpus.text_lists, skip)
+        counts.records += skip.records - len(skip.bad)
+        counts.with_field += skip.with_field
+        counts.missing += skip.missing
+        counts.first_missing = counts.first_missing or skip.first_missing
+
+
 def _json_lines(text: str, offset: int) -> Iterator[tuple[str, str]]:
     """("byte N", line) for the lines of a JSON-lines byte range starting at byte `offset`."""
     for line in text.split("\n"):

@@ -47,6 +47,6 @@ class ParquetReader(Reader):
         for train, validation in chunked(items, unit.chunk_bytes, unit.val_fraction):
             yield Chunk(lines_of(train), lines_of(validation))
 
-    def preflight(self, path: str, corpus, head: bytes | None) -> None:
+    def preflight(self, path: str, corpus, head: bytes | None, counts: Counts) -> None:
         """The footer only: not parquet, no text column, a column that is not text."""
         tabular.parquet_groups(path, corpus.text_field, corpus.text_lists)

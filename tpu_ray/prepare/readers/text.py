@@ -146,14 +146,19 @@ class TextReader(Reader):
         train, validation = split_items(items, pos, unit.val_fraction) if items else ([], [])
         return Chunk(lines_of(train), lines_of(validation))
 
-    def preflight(self, path: str, corpus, head: bytes | None) -> None:
+    def preflight(self, path: str, corpus, head: bytes | None, counts: Counts) -> None:
         """NUL bytes, and non-UTF-8 under encoding_errors=fail, in the first bytes (whole lines only:
         a character cut at the sniff's end is fine); compressed files are left to their stage."""
         if head is None:
             return
         lines = head[: head.rfind(b"\n") + 1]
         policy = corpus.encoding_errors if lines else "replace"
-        decode_text(lines or head, WorkUnit(0, path, self.fmt, 0, 0, len(head), encoding_errors=policy), 0)  # type: ignore[arg-type]
+        text = decode_text(lines or head, WorkUnit(0, path, self.fmt, 0, 0, len(head),  # type: ignore[arg-type]
+                                                   encoding_errors=policy), 0)
+        self.sniff_records(text if lines else "", path, corpus, counts)
+
+    def sniff_records(self, text: str, path: str, corpus, counts: Counts) -> None:
+        """The records of a sniffed head, counted (JSON lines: whether they have the text field)."""
 
 
 def _align_all(path: str, positions: list[int], size: int, max_line_bytes: int | None,
