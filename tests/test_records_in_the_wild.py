@@ -207,6 +207,19 @@ def test_a_gzip_trailer_is_believed_only_where_it_can_describe_the_file():
     assert _gzip_text_size((7).to_bytes(4, "little"), 5_000_000) == UNTRUSTED  # may have wrapped past 4 GiB
 
 
+def test_a_zstd_files_first_frame_size_is_believed_only_where_it_can_be_the_files_text():
+    import zstandard
+
+    from tpu_ray.prepare.corpus import UNTRUSTED, _zstd_text_size
+
+    one = zstandard.ZstdCompressor().compress(b"a few words\n" * 1000)
+    assert _zstd_text_size(one[:18], len(one)) == 12000
+    import os
+
+    two = zstandard.ZstdCompressor().compress(b"x\n") + zstandard.ZstdCompressor().compress(os.urandom(50_000))
+    assert _zstd_text_size(two[:18], len(two)) == UNTRUSTED  # `cat a.zst b.zst`: the first frame is not the file
+
+
 # ---- 4. encodings: a byte-order mark is never text; UTF-16/32 refused in one line ---------------
 def test_a_utf8_byte_order_mark_is_never_text_in_any_format(tmp_path, lines):
     import csv

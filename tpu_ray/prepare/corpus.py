@@ -219,7 +219,7 @@ def _text_size_hints(files: list[CorpusFile], shard: ShardConfig) -> dict[str, i
     raw = storage.read_heads_and_tails([f.path for f in picks], starts, ends)
     hints = {}
     for f, g, data in zip(picks, gz, raw):
-        size = _gzip_text_size(data, f.size) if g else _zstd_content_size(data)
+        size = _gzip_text_size(data, f.size) if g else _zstd_text_size(data, f.size)
         if size is not None:
             hints[f.path] = size
     return hints
@@ -252,6 +252,16 @@ def _gzip_text_size(tail: bytes, stored: int) -> int | None:
 
 
 UNTRUSTED = -1  # a text-size hint that cannot describe its file: the file stands alone
+
+
+def _zstd_text_size(head: bytes, stored: int) -> int | None:
+    """The first frame's Frame_Content_Size, or UNTRUSTED where it cannot be the file's text: less
+    than the file's stored bytes (less headers and raw blocks' 3 bytes per 128 KiB) means several
+    frames (`cat a.zst b.zst`), the others' text unknown; such a file stands alone."""
+    size = _zstd_content_size(head)
+    if size is not None and size + _GZIP_SLACK + stored // 8192 < stored:
+        return UNTRUSTED
+    return size
 
 
 def _zstd_content_size(head: bytes) -> int | None:
