@@ -549,6 +549,7 @@ def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
         except Exception as exc:  # safetensors raises SafetensorError (truncated header or data), TypeError (bf16)
             raise UserError(f"{src.where}/{os.path.basename(f)}: cannot read the weights ({first_line(exc)[:120]}); "
                             f"the file is damaged or truncated: download or export it again") from None
+    _fill_tied(state, model.config.model_type)
     try:
         _, info = load_pytorch_state_dict_in_tf2_model(
             model, state, allow_missing_keys=True, output_loading_info=True, skip_logger_warnings=True,
@@ -558,6 +559,15 @@ def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
     if info["missing_keys"]:
         raise UserError(f"{src.where}/model.safetensors: {len(info['missing_keys'])} weight(s) missing (e.g. "
                         f"{info['missing_keys'][0]}); the file does not hold this {model.config.model_type} model")
+
+
+def _fill_tied(state: dict[str, Any], model_type: str) -> None:
+    """The tied weights a PyTorch save drops (ALBERT's decoder bias, MobileBERT's decoder) that TF
+    keeps as variables of their own: set to the weight PyTorch ties them to (families.pt_tied)."""
+    fam = FAMILIES.get(model_type)
+    for dropped, kept in fam.pt_tied if fam else ():
+        if dropped not in state and kept in state:
+            state[dropped] = state[kept]
 
 
 def _load_run_checkpoint(model: Any, src: Source) -> str:
