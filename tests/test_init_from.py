@@ -420,3 +420,34 @@ def test_a_gs_source_reuploaded_to_the_same_url_is_fetched_again(gcs_emulator, t
     v2 = resolve(root)
     assert v2.local != v1.local and source_hf_config(v2).hidden_size == 128
     assert Pipeline(cfg).cfg.model.hidden_size == 64  # the run reads its copy, not the re-upload
+
+
+@pytest.mark.slow  # the storage emulator's start-up
+def test_a_gs_run_directory_holds_its_copy_and_every_host_reads_it(gcs_emulator, tf_dir, tmp_path, small_corpus,
+                                                                   monkeypatch):
+    """A TPU host (or a recovery attempt) of a gs:// run reads RUN/init from the bucket into its own
+    cache, verified against source.json: the local source, which exists only on the driver, is gone."""
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray import storage
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.train.init_from import checkpoint_hf_config, load_weights, source_for
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "host-cache"))
+    src = tmp_path / "src"
+    shutil.copytree(tf_dir, src)
+    run = storage.join(gcs_emulator.make_bucket(), "runs", "cont")
+    cfg = tiny_config(tmp_path / "unused", small_corpus, **{"output_dir": run, "model.init_from": str(src)})
+    p = Pipeline(cfg)
+    p.tokenizer()
+    assert storage.exists(storage.join(run, "init", "source.json"))
+    shutil.rmtree(src)
+    host_cfg = Pipeline(cfg).cfg  # what run_training hands every host
+    got = source_for(host_cfg)
+    assert got.kind == "copy" and got.where == storage.join(run, "init")
+    assert got.local.startswith(str(tmp_path / "host-cache")) and host_cfg.model.init_sha256 in got.local
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(host_cfg))
+    model(model.dummy_inputs)
+    assert load_weights(model, host_cfg).endswith("tf_model.h5")
+    ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
