@@ -97,15 +97,17 @@ def user_cache() -> Path:
     """tpu-ray's cache for this user ($XDG_CACHE_HOME/tpu-ray, else ~/.cache/tpu-ray), mode 0700.
 
     Why not a fixed path in the shared temporary directory: another user could plant files there
-    (or read them); a directory this user does not own, or others can write, is not used."""
+    (or read them); a directory this user does not own is not used, one it owns is made private."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     root = Path(base) / "tpu-ray"
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = root.stat()
-        if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        if st.st_uid == os.getuid() and not root.is_symlink():
+            if st.st_mode & 0o077:
+                root.chmod(0o700)
             return root
-        log.warning("%s: not this user's private directory; using a private temporary one", root)
+        log.warning("%s: not this user's own directory; using a private temporary one", root)
     except OSError as exc:
         log.warning("%s: cannot use it as a cache (%s); using a private temporary one", root, first_line(exc))
     global _PRIVATE_TMP
