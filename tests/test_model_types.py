@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -220,7 +221,10 @@ def test_continued_from_a_pytorch_written_safetensors_loads_every_weight(scratch
     written, got = load_file(str(src / "model.safetensors")), pytorch_state_dict(model)
     tied = dict(family(model_type).pt_tied)
     print(f"{model_type} ({how}): {len(written)} tensors written, filled from their tie: {sorted(tied)}")
-    assert set(got) - set(written) == set(tied)  # exactly the weights PyTorch's save drops
+    # TF-only layers the MLM never uses (MPNet's pooler): TF's own loader leaves them as built
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or []]
+    unwritten = {n for n in set(got) - set(written) if not any(p.search(n) for p in ignored)}
+    assert unwritten == set(tied)  # exactly the weights PyTorch's save drops
     for name, array in written.items():
         if name in got:
             assert np.array_equal(got[name], array), name
