@@ -385,15 +385,18 @@ def _write_ray(g: Given, tmp: str, field: str, lists: str) -> dict:
         kwargs["filesystem"] = PyFileSystem(FSSpecHandler(fs))
     target = stripped if storage.is_remote(tmp) else tmp
     try:
+        # The driver's storage endpoint (an emulator) in the workers, which may predate it.
+        remote = {"runtime_env": {"env_vars": env}} if (env := storage.forwarded_env()) else {}
         g.data.map_batches(_select_text, fn_kwargs={"field": field, "lists": lists, "label": g.label},
-                           batch_format="pyarrow", zero_copy_batch=True).write_parquet(target, **kwargs)
+                           batch_format="pyarrow", zero_copy_batch=True, **remote) \
+            .write_parquet(target, ray_remote_args=remote, **kwargs)
     except Exception as exc:  # noqa: BLE001 - Ray Data wraps the worker's error; ours is the one to show
         found = _user_error_in(exc)
         if found:
             raise found from None
         raise
     files = sorted(p for p in storage.glob(storage.join(tmp, "*.parquet")))
-    digest_task = ray.remote(num_cpus=0.5)(_file_digest)
+    digest_task = ray.remote(num_cpus=0.5, **remote)(_file_digest)
     parts = ray.get([digest_task.remote(storage.join(tmp, p.rsplit("/", 1)[-1]), field) for p in files])
     columns = _ray_columns(g.data) or (parts[0][4] if parts else [])
     rows = sum(p[0] for p in parts)
