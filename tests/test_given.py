@@ -232,3 +232,19 @@ def test_a_gs_run_directory_gets_the_corpus_and_shards_like_a_file(kind, gcs_emu
 
     texts = sorted(t for u in plan_units(cfg.corpus, cfg.shard, str(tmp_path)) for t in read_unit_text(u, "all"))
     assert texts == sorted(line for d in docs for line in d.split("\n"))
+
+
+def test_the_pipeline_uses_the_ray_cluster_the_process_already_runs(tmp_path, docs):  # noqa: F811
+    """Analytics code that built a Ray Dataset called ray.init: the pipeline writes with that
+    cluster (no second one started, none shut down) and its stages read what was written."""
+    start_local_ray()
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    cfg = tiny_config(tmp_path / "run", tmp_path / "unused")
+    assert cfg.ray.address is None
+    p = Pipeline(cfg, corpus=ray.data.from_items([{"text": d} for d in docs]))
+    p.tokenizer()
+    assert ray.is_initialized() and ray.get_runtime_context().gcs_address == address
+    assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
+    assert json.loads((tmp_path / "run" / "corpus" / "corpus.given.json").read_text())["kind"] == "ray.data.Dataset"
