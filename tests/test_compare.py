@@ -131,3 +131,14 @@ def test_the_cli_refuses_a_missing_run_in_one_line(runs, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"run directory not found: {tmp_path / 'nope'}" in err
     assert not (tmp_path / "cmp").exists()
+
+
+def test_a_run_without_a_saved_config_differs_in_nothing(tmp_path):
+    from tpu_ray import compare
+
+    runs = [_run(tmp_path / "a", BASE, "s"), _run(tmp_path / "b", BASE + "  learning_rate: 0.0003\n", "s"),
+            _run(tmp_path / "c", BASE, "s")]
+    (tmp_path / "c" / "config.yaml").unlink()
+    df = compare(runs)
+    assert df.attrs["differing"] == ["train.learning_rate"]
+    assert df.groupby("run", sort=False)["train.learning_rate"].first().tolist()[:2] == [0.0001, 0.0003]

@@ -68,7 +68,9 @@ def run_config(run: str) -> dict[str, Any]:
 
 
 def differing_keys(configs: Sequence[dict[str, Any]]) -> list[str]:
-    """Dotted config keys whose values are not the same in every run."""
+    """Dotted config keys whose values are not the same in every run (runs without a saved
+    config are left out: unknown is not different)."""
+    configs = [c for c in configs if c]
     keys = sorted({k for c in configs for k in c})
     return [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1]
 
