@@ -142,3 +142,13 @@ def test_a_run_without_a_saved_config_differs_in_nothing(tmp_path):
     df = compare(runs)
     assert df.attrs["differing"] == ["train.learning_rate"]
     assert df.groupby("run", sort=False)["train.learning_rate"].first().tolist()[:2] == [0.0001, 0.0003]
+
+
+def test_the_page_goes_to_gs(runs, gcs_emulator):
+    from tpu_ray import storage
+
+    bucket = gcs_emulator.make_bucket()
+    paths = write_comparison(runs, f"{bucket}/cmp")
+    assert paths[PAGE] == f"{bucket}/cmp/{PAGE}"
+    assert "tpu-ray run comparison" in storage.read_text(paths[PAGE])
+    assert storage.read_bytes(f"{bucket}/cmp/{PLOTS[0]}")[:8] == PNG_MAGIC
