@@ -17,8 +17,8 @@ DESCRIPTION = """\
 Pretrain a Hugging Face masked language model (RoBERTa by default) with TensorFlow, from raw text
 to an exported model, on a TPU slice, GPUs or a CPU, orchestrated by Ray.
 
-  tpu-ray run --config jobs/configs/quickstart.yaml --output-dir /tmp/quickstart
-  tpu-ray report /tmp/quickstart        tpu-ray metrics /tmp/quickstart
+  tpu-ray run --config jobs/configs/quickstart.yaml --output-dir runs/quickstart
+  tpu-ray report runs/quickstart        tpu-ray metrics runs/quickstart
 
 Each command takes --help. A run is named by its directory (local path or gs://)."""
 

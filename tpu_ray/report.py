@@ -292,13 +292,11 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     ev = by_step(df[df["kind"] == "eval"]) if len(df) else df
 
     out_dir = out_dir or run_dir
-    remote = storage.is_remote(out_dir)
-    tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-report-") if remote else None
-    local = tmp.name if tmp else out_dir
-    try:
-        if os.path.exists(local) and not os.path.isdir(local):
-            raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
-        os.makedirs(local, exist_ok=True)
+    if not storage.is_remote(out_dir) and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
+    # Rendered into a temp directory, then each file committed by rename: a link planted in place
+    # of report.html or a plot is replaced, never followed (it could point at any file of ours).
+    with tempfile.TemporaryDirectory(prefix="tpu-ray-report-") as local:
         lp = {name: os.path.join(local, name) for name in (*PLOTS, REPORT_FILE)}
         plot_loss(train, ev, lp["loss.png"])
         plot_throughput(train, lp["throughput.png"])
@@ -307,16 +305,12 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
         page = _html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
             f.write(page)
-        if not remote:
-            return lp
+        storage.makedirs(out_dir)
         out = {}
         for name, path in lp.items():
             out[name] = storage.join(out_dir, name)
             storage.atomic_copy_file(path, out[name])
         return out
-    finally:
-        if tmp:
-            tmp.cleanup()
 
 
 def text_summary(run_dir: str) -> str:

@@ -29,6 +29,7 @@ import builtins
 import collections
 import errno
 import functools
+import json
 import os
 import re
 import shutil
@@ -596,6 +597,21 @@ def atomic_copy_file(local_src: str, dst: str) -> None:
     _fsync_dir(os.path.dirname(final))
 
 
+def append_text_local(path: str, text: str) -> None:
+    """Append UTF-8 `text` to a local file (created if absent), never through a symbolic link: a
+    link planted in place of a run file (metrics.jsonl) must not make us write someone's file."""
+    local = _local(path)
+    try:
+        fd = os.open(local, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"{path}: is a symbolic link; a run file must be a plain file: remove the link "
+                               f"and check who made it") from None
+        raise
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(text)
+
+
 def _silent_remove(path: str) -> None:
     try:
         os.remove(path)
@@ -632,13 +648,14 @@ def create_if_absent(path: str, data: bytes) -> bool:
 
 
 @_counted
-def remove_if_generation(path: str, generation: str | None = None) -> None:
+def remove_if_generation(path: str, generation: str | None = None) -> bool:
     """Delete `path` only while it is still `generation` (gs://: `ifGenerationMatch`; the current
-    generation when None). Local paths have no generations: plain delete."""
+    generation when None). False when the store refused (HTTP 412: someone rewrote it since),
+    True otherwise (also when it was already gone). Local paths have no generations: plain delete."""
     fs, p = filesystem(path)
     if not is_remote(path):
         _silent_remove(p)
-        return
+        return True
     with _remote_errors(path):
         try:
             gen = generation or fs.info(p).get("generation")
@@ -646,6 +663,29 @@ def remove_if_generation(path: str, generation: str | None = None) -> None:
             fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=gen)
         except FileNotFoundError:
             pass
+        except FileExistsError:  # gcsfs's name for HTTP 412 (precondition failed)
+            return False
+    return True
+
+
+@_counted
+def replace_if_generation(path: str, data: bytes, generation: str) -> str | None:
+    """Overwrite the gs:// object `path` with `data` only while it is still `generation`
+    (`ifGenerationMatch`): the new generation, or None when the store refused (HTTP 412)."""
+    from urllib.parse import quote
+
+    fs, p = filesystem(path)
+    bucket, key = p.split("/", 1)
+    body = (b'--==0==\nContent-Type: application/json; charset=UTF-8\n\n' + json.dumps({"name": key}).encode()
+            + b"\n--==0==\nContent-Type: application/octet-stream\n\n" + data + b"\n--==0==--")
+    with _remote_errors(path):
+        try:
+            out = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{quote(bucket)}/o", uploadType="multipart",
+                          headers={"Content-Type": 'multipart/related; boundary="==0=="'}, data=body,
+                          json_out=True, ifGenerationMatch=generation)
+        except FileExistsError:  # HTTP 412: no longer that generation
+            return None
+    return str(out.get("generation")) if isinstance(out, dict) and out.get("generation") else None
 
 
 @_counted

@@ -70,8 +70,7 @@ class MetricsWriter:
                     log.warning("metrics upload failed, retried with the next records: %s", exc)
                     self._last_upload = time.monotonic()
         else:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line)
+            storage.append_text_local(self.path, line)  # never through a link planted in its place
         return record
 
     def flush(self) -> None:
