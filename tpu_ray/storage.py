@@ -229,7 +229,8 @@ def _missing_bucket_error(path: str) -> StorageError:
 def _remote_errors(path: str) -> Iterator[None]:
     """Turn gcsfs/aiohttp failures on remote `path` into one-line StorageErrors.
 
-    A missing object stays a FileNotFoundError (callers rely on it); a missing bucket does not.
+    A missing object stays a FileNotFoundError (callers rely on it); a missing bucket does not. A
+    412 stays a FileExistsError (create_if_absent and the *_if_generation calls answer it).
     Local paths raise the usual OSErrors untouched.
     """
     if not is_remote(path):
@@ -244,6 +245,8 @@ def _remote_errors(path: str) -> Iterator[None]:
             raise _missing_bucket_error(path) from None
         # gcsfs names the request URL; name the path the caller gave instead.
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+    except FileExistsError:
+        raise  # gcsfs's HTTP 412 (a precondition that did not hold): the conditional writes' answer
     except PermissionError as exc:
         raise StorageError(f"{path}: permission denied ({_first_line(exc)}); "
                            "grant access or fix the credentials") from None

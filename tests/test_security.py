@@ -1,0 +1,213 @@
+"""Issue 36: nothing lost, no one let in. Locks and run files that cannot be turned against their
+user, one writer per shard directory, gs:// locks owned by a token with a lease, working dependency
+floors, whole exports, confined index paths and no credentials in a run's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+from tpu_ray.errors import UserError
+
+
+# --- 1. locks and run files never follow links; run directories must be ours ------------------
+def test_lock_link_to_a_victim_file_is_refused_and_the_file_kept(tmp_path):
+    """Another user's `RUN/.lock -> ~/.bashrc` used to be truncated and overwritten by the lock."""
+    from tpu_ray.runlock import RunLock
+
+    victim = tmp_path / "bashrc"
+    victim.write_text("export PATH=$HOME/bin:$PATH\n")
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    (run / ".lock").symlink_to(victim)
+    with pytest.raises(UserError, match=r"\.lock: is a symbolic link .*remove the link"):
+        RunLock(str(run), "tpu-ray run").acquire()
+    assert victim.read_text() == "export PATH=$HOME/bin:$PATH\n"
+
+
+def test_lock_hard_link_or_fifo_is_refused(tmp_path):
+    from tpu_ray.runlock import RunLock
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    other = tmp_path / "other"
+    other.write_text("keep\n")
+    os.link(other, run / ".lock")
+    with pytest.raises(UserError, match="a file with 2 names"):
+        RunLock(str(run), "tpu-ray run").acquire()
+    assert other.read_text() == "keep\n"
+    (run / ".lock").unlink()
+    os.mkfifo(run / ".lock")
+    with pytest.raises(UserError, match="not a plain file"):
+        RunLock(str(run), "tpu-ray run").acquire()
+
+
+def test_world_writable_run_dir_is_refused_in_one_line(tmp_path):
+    from tpu_ray.runlock import RunLock
+
+    run = tmp_path / "shared"
+    run.mkdir()
+    run.chmod(0o777)
+    with pytest.raises(UserError, match=r"shared: is writable by every user \(mode 0777\).*chmod o-w") as err:
+        RunLock(str(run), "tpu-ray run").acquire()
+    assert "\n" not in str(err.value)
+    assert not (run / ".lock").exists()
+    run.chmod(0o1777)  # sticky: others still create names in it (a planted tokenizer/ or model/)
+    with pytest.raises(UserError, match="writable by every user"):
+        RunLock(str(run), "tpu-ray run").acquire()
+    run.chmod(0o755)
+    with RunLock(str(run), "tpu-ray run"):
+        pass
+
+
+def test_run_dir_of_another_user_is_refused():
+    """A directory owned by someone else (here: a system directory owned by a non-root user, if
+    the machine has one; else a directory we own but claim is not ours cannot be made)."""
+    from tpu_ray.runlock import check_private_dir
+
+    candidates = [p for p in ("/proc/1", "/var/tmp", "/tmp") if os.path.isdir(p)]
+    uid = os.getuid()
+    others = [p for p in candidates if os.stat(p).st_uid not in (uid, 0)]
+    if uid == 0 or not others:
+        # Root (or no foreign directory here): a directory owned by uid 0 is accepted, a
+        # world-writable one is not (the same check's other half).
+        with pytest.raises(UserError, match="writable by every user"):
+            check_private_dir("/tmp", "/tmp")
+        return
+    with pytest.raises(UserError, match="belongs to another user"):
+        check_private_dir(others[0], others[0])
+
+
+def test_metrics_link_is_refused_not_followed(tmp_path):
+    from tpu_ray import storage
+    from tpu_ray.train.metrics import MetricsWriter
+
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(victim)
+    writer = MetricsWriter(str(run), tensorboard=False)
+    with pytest.raises(storage.StorageError, match="metrics.jsonl: is a symbolic link"):
+        writer.event("stage_start", stage="x")
+    assert victim.read_text() == "mine\n"
+
+
+def test_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
+    from tpu_ray.report import write_report
+    from tpu_ray.train.metrics import MetricsWriter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    writer = MetricsWriter(str(run), tensorboard=False)
+    for step in (1, 2):
+        writer.write("train", step=step, loss=5.0 / step, lr=1e-3, samples_per_s=10.0, tokens_per_s=100.0)
+    victim = tmp_path / "victim.html"
+    victim.write_text("mine\n")
+    (run / "report.html").symlink_to(victim)
+    (run / "loss.png").symlink_to(victim)
+    write_report(str(run))
+    assert victim.read_text() == "mine\n"
+    assert not (run / "report.html").is_symlink() and "<html" in (run / "report.html").read_text()
+    assert not (run / "loss.png").is_symlink()
+
+
+def test_docs_and_help_suggest_no_shared_tmp_output_dir():
+    """`--output-dir /tmp/quickstart` on a shared machine is a directory anyone can create first."""
+    pattern = re.compile(r"/tmp/[A-Za-z0-9_.-]+")
+    files = [REPO / "README.md", REPO / "tpu_ray" / "cli.py", *sorted((REPO / "docs").glob("*.md")),
+             *sorted((REPO / "jobs").rglob("*.py")), *sorted((REPO / "jobs").rglob("*.yaml"))]
+    found = [f"{p.relative_to(REPO)}: {m}" for p in files for m in pattern.findall(p.read_text())]
+    assert not found, found
+    out = subprocess.run([sys.executable, "-m", "tpu_ray.cli", "--help"], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0 and "runs/quickstart" in out.stdout and "/tmp/" not in out.stdout
+
+
+# --- 4. gs:// lock: a token and a lease, not host and pid --------------------------------------
+class Clock:
+    """A wall clock the test moves by hand: lease expiry without waiting."""
+
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _lock_content(run: str) -> dict:
+    from tpu_ray import storage
+
+    return json.loads(storage.read_text(f"{run}/.lock"))
+
+
+def test_gcs_lock_owner_is_a_token_and_a_dead_pid_on_this_host_is_not_taken_over(gcs_emulator):
+    """Two containers sharing a host name see each other's pids as dead: the old takeover
+    (same host, pid gone) handed a live lock to a second writer."""
+    from tpu_ray import storage
+    from tpu_ray.runlock import RunLock
+
+    run = f"{gcs_emulator.make_bucket()}/run"
+    clock = Clock()
+    holder = RunLock(run, "tpu-ray run", lease_s=60, clock=clock)
+    # The live holder in another container: our host name, a pid that does not exist here.
+    holder.info["pid"] = 2**22 + 17
+    holder.acquire()
+    try:
+        assert len(_lock_content(run)["token"]) == 32 and _lock_content(run)["lease_s"] == 60
+        clock.now += 30  # within the lease
+        with pytest.raises(UserError, match=r"in use by .*tpu-ray run.*lease runs to .*delete .*\.lock") as err:
+            RunLock(run, "tpu-ray train", lease_s=60, clock=clock).acquire()
+        assert "\n" not in str(err.value)
+        assert _lock_content(run)["token"] == holder.info["token"]
+        # Renewed at +50: at +100 (past the first lease, within the renewed one) still refused.
+        clock.now += 20
+        assert holder.renew()
+        clock.now += 50
+        with pytest.raises(UserError, match="in use by"):
+            RunLock(run, "tpu-ray train", lease_s=60, clock=clock).acquire()
+        # Not renewed for longer than its lease: gone, taken over.
+        clock.now += 11
+        with RunLock(run, "tpu-ray next", lease_s=60, clock=clock) as taker:
+            assert _lock_content(run)["token"] == taker.info["token"]
+            assert not holder.renew() and holder.lost  # the old holder learns it lost the lock
+    finally:
+        holder.release()
+    assert not storage.exists(f"{run}/.lock")
+
+
+def test_gcs_lock_of_a_killed_process_waits_for_its_lease(gcs_emulator):
+    from tpu_ray.runlock import RunLock
+
+    run = f"{gcs_emulator.make_bucket()}/run"
+    code = (f"from tpu_ray.runlock import RunLock; import os; RunLock({run!r}, 'tpu-ray dead', lease_s=60)"
+            ".acquire(); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    dead = _lock_content(run)
+    with pytest.raises(UserError, match="in use by .*tpu-ray dead"):
+        RunLock(run, "tpu-ray next").acquire()
+    later = Clock(dead["renewed"] + 61)
+    with RunLock(run, "tpu-ray next", clock=later):
+        assert _lock_content(run)["command"] == "tpu-ray next"
+
+
+def test_gcs_conditional_writes_answer_412_as_one_clear_result(gcs_emulator):
+    """The store's 412 (the object changed since it was read) is a False/None, not a StorageError
+    from deep inside gcsfs; the lock turns it into its own one line."""
+    from tpu_ray import storage
+
+    path = f"{gcs_emulator.make_bucket()}/obj"
+    assert storage.create_if_absent(path, b"a") is True
+    assert storage.create_if_absent(path, b"b") is False  # 412 on ifGenerationMatch=0
+    gen = storage.generation(path)
+    new = storage.replace_if_generation(path, b"c", gen)
+    assert new and new != gen and storage.read_bytes(path) == b"c"
+    assert storage.replace_if_generation(path, b"d", gen) is None  # stale generation: 412
+    assert storage.remove_if_generation(path, gen) is False and storage.read_bytes(path) == b"c"
+    assert storage.remove_if_generation(path, new) is True and not storage.exists(path)
