@@ -211,3 +211,70 @@ def test_gcs_conditional_writes_answer_412_as_one_clear_result(gcs_emulator):
     assert storage.replace_if_generation(path, b"d", gen) is None  # stale generation: 412
     assert storage.remove_if_generation(path, gen) is False and storage.read_bytes(path) == b"c"
     assert storage.remove_if_generation(path, new) is True and not storage.exists(path)
+
+
+# --- 2. one writer per shard directory; another run's shards are only read -----------------------
+class _Stop(Exception):
+    pass
+
+
+def test_a_run_sharding_into_its_default_dir_locks_it_against_another_run(tmp_path, small_corpus,
+                                                                          tiny_tokenizer_dir, ray_local,
+                                                                          monkeypatch):
+    """Run A shards into RUN_A/shards; run B reusing them (shard.dir=RUN_A/shards) used to hold only
+    its own locks, so its clean-up or discard ran beside A's writers."""
+    from tests.helpers import tiny_config
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.prepare import shards as shards_mod
+
+    cfg_a = tiny_config(tmp_path / "a", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir})
+    cfg_b = tiny_config(tmp_path / "b", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir,
+                                                          "shard.dir": cfg_a.shards_dir})
+    refused = []
+
+    def while_a_shards(cfg, *args, **kwargs):
+        if cfg.run_dir == cfg_a.run_dir:  # A is in its shard stage: B must not get in
+            with pytest.raises(UserError, match=rf"{cfg_a.shards_dir}: in use by .*tpu-ray shard") as err:
+                Pipeline(cfg_b).shard()
+            refused.append(str(err.value))
+        raise _Stop
+
+    monkeypatch.setattr(shards_mod, "make_shards", while_a_shards)
+    with pytest.raises(_Stop):
+        Pipeline(cfg_a).shard()
+    assert len(refused) == 1 and "\n" not in refused[0]
+
+
+def test_another_runs_shards_are_never_cleaned_or_discarded(tmp_path, small_corpus, tiny_tokenizer_dir,
+                                                            ray_local):
+    from tests.helpers import tiny_config
+    from tpu_ray.prepare.shard_set import ShardSet
+    from tpu_ray.prepare.shards import make_shards
+
+    cfg_a = tiny_config(tmp_path / "a", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir})
+    make_shards(cfg_a)
+    shards = tmp_path / "a" / "shards"
+    manifest = ShardSet.load(str(shards))
+    files = sorted(p for p in shards.rglob("*.tfrecord"))
+    # A run that reads A's finished shards with A's settings reuses them and writes nothing there
+    # (A's in-flight temp file stays, the manifest still names A).
+    (shards / "train" / ".tmp-train-00009-1.tfrecord.abc.tmp").write_bytes(b"A writes this")
+    before = (shards / "manifest.json").read_bytes()
+    cfg_b = tiny_config(tmp_path / "b", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir,
+                                                          "shard.dir": str(shards)})
+    summary = make_shards(cfg_b)
+    assert (shards / "train" / ".tmp-train-00009-1.tfrecord.abc.tmp").exists()
+    assert summary.skipped_units == summary.units and (shards / "manifest.json").read_bytes() == before
+    assert json.loads(before)["owner"] == cfg_a.run_dir
+    # Another seq_len over A's unfinished shards: refused naming A, nothing deleted.
+    manifest.complete = False
+    manifest.write()
+    cfg_c = cfg_b.override({"shard.seq_len": 32})
+    with pytest.raises(UserError, match=rf"belong to run {cfg_a.run_dir} and were made from another") as err:
+        make_shards(cfg_c)
+    assert "\n" not in str(err.value)
+    assert sorted(p for p in shards.rglob("*.tfrecord")) == files and (shards / "manifest.json").exists()
+    # With A's settings but unfinished: also A's to finish, not B's.
+    with pytest.raises(UserError, match=rf"belong to run {cfg_a.run_dir} and are unfinished"):
+        make_shards(cfg_b)
+    assert sorted(p for p in shards.rglob("*.tfrecord")) == files

@@ -303,13 +303,21 @@ class Pipeline:
             check_ray_address(cfg)
         with ExitStack() as held:
             held.enter_context(self._lock(stage, cfg.run_dir))
-            if ray and corpus and cfg.shard.dir:  # shards written outside the run dir: one writer there too
-                held.enter_context(self._lock(stage, cfg.shard.dir))
+            if ray and corpus and not _same_dir(cfg.shards_dir, cfg.run_dir):
+                # The shard directory has its own lock, default (RUN/shards) or explicit: another run
+                # reading these shards (shard.dir=RUN/shards) is one writer too (issue 36).
+                held.enter_context(self._lock(stage, cfg.shards_dir))
             saved_config.check_config(cfg)
             if ray and start_ray:
                 ensure_ray(cfg)
             saved_config.save_config(cfg, resume, versions(), command_line())
             yield
+
+
+def _same_dir(a: str, b: str) -> bool:
+    if storage.is_remote(a) or storage.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 class _Recorder:

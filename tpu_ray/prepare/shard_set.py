@@ -84,6 +84,7 @@ class ShardSet:
     dropped_tokens: int = 0
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
     unit_stats: list[dict[str, int]] = field(default_factory=list)
+    owner: str | None = None  # the run directory whose shard stage made them (None: not recorded)
     recorded_samples: dict[str, int] = field(default_factory=dict)  # each split's total as written
     _sizes: dict[str, int] | None = field(default=None, repr=False, compare=False)
 
@@ -184,7 +185,7 @@ class ShardSet:
                 "special_ids": self.special_ids, "source": self.source, "plan_sha256": self.plan_sha256,
                 "units": self.units, "units_done": self.units_done, "corpus_tokens": self.corpus_tokens,
                 "dropped_tokens": self.dropped_tokens, "skipped_records": self.skipped_records,
-                "splits": splits, "unit_stats": self.unit_stats}
+                "splits": splits, "unit_stats": self.unit_stats, "owner": self.owner}
 
     def write(self) -> None:
         """Commit the manifest atomically (a crash leaves the previous one whole)."""
@@ -311,18 +312,28 @@ class ShardSet:
             raise UserError(f"{what} ({first_line(exc, 120)}); delete it and rerun `tpu-ray shard`") from None
 
     # -- resume (the shard stage) ----------------------------------------------------------------
-    def committed_units(self, plan_sha256: str, tokenizer_sha256: str, seq_len: int) -> dict[int, dict]:
+    def committed_units(self, plan_sha256: str, tokenizer_sha256: str, seq_len: int,
+                        owned: bool = True) -> dict[int, dict]:
         """The units an earlier (crashed or finished) attempt over the same plan committed, as the
         shard stage's per-unit results; a unit one of whose files vanished is left out (redone).
 
         An unfinished attempt over another plan (bad input fixed since, Ctrl-C, then an edit) is
         this stage's own output, never trained on: it is removed with a warning and {} returned.
-        A finished set over another plan is refused: those shards may be another run's input."""
+        A finished set over another plan is refused: those shards may be another run's input.
+        Shards another run made (`owned` False) are only ever read: a mismatch or an unfinished
+        set is refused in one line naming that run, never discarded (issue 36)."""
         where = manifest_path(self.directory)
         if self.format != FORMAT:
             raise UserError(f"{where}: shards in the old one-folder layout ({self.format}); they still train, "
                             f"but to shard again delete them or use a new output directory")
         same = (self.plan_sha256, self.tokenizer_sha256, self.seq_len) == (plan_sha256, tokenizer_sha256, seq_len)
+        if not owned and not same:
+            raise UserError(f"{where}: these shards belong to run {self.owner} and were made from another corpus, "
+                            f"tokenizer or seq_len; they are left as they are: use another shard.dir, or that run's "
+                            f"corpus, tokenizer.path and shard.seq_len")
+        if not owned and not self.complete:
+            raise UserError(f"{where}: these shards belong to run {self.owner} and are unfinished; finish them from "
+                            f"that run (tpu-ray shard --output-dir {self.owner}) or use another shard.dir")
         if not same and not self.complete:
             log.warning("shard: %s is an unfinished attempt over another corpus plan, tokenizer or seq_len (a file "
                         "changed since?); sharding again from the first unit", where)
@@ -383,7 +394,7 @@ class ShardSet:
 
     @classmethod
     def from_results(cls, shards_dir: str, *, seq_len: int, tok: Any, source: dict[str, Any], plan_sha256: str,
-                     units: int, results: dict[int, dict], complete: bool) -> ShardSet:
+                     units: int, results: dict[int, dict], complete: bool, owner: str | None = None) -> ShardSet:
         """The shard stage's per-unit results (process_unit's) as a shard set, units in order."""
         entries = [ShardEntry(**entry) for idx in sorted(results) for entry in results[idx]["shards"]]
         entries.sort(key=lambda e: SPLITS.index(e.split))  # stable: train, then validation, each by unit
@@ -391,7 +402,7 @@ class ShardSet:
             shards_dir, entries, complete=complete, seq_len=seq_len, tokenizer_sha256=tok.sha256,
             vocab_size=tok.vocab_size,
             special_ids=special_ids_of(tok),
-            source=source, plan_sha256=plan_sha256, units=units, units_done=sorted(results),
+            source=source, plan_sha256=plan_sha256, units=units, units_done=sorted(results), owner=owner,
             corpus_tokens=sum(r["tokens"] for r in results.values()),
             dropped_tokens=sum(r["dropped_tokens"] for r in results.values()),
             skipped_records=sum(r.get("skipped_records", 0) for r in results.values()),
@@ -403,7 +414,7 @@ class ShardSet:
 _HEADER: dict[str, type | tuple[type, ...]] = {
     "format": str, "seq_len": int, "tokenizer_sha256": str, "vocab_size": int, "special_ids": dict,
     "source": dict, "plan_sha256": str, "units": int, "units_done": list, "corpus_tokens": int,
-    "dropped_tokens": int, "skipped_records": int, "unit_stats": list}
+    "dropped_tokens": int, "skipped_records": int, "unit_stats": list, "owner": str}
 _ENTRY: dict[str, type] = {"unit": int, "tokens": int, "bytes": int, "sha256": str}
 
 

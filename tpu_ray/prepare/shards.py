@@ -334,7 +334,7 @@ def shard_set(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], result
     """The shard set of the units committed so far (`results`: process_unit's, by unit index)."""
     return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info,
                                  source=cfg.corpus.model_dump(mode="json"), plan_sha256=_plan_digest(units),
-                                 units=len(units), results=results, complete=complete)
+                                 units=len(units), results=results, complete=complete, owner=cfg.run_dir)
 
 
 def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) -> ShardSummary:
@@ -358,7 +358,9 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     storage.makedirs(out_dir)
     previous = ShardSet.load(out_dir)
-    results = previous.committed_units(_plan_digest(units), info.sha256, cfg.shard.seq_len) if previous else {}
+    owned = owns(cfg, previous)
+    results = (previous.committed_units(_plan_digest(units), info.sha256, cfg.shard.seq_len, owned)
+               if previous else {})
     todo = [u for u in units if u.index not in results]
 
     from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
@@ -378,12 +380,22 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
-        return _shard_on_pool(cfg, info, units, todo, results, pool, new_actor, on_unit_done, t0, calls_before)
+        return _shard_on_pool(cfg, info, units, todo, results, pool, new_actor, on_unit_done, t0, calls_before,
+                              owned)
     finally:
         # Always release the actors (and their CPUs), also when a unit fails with bad input:
         # leaked actors would hold every CPU and the next run would wait for them forever.
         for actor in pool:
             ray.kill(actor)
+
+
+def owns(cfg: RunConfig, shards: ShardSet | None) -> bool:
+    """Whether this run made (and so may clean, resume or discard) the shards in its shard
+    directory: its default RUN/shards always; an explicit shard.dir when the manifest names this
+    run, names none (older manifests), or there is none yet (this run makes them)."""
+    if shards is None or not cfg.shard.dir:
+        return True
+    return shards.owner in (None, cfg.run_dir)
 
 
 def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
@@ -403,7 +415,7 @@ def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
 
 def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], todo: list[WorkUnit],
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
-                   calls_before: int) -> ShardSummary:
+                   calls_before: int, owned: bool = True) -> ShardSummary:
     from tpu_ray.prepare.progress import Progress
 
     out_dir = cfg.shards_dir
@@ -448,9 +460,12 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         progress.close()
         raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
-    _cleanup_temp(out_dir)
-    shards = shard_set(cfg, info, units, results, complete=True)
-    shards.write()
+    if owned:
+        _cleanup_temp(out_dir)
+        shards = shard_set(cfg, info, units, results, complete=True)
+        shards.write()
+    else:  # another run's finished shards, read as they are: nothing here is ours to clean or rewrite
+        shards = ShardSet.load(out_dir) or shard_set(cfg, info, units, results, complete=True)
     progress.close()
     _require_a_sample(cfg, shards, len(units))
     summary = ShardSummary(
@@ -504,8 +519,9 @@ def _require_a_sample(cfg: RunConfig, shards: ShardSet, units: int) -> None:
 def _cleanup_temp(out_dir: str) -> None:
     """Remove temp files of actors that died mid-write (never read: they are not in the manifest).
 
-    Safe because the stage holds the run directory's lock (and shard.dir's, see pipeline.py): every
-    temp file here is this run's or a dead writer's, never another live run's in-flight file."""
+    Safe because the stage holds the shard directory's own lock (see pipeline.py) and only runs
+    for shards this run owns: every temp file here is this run's or a dead writer's, never
+    another live run's in-flight file."""
     for folder in (out_dir, *(storage.join(out_dir, split) for split in SPLITS)):
         for path in storage.glob(storage.join(folder, ".tmp-*")):
             storage.remove(path)
