@@ -107,7 +107,7 @@ class RunLock:
         try:
             # O_NONBLOCK: a FIFO planted as .lock must not hang the open (refused below).
             fd = os.open(local, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
-        except OSError as exc:
+        except OSError:
             if os.path.islink(local):
                 raise UserError(f"{self.path}: is a symbolic link (to {os.readlink(local)}); a run's lock is "
                                 f"a plain file: remove the link and check who made it") from None
