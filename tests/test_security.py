@@ -265,7 +265,7 @@ def test_another_runs_shards_are_never_cleaned_or_discarded(tmp_path, small_corp
     summary = make_shards(cfg_b)
     assert (shards / "train" / ".tmp-train-00009-1.tfrecord.abc.tmp").exists()
     assert summary.skipped_units == summary.units and (shards / "manifest.json").read_bytes() == before
-    assert json.loads(before)["owner"] == cfg_a.run_dir
+    assert "owner" not in json.loads(before)  # RUN_A/shards is RUN_A's: the same bytes wherever RUN_A is
     # Another seq_len over A's unfinished shards: refused naming A, nothing deleted.
     manifest.complete = False
     manifest.write()
@@ -278,3 +278,27 @@ def test_another_runs_shards_are_never_cleaned_or_discarded(tmp_path, small_corp
     with pytest.raises(UserError, match=rf"belong to run {cfg_a.run_dir} and are unfinished"):
         make_shards(cfg_b)
     assert sorted(p for p in shards.rglob("*.tfrecord")) == files
+
+
+# --- 5. dependency floors that work ---------------------------------------------------------------
+def test_gcsfs_floor_is_checked_in_one_line_and_matches_pyproject():
+    """gcsfs 2024.6-2024.10 have no pipe_file(mode=...): every gs:// lock failed with a TypeError."""
+    import importlib.metadata as md
+
+    from tpu_ray import storage
+
+    problem = storage.gcsfs_problem("2024.10.0", "2024.10.0")
+    assert problem and problem.startswith("gcsfs 2024.10.0 is installed, but gs:// locks need gcsfs>=2024.12.0")
+    assert "\n" not in problem and "pip install -U 'gcsfs>=2024.12.0'" in problem
+    assert "fsspec 2024.6.1 is installed" in storage.gcsfs_problem("2024.12.0", "2024.6.1")
+    assert "gcsfs is not installed" in storage.gcsfs_problem(None, "2024.12.0")
+    assert storage.gcsfs_problem("2024.12.0", "2024.12.0") is None
+    assert storage.gcsfs_problem("2025.1.0rc1", "2025.1.0") is None
+    assert storage.gcsfs_problem(md.version("gcsfs"), md.version("fsspec")) is None  # this install works
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'"gcsfs>={storage.GCSFS_FLOOR}"' in pyproject and f'"fsspec>={storage.GCSFS_FLOOR}"' in pyproject
+    # The floor's release has the argument the lock passes (the installed one, at least).
+    import inspect
+
+    from gcsfs.core import GCSFileSystem
+    assert "mode" in inspect.signature(GCSFileSystem._pipe_file).parameters

@@ -143,10 +143,46 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# The oldest gcsfs (and the fsspec it pins) whose `pipe_file` takes `mode="create"`
+# (`ifGenerationMatch=0`): the run lock and the generation claims need it; 2024.10.0 has no `mode`.
+GCSFS_FLOOR = "2024.12.0"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """`2024.12.0` -> (2024, 12, 0); a suffix (`rc1`, `+local`) is ignored."""
+    return tuple(int(m) for m in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def gcsfs_problem(gcsfs_version: str | None, fsspec_version: str | None) -> str | None:
+    """Why the installed gcsfs/fsspec cannot run tpu-ray's gs:// locks (one line), or None."""
+    for name, version in (("gcsfs", gcsfs_version), ("fsspec", fsspec_version)):
+        if version is None:
+            return f"{name} is not installed; gs:// paths need it: pip install 'gcsfs>={GCSFS_FLOOR}'"
+        if _release(version) < _release(GCSFS_FLOOR):
+            return (f"{name} {version} is installed, but gs:// locks need {name}>={GCSFS_FLOOR} "
+                    f"(pipe_file(mode='create')); run: pip install -U 'gcsfs>={GCSFS_FLOOR}' 'fsspec>={GCSFS_FLOOR}'")
+    return None
+
+
+def _require_gcsfs() -> None:
+    import importlib.metadata as md
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    problem = gcsfs_problem(version("gcsfs"), version("fsspec"))
+    if problem:
+        raise StorageError(problem)
+
+
 @functools.cache
 def _fs(protocol: str, emulator: str | None, pid: int) -> fsspec.AbstractFileSystem:
     # `pid` in the key: a forked child must not reuse the parent's event-loop-bound instance.
     if protocol in _GCS:
+        _require_gcsfs()  # before the first lock or claim fails with a TypeError from pipe_file
         if emulator:
             import aiohttp
 

@@ -84,7 +84,9 @@ class ShardSet:
     dropped_tokens: int = 0
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
     unit_stats: list[dict[str, int]] = field(default_factory=list)
-    owner: str | None = None  # the run directory whose shard stage made them (None: not recorded)
+    # The run directory whose shard stage made them; recorded for an explicit shard.dir only (a
+    # run's default RUN/shards is RUN's, and its manifest stays the same bytes wherever RUN is).
+    owner: str | None = None
     recorded_samples: dict[str, int] = field(default_factory=dict)  # each split's total as written
     _sizes: dict[str, int] | None = field(default=None, repr=False, compare=False)
 
@@ -185,7 +187,7 @@ class ShardSet:
                 "special_ids": self.special_ids, "source": self.source, "plan_sha256": self.plan_sha256,
                 "units": self.units, "units_done": self.units_done, "corpus_tokens": self.corpus_tokens,
                 "dropped_tokens": self.dropped_tokens, "skipped_records": self.skipped_records,
-                "splits": splits, "unit_stats": self.unit_stats, "owner": self.owner}
+                "splits": splits, "unit_stats": self.unit_stats, **({"owner": self.owner} if self.owner else {})}
 
     def write(self) -> None:
         """Commit the manifest atomically (a crash leaves the previous one whole)."""
@@ -328,12 +330,12 @@ class ShardSet:
                             f"but to shard again delete them or use a new output directory")
         same = (self.plan_sha256, self.tokenizer_sha256, self.seq_len) == (plan_sha256, tokenizer_sha256, seq_len)
         if not owned and not same:
-            raise UserError(f"{where}: these shards belong to run {self.owner} and were made from another corpus, "
+            raise UserError(f"{where}: these shards belong to run {self.owner_run()} and were made from another corpus, "
                             f"tokenizer or seq_len; they are left as they are: use another shard.dir, or that run's "
                             f"corpus, tokenizer.path and shard.seq_len")
         if not owned and not self.complete:
-            raise UserError(f"{where}: these shards belong to run {self.owner} and are unfinished; finish them from "
-                            f"that run (tpu-ray shard --output-dir {self.owner}) or use another shard.dir")
+            raise UserError(f"{where}: these shards belong to run {self.owner_run()} and are unfinished; finish them "
+                            f"from that run (tpu-ray shard --output-dir {self.owner_run()}) or use another shard.dir")
         if not same and not self.complete:
             log.warning("shard: %s is an unfinished attempt over another corpus plan, tokenizer or seq_len (a file "
                         "changed since?); sharding again from the first unit", where)
@@ -367,6 +369,11 @@ class ShardSet:
             log.warning("shard: %d committed unit(s) do not match their files or records in %s; redoing them",
                         len(redo & done.keys()), where)
         return {u: r for u, r in done.items() if u not in redo}
+
+    def owner_run(self) -> str:
+        """The run that made these shards: the recorded owner, else the directory holding the
+        shard directory (RUN of RUN/shards, where a run shards by default)."""
+        return self.owner or self.directory.rstrip("/").rsplit("/", 1)[0]
 
     def discard(self) -> None:
         """Remove the listed shards that exist, then the manifest."""

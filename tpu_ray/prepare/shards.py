@@ -334,7 +334,8 @@ def shard_set(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], result
     """The shard set of the units committed so far (`results`: process_unit's, by unit index)."""
     return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info,
                                  source=cfg.corpus.model_dump(mode="json"), plan_sha256=_plan_digest(units),
-                                 units=len(units), results=results, complete=complete, owner=cfg.run_dir)
+                                 units=len(units), results=results, complete=complete,
+                                 owner=cfg.run_dir if cfg.shard.dir else None)
 
 
 def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) -> ShardSummary:
@@ -391,11 +392,17 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
 
 def owns(cfg: RunConfig, shards: ShardSet | None) -> bool:
     """Whether this run made (and so may clean, resume or discard) the shards in its shard
-    directory: its default RUN/shards always; an explicit shard.dir when the manifest names this
-    run, names none (older manifests), or there is none yet (this run makes them)."""
+    directory: its default RUN/shards always; an explicit shard.dir when there is no manifest yet
+    (this run makes them) or the manifest's owner (see ShardSet.owner_run) is this run."""
     if shards is None or not cfg.shard.dir:
         return True
-    return shards.owner in (None, cfg.run_dir)
+    return _same_path(shards.owner_run(), cfg.run_dir)
+
+
+def _same_path(a: str, b: str) -> bool:
+    if storage.is_remote(a) or storage.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
