@@ -205,8 +205,10 @@ class Pipeline:
             self._tokenizer(rec)
             return self._shard(rec)
 
-    def train(self, resume: bool = False) -> dict[str, Any]:
-        """Train on the run's shards where the config and cluster say; returns the training summary."""
+    def train(self, resume: bool = False, force: bool = False) -> dict[str, Any]:
+        """Train on the run's shards where the config and cluster say; returns the training summary.
+        `force`: replace an export made from another config or checkpoint."""
+        self._force_export = force
         with self._open("train", resume=resume, ray=training_needs_ray(self.cfg)), self._recorded() as rec:
             return self._train(rec, resume)
 
@@ -217,8 +219,9 @@ class Pipeline:
         with self._lock("eval"):
             return evaluate_run(self.cfg)
 
-    def run(self, resume: bool = False) -> RunResult:
-        """Tokenizer, shards, training and export in one go."""
+    def run(self, resume: bool = False, force: bool = False) -> RunResult:
+        """Tokenizer, shards, training and export in one go (`force`: as for train)."""
+        self._force_export = force
         cfg = self.cfg
         t0 = time.monotonic()
         with (self._open("run", resume=resume, corpus=True, ray=True, start_ray=False),
@@ -295,6 +298,9 @@ class Pipeline:
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if stage in ("run", "train"):
             refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
+            from tpu_ray.train.export import refuse_replacing_export
+
+            refuse_replacing_export(cfg, getattr(self, "_force_export", False))
         if corpus:
             from tpu_ray.prepare.preflight import preflight_corpus
 

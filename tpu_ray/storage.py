@@ -636,6 +636,80 @@ def atomic_copy_file(local_src: str, dst: str) -> None:
     _fsync_dir(os.path.dirname(final))
 
 
+@_counted
+def commit_dir(local_src: str, dst: str, last: str) -> None:
+    """Replace the directory `dst` by the files of the local directory `local_src`, whole.
+
+    Locally the files are copied into a temp directory beside `dst` and fsynced, then swapped in
+    by one rename (`renameat2(RENAME_EXCHANGE)` where Linux has it, else two renames with `dst`
+    absent for a moment): a reader, or a crash, sees the old directory or the new one, never a mix
+    (an old `config.json` beside new weights). On gs:// there is no directory rename: `last` (the
+    file that marks the directory complete) is deleted first, the other files uploaded, files of
+    the old version that the new one lacks removed, and `last` uploaded at the end.
+    """
+    names = sorted(os.listdir(local_src), key=lambda n: n == last)
+    if is_remote(dst):
+        marker = join(dst, last)
+        if exists(marker):
+            remove(marker)
+        old = set(find_sizes(dst)) if exists(dst) else set()
+        for name in names:
+            if name != last:
+                atomic_copy_file(os.path.join(local_src, name), join(dst, name))
+        for stale in sorted(old - set(names)):
+            remove(join(dst, stale), recursive=True)
+        if last in names:
+            atomic_copy_file(os.path.join(local_src, last), marker)
+        return
+    final = _local(dst).rstrip("/")
+    parent = os.path.dirname(final) or "."
+    os.makedirs(parent, exist_ok=True)
+    staged = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}.", dir=parent)
+    try:
+        os.chmod(staged, 0o777 & ~current_umask())
+        for name in names:
+            with builtins.open(os.path.join(local_src, name), "rb") as src, \
+                    builtins.open(os.path.join(staged, name), "xb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+        _fsync_dir(staged)
+        if os.path.lexists(final) and _exchange(staged, final):
+            _remove_tree(staged)  # now the old version
+        else:
+            if os.path.lexists(final):
+                old = f"{staged}.old"
+                os.rename(final, old)
+                os.rename(staged, final)
+                _remove_tree(old)
+            else:
+                os.rename(staged, final)
+    except BaseException:
+        _remove_tree(staged)
+        raise
+    _fsync_dir(parent)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _remove_tree(path: str) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        _silent_remove(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def append_text_local(path: str, text: str) -> None:
     """Append UTF-8 `text` to a local file (created if absent), never through a symbolic link: a
     link planted in place of a run file (metrics.jsonl) must not make us write someone's file."""

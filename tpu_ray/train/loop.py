@@ -434,8 +434,10 @@ def evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int)
 def export(s: TrainSetup, last_eval: dict[str, Any] | None = None) -> str:
     """`<run_dir>/model`: weights + config + tokenizer, loadable by pipeline("fill-mask").
 
-    Written locally first; config.json is committed last, so a directory without it is incomplete.
+    Written locally first, then replaced whole (storage.commit_dir): never old and new files mixed.
     """
+    from tpu_ray.train.export import stamp_provenance
+
     out = rundir.path(s.cfg.run_dir, rundir.MODEL_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         s.model.save_pretrained(tmp)
@@ -443,7 +445,6 @@ def export(s: TrainSetup, last_eval: dict[str, Any] | None = None) -> str:
         for name in sorted(storage.listdir(s.cfg.tokenizer_dir)):
             base = name.rsplit("/", 1)[-1]
             (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.cfg.tokenizer_dir, base)))
-        storage.makedirs(out)
-        for name in sorted((p.name for p in Path(tmp).iterdir()), key=lambda n: n == "config.json"):
-            storage.atomic_copy_file(str(Path(tmp) / name), storage.join(out, name))
+        stamp_provenance(tmp, s.cfg, int(s.step_var.numpy()))
+        storage.commit_dir(tmp, out, last="config.json")  # written beside, renamed into place whole
     return out
