@@ -391,3 +391,92 @@ def test_tokenizer_retrain_replaces_the_directory_whole(tmp_path, small_corpus):
     save_tokenizer(train_tokenizer([lines], TokenizerConfig(vocab_size=300)), str(out), 64)
     assert not (out / "vocab.txt").exists() and (out / "tokenizer.json").exists()
     assert sorted(p.name for p in out.parent.iterdir()) == ["tokenizer"]
+
+
+# --- 7. index paths inside the model directory; no password of a URL in a run's files ------------
+def test_safetensors_index_naming_a_file_outside_the_model_dir_is_refused(tmp_path):
+    from safetensors.numpy import save_file
+
+    from tpu_ray.train.init_from import Source, _load_safetensors
+
+    import numpy as np
+
+    outside = tmp_path / "elsewhere.safetensors"
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(outside))
+    model = tmp_path / "model"
+    model.mkdir()
+    index = model / "model.safetensors.index.json"
+    for name in (str(outside), "../elsewhere.safetensors"):
+        index.write_text(json.dumps({"weight_map": {"w": name}}))
+        with pytest.raises(UserError, match=r"weight_map names .*not a file of the model directory") as err:
+            _load_safetensors(None, str(model / "model.safetensors"), str(index), Source("hf", str(model), str(model)))
+        assert "\n" not in str(err.value)
+    (model / "link.safetensors").symlink_to(outside)  # a link inside pointing out: also outside
+    index.write_text(json.dumps({"weight_map": {"w": "link.safetensors"}}))
+    with pytest.raises(UserError, match="not a file of the model directory"):
+        _load_safetensors(None, str(model / "model.safetensors"), str(index), Source("hf", str(model), str(model)))
+
+
+def test_redact_keeps_the_user_and_hides_the_password():
+    from tpu_ray.redact import redact, redact_obj, unredact
+
+    assert redact("https://alice:s3cr3t@host/a.txt") == "https://alice:***@host/a.txt"
+    assert redact("corpus https://TOKEN@github.com/x and gs://bucket/o@1") == \
+        "corpus https://***@github.com/x and gs://bucket/o@1"
+    assert redact("mail me@example.com, hf:wikitext") == "mail me@example.com, hf:wikitext"
+    assert redact_obj({"a": ["http://u:p@h/x", 1]}) == {"a": ["http://u:***@h/x", 1]}
+    assert unredact("read http://u:***@h/x", ["http://u:p@h/x"]) == "read http://u:p@h/x"
+
+
+def test_model_card_never_shows_a_corpus_password(tmp_path):
+    from tests.helpers import tiny_config
+    from tpu_ray.train.export_safetensors import model_card
+
+    cfg = tiny_config(tmp_path / "run", "https://alice:s3cr3t@host/corpus.txt")
+    card = model_card(cfg, 10, 800, "roberta")
+    assert "s3cr3t" not in card and "https://alice:***@host/corpus.txt" in card
+
+
+@pytest.fixture
+def http_corpus(small_corpus):
+    """The small corpus served over HTTP on loopback (credentials in the URL are ignored by it)."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def handle(self):
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError):  # a ranged reader closing early
+                pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(Quiet, directory=str(small_corpus.parent)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://alice:s3cr3t@127.0.0.1:{server.server_address[1]}/{small_corpus.name}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_password_in_the_corpus_url_is_in_no_file_of_the_run(tmp_path, http_corpus, ray_local, monkeypatch):
+    """config.yaml, run_info.json (the command), plan.json, the manifest, summary.json and the
+    metrics used to hold `alice:s3cr3t` verbatim; the resumed stage still reads the corpus."""
+    from tests.helpers import tiny_config
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.report import write_report
+
+    monkeypatch.setattr(sys, "argv", ["tpu-ray", "prepare", "--corpus", http_corpus])
+    cfg = tiny_config(tmp_path / "run", http_corpus)
+    Pipeline(cfg).prepare()
+    Pipeline(cfg).shard()  # plan.json read back (credentials restored) and the shards reused
+    write_report(cfg.run_dir)
+    leaked = [str(p.relative_to(tmp_path)) for p in (tmp_path / "run").rglob("*")
+              if p.is_file() and b"s3cr3t" in p.read_bytes()]
+    assert not leaked, leaked
+    assert "http://alice:***@127.0.0.1" in (tmp_path / "run" / "config.yaml").read_text()
+    assert "alice:***@" in json.loads((tmp_path / "run" / "run_info.json").read_text())["command"]

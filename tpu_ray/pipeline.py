@@ -343,7 +343,9 @@ class _Recorder:
 
     def update(self, **fields: Any) -> None:
         self.summary.update(fields)
-        storage.atomic_write_text(self.path, json.dumps(self.summary, indent=1, default=str) + "\n")
+        from tpu_ray.redact import redact
+
+        storage.atomic_write_text(self.path, redact(json.dumps(self.summary, indent=1, default=str)) + "\n")
 
 
 def _read_summary(path: str) -> dict[str, Any]:

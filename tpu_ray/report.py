@@ -21,6 +21,7 @@ import pandas as pd
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError
+from tpu_ray.redact import redact
 from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SHARDS_DIR, SUMMARY_FILE
 from tpu_ray.plots import plot_accuracy, plot_loss, plot_lr, plot_throughput
 from tpu_ray.tables import by_step, column_values, last_value, median_value, mfu_text
@@ -302,7 +303,7 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
         plot_throughput(train, lp["throughput.png"])
         plot_lr(train, lp["learning_rate.png"])
         plot_accuracy(train, ev, lp["accuracy.png"])
-        page = _html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir))
+        page = redact(_html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir)))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
             f.write(page)
         storage.makedirs(out_dir)

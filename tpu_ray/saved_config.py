@@ -71,7 +71,9 @@ def check_config(cfg: RunConfig) -> bool:
     saved = read_saved_config(cfg.run_dir)
     if saved is None:
         return True
-    old, new = saved.fingerprint(), cfg.fingerprint()
+    from tpu_ray.redact import redact_obj
+
+    old, new = redact_obj(saved.fingerprint()), redact_obj(cfg.fingerprint())  # config.yaml holds user:***
     if old == new:
         return False
     for artifact in held_artifacts(cfg):
@@ -93,10 +95,13 @@ def save_config(cfg: RunConfig, resume: bool, versions: dict[str, str], command:
     """Write config.yaml and run_info.json (after the stage's checks passed); `command` is what the
     model card names as the command that made the run."""
     storage.makedirs(cfg.run_dir)
-    storage.atomic_write_text(path(cfg.run_dir, CONFIG_FILE), cfg.to_yaml())
+    from tpu_ray.redact import redact
+
+    # Passwords in URLs are kept out of the run's files (user:***); check_config compares redacted.
+    storage.atomic_write_text(path(cfg.run_dir, CONFIG_FILE), redact(cfg.to_yaml()))
     storage.atomic_write_text(path(cfg.run_dir, RUN_INFO_FILE),
                               json.dumps({"versions": versions, "resume": resume, "started": time.time(),
-                                          "host": platform.node(), "command": command}, indent=1) + "\n")
+                                          "host": platform.node(), "command": redact(command)}, indent=1) + "\n")
 
 
 def first_difference(a: dict, b: dict, prefix: str = "") -> str:

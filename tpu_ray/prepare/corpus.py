@@ -255,7 +255,7 @@ def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[W
         sources.append((corpus.validation_source, 1.0, "corpus.validation_source"))
     listed = [_listed(src, run_dir, fld) for src, _, fld in sources]
     key = _plan_key(corpus, shard, listed)
-    cached = _cached_plan(run_dir, key) if key else None
+    cached = _cached_plan(run_dir, key, [corpus.source, corpus.validation_source]) if key else None
     if cached is not None:
         return cached
     units: list[WorkUnit] = []
@@ -291,10 +291,12 @@ def _plan_key(corpus: CorpusConfig, shard: ShardConfig, listed: list[list[Corpus
 PLAN_VERSION = 1
 
 
-def _cached_plan(run_dir: str, key: str) -> list[WorkUnit] | None:
+def _cached_plan(run_dir: str, key: str, sources: list[str | None]) -> list[WorkUnit] | None:
+    from tpu_ray.redact import unredact
+
     path = storage.join(run_dir, PLAN_FILE)
     try:
-        data = json.loads(storage.read_text(path))
+        data = json.loads(unredact(storage.read_text(path), sources))  # stored as user:***
         if data.get("key") != key:
             return None
         return [WorkUnit.from_dict(u) for u in data["units"]]
@@ -305,8 +307,10 @@ def _cached_plan(run_dir: str, key: str) -> list[WorkUnit] | None:
 def _store_plan(run_dir: str, key: str, units: list[WorkUnit]) -> None:
     try:
         storage.makedirs(run_dir)
+        from tpu_ray.redact import redact
+
         storage.atomic_write_text(storage.join(run_dir, PLAN_FILE),
-                                  json.dumps({"key": key, "units": [u.to_dict() for u in units]}) + "\n")
+                                  redact(json.dumps({"key": key, "units": [u.to_dict() for u in units]})) + "\n")
     except (OSError, UserError) as exc:  # a read-only run dir only loses the cache
         log.warning("corpus plan not cached in %s (%s)", run_dir, exc)
 

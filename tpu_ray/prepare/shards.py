@@ -41,6 +41,7 @@ from tpu_ray.prepare.actor_pool import run_on_pool
 from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
+from tpu_ray.redact import redact_obj
 
 log = logging.getLogger(__name__)
 MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about this many
@@ -333,7 +334,7 @@ def shard_set(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], result
               complete: bool) -> ShardSet:
     """The shard set of the units committed so far (`results`: process_unit's, by unit index)."""
     return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info,
-                                 source=cfg.corpus.model_dump(mode="json"), plan_sha256=_plan_digest(units),
+                                 source=redact_obj(cfg.corpus.model_dump(mode="json")), plan_sha256=_plan_digest(units),
                                  units=len(units), results=results, complete=complete,
                                  owner=cfg.run_dir if cfg.shard.dir else None)
 

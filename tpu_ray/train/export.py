@@ -17,7 +17,9 @@ def config_digest(cfg) -> str:
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps(cfg.fingerprint(), sort_keys=True).encode()).hexdigest()
+    from tpu_ray.redact import redact_obj
+
+    return hashlib.sha256(json.dumps(redact_obj(cfg.fingerprint()), sort_keys=True).encode()).hexdigest()
 
 
 def stamp_provenance(model_dir: str, cfg, step: int) -> None:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from tpu_ray import storage
+from tpu_ray.redact import redact
 from tpu_ray.rundir import METRICS_DIR, METRICS_FILE
 
 log = logging.getLogger("tpu_ray.train.metrics")
@@ -60,7 +61,7 @@ class MetricsWriter:
         record = {"kind": kind, "time": time.time(), **{k: _clean(v) for k, v in fields.items()}}
         if kind in ("train", "eval") and self.tensorboard:
             self._tensorboard().write(record)
-        line = json.dumps(record) + "\n"
+        line = redact(json.dumps(record)) + "\n"  # an error naming a URL keeps no password
         if self.remote:
             self._pending.append(line)
             if time.monotonic() - self._last_upload >= self._every or kind != "train":
