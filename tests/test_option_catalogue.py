@@ -82,7 +82,7 @@ CLI_ROWS: dict[tuple[str, str], object] = {
     ("eval", "--output-dir"): Dir(IS_FILE),
     **{(cmd, "--resume"): Flag() for cmd in ("run", "train", "submit")},
     ("run", "--fill-mask"): Text(),
-    ("tokenizer", "--force"): Flag(),
+    **{(cmd, "--force"): Flag() for cmd in ("tokenizer", "run", "train")},
     ("eval", "run"): Dir(IS_FILE),
     ("fill-mask", "--model"): Dir(IS_FILE),
     ("fill-mask", "--top-k"): Count(1, "the whole vocabulary, best first "

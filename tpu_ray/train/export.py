@@ -42,7 +42,6 @@ def refuse_replacing_export(cfg, force: bool) -> None:
     import json
 
     from tpu_ray import rundir
-    from tpu_ray.resume import latest_checkpoint
 
     model = rundir.path(cfg.run_dir, rundir.MODEL_DIR)
     try:
@@ -55,7 +54,7 @@ def refuse_replacing_export(cfg, force: bool) -> None:
     made = made if isinstance(made, dict) else {}
     if made.get("config_sha256") not in (None, config_digest(cfg)):
         why = "from another config"
-    elif not latest_checkpoint(cfg.run_dir):
+    elif not rundir.checkpoint_files(cfg.run_dir):  # any there: the trainer resumes them or refuses
         why = "from another checkpoint (no checkpoint here continues it)"
     else:
         return
