@@ -668,11 +668,17 @@ def commit_dir(local_src: str, dst: str, last: str) -> None:
     try:
         os.chmod(staged, 0o777 & ~current_umask())
         for name in names:
-            with builtins.open(os.path.join(local_src, name), "rb") as src, \
-                    builtins.open(os.path.join(staged, name), "xb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
+            try:
+                with builtins.open(os.path.join(local_src, name), "rb") as src, \
+                        builtins.open(os.path.join(staged, name), "xb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                    out.flush()
+                    os.fsync(out.fileno())
+            except OSError as exc:
+                if exc.errno is not None and exc.filename in (None, os.path.join(staged, name)):
+                    # A full disk names no file (or our temp name): name the file being committed.
+                    raise OSError(exc.errno, exc.strerror, os.path.join(final, name)) from None
+                raise
         _fsync_dir(staged)
         if os.path.lexists(final) and _exchange(staged, final):
             _remove_tree(staged)  # now the old version
