@@ -294,6 +294,8 @@ CONFIG_ROWS: dict[str, object] = {
     "corpus.max_bytes": gt0("huge: no limit, the whole corpus"),
     "corpus.max_rows": gt0("huge: no limit, every record"),
     "corpus.max_line_bytes": Num(1024, meaning="huge: lines are never split"),
+    "corpus.bad_records": Enum(),
+    "corpus.max_bad_fraction": fraction(hi_open=False),  # 0: none may be bad; 1: any number
     "corpus.sources": Structured(),  # tests/test_mixture.py refuses its bad values one by one
     "corpus.weight_temperature": Num(0, 10, lo_open=True),
     "corpus.weight_schedule": Structured(),
@@ -314,6 +316,7 @@ CONFIG_ROWS: dict[str, object] = {
     "shard.max_unit_retries": Num(0, meaning="0: a unit whose actor dies fails the run; huge: retried forever"),
     "model.model_type": Enum(),
     "model.init_from": Str("dir"),
+    "model.init_sha256": Str(),
     "model.preset": Enum(),
     "model.hidden_size": Num(0, 40_960, lo_open=True),
     "model.num_hidden_layers": Num(0, 576, lo_open=True),

@@ -79,7 +79,12 @@ class _SourceFields(_Section):
     # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
     # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
     max_line_bytes: int = Field(1 << 20, ge=1024)
-
+    # A record that cannot be read (a JSON line cut mid-record, not JSON, not an object, a field that
+    # is not text): "fail" the pass naming it, or "skip" it: counted and listed (file, line, reason)
+    # in bad_records.jsonl in the shard directory; past max_bad_fraction of the records the pass fails.
+    bad_records: Literal["fail", "skip"] = "fail"
+    # Under bad_records=skip: the most bad records the pass accepts, as a fraction of the records read.
+    max_bad_fraction: float = Field(0.001, ge=0.0, le=1.0)
 
 
 class SourceConfig(_SourceFields):
@@ -278,6 +283,10 @@ class ModelConfig(_Section):
     # Start from a checkpoint: a local or gs:// Hugging Face model directory, a name in the local
     # Hugging Face cache, a tpu-ray RUN/model, or a tpu-ray run directory (its last checkpoint).
     init_from: str | None = None
+    # The content hash (sha256) of what init_from held when the run copied it into RUN/init/:
+    # filled in by the run's first stage, so --resume, every host and every recovery read that
+    # copy; set it to refuse a source whose content is not this one.
+    init_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     preset: Literal["tiny", "mini", "small", "base", "large"] = "tiny"  # sizes (explicit fields override)
     # Upper bounds: 16x the largest published masked LM (xlm-roberta-xl: hidden 2560, 36 layers,
     # 32 heads, intermediate 10240), so a typo (an extra digit or two) fails here, not as an
