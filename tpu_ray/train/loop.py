@@ -95,7 +95,7 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
         optimizer._create_all_weights(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var,
-                                         schedule=lr_schedule.variable(cfg))
+                                         schedule=lr_schedule.variable(cfg), schedule_shape=lr_schedule.shape_variable(cfg))
     # Multi-worker: the same initial weights everywhere (above), but each worker its own dropout
     # stream, as the workers read different data (equal seeds would repeat worker 0's masks).
     worker = info.worker_index
@@ -318,8 +318,8 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     from tpu_ray.train import schedule as lr_schedule
 
     ckpts.restore(s.checkpoint)
-    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, cfg)
-    s.checkpoint.schedule.assign(lr_schedule.values(cfg))  # what the next checkpoint records
+    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, cfg, s.checkpoint.schedule_shape)
+    lr_schedule.adopt(s.checkpoint, cfg)  # what the next checkpoint records
     start = int(s.step_var.numpy())
     log.info("resumed from %s at step %d", ckpts.latest_url, start)
     return start  # the resume event is written by train_input, with the input position

@@ -1,0 +1,121 @@
+"""Issue 32: learning-rate schedules (linear, cosine, constant, wsd), decays branched from a stable
+run's checkpoint, and a masking rate that changes with the step."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+
+from tests.helpers import tiny_config
+from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
+
+
+def _train(**over):
+    return RunConfig().override({"train.steps": 100, "train.warmup_steps": 10, "train.learning_rate": 1e-3,
+                                 **over}).train
+
+
+# step -> expected rate (x 1e-3), worked out by hand from each schedule's definition
+EXPECTED = {
+    "linear": ({}, {0: 0.0, 5: 0.5, 10: 1.0, 55: 0.5, 99: 1 / 90, 100: 0.0}),
+    "linear floor": ({"train.min_lr_ratio": 0.1}, {10: 1.0, 55: 0.55, 100: 0.1}),
+    "cosine": ({"train.schedule": "cosine"}, {5: 0.5, 10: 1.0, 55: 0.5, 100: 0.0}),
+    "cosine floor": ({"train.schedule": "cosine", "train.min_lr_ratio": 0.2}, {55: 0.6, 100: 0.2}),
+    "constant": ({"train.schedule": "constant"}, {0: 0.0, 5: 0.5, 10: 1.0, 99: 1.0, 500: 1.0}),
+    "wsd 1-sqrt 20%": ({"train.schedule": "wsd"}, {5: 0.5, 10: 1.0, 80: 1.0, 85: 1 - math.sqrt(0.25), 100: 0.0}),
+    "wsd linear 40 steps": ({"train.schedule": "wsd", "train.decay_steps": 40, "train.decay_shape": "linear",
+                             "train.min_lr_ratio": 0.5}, {59: 1.0, 60: 1.0, 80: 0.75, 100: 0.5}),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_each_schedule_takes_its_values_at_chosen_steps_in_python_and_in_tensorflow(name):
+    from tpu_ray.train import curves
+    from tpu_ray.train.schedule import learning_rate
+
+    over, expected = EXPECTED[name]
+    t = _train(**over)
+    lr = learning_rate(t)
+    for step, value in expected.items():
+        assert float(curves.rate(curves.curve(t), step)) == pytest.approx(value * 1e-3, abs=1e-9), (name, step)
+        assert float(lr(step)) == pytest.approx(value * 1e-3, rel=1e-5, abs=1e-10), (name, step)
+
+
+def test_linear_is_todays_transformers_curve_value_for_value():
+    from transformers import create_optimizer
+
+    from tpu_ray.train.schedule import learning_rate
+
+    _, reference = create_optimizer(init_lr=1e-3, num_train_steps=100, num_warmup_steps=10)
+    ours = learning_rate(_train())
+    for step in (0, 1, 9, 10, 11, 50, 98, 99, 100):
+        assert float(ours(step)) == pytest.approx(float(reference(step)), rel=1e-6, abs=1e-12), step
+
+
+def test_the_rate_is_traced_once_for_every_step():
+    """A pure function of the step tensor: one trace serves every step (the XLA rules)."""
+    import tensorflow as tf
+
+    from tpu_ray.train.schedule import learning_rate
+
+    lr = learning_rate(_train(**{"train.schedule": "wsd"}))
+    f = tf.function(lambda s: lr(s), jit_compile=True)
+    values = [float(f(tf.constant(s, tf.int64))) for s in (0, 10, 85, 99)]
+    assert f.experimental_get_tracing_count() == 1 and values[1] == pytest.approx(1e-3)
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_at_start_and_by_doctor(tmp_path, small_corpus, caplog):
+    from tpu_ray.doctor.checks import WARN, run_doctor
+    from tpu_ray.train import curves
+    from tpu_ray.train.optimizer import make_optimizer
+
+    cfg = tiny_config(tmp_path / "short", small_corpus, **{"train.steps": 30, "train.warmup_steps": 100})
+    (line,) = curves.warnings(cfg.train)
+    assert "never reaches train.learning_rate=0.001" in line and "train.warmup_steps" in line
+    with caplog.at_level("WARNING"):
+        make_optimizer(cfg.train)
+    assert any("never reaches" in r.getMessage() for r in caplog.records)
+    out = io.StringIO()
+    run_doctor(cfg, target="cpu", out=out, xla=False)
+    (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "schedule"]
+    assert row.startswith(WARN) and "never reaches" in row
+    assert not curves.warnings(cfg.override({"train.warmup_steps": 3}).train)
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"train.schedule": "wsd", "train.decay_steps": 31}, "train.decay_steps=31 is longer than the run (train.steps=30)"),
+    ({"train.mask_schedule": "linear"}, "train.mask_schedule=linear needs train.mask_prob_end"),
+    ({"train.mask_prob_end": 0.1}, "train.mask_prob_end=0.1 does nothing with train.mask_schedule=constant"),
+    ({"train.branch_from": "runs/a", "model.init_from": "runs/b"}, "train.branch_from=runs/a and model.init_from"),
+])
+def test_contradicting_schedule_options_are_one_line(over, needle):
+    with pytest.raises(UserError) as err:
+        RunConfig().override({"train.steps": 30, **over})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_decay_longer_than_the_run_exits_2_on_the_cli(tmp_path, capsys):
+    from tpu_ray.cli import main
+
+    code = main(["train", "--output-dir", str(tmp_path / "r"), "train.steps=10", "train.schedule=wsd",
+                 "train.decay_steps=20"])
+    assert code == 2
+    assert "train.decay_steps=20 is longer than the run" in capsys.readouterr().err
+
+
+def test_schedule_fields_are_pinned_on_resume_unless_extending(tmp_path, small_corpus):
+    from tpu_ray.rundir import CHECKPOINTS_DIR
+    from tpu_ray.saved_config import check_config, save_config
+
+    cfg = tiny_config(tmp_path / "r", small_corpus, **{"train.schedule": "constant"})
+    save_config(cfg, False, {})
+    (tmp_path / "r" / CHECKPOINTS_DIR).mkdir()
+    (tmp_path / "r" / CHECKPOINTS_DIR / "ckpt-10.index").write_bytes(b"x")
+    with pytest.raises(UserError, match="train.schedule: saved 'constant', now 'wsd'"):
+        check_config(cfg.override({"train.schedule": "wsd"}))
+    assert check_config(cfg.override({"train.schedule": "wsd", "train.extend_schedule": True}))
+    with pytest.raises(UserError, match="train.batch_size"):  # the hatch opens the schedule only
+        check_config(cfg.override({"train.batch_size": 8, "train.extend_schedule": True}))
