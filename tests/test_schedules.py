@@ -119,3 +119,92 @@ def test_schedule_fields_are_pinned_on_resume_unless_extending(tmp_path, small_c
     assert check_config(cfg.override({"train.schedule": "wsd", "train.extend_schedule": True}))
     with pytest.raises(UserError, match="train.batch_size"):  # the hatch opens the schedule only
         check_config(cfg.override({"train.batch_size": 8, "train.extend_schedule": True}))
+
+
+# ------------------------------------------------------------------------------ branched decays
+@pytest.fixture(scope="module")
+def shards_dir(tmp_path_factory, tiny_tokenizer_dir):
+    from tests.test_train import write_shards
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+
+    d = tmp_path_factory.mktemp("shards")
+    write_shards(d, tokenizer_info(tiny_tokenizer_dir).vocab_size)
+    return d
+
+
+def _run_cfg(run_dir, shards_dir, tok, **over):
+    """12 steps, a checkpoint every 4, no dropout (a branch restores no dropout stream), every step logged."""
+    from tests.test_train import _cfg
+
+    return _cfg(run_dir, shards_dir, tok, **{"train.placement": "local", "train.steps": 12, "train.warmup_steps": 2,
+                                             "train.checkpoint_every": 4, "train.log_every": 1, "train.eval_every": 12,
+                                             "model.dropout": 0.0, **over})
+
+
+def test_a_decay_branched_off_a_constant_run_ends_where_the_direct_wsd_run_ends(tmp_path, shards_dir,
+                                                                              tiny_tokenizer_dir):
+    from tests.test_train import _records
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.train import curves
+
+    decay = {"train.schedule": "wsd", "train.decay_steps": 4, "train.decay_shape": "1-sqrt"}
+    stable = _run_cfg(tmp_path / "stable", shards_dir, tiny_tokenizer_dir, **{"train.schedule": "constant"})
+    direct = _run_cfg(tmp_path / "direct", shards_dir, tiny_tokenizer_dir, **decay)
+    Pipeline(stable).train()
+    Pipeline(direct).train()
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "stable" / "checkpoints").iterdir()}
+
+    branch = _run_cfg(tmp_path / "branch", shards_dir, tiny_tokenizer_dir,
+                      **{**decay, "train.branch_from": str(tmp_path / "stable" / "checkpoints" / "ckpt-8")})
+    summary = Pipeline(branch).train()
+    assert summary["resumed_from"] == 8 and summary["steps"] == 12
+    (event,) = [r for r in _records(tmp_path / "branch", "event") if r["event"] == "branch"]
+    assert event["step"] == 8 and event["checkpoint"].endswith("ckpt-8")
+
+    # Every train record carries the rate the schedule gives at its step (the direct run's whole curve).
+    got = {r["step"]: r for r in _records(tmp_path / "branch", "train")}
+    ref = {r["step"]: r for r in _records(tmp_path / "direct", "train")}
+    c = curves.curve(direct.train)
+    assert sorted(got) == [9, 10, 11, 12]
+    for step, r in ref.items():
+        assert r["learning_rate"] == pytest.approx(float(curves.rate(c, step - 1)), rel=1e-5, abs=1e-12), step
+    # Same data, same masks, same updates: the branch continues the curve and ends where the direct run ends.
+    for step in got:
+        assert got[step]["learning_rate"] == pytest.approx(ref[step]["learning_rate"], rel=1e-6), step
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-5), step
+    stable_losses = {r["step"]: r["loss"] for r in _records(tmp_path / "stable", "train")}
+    assert stable_losses[12] != pytest.approx(ref[12]["loss"], rel=1e-5)  # the decay made a difference
+    # The stable run is untouched.
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "stable" / "checkpoints").iterdir()} == before
+
+    # Branching from the run itself takes its last checkpoint (ckpt-12): no step left before train.steps.
+    with pytest.raises(UserError, match=r"its checkpoint is at step 12, not before train.steps=12"):
+        Pipeline(_run_cfg(tmp_path / "late", shards_dir, tiny_tokenizer_dir,
+                          **{**decay, "train.branch_from": str(tmp_path / "stable")})).train()
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"model.hidden_size": 48}, "another config (model.hidden_size: saved None, now 48)"),
+    ({"train.batch_size": 8}, "another config (train.batch_size: saved 16, now 8)"),
+    ({"shard.dir": None}, "this run has no shards at"),
+])
+def test_branching_from_another_model_or_other_data_is_one_line_exit_2(over, needle, tmp_path, shards_dir,
+                                                                       tiny_tokenizer_dir, capsys):
+    from tpu_ray.cli import main
+    from tpu_ray.saved_config import save_config
+
+    stable = _run_cfg(tmp_path / "stable", shards_dir, tiny_tokenizer_dir, **{"train.schedule": "constant"})
+    save_config(stable, False, {})
+    ckpts = tmp_path / "stable" / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
+    (ckpts / "ckpt-4.index").write_bytes(b"")
+    branch = _run_cfg(tmp_path / "branch", shards_dir, tiny_tokenizer_dir,
+                      **{"train.schedule": "wsd", "train.decay_steps": 4, "train.branch_from": str(tmp_path / "stable"),
+                         **over})
+    yaml_path = tmp_path / "branch.yaml"
+    yaml_path.write_text(branch.to_yaml())
+    assert main(["train", "--config", str(yaml_path)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert needle in line and "train.branch_from=" in line, line
+    assert "shard.dir=" in line or "branch with the stable run's config" in line, line

@@ -231,6 +231,10 @@ def open_shards(cfg: RunConfig, tok: TokenizerInfo) -> ShardSet:
 def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = None) -> dict[str, Any]:
     """Train to `cfg.train.steps`, evaluating, checkpointing and exporting; returns the summary."""
     t_start = time.monotonic()
+    if cfg.train.branch_from:  # a branch's source is checked first: its shards are the ones to read
+        from tpu_ray.train.branch import check_before_start
+
+        check_before_start(cfg)
     tok = tokenizer_info(cfg.tokenizer_dir)
     shards = open_shards(cfg, tok)
     with shards.naming_corrupt_files():  # tf.data's DataLossError names no file; this names the shard
@@ -301,10 +305,15 @@ def refuse_precision(cfg: RunConfig, precision: str) -> None:
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
                      resume: bool) -> int:
     """The step to start from: 0, or the latest checkpoint's with --resume (refused without it).
-    A fresh start with model.init_from loads the checkpoint's weights (optimizer and schedule fresh)."""
+    A fresh start with model.init_from loads the checkpoint's weights (optimizer and schedule fresh);
+    one with train.branch_from the stable run's checkpoint whole (train/branch.py)."""
     if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
         metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
     if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
+        if cfg.train.branch_from:  # a decay branched off a stable run: its checkpoint, this run's schedule
+            from tpu_ray.train.branch import restore as restore_branch
+
+            return restore_branch(cfg, s, metrics)
         if cfg.model.init_from:
             from tpu_ray.train.init_from import load_weights
 
