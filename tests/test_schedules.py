@@ -208,3 +208,49 @@ def test_branching_from_another_model_or_other_data_is_one_line_exit_2(over, nee
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert needle in line and "train.branch_from=" in line, line
     assert "shard.dir=" in line or "branch with the stable run's config" in line, line
+
+
+# ----------------------------------------------------------------------------- masking schedule
+def test_a_linear_masking_rate_falls_with_the_step_in_one_trace():
+    """train.mask_schedule=linear: 30% at step 0 to 15% at train.steps, read from the batch index in the
+    masking seed; exact counts show the rate; one traced function serves every step (no recompile)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tpu_ray.train import curves
+    from tpu_ray.train.inputs import MaskSpec, _seed, mask_tokens, predictions_per_sequence
+
+    spec = MaskSpec(0.3, 4, 800, (0, 1, 2, 3, 4), exact_count=True, mask_prob_end=0.15, schedule_steps=100,
+                    batches_per_step=2)
+    ids = tf.constant(np.random.default_rng(0).integers(5, 800, size=(4, 100)), tf.int32)
+    masked = tf.function(lambda index: mask_tokens(ids, _seed(7, 1, index), spec)[1])
+    t = _train(**{"train.mask_schedule": "linear", "train.mask_prob": 0.3, "train.mask_prob_end": 0.15,
+                  "train.mask_count": "exact"})
+    for step in (0, 40, 99, 150):
+        labels = masked(tf.constant(2 * step + 1, tf.int64)).numpy()  # the second replica's batch of the step
+        expected = round(float(curves.mask_rate(t, step)) * 100)
+        assert (labels != -100).sum(axis=1).tolist() == [expected] * 4, step
+    assert expected == 15 and masked.experimental_get_tracing_count() == 1
+    # The MLM head scores as many positions as the highest rate masks.
+    from tpu_ray.train.inputs import predictions_for
+
+    assert predictions_for(t, 100) == predictions_per_sequence(100, 0.3, exact_count=True) == 30
+
+
+def test_a_run_under_a_masking_schedule_trains_in_one_trace_and_evaluates_at_the_final_rate(
+        tmp_path, shards_dir, tiny_tokenizer_dir):
+    from tests.test_train import _records
+    from tpu_ray.train.loop import mask_spec, train
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+
+    cfg = _run_cfg(tmp_path / "m", shards_dir, tiny_tokenizer_dir,
+                   **{"train.steps": 6, "train.mask_schedule": "linear", "train.mask_prob": 0.3,
+                      "train.mask_prob_end": 0.15, "train.mask_count": "exact", "train.log_every": 3,
+                      "train.eval_every": 6, "train.checkpoint_every": 6})
+    train(cfg)
+    records = _records(tmp_path / "m", "train")
+    assert [r["train_traces"] for r in records] == [1, 1]
+    tok = tokenizer_info(tiny_tokenizer_dir)
+    assert mask_spec(cfg, tok, evaluation=True).mask_prob == 0.15 and mask_spec(cfg, tok).mask_prob_end == 0.15
+    (ev,) = _records(tmp_path / "m", "eval")
+    assert ev["eval_tokens"] == 2 * 16 * round(0.15 * 62)  # 2 batches of 16, 62 maskable tokens per row

@@ -22,7 +22,7 @@ import math
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,18 +190,22 @@ def make_eval_step(s: TrainSetup):
     return eval_step
 
 
-def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
+def mask_spec(cfg: RunConfig, tok: TokenizerInfo, evaluation: bool = False) -> MaskSpec:
+    """The masking of training batches; `evaluation`: of the fixed evaluation set, at the run's final
+    masking rate (train.mask_prob_end under a masking schedule: evaluations compare across the run)."""
     t = cfg.train
+    scheduled = t.mask_schedule == "linear" and t.mask_prob_end is not None
     words = None
     if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
         from tpu_ray.prepare.tokenizer import load_tokenizer_json
         from tpu_ray.train.words import continuation_table
 
         words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
-    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids),
-                    predictions_for(t, cfg.shard.seq_len),
+    return MaskSpec(t.mask_prob_end if scheduled and evaluation else t.mask_prob, tok.mask_id, tok.vocab_size,
+                    tuple(tok.special_ids), predictions_for(t, cfg.shard.seq_len),
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
-                    random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact")
+                    random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact",
+                    mask_prob_end=t.mask_prob_end if scheduled and not evaluation else None, schedule_steps=t.steps)
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
@@ -348,7 +352,8 @@ def train_input(cfg: RunConfig, s: TrainSetup, train_files: list[tuple[str, int]
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         files_read.extend(host_files(files, ctx))
         positions.bind(host_files(files, ctx), ctx.num_input_pipelines)
-        return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
+        per_step = replace(spec, batches_per_step=max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines))
+        return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step, cfg.seed,
                              cfg.train.shuffle_buffer,
                              start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx,
                              counts=positions.counts)
@@ -422,7 +427,7 @@ def evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int)
         log.warning("no evaluation: %d validation samples are fewer than one global batch", samples)
         return None
     files = eval_files(val_files, batches * per_replica, cfg.seed)
-    spec = mask_spec(cfg, s.tok)
+    spec = mask_spec(cfg, s.tok, evaluation=True)
     dist = strategy.distribute_datasets_from_function(
         lambda ctx: eval_dataset(files, cfg.shard.seq_len, per_replica, spec, cfg.seed,
                                  batches // ctx.num_input_pipelines, ctx=None if ctx.num_input_pipelines == 1 else ctx))
