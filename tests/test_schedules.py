@@ -208,6 +208,13 @@ def test_branching_from_another_model_or_other_data_is_one_line_exit_2(over, nee
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert needle in line and "train.branch_from=" in line, line
     assert "shard.dir=" in line or "branch with the stable run's config" in line, line
+    # doctor says the same, as a FAIL row
+    from tpu_ray.doctor.checks import FAIL, run_doctor
+
+    out = io.StringIO()
+    assert run_doctor(branch, target="cpu", out=out, xla=False) == 1
+    (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "branch"]
+    assert row.startswith(FAIL) and needle in row, row
 
 
 # ----------------------------------------------------------------------------- masking schedule
@@ -254,3 +261,31 @@ def test_a_run_under_a_masking_schedule_trains_in_one_trace_and_evaluates_at_the
     assert mask_spec(cfg, tok, evaluation=True).mask_prob == 0.15 and mask_spec(cfg, tok).mask_prob_end == 0.15
     (ev,) = _records(tmp_path / "m", "eval")
     assert ev["eval_tokens"] == 2 * 16 * round(0.15 * 62)  # 2 batches of 16, 62 maskable tokens per row
+
+
+def test_a_resumed_run_continues_the_same_curve(tmp_path, shards_dir, tiny_tokenizer_dir):
+    """Cosine to a floor: the run is cut back to its step-4 checkpoint and resumed; steps 5-8 take the
+    rates (and, dropout 0, the losses) of the uninterrupted run."""
+    from tests.test_train import _records
+    from tpu_ray.train.loop import train
+
+    cfg = _run_cfg(tmp_path / "r", shards_dir, tiny_tokenizer_dir,
+                   **{"train.steps": 8, "train.schedule": "cosine", "train.min_lr_ratio": 0.1, "train.eval_every": 8})
+    train(cfg)
+    first = {r["step"]: r for r in _records(tmp_path / "r", "train")}
+    ckpts = tmp_path / "r" / "checkpoints"
+    for p in ckpts.glob("ckpt-8.*"):
+        p.unlink()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\nall_model_checkpoint_paths: "ckpt-4"\n')
+    (tmp_path / "r" / "metrics.jsonl").unlink()
+    assert train(cfg, resume=True)["resumed_from"] == 4
+    again = {r["step"]: r for r in _records(tmp_path / "r", "train")}
+    assert sorted(again) == [5, 6, 7, 8]
+    for step in again:
+        assert again[step]["learning_rate"] == pytest.approx(first[step]["learning_rate"], rel=1e-6), step
+        assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
+    assert first[8]["learning_rate"] > 1e-4  # the floor: min_lr_ratio 0.1 of 1e-3, approached at step 8
+    # Another curve on --resume is refused, naming it; train.extend_schedule takes it.
+    with pytest.raises(UserError, match=r"schedule 'cosine: warm-up 2, then cosine decay to 0.1 x the peak' -> "
+                                        r"'wsd: "):
+        train(cfg.override({"train.schedule": "wsd", "train.decay_steps": 2}), resume=True)

@@ -356,6 +356,20 @@ class Doctor:
                                                                      else ""))
         else:
             self.add("schedule", PASS, f"{shape} ({ends})")
+        if t.branch_from:
+            self.check_branch()
+
+    def check_branch(self) -> None:
+        """train.branch_from: the checkpoint it names, and whether this config may continue it."""
+        from tpu_ray.train.branch import resolve
+
+        try:
+            branch = resolve(self.cfg)
+        except UserError as exc:
+            self.add("branch", FAIL, str(exc))
+            return
+        self.add("branch", PASS, f"from {branch.checkpoint} at step {branch.step:,} ({self.cfg.train.steps - branch.step:,} "
+                 f"steps under this run's schedule)")
 
     def check_paths(self) -> None:
         cfg, tgt = self.cfg, self.target
