@@ -83,7 +83,7 @@ def prepare(work: Path, args) -> object:
         "model": {"hidden_size": args.hidden, "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
                   "intermediate_size": 4 * args.hidden, "dropout": args.dropout},
         "train": {"steps": args.steps, "batch_size": args.batch, "learning_rate": args.lr,
-                  "warmup_steps": args.warmup, "eval_every": 10**6, "eval_batches": 1,
+                  "warmup_steps": args.warmup, "eval_every": 10**6,
                   "checkpoint_every": args.snapshot_every, "keep_checkpoints": 10**6, "log_every": 50,
                   "shuffle_buffer": 4096, "mask_prob": args.mask_prob, "mask_count": args.mask_count,
                   "jit_compile": args.jit},

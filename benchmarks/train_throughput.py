@@ -48,7 +48,8 @@ def prepare(work: Path, vocab: int) -> "object":
         "tokenizer": {"vocab_size": vocab, "path": str(work / "tokenizer")},
         "shard": {"seq_len": SEQ_LEN, "unit_bytes": 131072, "dir": str(work / "shards")}, "model": MODEL,
         "train": {"batch_size": BATCH, "learning_rate": 1e-4, "warmup_steps": 0, "eval_every": 10**6,
-                  "eval_batches": 1, "checkpoint_every": 10**6, "log_every": 1, "shuffle_buffer": 2048},
+                  "checkpoint_every": 10**6, "log_every": 1, "shuffle_buffer": 2048},
+        "eval": {"samples": BATCH},
     })
     lines = [s for s in corpus.read_text().splitlines() if s.strip()]
     info = save_tokenizer(train_tokenizer([lines], cfg.tokenizer), str(work / "tokenizer"), SEQ_LEN)

@@ -51,3 +51,34 @@ def tiny_tokenizer_dir(tmp_path_factory, small_corpus) -> str:
     out = str(tmp_path_factory.mktemp("tok") / "tokenizer")
     save_tokenizer(tok, out, 64)
     return out
+
+
+@pytest.fixture(scope="session")
+def mixed_run(tmp_path_factory):
+    """A real three-source run (domain 0.8, general 0.2, general_test evaluation only), 40 steps:
+    tests/test_mixture.py and tests/test_eval_set.py read it."""
+    from tpu_ray.config import RunConfig
+    from tpu_ray.pipeline import Pipeline
+
+    start_local_ray()
+    tmp = tmp_path_factory.mktemp("mix")
+    general = tmp / "general.txt"
+    general.write_bytes(_lines((WIKITEXT / "valid.txt").read_bytes(), 300_000))
+    held_out = tmp / "held_out.txt"
+    held_out.write_bytes(_lines((WIKITEXT / "test.txt").read_bytes(), 60_000))
+    cfg = RunConfig.from_dict({
+        "output_dir": str(tmp / "run"), "ray": {"address": "local"},
+        "corpus": {"sources": {"domain": {"source": "builtin:python-docs", "weight": 0.8, "max_bytes": 400_000},
+                               "general": {"source": str(general), "weight": 0.2},
+                               "general_test": {"source": str(held_out), "weight": 0}}},
+        "tokenizer": {"vocab_size": 800}, "shard": {"seq_len": 32, "unit_bytes": 65536},
+        "train": {"steps": 40, "batch_size": 32, "learning_rate": 1e-3, "warmup_steps": 2, "log_every": 10,
+                  "eval_every": 20, "checkpoint_every": 20, "shuffle_buffer": 256, "placement": "local"},
+        "eval": {"samples": 48}})
+    result = Pipeline(cfg).run()
+    return cfg, result
+
+
+def _lines(data: bytes, n: int) -> bytes:
+    data = data[:n]
+    return data[: data.rfind(b"\n") + 1]

@@ -41,7 +41,8 @@ def tiny_config(run_dir: Path, corpus: Path, **overrides):
         "shard": {"seq_len": 64, "unit_bytes": 65536},
         "model": {"preset": "tiny"},
         "train": {"steps": 20, "batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 2, "log_every": 5,
-                  "eval_every": 10, "eval_batches": 2, "checkpoint_every": 10, "shuffle_buffer": 256},
+                  "eval_every": 10, "checkpoint_every": 10, "shuffle_buffer": 256},
+        "eval": {"samples": 32},
     }
     cfg = RunConfig.from_dict(base)
     return cfg.override(overrides) if overrides else cfg

@@ -329,7 +329,7 @@ cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({{
     "output_dir": {str(tmp_path / "run")!r}, "corpus.source": {str(small_corpus)!r},
     "tokenizer.vocab_size": 800, "shard.seq_len": 64, "shard.unit_bytes": 65536, "train.steps": 10,
     "train.batch_size": 16, "train.warmup_steps": 2, "train.log_every": 5, "train.eval_every": 10,
-    "train.eval_batches": 2, "train.checkpoint_every": 10, "ray.address": "local"}})
+    "eval.samples": 32, "train.checkpoint_every": 10, "ray.address": "local"}})
 result = Pipeline(cfg).run()
 print(repr(result))
 print(sorted(result.summary()))

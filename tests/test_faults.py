@@ -245,7 +245,7 @@ def test_two_runs_into_one_directory_second_is_refused_naming_the_holder(tmp_pat
     run = tmp_path / "run"
     args = ["run", "--corpus", str(small_corpus), "--output-dir", str(run), "tokenizer.vocab_size=200",
             "shard.seq_len=64", "shard.unit_bytes=65536", "model.preset=tiny", "train.steps=4", "train.batch_size=8",
-            "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4", "train.eval_batches=1",
+            "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4", "eval.samples=8",
             "train.placement=local", "ray.address=local", "ray.num_cpus=1"]
     first = tpu_ray(*args, cwd=tmp_path, wait=False)
     try:

@@ -424,7 +424,7 @@ def test_a_c4_shaped_corpus_runs_end_to_end_and_trains(tmp_path, docs, ray_local
     run = tmp_path / "run"
     code = main(["run", "--corpus", str(c4), "--output-dir", str(run), "tokenizer.vocab_size=800",
                  "shard.seq_len=64", "shard.unit_bytes=65536", "train.steps=20", "train.batch_size=16",
-                 "train.warmup_steps=2", "train.eval_every=10", "train.eval_batches=2", "train.checkpoint_every=10",
+                 "train.warmup_steps=2", "train.eval_every=10", "eval.samples=32", "train.checkpoint_every=10",
                  "model.preset=tiny"])
     assert code == 0, capsys.readouterr().err
     manifest = json.loads((run / "shards" / "manifest.json").read_text())

@@ -41,7 +41,7 @@ JOB_TIMEOUT_S = 600  # a deadline against hangs, not a speed requirement
 SMALL = {
     "tokenizer.vocab_size": 800, "shard.seq_len": 64, "shard.unit_bytes": 65536, "train.steps": 20,
     "train.batch_size": 16, "train.warmup_steps": 2, "train.log_every": 5, "train.eval_every": 10,
-    "train.eval_batches": 2, "train.checkpoint_every": 10, "train.shuffle_buffer": 256,
+    "eval.samples": 32, "train.checkpoint_every": 10, "train.shuffle_buffer": 256,
 }
 RUN_DIR_FILES = ("config.yaml", "run_info.json", "tokenizer/tokenizer.json", "shards/manifest.json",
                  "metrics.jsonl", "model/config.json", "model/tf_model.h5", "summary.json")

@@ -77,8 +77,9 @@ def type_config(run: Path, model_type: str, tok_dir: str, shards: Path, **over):
         "model": {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                   "intermediate_size": 64, "dropout": 0.0},
         "train": {"steps": 4, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 1, "log_every": 1,
-                  "eval_every": 4, "eval_batches": 1, "checkpoint_every": 4, "shuffle_buffer": 64,
+                  "eval_every": 4, "checkpoint_every": 4, "shuffle_buffer": 64,
                   "placement": "local"},
+        "eval": {"samples": 8},
     }
     return RunConfig.from_dict(base).override(over) if over else RunConfig.from_dict(base)
 

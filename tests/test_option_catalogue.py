@@ -266,6 +266,11 @@ class Bool:
     """true/false; a word that is neither is refused."""
 
 
+@dataclass(frozen=True)
+class Structured:
+    """A mapping or list of sections: its bad values are tested by its own tests, not probed here."""
+
+
 def gt0(meaning: str = "") -> Num:
     return Num(0, None, lo_open=True, meaning=meaning)
 
@@ -289,6 +294,11 @@ CONFIG_ROWS: dict[str, object] = {
     "corpus.max_bytes": gt0("huge: no limit, the whole corpus"),
     "corpus.max_rows": gt0("huge: no limit, every record"),
     "corpus.max_line_bytes": Num(1024, meaning="huge: lines are never split"),
+    "corpus.sources": Structured(),  # tests/test_mixture.py refuses its bad values one by one
+    "corpus.weight_temperature": Num(0, 10, lo_open=True),
+    "corpus.weight_schedule": Structured(),
+    "eval.samples": Num(1, 10_000_000, meaning="huge is refused: beyond any validation split worth a pass"),
+    "eval.mask_prob": fraction(lo_open=True),
     "tokenizer.kind": Enum(),
     "tokenizer.vocab_size": Num(64, 1_000_000),
     "tokenizer.path": Str("dir"),
@@ -335,7 +345,6 @@ CONFIG_ROWS: dict[str, object] = {
     "train.random_token_fraction": fraction(hi_open=False),  # 1 only with mask_token_fraction 0
     "train.log_every": gt0("huge: logs at the last step only"),
     "train.eval_every": gt0("huge: evaluates at the last step only"),
-    "train.eval_batches": gt0("huge: the whole validation split"),
     "train.checkpoint_every": gt0("huge: checkpoints at the last step only"),
     "train.keep_checkpoints": gt0("huge: keeps every checkpoint"),
     "train.checkpoint_every_minutes": gt0("huge: by steps only"),

@@ -17,7 +17,7 @@ QUICKSTART = str(REPO / "jobs" / "configs" / "quickstart.yaml")
 # The quickstart shrunk to a test: a tiny vocabulary, short samples, a few dozen steps.
 SHRINK = ["tokenizer.vocab_size=800", "shard.seq_len=64", "shard.unit_bytes=65536", "train.steps=40",
           "train.batch_size=16", "train.warmup_steps=4", "train.log_every=5", "train.eval_every=20",
-          "train.eval_batches=4", "train.checkpoint_every=20", "train.shuffle_buffer=512"]
+          "eval.samples=64", "train.checkpoint_every=20", "train.shuffle_buffer=512"]
 
 
 @pytest.fixture(scope="module")

@@ -244,7 +244,7 @@ def test_a_linear_masking_rate_falls_with_the_step_in_one_trace():
     assert predictions_for(t, 100) == predictions_per_sequence(100, 0.3, exact_count=True) == 30
 
 
-def test_a_run_under_a_masking_schedule_trains_in_one_trace_and_evaluates_at_the_final_rate(
+def test_a_run_under_a_masking_schedule_trains_in_one_trace_and_evaluates_at_eval_mask_prob(
         tmp_path, shards_dir, tiny_tokenizer_dir):
     from tests.test_train import _records
     from tpu_ray.train.loop import mask_spec, train
@@ -257,10 +257,14 @@ def test_a_run_under_a_masking_schedule_trains_in_one_trace_and_evaluates_at_the
     train(cfg)
     records = _records(tmp_path / "m", "train")
     assert [r["train_traces"] for r in records] == [1, 1]
-    tok = tokenizer_info(tiny_tokenizer_dir)
-    assert mask_spec(cfg, tok, evaluation=True).mask_prob == 0.15 and mask_spec(cfg, tok).mask_prob_end == 0.15
+    spec = mask_spec(cfg, tokenizer_info(tiny_tokenizer_dir))
+    assert (spec.mask_prob, spec.mask_prob_end, spec.schedule_steps) == (0.3, 0.15, 6)
+    # The evaluation masks at eval.mask_prob, whatever the training rate: its spec has no schedule.
+    from tpu_ray.train.eval_set import eval_spec
+
+    assert eval_spec(spec, cfg.eval.mask_prob, 64).mask_prob_end is None
     (ev,) = _records(tmp_path / "m", "eval")
-    assert ev["eval_tokens"] == 2 * 16 * round(0.15 * 62)  # 2 batches of 16, 62 maskable tokens per row
+    assert ev["eval_mask_prob"] == 0.15
 
 
 def test_a_resumed_run_continues_the_same_curve(tmp_path, shards_dir, tiny_tokenizer_dir):

@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=nonempty("a YAML file"), help="run config YAML (default: the one saved in RUN)")
     p.add_argument("--output-dir", type=nonempty("the run directory"), help=argparse.SUPPRESS)  # the older way to name RUN
     p.add_argument("overrides", nargs="*", metavar="section.key=value",
-                   help="config overrides, e.g. train.eval_batches=50")
+                   help="config overrides, e.g. eval.samples=2000")
     p = add("fill-mask", cmd_fill_mask, "predict the [MASK] token with an exported model", common=False)
     p.add_argument("--model", required=True, type=nonempty("a model directory (RUN/model) or a run directory"),
                    help="exported model directory (RUN/model, or just RUN)")

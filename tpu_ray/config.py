@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,8 +48,9 @@ class _Section(BaseModel):
         return v
 
 
-class CorpusConfig(_Section):
-    """Where the text comes from."""
+class _SourceFields(_Section):
+    """Where one source's text comes from and how it is read (one-source `corpus`, or each of
+    `corpus.sources`)."""
 
     # "builtin:python-docs", a local path, directory or glob (.txt/.jsonl/.json/.csv/.tsv, each
     # also .gz/.zst/.bz2/.xz; .parquet; a datasets save_to_disk directory), a gs:// or hf:// URI
@@ -77,6 +80,148 @@ class CorpusConfig(_Section):
     # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
     max_line_bytes: int = Field(1 << 20, ge=1024)
 
+
+
+class SourceConfig(_SourceFields):
+    """One named source of a mixture (`corpus.sources.<name>`): what `corpus` takes for one source,
+    plus its sampling weight. A field left out takes the value `corpus` sets for it (or the default)."""
+
+    source: str  # a path, glob, gs:// or hf: URI, or builtin:python-docs, as corpus.source
+    # Share of the training samples drawn from this source (weights are normalised over the sources).
+    # 0: evaluation only: all of the source's text is validation text, scored at every evaluation.
+    weight: float = Field(1.0, ge=0, le=1e9)
+
+
+class WeightStage(_Section):
+    """From `step` on, sample by these weights (Levanter's staged mixtures) and/or temperature."""
+
+    step: int = Field(ge=0)
+    weights: dict[str, float] | None = None  # source -> weight (>= 0); sources left out keep theirs
+    temperature: float | None = Field(None, gt=0, le=10)  # as corpus.weight_temperature, from this step on
+
+
+class CorpusConfig(_SourceFields):
+    """Where the text comes from: one source (`source`), or named sources mixed by weight (`sources`)."""
+
+    # Named sources, mixed by weight (replay of general text while continuing on a domain):
+    # {name: {source: ..., weight: ..., any field of corpus}}. Unset: the one source `corpus.source`.
+    sources: dict[str, SourceConfig] | None = None
+    # Weights from each source's size: a source is drawn with probability proportional to
+    # weight x (its train samples) ^ temperature (mmBERT's 0.7, 0.5, 0.3); None: by weight alone.
+    weight_temperature: float | None = Field(None, gt=0, le=10)
+    # Weights that change at given steps: [{step: 1000, weights: {domain: 0.95, general: 0.05}}, ...].
+    weight_schedule: list[WeightStage] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sources_inherit(cls, data: Any) -> Any:
+        """A source's fields left out take the values `corpus` sets (e.g. one text_field for all)."""
+        if not isinstance(data, dict) or not isinstance(data.get("sources"), dict):
+            return data
+        shared = {k: v for k, v in data.items() if k in _SourceFields.model_fields and k != "source"}
+        sources = {}
+        for name, entry in data["sources"].items():
+            sources[name] = {**shared, **entry} if isinstance(entry, dict) else entry
+        return {**data, "sources": sources}
+
+    @model_validator(mode="after")
+    def _valid_mixture(self) -> CorpusConfig:
+        from tpu_ray.prepare.shard_set import SPLITS
+
+        if self.sources is None:
+            if self.weight_schedule or self.weight_temperature is not None:
+                raise ValueError("corpus.weight_schedule and corpus.weight_temperature need corpus.sources "
+                                 "(named sources to weigh)")
+            return self
+        if not self.sources:
+            raise ValueError("corpus.sources is empty; name at least one source, or use corpus.source")
+        if self.source != BUILTIN_CORPUS or self.validation_source:
+            raise ValueError("corpus.source / corpus.validation_source and corpus.sources both given; put every "
+                             "source under corpus.sources (with its own validation_source)")
+        for name, src in self.sources.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+                raise ValueError(f"corpus.sources.{name}: a source name is letters, digits, '_', '-', '.' (at most "
+                                 f"64, first a letter or digit); rename it")
+            if name in SPLITS or name in ("all", "corpus"):
+                raise ValueError(f"corpus.sources.{name}: the name clashes with a split or a reserved name "
+                                 f"({', '.join((*SPLITS, 'all', 'corpus'))}); rename it")
+            if src.weight == 0 and "validation_fraction" in src.model_fields_set and not src.validation_fraction \
+                    and not src.validation_source:
+                raise ValueError(f"corpus.sources.{name}: weight 0 (evaluation only) with validation_fraction=0 "
+                                 f"has no validation text; drop validation_fraction or give it a weight")
+        lowered = {}
+        for name in self.sources:
+            if name.lower() in lowered:
+                raise ValueError(f"corpus.sources: {lowered[name.lower()]!r} and {name!r} differ only in case; "
+                                 f"use one name per source")
+            lowered[name.lower()] = name
+        if not any(w > 0 for w in self.stage_weights(0).values()):
+            raise ValueError("corpus.sources: every weight is 0, nothing to train on; give a source a weight > 0")
+        previous = -1
+        for i, stage in enumerate(self.weight_schedule or []):
+            if stage.step <= previous:
+                raise ValueError(f"corpus.weight_schedule[{i}].step={stage.step}: steps must increase "
+                                 f"(the one before is {previous})")
+            previous = stage.step
+            unknown = sorted(set(stage.weights or {}) - set(self.sources))
+            if unknown:
+                raise ValueError(f"corpus.weight_schedule[{i}].weights: {unknown[0]!r} is not a source of "
+                                 f"corpus.sources ({', '.join(self.sources)})")
+            raised = sorted(k for k, v in (stage.weights or {}).items() if v and self.sources[k].weight == 0)
+            if raised:
+                raise ValueError(f"corpus.weight_schedule[{i}].weights.{raised[0]}: {raised[0]!r} is evaluation only "
+                                 f"(weight 0 in corpus.sources: all its text is validation); give it a weight there")
+            bad = {k: v for k, v in (stage.weights or {}).items() if not (v >= 0 and math.isfinite(v))}
+            if bad:
+                k = next(iter(bad))
+                raise ValueError(f"corpus.weight_schedule[{i}].weights.{k}={bad[k]}: a weight is a number >= 0")
+            if not any(w > 0 for w in self.stage_weights(stage.step).values()):
+                raise ValueError(f"corpus.weight_schedule[{i}]: every weight is 0 from step {stage.step}; give a "
+                                 f"source a weight > 0")
+        return self
+
+    # --- the mixture, as the stages read it -------------------------------------------------
+    def named_sources(self) -> dict[str, _SourceFields]:
+        """Every source by name: the mixture's, or the one source as "corpus"."""
+        return dict(self.sources) if self.sources is not None else {"corpus": self}
+
+    def stage_weights(self, step: int) -> dict[str, float]:
+        """The weights in force at `step` (before temperature): the sources', then each stage's."""
+        weights = {name: float(getattr(src, "weight", 1.0)) for name, src in self.named_sources().items()}
+        for stage in self.weight_schedule or []:
+            if stage.step <= step:
+                weights.update(stage.weights or {})
+        return weights
+
+    def stage_temperature(self, step: int) -> float | None:
+        temperature = self.weight_temperature
+        for stage in self.weight_schedule or []:
+            if stage.step <= step and stage.temperature is not None:
+                temperature = stage.temperature
+        return temperature
+
+    def stage_starts(self) -> list[int]:
+        """The steps at which the weights change (0 first)."""
+        return [0] + [s.step for s in self.weight_schedule or [] if s.step > 0]
+
+    def trained(self) -> list[str]:
+        """Sources training draws from; the others (weight 0 in corpus.sources) are evaluation only."""
+        return [n for n, src in self.named_sources().items() if getattr(src, "weight", 1.0) > 0]
+
+
+MAX_EVAL_SAMPLES = 10_000_000
+
+
+class EvalConfig(_Section):
+    """The evaluation set: fixed by the shards alone (not the seed, batch size, replicas or hosts),
+    so two runs on the same shards score the same samples under the same masks."""
+
+    # Validation samples scored per source at each evaluation (fewer if the split holds fewer),
+    # spread over the whole split.
+    samples: int = Field(640, ge=1, le=MAX_EVAL_SAMPLES)
+    # Masking rate of the evaluation (token by token, 80/10/10), whatever the training rate, so runs
+    # with other recipes compare (ModernBERT and MosaicBERT train at 30% and evaluate at 15%).
+    mask_prob: float = Field(0.15, gt=0, lt=1)
 
 class TokenizerConfig(_Section):
     kind: Literal["unigram", "bpe", "wordpiece"] = "unigram"  # the tokenizer model trained
@@ -220,7 +365,6 @@ class TrainConfig(_Section):
     random_token_fraction: float = Field(0.1, ge=0, le=1)  # of the selected tokens, replaced by a random token
     log_every: int = Field(10, gt=0)  # steps between train records (and at the last step)
     eval_every: int = Field(500, gt=0)  # steps between evaluations (and at the last step)
-    eval_batches: int = Field(20, gt=0)  # batches per evaluation (at most the validation split)
     checkpoint_every: int = Field(500, gt=0)  # steps between checkpoints (and at the last step)
     keep_checkpoints: int = Field(3, gt=0)  # the newest K checkpoints are kept
     # Also checkpoint when this many minutes passed since the last one: bounds the work a lost node
@@ -291,7 +435,26 @@ class RunConfig(_Section):
     shard: ShardConfig = Field(default_factory=ShardConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_batches_moved(cls, data: Any) -> Any:
+        """train.eval_batches (batches of the training batch size) became eval.samples (issue 35: the
+        evaluation set must not depend on the batch size); configs that still name it load as
+        eval_batches x batch_size samples."""
+        train = data.get("train") if isinstance(data, dict) else None
+        if not isinstance(train, dict) or "eval_batches" not in train:
+            return data
+        train = dict(train)
+        batches = train.pop("eval_batches")
+        section = dict(data.get("eval") or {})
+        if isinstance(batches, int) and not isinstance(batches, bool) and batches > 0 and "samples" not in section:
+            batch_size = train.get("batch_size", TrainConfig.model_fields["batch_size"].default)
+            if isinstance(batch_size, int) and batch_size > 0:
+                section["samples"] = min(batches * batch_size, MAX_EVAL_SAMPLES)
+        return {**data, "train": train, "eval": section}
 
     @field_validator("name")
     @classmethod
@@ -381,7 +544,9 @@ class RunConfig(_Section):
                             f"pass a YAML file") from None
         try:
             # safe_load: a config is data, never code (no python/object tags).
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
+        except _DuplicateKey as exc:
+            raise UserError(f"{path}: {exc}") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -397,6 +562,12 @@ class RunConfig(_Section):
         """Return a copy with dotted keys replaced: {"train.steps": 50} or ["train.steps=50"]."""
         if isinstance(overrides, list):
             overrides = parse_overrides(overrides)
+        if "train.eval_batches" in overrides:  # moved (issue 35): batches of the batch size -> eval.samples
+            overrides = dict(overrides)
+            batches = overrides.pop("train.eval_batches")
+            batch_size = overrides.get("train.batch_size", self.train.batch_size)
+            overrides.setdefault("eval.samples", batches * batch_size if isinstance(batches, int)
+                                 and isinstance(batch_size, int) else batches)
         data = self.model_dump()
         for dotted, value in overrides.items():
             _set_dotted(data, dotted, value)
@@ -408,7 +579,13 @@ class RunConfig(_Section):
     def fingerprint(self) -> dict[str, Any]:
         """What must match when a run directory is resumed: everything that shapes the data/model.
         The SCHEDULE_FIELDS among it may change under train.extend_schedule (saved_config.py)."""
-        keep = self.model_dump(mode="json", include={"corpus", "tokenizer", "shard", "model", "seed"})
+        keep = self.model_dump(mode="json", include={"corpus", "tokenizer", "shard", "model", "seed", "eval"})
+        # The mixture's weights decide the data order, not the data: a change of them is checked on
+        # resume with the input position (train.accept_new_data_order), like the shuffle buffer.
+        for key in ("weight_temperature", "weight_schedule"):
+            keep["corpus"].pop(key, None)
+        for src in (keep["corpus"].get("sources") or {}).values():
+            src["evaluation_only"] = src.pop("weight") == 0  # all its text is validation: other shards
         keep["train"] = self.train.model_dump(
             mode="json", include={"batch_size", "weight_decay", "whole_word_mask", "mask_token_fraction",
                                     "random_token_fraction", "mask_count", *SCHEDULE_FIELDS}
@@ -438,6 +615,27 @@ def _schedule_refusal(cfg: RunConfig) -> str | None:
         return (f"train.branch_from={t.branch_from} and model.init_from={cfg.model.init_from} both say where to "
                 f"start; keep one (branch_from: the checkpoint's optimizer and step too)")
     return None
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping: YAML keeps the last silently, so a
+    source named twice in corpus.sources (or a field set twice) would quietly lose one."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKey(f"line {line}: key {key!r} is given twice in one mapping (first on line "
+                                    f"{seen[key]}); keep one")
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -489,8 +687,8 @@ def _one_line(exc: ValidationError, data: dict[str, Any]) -> str:
     shown = json.dumps(value) if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
     msg = err["msg"].replace("Value error, ", "")
     more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    if err["type"] == "value_error" and not err["loc"]:
-        return f"{msg}{more}"
+    if err["type"] == "value_error" and (not err["loc"] or isinstance(value, (dict, list))):
+        return f"{msg}{more}"  # a section's own check names its fields itself
     return f"{loc}={shown}: {msg}{more}"
 
 

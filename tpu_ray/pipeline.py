@@ -101,7 +101,7 @@ def training_needs_ray(cfg: RunConfig) -> bool:
 
 def run_tokenizer(cfg: RunConfig, force: bool = False):
     """Train the tokenizer on the corpus (or reuse the run's / the configured one)."""
-    from tpu_ray.prepare.corpus import iter_train_text, plan_units
+    from tpu_ray.prepare.sources import plan_sources, tokenizer_text
     from tpu_ray.prepare.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
 
     if cfg.model.init_from and not cfg.tokenizer.path:  # the checkpoint's own tokenizer, validated and copied
@@ -120,9 +120,7 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
 
     t0 = time.monotonic()
     fam = family(cfg.model.model_type)  # a from-scratch model's tokenizer follows its family's convention
-    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
-    tok = train_tokenizer(iter_train_text(units, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes, cfg.seed),
-                          cfg.tokenizer, fam.tokens, training_order(fam))
+    tok = train_tokenizer(tokenizer_text(cfg, plan_sources(cfg)), cfg.tokenizer, fam.tokens, training_order(fam))
     info = save_tokenizer(tok, cfg.tokenizer_dir, cfg.max_input_tokens(), fam.tokens)  # what the exported model takes
     log.info("tokenizer: trained %s vocab %d in %.1fs -> %s (sha256 %s)", cfg.tokenizer.kind, info.vocab_size,
              time.monotonic() - t0, cfg.tokenizer_dir, info.sha256[:12])

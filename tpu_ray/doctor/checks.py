@@ -163,6 +163,10 @@ class Doctor:
         from tpu_ray.prepare.preflight import preflight_corpus
 
         src = self.cfg.corpus.source
+        if self.cfg.corpus.sources is not None:  # a mixture: every source's files, named by its field
+            src = ", ".join(f"{n}={s.source}" for n, s in self.cfg.corpus.sources.items())
+            if all(s.source == BUILTIN_CORPUS or s.source.startswith("hf:") for s in self.cfg.corpus.sources.values()):
+                src = BUILTIN_CORPUS
         if self.shards is not None:
             self.add("corpus", PASS, "shards exist; the corpus is not read again")
         elif src == BUILTIN_CORPUS or src.startswith("hf:"):

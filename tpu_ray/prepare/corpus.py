@@ -242,20 +242,22 @@ def resolve_files(source: str, field: str = "corpus.source") -> list[tuple[str, 
 PLAN_FILE = "plan.json"  # the plan of a run's corpus, reused by the tokenizer and shard stages
 
 
-def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[WorkUnit]:
+def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str, field: str = "corpus",
+               plan_file: str = PLAN_FILE) -> list[WorkUnit]:
     """All work units for a corpus config, numbered 0..n-1 in a fixed order.
 
-    Planned once per run: the units are stored in RUN/plan.json under a key made of the corpus
+    Planned once per run: the units are stored in RUN/<plan_file> under a key made of the corpus
     and unit settings and every file's size and version (one listing), and reused while that key
-    holds (the tokenizer stage plans, the shard stage and resumes reuse it).
+    holds (the tokenizer stage plans, the shard stage and resumes reuse it). `field` names the
+    config section in errors (`corpus.sources.<name>` for a named source, which plans into its own file).
     """
     frac = 0.0 if corpus.validation_source else corpus.validation_fraction
-    sources = [(corpus.source, frac, "corpus.source")]
+    sources = [(corpus.source, frac, f"{field}.source")]
     if corpus.validation_source:
-        sources.append((corpus.validation_source, 1.0, "corpus.validation_source"))
+        sources.append((corpus.validation_source, 1.0, f"{field}.validation_source"))
     listed = [_listed(src, run_dir, fld) for src, _, fld in sources]
     key = _plan_key(corpus, shard, listed)
-    cached = _cached_plan(run_dir, key) if key else None
+    cached = _cached_plan(run_dir, key, plan_file) if key else None
     if cached is not None:
         return cached
     units: list[WorkUnit] = []
@@ -263,9 +265,9 @@ def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[W
         units += _plan_source(src, corpus, shard, run_dir, fr, fld, files)
     units = [WorkUnit(**{**u.to_dict(), "index": i}) for i, u in enumerate(units)]
     if not any(u.end > u.start for u in units):
-        raise UserError(f"corpus.source={corpus.source!r}: the corpus is empty; point it at text")
+        raise UserError(f"{field}.source={corpus.source!r}: the corpus is empty; point it at text")
     if key:
-        _store_plan(run_dir, key, units)
+        _store_plan(run_dir, key, units, plan_file)
     return units
 
 
@@ -291,8 +293,8 @@ def _plan_key(corpus: CorpusConfig, shard: ShardConfig, listed: list[list[Corpus
 PLAN_VERSION = 1
 
 
-def _cached_plan(run_dir: str, key: str) -> list[WorkUnit] | None:
-    path = storage.join(run_dir, PLAN_FILE)
+def _cached_plan(run_dir: str, key: str, plan_file: str = PLAN_FILE) -> list[WorkUnit] | None:
+    path = storage.join(run_dir, plan_file)
     try:
         data = json.loads(storage.read_text(path))
         if data.get("key") != key:
@@ -302,10 +304,10 @@ def _cached_plan(run_dir: str, key: str) -> list[WorkUnit] | None:
         return None  # absent, from another corpus, damaged or not a file: plan again (it is only a cache)
 
 
-def _store_plan(run_dir: str, key: str, units: list[WorkUnit]) -> None:
+def _store_plan(run_dir: str, key: str, units: list[WorkUnit], plan_file: str = PLAN_FILE) -> None:
     try:
         storage.makedirs(run_dir)
-        storage.atomic_write_text(storage.join(run_dir, PLAN_FILE),
+        storage.atomic_write_text(storage.join(run_dir, plan_file),
                                   json.dumps({"key": key, "units": [u.to_dict() for u in units]}) + "\n")
     except (OSError, UserError) as exc:  # a read-only run dir only loses the cache
         log.warning("corpus plan not cached in %s (%s)", run_dir, exc)
@@ -484,9 +486,10 @@ def _plan_file(file: CorpusFile, corpus: CorpusConfig, shard: ShardConfig, frac:
     splits = _align_all(path, targets, size, limit, shard.unit_bytes) if 0 < frac < 1 else {}
     units = []
     for (s, e), t in zip(pairs, targets):
-        split_at = e if frac == 0 else min(splits[t], e) if t < e else e
-        if frac >= 1.0:
+        if frac >= 1.0:  # validation text only (a validation source; an evaluation-only source)
             split_at = s
+        else:
+            split_at = e if frac == 0 else min(splits[t], e) if t < e else e
         units.append(WorkUnit(0, path, fmt, s, split_at, e, **common))
     return units
 

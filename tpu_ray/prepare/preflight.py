@@ -23,8 +23,10 @@ def preflight_corpus(cfg) -> list[str]:
     from tpu_ray.prepare.formats import detect
 
     checked: list[str] = []
-    for field, source in (("corpus.source", cfg.corpus.source),
-                          ("corpus.validation_source", cfg.corpus.validation_source)):
+    named = cfg.corpus.named_sources()
+    prefix = {n: "corpus" if cfg.corpus.sources is None else f"corpus.sources.{n}" for n in named}
+    for field, source, corpus in [(f"{prefix[n]}.{key}", getattr(src, key), src) for n, src in named.items()
+                                  for key in ("source", "validation_source")]:
         if not source or source == BUILTIN_CORPUS or source.startswith("hf:"):
             continue
         files = resolve_files(source, field)
@@ -32,14 +34,14 @@ def preflight_corpus(cfg) -> list[str]:
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
         for path, fmt in files[:SNIFF_FILES]:
             if fmt == "parquet":  # reads the footer only: not parquet, no text column, not text
-                parquet_rows(path, cfg.corpus.text_field, cfg.corpus.text_lists)
+                parquet_rows(path, corpus.text_field, corpus.text_lists)
             if fmt in ("txt", "jsonl") and detect(path)[1] is None:  # compressed ones: their stage reads them
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)
                 # The corpus reader's own one-line errors: NUL bytes, and non-UTF-8 under
                 # encoding_errors=fail (whole lines only: a character cut at the sniff's end is fine).
                 lines = head[: head.rfind(b"\n") + 1]
-                policy = cfg.corpus.encoding_errors if lines else "replace"
+                policy = corpus.encoding_errors if lines else "replace"
                 decode_text(lines or head, WorkUnit(0, path, fmt, 0, 0, len(head), encoding_errors=policy), 0)
         checked += [path for path, _ in files]
     return checked

@@ -85,6 +85,8 @@ class ShardSet:
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
     unit_stats: list[dict[str, int]] = field(default_factory=list)
     recorded_samples: dict[str, int] = field(default_factory=dict)  # each split's total as written
+    # A mixture's sources: {name: {"units": [first, last + 1], "evaluation_only": bool}}; None: one source.
+    sources: dict[str, dict[str, Any]] | None = None
     _sizes: dict[str, int] | None = field(default=None, repr=False, compare=False)
 
     # -- reading -------------------------------------------------------------------------------
@@ -167,7 +169,14 @@ class ShardSet:
                 if key != "skipped" and value is None or value is not None and value < 0:
                     raise UserError(f"{where} lacks {key}, a whole number >= 0; {REBUILD}")
         complete = _field(data, "complete", bool, path)
+        sources = _sources(data, path, units)
+        if sources is not None:
+            for e in entries:
+                if e.unit is None or not any(m["units"][0] <= e.unit < m["units"][1] for m in sources.values()):
+                    raise UserError(f"{path}: {e.path} (unit {e.unit}) belongs to none of the sources "
+                                    f"{', '.join(sources)}; {REBUILD}")
         return cls(shards_dir, entries, complete=complete is True,  # absent: not known to be finished
+                   sources=sources,
                    recorded_samples={s: n for s, n in totals.items() if n is not None},
                    **{k: v for k, v in header.items() if v is not None})
 
@@ -184,7 +193,8 @@ class ShardSet:
                 "special_ids": self.special_ids, "source": self.source, "plan_sha256": self.plan_sha256,
                 "units": self.units, "units_done": self.units_done, "corpus_tokens": self.corpus_tokens,
                 "dropped_tokens": self.dropped_tokens, "skipped_records": self.skipped_records,
-                "splits": splits, "unit_stats": self.unit_stats}
+                "splits": splits, "unit_stats": self.unit_stats,
+                **({"sources": self.sources} if self.sources is not None else {})}
 
     def write(self) -> None:
         """Commit the manifest atomically (a crash leaves the previous one whole)."""
@@ -192,15 +202,32 @@ class ShardSet:
                                   json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
 
     # -- what the trainers read -----------------------------------------------------------------
-    def split_entries(self, split: str) -> list[ShardEntry]:
-        return [e for e in self.entries if e.split == split]
+    def split_entries(self, split: str, source: str | None = None) -> list[ShardEntry]:
+        return [e for e in self.entries if e.split == split and (source is None or self.source_of(e) == source)]
 
-    def files(self, split: str) -> list[tuple[str, int]]:
-        """(full path, samples) of a split's shards, in manifest order."""
-        return [(storage.join(self.directory, e.path), e.samples) for e in self.split_entries(split)]
+    def files(self, split: str, source: str | None = None) -> list[tuple[str, int]]:
+        """(full path, samples) of a split's shards (of one source: `source`), in manifest order."""
+        return [(storage.join(self.directory, e.path), e.samples) for e in self.split_entries(split, source)]
 
-    def samples(self, split: str) -> int:
-        return sum(e.samples for e in self.split_entries(split))
+    def samples(self, split: str, source: str | None = None) -> int:
+        return sum(e.samples for e in self.split_entries(split, source))
+
+    def source_names(self) -> list[str]:
+        """The sources of these shards: a mixture's names in config order, else the one "corpus"."""
+        return list(self.sources) if self.sources is not None else ["corpus"]
+
+    def evaluation_only(self, source: str) -> bool:
+        return bool((self.sources or {}).get(source, {}).get("evaluation_only"))
+
+    def source_of(self, entry: ShardEntry) -> str:
+        """The source a shard was made from (by its unit's number); "corpus" for one-source sets."""
+        if self.sources is None:
+            return "corpus"
+        for name, meta in self.sources.items():
+            first, end = meta["units"]
+            if entry.unit is not None and first <= entry.unit < end:
+                return name
+        return "?"  # from_json refuses such an entry; this is for sets built in memory
 
     def require_complete(self) -> None:
         if not self.complete:
@@ -379,11 +406,16 @@ class ShardSet:
                  ("corpus tokens", f"{self.corpus_tokens:,} ({self.dropped_tokens:,} dropped as unit remainders)"),
                  ("skipped records", f"{self.skipped_records:,}"),
                  ("tokenizer", str(self.tokenizer_sha256)[:12])]
+        for name in self.source_names() if self.sources is not None else []:
+            only = " (evaluation only)" if self.evaluation_only(name) else ""
+            rows.append((f"source {name}", f"{self.samples('train', name):,} train, "
+                                           f"{self.samples('validation', name):,} validation{only}"))
         return rows
 
     @classmethod
     def from_results(cls, shards_dir: str, *, seq_len: int, tok: Any, source: dict[str, Any], plan_sha256: str,
-                     units: int, results: dict[int, dict], complete: bool) -> ShardSet:
+                     units: int, results: dict[int, dict], complete: bool,
+                     sources: dict[str, dict[str, Any]] | None = None) -> ShardSet:
         """The shard stage's per-unit results (process_unit's) as a shard set, units in order."""
         entries = [ShardEntry(**entry) for idx in sorted(results) for entry in results[idx]["shards"]]
         entries.sort(key=lambda e: SPLITS.index(e.split))  # stable: train, then validation, each by unit
@@ -391,7 +423,7 @@ class ShardSet:
             shards_dir, entries, complete=complete, seq_len=seq_len, tokenizer_sha256=tok.sha256,
             vocab_size=tok.vocab_size,
             special_ids=special_ids_of(tok),
-            source=source, plan_sha256=plan_sha256, units=units, units_done=sorted(results),
+            source=source, plan_sha256=plan_sha256, units=units, units_done=sorted(results), sources=sources,
             corpus_tokens=sum(r["tokens"] for r in results.values()),
             dropped_tokens=sum(r["dropped_tokens"] for r in results.values()),
             skipped_records=sum(r.get("skipped_records", 0) for r in results.values()),
@@ -444,6 +476,28 @@ def _entry(raw: Any, split: str, i: int, path: str, units: int | None) -> ShardE
     if extra["unit"] is not None and not _in_range(extra["unit"], units):
         raise UserError(f"{where}: unit {extra['unit']} is not a unit of the plan (0..{units}); {REBUILD}")
     return ShardEntry(split, name, samples, **extra)
+
+
+def _sources(data: dict, path: str, units: int | None) -> dict[str, dict[str, Any]] | None:
+    """A mixture manifest's `sources`, validated: names, unit ranges that tile 0..units in order."""
+    raw = data.get("sources")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not raw:
+        raise UserError(f"{path}: sources is not a mapping of source names; {REBUILD}")
+    out, expect = {}, 0
+    for name, meta in raw.items():
+        rng = meta.get("units") if isinstance(meta, dict) else None
+        if (not isinstance(rng, list) or len(rng) != 2 or not all(_is_int(x) for x in rng) or rng[0] != expect
+                or rng[1] < rng[0] or not isinstance(meta.get("evaluation_only"), bool)
+                or not is_confined(str(name)) or "/" in str(name)):
+            raise UserError(f"{path}: sources.{str(name)[:40]} is not a source entry (units [first, end) following "
+                            f"the one before, evaluation_only); {REBUILD}")
+        out[str(name)] = {"units": list(rng), "evaluation_only": meta["evaluation_only"]}
+        expect = rng[1]
+    if units is not None and expect != units:
+        raise UserError(f"{path}: the sources' units end at {expect}, the plan has units={units}; {REBUILD}")
+    return out
 
 
 def _is_int(value: Any) -> bool:

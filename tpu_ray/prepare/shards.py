@@ -33,7 +33,8 @@ import numpy as np
 
 from tpu_ray import storage
 from tpu_ray.config import RunConfig
-from tpu_ray.prepare.corpus import WorkUnit, iter_chunks, plan_units
+from tpu_ray.prepare.corpus import WorkUnit, iter_chunks
+from tpu_ray.prepare.sources import PlannedSource, all_units, plan_sources
 from tpu_ray.prepare.streams import Counts
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
@@ -323,18 +324,35 @@ class ShardSummary:
                 f"skipped_records={self.skipped_records} storage_requests={self.requests}")
 
 
-def _plan_digest(units: list[WorkUnit]) -> str:
-    """Identifies the plan: every unit (source path, format, byte or row range); a moved corpus is a new plan."""
-    payload = json.dumps([u.key() for u in units], sort_keys=True).encode()
+def _plan_digest(units: list[WorkUnit], sources: dict[str, dict] | None = None) -> str:
+    """Identifies the plan: every unit (source path, format, byte or row range), and for a mixture
+    which units are whose; a moved corpus is a new plan."""
+    keys: list[Any] = [u.key() for u in units]
+    if sources is not None:
+        keys.append(sorted((name, meta["units"], meta["evaluation_only"]) for name, meta in sources.items()))
+    payload = json.dumps(keys, sort_keys=True).encode()
     return hashlib.sha256(payload).hexdigest()
 
 
-def shard_set(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], results: dict[int, dict],
+def sources_meta(cfg: RunConfig, planned: list[PlannedSource]) -> dict[str, dict] | None:
+    """A mixture's sources as the manifest records them (None for the one-source corpus, whose
+    manifest stays as earlier versions wrote it)."""
+    if cfg.corpus.sources is None:
+        return None
+    return {p.name: {"units": list(p.unit_range), "evaluation_only": p.weight == 0} for p in planned}
+
+
+def shard_set(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource], results: dict[int, dict],
               complete: bool) -> ShardSet:
     """The shard set of the units committed so far (`results`: process_unit's, by unit index)."""
-    return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info,
-                                 source=cfg.corpus.model_dump(mode="json"), plan_sha256=_plan_digest(units),
-                                 units=len(units), results=results, complete=complete)
+    units = all_units(planned)
+    sources = sources_meta(cfg, planned)
+    source = cfg.corpus.model_dump(mode="json", exclude_none=cfg.corpus.sources is not None)
+    if cfg.corpus.sources is None:  # the one-source manifest's `source` as earlier versions wrote it
+        source = {k: v for k, v in source.items() if k not in ("sources", "weight_temperature", "weight_schedule")}
+    return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info, source=source,
+                                 plan_sha256=_plan_digest(units, sources), units=len(units), results=results,
+                                 complete=complete, sources=sources)
 
 
 def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) -> ShardSummary:
@@ -355,10 +373,12 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     from tpu_ray.cluster.shared_dir import require_shared
 
     require_shared(out_dir, "shard.dir" if cfg.shard.dir else "output_dir", "sharding", cfg.ray.shared_filesystem)
-    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
+    planned = plan_sources(cfg)
+    units = all_units(planned)
     storage.makedirs(out_dir)
     previous = ShardSet.load(out_dir)
-    results = previous.committed_units(_plan_digest(units), info.sha256, cfg.shard.seq_len) if previous else {}
+    digest = _plan_digest(units, sources_meta(cfg, planned))
+    results = previous.committed_units(digest, info.sha256, cfg.shard.seq_len) if previous else {}
     todo = [u for u in units if u.index not in results]
 
     from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
@@ -378,7 +398,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
-        return _shard_on_pool(cfg, info, units, todo, results, pool, new_actor, on_unit_done, t0, calls_before)
+        return _shard_on_pool(cfg, info, planned, todo, results, pool, new_actor, on_unit_done, t0, calls_before)
     finally:
         # Always release the actors (and their CPUs), also when a unit fails with bad input:
         # leaked actors would hold every CPU and the next run would wait for them forever.
@@ -401,12 +421,13 @@ def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
     return min(1.0, cluster_cpus / max(n_actors, 1))
 
 
-def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], todo: list[WorkUnit],
+def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource], todo: list[WorkUnit],
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
                    calls_before: int) -> ShardSummary:
     from tpu_ray.prepare.progress import Progress
 
     out_dir = cfg.shards_dir
+    units = all_units(planned)
     skipped = len(results)
     n_actors = len(pool)
     # One read per unit (issue 21: bytes read <= 1.1x the corpus): bad input fails the shard pass
@@ -427,7 +448,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         stats["samples"] += sum(s["samples"] for s in res["shards"])
         stats["tokens"] += res["tokens"]
         if (len(results) - skipped) % every == 0:
-            shard_set(cfg, info, units, results, complete=False).write()
+            shard_set(cfg, info, planned, results, complete=False).write()
         progress.advance(1, samples=stats["samples"], tokens=stats["tokens"])
         if on_unit_done:
             on_unit_done(len(results), pool)
@@ -436,7 +457,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
         run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
     except KeyboardInterrupt:
         # Ctrl-C: record every committed unit (the next run skips them) and say how to continue.
-        shard_set(cfg, info, units, results, complete=False).write()
+        shard_set(cfg, info, planned, results, complete=False).write()
         progress.close()
         log.warning("shard: interrupted; %d of %d units are committed and kept in %s; run the same command "
                     "to continue from them", len(results), len(units), manifest_path(out_dir))
@@ -444,15 +465,16 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, units: list[WorkUnit], t
     except UserError:
         # Bad input in a unit: keep what is committed (incomplete: nothing trains on it) for the rerun.
         if len(results) > skipped:
-            shard_set(cfg, info, units, results, complete=False).write()
+            shard_set(cfg, info, planned, results, complete=False).write()
         progress.close()
         raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     _cleanup_temp(out_dir)
-    shards = shard_set(cfg, info, units, results, complete=True)
+    shards = shard_set(cfg, info, planned, results, complete=True)
     shards.write()
     progress.close()
     _require_a_sample(cfg, shards, len(units))
+    _require_validation_of_evaluation_sources(shards)
     summary = ShardSummary(
         shards=len(shards.entries), samples=sum(shards.samples(s) for s in SPLITS),
         tokens=shards.corpus_tokens, dropped_tokens=shards.dropped_tokens,
@@ -499,6 +521,14 @@ def _require_a_sample(cfg: RunConfig, shards: ShardSet, units: int) -> None:
     raise UserError(f"corpus.source={cfg.corpus.source!r}: {shards.corpus_tokens} tokens in {units} unit(s), "
                     f"fewer than one training sample of shard.seq_len-2={body} tokens per unit; give more "
                     f"text or lower shard.seq_len")
+
+
+def _require_validation_of_evaluation_sources(shards: ShardSet) -> None:
+    """An evaluation-only source exists to be scored: one without a validation sample is an error."""
+    for name, meta in (shards.sources or {}).items():
+        if meta.get("evaluation_only") and not shards.samples("validation", source=name):
+            raise UserError(f"corpus.sources.{name}: evaluation only (weight 0), but its text makes no validation "
+                            f"sample of shard.seq_len-2 tokens; give it more text or a weight")
 
 
 def _cleanup_temp(out_dir: str) -> None:

@@ -95,14 +95,17 @@ def _check_compatible(cfg: RunConfig, run_dir: str, where: str) -> None:
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
-    """The fingerprint less the schedule (the branch's own) and less the corpus, the tokenizer and
-    where the shards lie (the shards and the tokenizer themselves are compared instead), plus the
-    data order's fields."""
+    """The fingerprint less the schedule (the branch's own), the evaluation, and the corpus, the
+    tokenizer and where the shards lie (the shards and the tokenizer themselves are compared
+    instead), plus the data order's fields: the shuffle buffer and a mixture's weights."""
     fp = cfg.fingerprint()
     fp["train"] = {k: v for k, v in fp["train"].items() if k not in SCHEDULE_FIELDS}
     fp["train"].update({k: getattr(cfg.train, k) for k in _DATA_ORDER})
     fp["shard"] = {k: v for k, v in fp["shard"].items() if k != "dir"}
-    return {k: v for k, v in fp.items() if k not in ("corpus", "tokenizer")}
+    corpus = cfg.corpus.model_dump(mode="json")
+    fp["mixture"] = {"weights": {n: src["weight"] for n, src in (corpus.get("sources") or {}).items()},
+                     **{k: corpus.get(k) for k in ("weight_temperature", "weight_schedule")}}
+    return {k: v for k, v in fp.items() if k not in ("corpus", "tokenizer", "eval")}
 
 
 def _manifest_or_dir(shards_dir: str) -> str:

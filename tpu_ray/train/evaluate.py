@@ -24,12 +24,14 @@ def evaluate_run(cfg: RunConfig) -> dict:
         if not ckpts.present:
             raise UserError(f"{ckpts.directory}: no checkpoint to evaluate; train first (tpu-ray train)")
         ckpts.restore(s.checkpoint, partial=True)
-    evaluate = evaluator(s, shards.files("validation"), cfg.train.batch_size // info.replicas)
+    evaluate = evaluator(s, shards, cfg.train.batch_size // info.replicas)
     if evaluate is None:
-        raise UserError(f"{cfg.shards_dir}: too few validation samples for one batch of {cfg.train.batch_size}")
+        raise UserError(f"{cfg.shards_dir}: no validation samples to evaluate on")
     with shards.naming_corrupt_files():
         result = {"step": int(s.step_var.numpy()), **evaluate()}
     metrics = MetricsWriter(cfg.run_dir)
-    metrics.write("eval", **result)
+    for name, fields in result.get("sources", {}).items():
+        metrics.write("eval_source", step=result["step"], source=name, **fields)
+    metrics.write("eval", **{k: v for k, v in result.items() if k != "sources"})
     metrics.close()
     return result

@@ -96,7 +96,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "---",
         f"# {cfg.name}: a {model_type} masked language model trained with tpu-ray",
         "",
-        f"- corpus: `{cfg.corpus.source}`",
+        f"- corpus: {corpus_line(cfg)}",
         f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `{mask}`)",
         f"- model: {model_type}, preset `{cfg.model.preset}`, sequence length {cfg.shard.seq_len}",
         f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
@@ -147,3 +147,12 @@ def write_pytorch_files(directory: str | Path, s: Any, last_eval: dict[str, Any]
     card = model_card(s.cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval,
                       mask=s.tok.tokens.mask)
     (Path(directory) / MODEL_CARD).write_text(card, encoding="utf-8")
+
+
+def corpus_line(cfg: Any) -> str:
+    """The corpus as the model card names it: the one source, or each source with its weight."""
+    if cfg.corpus.sources is None:
+        return f"`{cfg.corpus.source}`"
+    parts = [f"`{name}` = `{src.source}` ({'evaluation only' if src.weight == 0 else f'weight {src.weight:g}'})"
+             for name, src in cfg.corpus.sources.items()]
+    return "a mixture: " + "; ".join(parts)

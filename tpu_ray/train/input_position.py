@@ -52,6 +52,9 @@ class InputPosition:
     # What else decides the order (issue 23.5); None in positions stored before they were recorded.
     pipelines: int | None = None  # input pipelines sharing the global batch (hosts, or workers)
     shuffle_window: int | None = None  # train.shuffle_buffer: the window each permutation covers
+    # A mixture (corpus.sources): samples drawn from each source so far, and what decided the draw.
+    sources: dict[str, int] | None = None
+    mixture_sha256: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True) + "\n"

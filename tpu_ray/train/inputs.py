@@ -213,58 +213,22 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
     from tpu_ray.train.input_position import count_records, seekable_records
 
     mine = host_files(files, ctx)
-    pipeline = ctx.input_pipeline_id if ctx else 0
     sizes = [counts[f] for f in mine] if counts is not None else count_records(mine)
     ds = seekable_records(mine, sizes, seed, shuffle_buffer, start_sample=start_batch * batch_size)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    return masked_batches(ds, seq_len, batch_size, spec, seed, start_batch, ctx)
+
+
+def masked_batches(records: tf.data.Dataset, seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
+                   start_batch: int, ctx: tf.distribute.InputContext | None) -> tf.data.Dataset:
+    """Serialized records -> batches of `batch_size`, parsed and masked by (seed, pipeline, batch index)."""
+    pipeline = ctx.input_pipeline_id if ctx else 0
+    ds = records.batch(batch_size, drop_remainder=True)
     ds = ds.enumerate(start=start_batch)
 
     def prepare(index: tf.Tensor, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
         return _with_targets(parse_batch(serialized, seq_len), _seed(seed, pipeline, index), spec)
 
     ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
-
-
-def eval_files(val_files: Sequence[tuple[str, int]], needed: int, seed: int) -> list[str]:
-    """Validation shards spread evenly over the whole corpus, enough for `needed` samples.
-
-    Each unit writes its own validation shard, in corpus order: reading the first files until
-    `needed` samples would evaluate on the corpus's first files only (issue 21). Take k shards at
-    evenly spaced places (the offset chosen by `seed`), doubling k until their samples suffice.
-    """
-    ordered = sorted(val_files)
-    n = len(ordered)
-    if n == 0:
-        return []
-    offset = seed % n
-    k = 1
-    while True:
-        picked = sorted({(offset + (i * n) // k) % n for i in range(k)})
-        if k >= n or sum(ordered[i][1] for i in picked) >= needed:
-            return [ordered[i][0] for i in picked]
-        k = min(2 * k, n)
-
-
-def eval_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
-                 max_batches: int, ctx: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
-    """A fixed, finite evaluation set: same samples and same masks at every evaluation.
-
-    The files (eval_files' spread) are read round-robin, one record from each in turn, so even a
-    single batch mixes the whole corpus. Hosts split it by record, not by file: validation sets are
-    small and often one file.
-    """
-    pipeline = ctx.input_pipeline_id if ctx else 0
-    files = sorted(files)
-    # At most 64 files open at once (each holds a read buffer); the cycle moves on as files end.
-    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
-        tf.data.TFRecordDataset, cycle_length=max(1, min(len(files), 64)), block_length=1)
-    if ctx is not None and ctx.num_input_pipelines > 1:
-        ds = ds.shard(ctx.num_input_pipelines, pipeline)
-    ds = ds.batch(batch_size, drop_remainder=True).take(max_batches)
-    ds = ds.enumerate().map(
-        lambda i, s: _with_targets(parse_batch(s, seq_len), _seed(seed + 7, pipeline, i), spec),
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
 

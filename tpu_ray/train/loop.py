@@ -17,6 +17,7 @@ executions (hooks.py: no execution crosses a hook's boundary) -> finish (export,
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import tempfile
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tpu_ray import rundir, storage
@@ -35,7 +37,7 @@ from tpu_ray.train.hooks import executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.input_position import PositionTracker
-from tpu_ray.train.inputs import IGNORE, MaskSpec, eval_dataset, eval_files, host_files, predictions_for, train_dataset
+from tpu_ray.train.inputs import IGNORE, MaskSpec, host_files, masked_batches, predictions_for, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
@@ -177,11 +179,16 @@ def make_train_step(s: TrainSetup):
     return train_step, train_steps
 
 
-def make_eval_step(s: TrainSetup):
+def make_eval_step(s: TrainSetup, byte_table: tf.Tensor):
+    """Per batch, summed over replicas: (loss sum, correct, masked tokens, UTF-8 bytes of those tokens)."""
     strategy, model = s.info.strategy, s.model
 
     def replica_eval(batch):
-        return tf.stack(masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False)))
+        labels = batch["mlm_labels"]
+        loss, correct, count = masked_sums(labels, mlm_logits(model, batch, training=False))
+        scored = tf.cast(tf.not_equal(labels, IGNORE), tf.float32)
+        nbytes = tf.reduce_sum(tf.gather(byte_table, tf.maximum(labels, 0)) * scored)
+        return tf.stack([loss, correct, count, nbytes])
 
     @tf.function
     def eval_step(batch):
@@ -190,9 +197,8 @@ def make_eval_step(s: TrainSetup):
     return eval_step
 
 
-def mask_spec(cfg: RunConfig, tok: TokenizerInfo, evaluation: bool = False) -> MaskSpec:
-    """The masking of training batches; `evaluation`: of the fixed evaluation set, at the run's final
-    masking rate (train.mask_prob_end under a masking schedule: evaluations compare across the run)."""
+def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
+    """The masking of training batches (train.mask_schedule=linear: the rate moves with the step)."""
     t = cfg.train
     scheduled = t.mask_schedule == "linear" and t.mask_prob_end is not None
     words = None
@@ -201,11 +207,15 @@ def mask_spec(cfg: RunConfig, tok: TokenizerInfo, evaluation: bool = False) -> M
         from tpu_ray.train.words import continuation_table
 
         words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
-    return MaskSpec(t.mask_prob_end if scheduled and evaluation else t.mask_prob, tok.mask_id, tok.vocab_size,
-                    tuple(tok.special_ids), predictions_for(t, cfg.shard.seq_len),
+    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids), predictions_for(t, cfg.shard.seq_len),
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
                     random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact",
-                    mask_prob_end=t.mask_prob_end if scheduled and not evaluation else None, schedule_steps=t.steps)
+                    mask_prob_end=t.mask_prob_end if scheduled else None, schedule_steps=t.steps)
+
+
+def per_step(spec: MaskSpec, ctx: tf.distribute.InputContext) -> MaskSpec:
+    """`spec` for one input pipeline: how many of its batches make one step (a masking schedule's clock)."""
+    return replace(spec, batches_per_step=max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines))
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
@@ -242,11 +252,10 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
     tok = tokenizer_info(cfg.tokenizer_dir)
     shards = open_shards(cfg, tok)
     with shards.naming_corrupt_files():  # tf.data's DataLossError names no file; this names the shard
-        return _train(cfg, tok, shards.files("train"), shards.files("validation"), resume, metrics, t_start)
+        return _train(cfg, tok, shards, resume, metrics, t_start)
 
 
-def _train(cfg: RunConfig, tok: TokenizerInfo, train_files: list[tuple[str, int]],
-           val_files: list[tuple[str, int]], resume: bool, metrics: MetricsWriter | None,
+def _train(cfg: RunConfig, tok: TokenizerInfo, shards: ShardSet, resume: bool, metrics: MetricsWriter | None,
            t_start: float) -> dict[str, Any]:
     info = select(cfg.train)
     gb = cfg.train.batch_size
@@ -268,24 +277,28 @@ def _train(cfg: RunConfig, tok: TokenizerInfo, train_files: list[tuple[str, int]
             cleanup.callback(metrics.close)
         s = build(cfg, info, tok)
         ckpts = cleanup.enter_context(checkpoint_store(s, write=chief))
-        return _train_loop(cfg, s, ckpts, metrics, resume, train_files, val_files, t_start)
+        return _train_loop(cfg, s, ckpts, metrics, resume, shards, t_start)
 
 
 def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
-                train_files: list[tuple[str, int]], val_files: list[tuple[str, int]],
-                t_start: float) -> dict[str, Any]:
+                shards: ShardSet, t_start: float) -> dict[str, Any]:
     """The loop, in named steps: restore, input, step functions, hooks, executions, summary."""
+    from tpu_ray.train.mixture import mixture_of
+
     info = s.info
+    mixture = mixture_of(cfg, shards)
     start = restore_or_start(cfg, s, ckpts, metrics, resume)
-    iterator, files_read, positions = train_input(cfg, s, train_files, start, ckpts, metrics)
+    iterator, files_read, positions = train_input(cfg, s, shards, start, ckpts, metrics, mixture)
     train_step, train_steps = make_train_step(s)
     state = LoopState()
     # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
     timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
-    hooks = default_hooks(cfg, s, ckpts, metrics, state, evaluator(s, val_files, cfg.train.batch_size // info.replicas),
+    source_samples = getattr(positions, "source_samples", None)  # a mixture's draws per source
+    hooks = default_hooks(cfg, s, ckpts, metrics, state, evaluator(s, shards, cfg.train.batch_size // info.replicas),
                           lambda: train_step.experimental_get_tracing_count()
                           + train_steps.experimental_get_tracing_count(),
-                          position=lambda step: positions.at(step).to_json(), timer=timer)
+                          position=lambda step: positions.at(step).to_json(), timer=timer,
+                          source_samples=source_samples)
     metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
                   device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
                   per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
@@ -294,7 +307,10 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     for done in executions(start, cfg.train.steps, info.steps_per_execution, hooks,
                            make_execute(s, iterator, train_step, train_steps)):
         step = done.step
-    return finish(cfg, s, metrics, state, start, step, files_read, t_start)
+    summary = finish(cfg, s, metrics, state, start, step, files_read, t_start)
+    if source_samples is not None:
+        summary["training"] = {"source_samples": source_samples(step)}  # what the batches drew, per source
+    return summary
 
 
 def refuse_precision(cfg: RunConfig, precision: str) -> None:
@@ -338,27 +354,40 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     return start  # the resume event is written by train_input, with the input position
 
 
-def train_input(cfg: RunConfig, s: TrainSetup, train_files: list[tuple[str, int]], start: int,
-                ckpts: CheckpointStore, metrics: MetricsWriter):
+def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckpts: CheckpointStore,
+                metrics: MetricsWriter, mixture: Any = None):
     """The distributed iterator over training batches, positioned after `start` steps, the list
     of files this process reads (filled as the strategy builds each input pipeline), and the
-    position tracker; on resume the position is checked against the one stored with the checkpoint."""
+    position tracker; on resume the position is checked against the one stored with the checkpoint.
+    With a mixture (named sources), batches draw from the sources by weight (train/mixture.py)."""
     gb, seq_len = cfg.train.batch_size, cfg.shard.seq_len
     spec = mask_spec(cfg, s.tok)
+    train_files = shards.files("train")
     files = [p for p, _ in train_files]
     files_read: list[str] = []
-    positions = PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
+    if mixture is not None:
+        from tpu_ray.train.mixture import MixtureTracker
 
-    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        positions = MixtureTracker(train_files, gb, cfg.train.shuffle_buffer, mixture,
+                                   {n: shards.files("train", n) for n in mixture.names})
+
+        def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+            records, mine = positions.records(ctx, start)
+            files_read.extend(mine)
+            return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
+                                  start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx)
+    else:
+        positions = PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
+
+    def plain_dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         files_read.extend(host_files(files, ctx))
         positions.bind(host_files(files, ctx), ctx.num_input_pipelines)
-        per_step = replace(spec, batches_per_step=max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines))
-        return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step, cfg.seed,
+        return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
                              cfg.train.shuffle_buffer,
                              start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx,
                              counts=positions.counts)
 
-    dist = s.info.strategy.distribute_datasets_from_function(dataset_fn)
+    dist = s.info.strategy.distribute_datasets_from_function(dataset_fn if mixture is not None else plain_dataset_fn)
     if ckpts.latest:  # resumed: the position is checked against the stored one before the first step
         at = positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
                                     cfg.train.accept_new_data_order)
@@ -417,30 +446,50 @@ def weights_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def evaluator(s: TrainSetup, val_files: list[tuple[str, int]], per_replica: int):
-    """A function returning eval loss/accuracy/perplexity over a fixed validation subset, or None."""
-    cfg, strategy = s.cfg, s.info.strategy
-    samples = sum(n for _, n in val_files)
-    replicas = s.info.replicas
-    batches = min(cfg.train.eval_batches * replicas, samples // per_replica) // replicas * replicas
-    if batches == 0:
-        log.warning("no evaluation: %d validation samples are fewer than one global batch", samples)
-        return None
-    files = eval_files(val_files, batches * per_replica, cfg.seed)
-    spec = mask_spec(cfg, s.tok, evaluation=True)
-    dist = strategy.distribute_datasets_from_function(
-        lambda ctx: eval_dataset(files, cfg.shard.seq_len, per_replica, spec, cfg.seed,
-                                 batches // ctx.num_input_pipelines, ctx=None if ctx.num_input_pipelines == 1 else ctx))
-    eval_step = make_eval_step(s)
+def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
+    """A function returning the evaluation of every source's fixed set (train/eval_set.py), or None
+    when no source has validation samples. Its result: the figures pooled over the training sources
+    (over every source when none of those has validation text), and under "sources" each source's."""
+    from tpu_ray.prepare.tokenizer import load_tokenizer_json
+    from tpu_ray.train.eval_set import eval_dataset, eval_set, eval_spec, token_bytes
 
-    def evaluate() -> dict[str, float]:
-        total = tf.zeros([3])
-        for batch in dist:
-            total += eval_step(batch)
-        loss_sum, correct, count = (float(x) for x in total.numpy())
+    cfg, strategy, replicas = s.cfg, s.info.strategy, s.info.replicas
+    contents = {storage.join(shards.directory, e.path): e.sha256 or "" for e in shards.entries}
+    sets = [es for name in shards.source_names()
+            if (es := eval_set(name, shards.files("validation", name), cfg.eval.samples, contents, s.tok.sha256,
+                               cfg.eval.mask_prob, cfg.shard.seq_len)) is not None]
+    if not sets:
+        log.warning("no evaluation: the shards hold no validation samples")
+        return None
+    spec = eval_spec(mask_spec(cfg, s.tok), cfg.eval.mask_prob, cfg.shard.seq_len)
+    byte_table = tf.constant(token_bytes(load_tokenizer_json(cfg.tokenizer_dir)), tf.float32)
+    eval_step = make_eval_step(s, byte_table)
+    datasets = {es.source: strategy.distribute_datasets_from_function(
+        lambda ctx, es=es: eval_dataset(es, cfg.shard.seq_len, per_replica, replicas, spec,
+                                        ctx=None if ctx.num_input_pipelines == 1 else ctx)) for es in sets}
+    pooled = [es.source for es in sets if not shards.evaluation_only(es.source)] or [es.source for es in sets]
+
+    def figures(sums: np.ndarray, identity: str) -> dict[str, Any]:
+        loss_sum, correct, count, nbytes = (float(x) for x in sums)
         loss = loss_sum / max(count, 1.0)
-        return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0),
-                "perplexity": math.exp(min(loss, 700.0)), "eval_tokens": int(count)}
+        return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0), "perplexity": math.exp(min(loss, 700.0)),
+                "bits_per_byte": loss_sum / math.log(2) / nbytes if nbytes else None, "eval_tokens": int(count),
+                "eval_set": identity, "eval_mask_prob": cfg.eval.mask_prob}
+
+    def evaluate() -> dict[str, Any]:
+        per_source = {}
+        for es in sets:
+            total = tf.zeros([4])
+            for batch in datasets[es.source]:
+                total += eval_step(batch)
+            per_source[es.source] = total.numpy()
+        identity = hashlib.sha256(json.dumps(sorted(es.identity for es in sets if es.source in pooled)).encode())
+        result = figures(sum(per_source[n] for n in pooled), identity.hexdigest()[:16] if len(pooled) > 1
+                         else next(es.identity for es in sets if es.source == pooled[0]))
+        by_name = {es.source: es for es in sets}
+        result["sources"] = {n: {**figures(v, by_name[n].identity), "eval_samples": by_name[n].samples}
+                             for n, v in per_source.items()}
+        return result
 
     return evaluate
 

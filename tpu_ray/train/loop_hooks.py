@@ -60,7 +60,7 @@ class LoopState:
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
                   state: LoopState, evaluate, traces, position: Callable[[int], str] | None = None,
-                  timer: Any = None) -> list[Hook]:
+                  timer: Any = None, source_samples: Callable[[int], dict[str, int]] | None = None) -> list[Hook]:
     """accumulate (every execution) -> log (log_every) -> eval (eval_every) -> checkpoint
     (checkpoint_every, and when `timer` is due: train.checkpoint_every_minutes); each also at the
     run's last step. `position(step)` is the input position saved beside each checkpoint."""
@@ -79,12 +79,17 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
 
     def log_train(step: StepInfo) -> None:
         record = state.interval.record(s, t.batch_size, cfg.shard.seq_len, flops_token, peak, info.replicas)
+        if source_samples is not None:  # a mixture: samples drawn from each source so far
+            record.update({f"samples/{name}": n for name, n in source_samples(step.step).items()})
         state.last = metrics.write("train", step=step.step, **record, train_traces=traces())
         log.log(level, train_line(state.last))
         state.interval = Interval()
 
     def run_eval(step: StepInfo) -> None:
-        state.last_eval = metrics.write("eval", step=step.step, **evaluate())
+        result = dict(evaluate())
+        for name, fields in result.pop("sources", {}).items():  # each source's own record (evaluate_sets)
+            log.log(level, eval_line(metrics.write("eval_source", step=step.step, source=name, **fields)))
+        state.last_eval = metrics.write("eval", step=step.step, **result)
         log.log(level, eval_line(state.last_eval))
 
     hooks = [Hook("accumulate", None, accumulate), Hook("log", t.log_every, log_train)]

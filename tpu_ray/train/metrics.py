@@ -58,7 +58,7 @@ class MetricsWriter:
 
     def write(self, kind: str, **fields: Any) -> dict:
         record = {"kind": kind, "time": time.time(), **{k: _clean(v) for k, v in fields.items()}}
-        if kind in ("train", "eval") and self.tensorboard:
+        if kind in ("train", "eval", "eval_source") and self.tensorboard:
             self._tensorboard().write(record)
         line = json.dumps(record) + "\n"
         if self.remote:
@@ -132,5 +132,7 @@ def train_line(r: dict) -> str:
 
 
 def eval_line(r: dict) -> str:
-    return (f"eval @ step {r['step']}: loss={_num(r['eval_loss'], '.4f')} acc={_num(r['eval_accuracy'], '.3f')} "
-            f"perplexity={_num(r['perplexity'], '.2f')}")
+    where = f" [{r['source']}]" if r.get("kind") == "eval_source" else ""
+    bpb = f" bits/byte={_num(r['bits_per_byte'], '.3f')}" if r.get("bits_per_byte") is not None else ""
+    return (f"eval{where} @ step {r['step']}: loss={_num(r['eval_loss'], '.4f')} acc={_num(r['eval_accuracy'], '.3f')} "
+            f"perplexity={_num(r['perplexity'], '.2f')}{bpb}")

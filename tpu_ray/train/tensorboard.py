@@ -59,12 +59,15 @@ class TensorBoardWriter:
     def write(self, record: dict[str, Any]) -> None:
         """Log the numeric fields of a `train` or `eval` metrics record at its step."""
         kind, step = record.get("kind"), record.get("step")
-        if kind not in ("train", "eval") or step is None:
+        if kind not in ("train", "eval", "eval_source") or step is None:
             return
+        # A source's evaluation goes under eval/<source>/ (eval/<source>/loss), one curve per source.
+        prefix = f"eval/{record.get('source')}" if kind == "eval_source" else kind
         summary = summary_pb2.Summary()
         for name, value in record.items():
             if name not in _NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool):
-                summary.value.add(tag=f"{kind}/{name}", tensor=make_tensor_proto(float(value)),
+                tag = name[len("eval_"):] if kind == "eval_source" and name.startswith("eval_") else name
+                summary.value.add(tag=f"{prefix}/{tag}", tensor=make_tensor_proto(float(value)),
                                   metadata=_SCALAR)
         self._writer.add_event(event_pb2.Event(wall_time=record.get("time", time.time()), step=int(step),
                                                summary=summary))
