@@ -290,6 +290,6 @@ def test_a_resumed_run_continues_the_same_curve(tmp_path, shards_dir, tiny_token
         assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
     assert first[8]["learning_rate"] > 1e-4  # the floor: min_lr_ratio 0.1 of 1e-3, approached at step 8
     # Another curve on --resume is refused, naming it; train.extend_schedule takes it.
-    with pytest.raises(UserError, match=r"schedule 'cosine: warm-up 2, then cosine decay to 0.1 x the peak' -> "
-                                        r"'wsd: "):
+    with pytest.raises(UserError, match=r"another schedule \(train.schedule cosine -> wsd, train.decay_steps 0 -> 2, "
+                                        r"train.decay_shape linear -> 1-sqrt\)"):
         train(cfg.override({"train.schedule": "wsd", "train.decay_steps": 2}), resume=True)

@@ -23,6 +23,9 @@ import numpy as np
 from tpu_ray.config import TrainConfig
 
 
+KINDS = ("linear", "cosine", "constant", "wsd")
+
+
 @dataclass(frozen=True)
 class Curve:
     """The numbers that define one run's learning-rate curve."""

@@ -59,9 +59,26 @@ def variable(cfg: RunConfig) -> tf.Variable:
     return tf.Variable(values(cfg), dtype=tf.float64, trainable=False, name="schedule")
 
 
+# The curve's shape, checkpointed as numbers beside `values` (a float64 vector as `variable`: no string
+# variable on an accelerator): its names, and for the coded ones the names of their codes.
+SHAPE_NAMES = ("train.schedule", "train.decay_steps", "train.decay_fraction", "train.decay_shape",
+               "train.min_lr_ratio", "train.mask_schedule", "train.mask_prob_end")
+_CODES = {0: curves.KINDS, 3: ("linear", "1-sqrt"), 5: ("constant", "linear")}
+
+
+def shape_values(cfg: RunConfig) -> list[float]:
+    """The options beyond `values` that shape the curves (the decay's only under wsd; 0 where unset)."""
+    t = cfg.train
+    wsd = t.schedule == "wsd"
+    return [float(curves.KINDS.index(t.schedule)), float(t.decay_steps or 0) if wsd else 0.0,
+            float(t.decay_fraction) if wsd and t.decay_steps is None else 0.0,
+            float(("linear", "1-sqrt").index(t.decay_shape)) if wsd else 0.0, float(t.min_lr_ratio),
+            float(t.mask_schedule == "linear"), float(t.mask_prob_end or 0.0)]
+
+
 def shape_variable(cfg: RunConfig) -> tf.Variable:
-    """The checkpointed name of this run's curve shape (curves.describe), beside `variable`."""
-    return tf.Variable(curves.describe(cfg.train), dtype=tf.string, trainable=False, name="schedule_shape")
+    """The checkpointed shape of this run's curve (shape_values), beside `variable`."""
+    return tf.Variable(shape_values(cfg), dtype=tf.float64, trainable=False, name="schedule_shape")
 
 
 def check_resume(saved: tf.Variable, where: str, cfg: RunConfig, shape: tf.Variable | None = None) -> None:
@@ -72,8 +89,9 @@ def check_resume(saved: tf.Variable, where: str, cfg: RunConfig, shape: tf.Varia
     variable at this run's values: nothing to compare."""
     changed = [f"{n} {_fmt(a)} -> {_fmt(b)}" for n, a, b in zip(NAMES, [float(x) for x in saved.numpy()], values(cfg))
                if a != b]
-    if shape is not None and (old := shape.numpy().decode()) != (new := curves.describe(cfg.train)):
-        changed.append(f"schedule '{old}' -> '{new}'")
+    if shape is not None:
+        changed += [f"{n} {_named(i, a)} -> {_named(i, b)}" for i, (n, a, b) in
+                    enumerate(zip(SHAPE_NAMES, [float(x) for x in shape.numpy()], shape_values(cfg))) if a != b]
     if not changed:
         return
     if cfg.train.extend_schedule:
@@ -87,7 +105,12 @@ def check_resume(saved: tf.Variable, where: str, cfg: RunConfig, shape: tf.Varia
 def adopt(checkpoint: tf.train.Checkpoint, cfg: RunConfig) -> None:
     """Record this run's schedule in the restored checkpoint object (what its next save holds)."""
     checkpoint.schedule.assign(values(cfg))
-    checkpoint.schedule_shape.assign(curves.describe(cfg.train))
+    checkpoint.schedule_shape.assign(shape_values(cfg))
+
+
+def _named(i: int, x: float) -> str:
+    codes = _CODES.get(i)
+    return codes[int(x)] if codes and 0 <= int(x) < len(codes) else _fmt(x)
 
 
 def _fmt(x: float) -> str:
