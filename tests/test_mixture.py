@@ -185,3 +185,27 @@ def test_changing_the_weights_on_resume_is_a_change_of_data_order(mixed_run):
     more = cfg.override({"train.steps": 50, "train.extend_schedule": True, "corpus.sources.general.weight": 0.5})
     with pytest.raises(UserError, match="another data order .*mixture"):
         Pipeline(more).train(resume=True)
+
+
+def test_a_mixture_manifest_keeps_the_sources_in_unit_order_and_refuses_gaps(tmp_path):
+    """The manifest is written with sorted keys: 'zeta' before 'alpha' in the config stays so."""
+    from tpu_ray.prepare.shard_set import ShardSet
+
+    class Tok:
+        sha256, vocab_size, cls_id, sep_id, pad_id, unk_id, mask_id = "a" * 64, 100, 0, 2, 1, 3, 4
+
+    entry = {"split": "train", "samples": 1, "tokens": 8, "bytes": 10, "sha256": "b" * 64}
+    results = {u: {"shards": [{**entry, "path": f"train/train-{u:05d}-1.tfrecord", "unit": u}], "tokens": 6,
+                   "dropped_tokens": 0} for u in (0, 1)}
+    ShardSet.from_results(str(tmp_path), seq_len=8, tok=Tok, source={}, plan_sha256="c" * 64, units=2,
+                          results=results, complete=True,
+                          sources={"zeta": {"units": [0, 1], "evaluation_only": False},
+                                   "alpha": {"units": [1, 2], "evaluation_only": False}}).write()
+    loaded = ShardSet.load(str(tmp_path))
+    assert loaded.source_names() == ["zeta", "alpha"]
+    assert [loaded.source_of(e) for e in loaded.entries] == ["zeta", "alpha"]
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    data["sources"]["alpha"]["units"] = [2, 3]  # a gap: unit 1 belongs to no source
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="sources.alpha is not a source entry"):
+        ShardSet.load(str(tmp_path))

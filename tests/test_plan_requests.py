@@ -428,3 +428,42 @@ def test_small_files_that_hold_much_text_are_not_packed_together(tmp_path, suffi
     assert _zstd_content_size(zstandard.ZstdCompressor().compress(body)[:18]) == len(body)
     streamed = zstandard.ZstdCompressor().compressobj()
     assert _zstd_content_size((streamed.compress(body) + streamed.flush())[:18]) is None
+
+
+def test_a_gs_mixture_of_three_sources_costs_o_files_requests_and_is_read_once(gcs_emulator, http_calls, tmp_path,
+                                                                              small_corpus):
+    """Issue 30: planning three named sources (two weighted, one evaluation only) is each source's
+    listing plus its boundary reads; a second plan (the shard stage, a resume) reads no corpus byte;
+    sharding reads every unit once, exactly the three sources' bytes (1.0x)."""
+    from tpu_ray import storage
+    from tpu_ray.config import RunConfig
+    from tpu_ray.prepare.sources import all_units, plan_sources
+
+    text = small_corpus.read_bytes()[:200_000]
+    text = text[: text.rfind(b"\n") + 1]
+    root = gcs_emulator.make_bucket()
+    files = {"domain": 2, "general": 2, "held_out": 1}
+    for name, n in files.items():
+        for i in range(n):
+            storage.atomic_write_bytes(f"{root}/{name}/part-{i}.txt", text)
+    total = sum(files.values()) * len(text)
+    cfg = RunConfig.from_dict({"output_dir": str(tmp_path / "run"), "shard": {"unit_bytes": 64 * 1024},
+                               "corpus": {"sources": {
+                                   "domain": {"source": f"{root}/domain/*.txt", "weight": 0.8},
+                                   "general": {"source": f"{root}/general/*.txt", "weight": 0.2},
+                                   "held_out": {"source": f"{root}/held_out/*.txt", "weight": 0}}}})
+    http_calls.clear()
+    planned = plan_sources(cfg)
+    units = all_units(planned)
+    assert [u.index for u in units] == list(range(len(units)))  # one numbering across the sources
+    assert all(u.split_at == u.start for u in planned[2].units)  # evaluation only: all validation text
+    first = dict(http_calls)
+    assert first["GET"] <= 3 + 2 * len(units) and first.get("bytes", 0) <= 0.15 * total, first
+    http_calls.clear()
+    assert all_units(plan_sources(cfg)) == units  # the stored per-source plans are reused
+    assert http_calls.get("bytes", 0) == 0 and http_calls["GET"] <= 3, dict(http_calls)
+    http_calls.clear()
+    for unit in units:
+        for _ in iter_chunks(unit):
+            pass
+    assert http_calls["GET"] == len(units) and http_calls["bytes"] == total, dict(http_calls)

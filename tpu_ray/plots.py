@@ -1,5 +1,5 @@
-"""The report's four plots (loss, throughput and MFU, learning rate, accuracy) as PNG files, drawn with
-matplotlib's object API (no pyplot state, so plotting is safe in threads and notebooks)."""
+"""The report's plots (loss, evaluation loss per source, throughput and MFU, learning rate, accuracy)
+as PNG files, drawn with matplotlib's object API (no pyplot state, so plotting is safe in threads and notebooks)."""
 
 from __future__ import annotations
 
@@ -124,3 +124,20 @@ def plot_accuracy(train: pd.DataFrame, ev: pd.DataFrame, path: str) -> None:
     plot_train_and_eval(train, ev, path, "Masked-token accuracy", "accuracy", "accuracy", "eval_accuracy", "accuracy",
                         "lower right")
 
+
+
+def plot_eval_sources(ev_sources: pd.DataFrame, path: str) -> None:
+    """Each source's evaluation loss as its own curve (a mixture: the domain, the replayed general
+    text, the evaluation-only sets), with bits per byte in the legend where it was measured."""
+    fig, ax = new_figure("Evaluation loss per source", "step", "cross-entropy loss (masked tokens)")
+    drew = False
+    if len(ev_sources) and "source" in ev_sources.columns:
+        for name, rows in ev_sources.sort_values("step").groupby("source", sort=False):
+            loss = column_values(rows, "eval_loss")
+            if not loss.notna().any():
+                continue
+            bpb = column_values(rows, "bits_per_byte").dropna()
+            label = f"{name}" + (f" ({bpb.iloc[-1]:.3f} bits/byte at the end)" if len(bpb) else "")
+            ax.plot(rows["step"], loss, "o-", label=label, lw=1.5, ms=5)
+            drew = True
+    finish(fig, ax, path, drew, "upper right")

@@ -22,22 +22,24 @@ import pandas as pd
 from tpu_ray import storage
 from tpu_ray.errors import UserError
 from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SHARDS_DIR, SUMMARY_FILE
-from tpu_ray.plots import plot_accuracy, plot_loss, plot_lr, plot_throughput
+from tpu_ray.plots import plot_accuracy, plot_eval_sources, plot_loss, plot_lr, plot_throughput
 from tpu_ray.tables import by_step, column_values, last_value, median_value, mfu_text
 
 log = logging.getLogger("tpu_ray.report")
 
-PLOTS = ("loss.png", "throughput.png", "learning_rate.png", "accuracy.png")
+PLOTS = ("loss.png", "eval_sources.png", "throughput.png", "learning_rate.png", "accuracy.png")
 REPORT_FILE = "report.html"
 
 BASE_COLUMNS = ["kind", "step", "time"]
 KIND_COLUMNS = {
     "train": ["elapsed_s", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
               "tokens_per_s", "mfu", "train_traces", "input_wait_s"],
-    "eval": ["eval_loss", "eval_accuracy", "perplexity"],
+    "eval": ["eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens", "eval_set", "eval_mask_prob"],
+    "eval_source": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
+                    "eval_samples", "eval_set", "eval_mask_prob"],
     "event": ["event", "stage", "seconds"],
 }
-TEXT_COLUMNS = {"kind", "event", "stage"}
+TEXT_COLUMNS = {"kind", "event", "stage", "source", "eval_set"}
 
 
 # ----------------------------------------------------------------------------------------- reading
@@ -104,7 +106,7 @@ def _parse_lines(text: str, path: str) -> list[dict]:
 def _documented(kind: str | None) -> list[str]:
     """The columns load_metrics always returns for `kind` (all kinds' for None), as docs/jobs.md lists."""
     kinds = [kind] if kind else list(KIND_COLUMNS)
-    return BASE_COLUMNS + [c for k in kinds for c in KIND_COLUMNS.get(k, [])]
+    return list(dict.fromkeys(BASE_COLUMNS + [c for k in kinds for c in KIND_COLUMNS.get(k, [])]))
 
 
 def _dtype(column: str) -> str:
@@ -123,7 +125,7 @@ def load_metrics(run_dir: str, kind: str | None = None, missing_ok: bool = True)
     """One row per record of `<run_dir>/metrics.jsonl`, sorted by time then step.
 
     Columns: kind, step (integer), time (UTC datetime), then the documented columns of `kind`
-    ("train", "eval", "event"; all of them for None), then any other field the records carry.
+    ("train", "eval", "eval_source", "event"; all of them for None), then any other field the records carry.
     A step logged twice (a resumed run repeats the steps after its last checkpoint) keeps its
     latest train and eval record. A half-written last line (live run) is skipped. A run directory
     that does not exist yet (a job that has not started writing) or has no metrics gives an empty
@@ -154,8 +156,9 @@ def load_metrics(run_dir: str, kind: str | None = None, missing_ok: bool = True)
 
 def _latest_per_step(df: pd.DataFrame) -> pd.DataFrame:
     """Drop train/eval records whose step a later record of the same kind logged again."""
-    measured = df["kind"].isin(["train", "eval"]) & df["step"].notna()
-    repeated = df[measured].duplicated(["kind", "step"], keep="last")
+    measured = df["kind"].isin(["train", "eval", "eval_source"]) & df["step"].notna()
+    keys = ["kind", "step"] + (["source"] if "source" in df.columns else [])  # a source's own curve
+    repeated = df[measured].duplicated(keys, keep="last")
     drop = repeated[repeated].index
     return df.drop(index=drop).reset_index(drop=True) if len(drop) else df
 
@@ -255,8 +258,20 @@ img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
 pre{background:#f7f7f7;padding:1em;border:1px solid #ddd;overflow-x:auto}"""
 
 
+def _source_rows(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """Each source's last evaluation: loss, accuracy, perplexity, bits per byte and its set."""
+    rows = []
+    ev = df[df["kind"] == "eval_source"] if len(df) and "source" in df.columns else df.iloc[0:0]
+    for name, recs in ev.groupby("source", sort=False):
+        r = recs.sort_values("step").iloc[-1]
+        rows.append((str(name), f"step {int(r['step'])}: loss {_fmt(r.get('eval_loss'), '.4f')}, accuracy "
+                                f"{_fmt(r.get('eval_accuracy'), '.3f')}, perplexity {_fmt(r.get('perplexity'), '.2f')}, "
+                                f"{_fmt(r.get('bits_per_byte'), '.3f')} bits/byte (set {r.get('eval_set')})"))
+    return rows
+
+
 def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None,
-          shards: Sequence[tuple[str, str]] = ()) -> str:
+          shards: Sequence[tuple[str, str]] = (), sources: Sequence[tuple[str, str]] = ()) -> str:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>tpu-ray report: {html.escape(run_dir)}</title><style>{_CSS}</style></head><body>",
@@ -269,6 +284,8 @@ def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None,
         parts += ["<h2>Stages</h2>", _table(stages)]
     if shards:
         parts += ["<h2>Shards</h2>", _table(list(shards))]
+    if sources:
+        parts += ["<h2>Evaluation per source</h2>", _table(list(sources))]
     parts.append("<h2>Plots</h2>")
     for name in PLOTS:
         parts.append(f'<div><img src="{name}" alt="{name[:-4].replace("_", " ")}"></div>')
@@ -280,7 +297,7 @@ def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None,
 
 
 def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
-    """Write loss.png, throughput.png, learning_rate.png, accuracy.png and report.html.
+    """Write loss.png, eval_sources.png, throughput.png, learning_rate.png, accuracy.png and report.html.
 
     `out_dir` defaults to `run_dir`. A remote (gs://) destination is rendered into a local temp
     directory and uploaded. Returns {file name: path written}.
@@ -301,10 +318,12 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
         os.makedirs(local, exist_ok=True)
         lp = {name: os.path.join(local, name) for name in (*PLOTS, REPORT_FILE)}
         plot_loss(train, ev, lp["loss.png"])
+        plot_eval_sources(df[df["kind"] == "eval_source"] if len(df) else df, lp["eval_sources.png"])
         plot_throughput(train, lp["throughput.png"])
         plot_lr(train, lp["learning_rate.png"])
         plot_accuracy(train, ev, lp["accuracy.png"])
-        page = _html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir))
+        page = _html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir),
+                     _source_rows(df))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
             f.write(page)
         if not remote:

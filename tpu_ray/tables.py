@@ -19,7 +19,10 @@ TABLE_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "train": [("loss", "loss", ".4f"), ("accuracy", "acc", ".3f"), ("learning_rate", "lr", ".2e"),
               ("step_time_s", "ms/step", "ms"), ("tokens_per_s", "tokens/s", ",.0f"), ("mfu", "mfu", ".1%")],
     "eval": [("eval_loss", "eval_loss", ".4f"), ("eval_accuracy", "eval_acc", ".3f"),
-             ("perplexity", "perplexity", ".2f")],
+             ("perplexity", "perplexity", ".2f"), ("bits_per_byte", "bits/byte", ".3f")],
+    # Each source's own evaluation (a mixture's domain, replay and evaluation-only sets).
+    "eval_source": [("eval_loss", "eval_loss", ".4f"), ("eval_accuracy", "eval_acc", ".3f"),
+                    ("perplexity", "perplexity", ".2f"), ("bits_per_byte", "bits/byte", ".3f")],
     "event": [("event", "event", ""), ("stage", "stage", ""), ("seconds", "seconds", ".1f")],
 }
 
@@ -71,7 +74,7 @@ def metrics_table(df: pd.DataFrame, all_columns: bool = False, tail: int = 0) ->
     if df.empty:
         return "no metrics records yet"
     out = df.copy()
-    kinds = [k for k in ("train", "eval", "event") if (out["kind"] == k).any()]
+    kinds = [k for k in ("train", "eval", "eval_source", "event") if (out["kind"] == k).any()]
     if not all_columns and ("train" in kinds or "eval" in kinds):
         kinds = [k for k in kinds if k != "event"]
         out = out[out["kind"].isin(kinds)]
@@ -83,6 +86,8 @@ def metrics_table(df: pd.DataFrame, all_columns: bool = False, tail: int = 0) ->
             table["kind"] = out["kind"]
         table["step"] = out["step"].astype("string").fillna("")
         table["time"] = _local_times(out["time"])
+        if "eval_source" in kinds:  # whose evaluation a row is, before the figures
+            table["source"] = out["source"].astype("string").fillna("")
         for kind in kinds:
             for col, head, spec in TABLE_COLUMNS[kind]:
                 if col in out.columns and out[col].notna().any():
@@ -150,6 +155,16 @@ def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
         rows.append(("eval loss / acc", f"{_fmt(last_value(ev, 'eval_loss'), '.4f')} / "
                      f"{_fmt(last_value(ev, 'eval_accuracy'), '.3f')}{at}"))
         rows.append(("perplexity", _fmt(last_value(ev, "perplexity"), ".2f")))
+    per_source = df[df["kind"] == "eval_source"] if len(df) and "source" in df.columns else df.iloc[0:0]
+    if per_source["source"].nunique() > 1:  # a mixture: every source's last figures, one row each
+        for name, recs in per_source.groupby("source", sort=False):
+            r = recs.sort_values("step").iloc[-1]
+            rows.append((f"eval {name}", f"loss {_fmt(r['eval_loss'], '.4f')}, "
+                                         f"{_fmt(r.get('bits_per_byte'), '.3f')} bits/byte"))
+    drawn = (summary.get("training") or {}).get("source_samples")
+    if isinstance(drawn, dict) and drawn:
+        total = sum(drawn.values()) or 1
+        rows.append(("samples drawn", ", ".join(f"{n} {v / total:.1%}" for n, v in drawn.items())))
     tok, step_time = median_value(train, "tokens_per_s"), median_value(train, "step_time_s")
     if tok is not None:
         rows.append(("throughput", f"{tok:,.0f} tokens/s, "

@@ -486,7 +486,8 @@ def _sources(data: dict, path: str, units: int | None) -> dict[str, dict[str, An
     if not isinstance(raw, dict) or not raw:
         raise UserError(f"{path}: sources is not a mapping of source names; {REBUILD}")
     out, expect = {}, 0
-    for name, meta in raw.items():
+    # By first unit: the manifest is written with sorted keys; the units follow the config's order.
+    for name, meta in sorted(raw.items(), key=lambda kv: _first_unit(kv[1])):
         rng = meta.get("units") if isinstance(meta, dict) else None
         if (not isinstance(rng, list) or len(rng) != 2 or not all(_is_int(x) for x in rng) or rng[0] != expect
                 or rng[1] < rng[0] or not isinstance(meta.get("evaluation_only"), bool)
@@ -498,6 +499,11 @@ def _sources(data: dict, path: str, units: int | None) -> dict[str, dict[str, An
     if units is not None and expect != units:
         raise UserError(f"{path}: the sources' units end at {expect}, the plan has units={units}; {REBUILD}")
     return out
+
+
+def _first_unit(meta: Any) -> int:
+    rng = meta.get("units") if isinstance(meta, dict) else None
+    return rng[0] if isinstance(rng, list) and rng and _is_int(rng[0]) else -1
 
 
 def _is_int(value: Any) -> bool:

@@ -342,9 +342,12 @@ def sources_meta(cfg: RunConfig, planned: list[PlannedSource]) -> dict[str, dict
     return {p.name: {"units": list(p.unit_range), "evaluation_only": p.weight == 0} for p in planned}
 
 
-def shard_set(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource], results: dict[int, dict],
-              complete: bool) -> ShardSet:
-    """The shard set of the units committed so far (`results`: process_unit's, by unit index)."""
+def shard_set(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
+              results: dict[int, dict], complete: bool) -> ShardSet:
+    """The shard set of the units committed so far (`results`: process_unit's, by unit index).
+    `planned`: plan_sources' sources, or the one-source corpus's units (benchmarks, tests)."""
+    if planned and isinstance(planned[0], WorkUnit):
+        planned = [PlannedSource("corpus", 1.0, list(planned))]  # type: ignore[arg-type]
     units = all_units(planned)
     sources = sources_meta(cfg, planned)
     source = cfg.corpus.model_dump(mode="json", exclude_none=cfg.corpus.sources is not None)

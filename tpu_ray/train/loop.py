@@ -33,7 +33,7 @@ import tensorflow as tf
 from tpu_ray import rundir, storage
 from tpu_ray.train.checkpoints import CheckpointStore, CheckpointTimer
 from tpu_ray.train.generation import Generation
-from tpu_ray.train.hooks import executions
+from tpu_ray.train.hooks import StepInfo, executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.input_position import PositionTracker
@@ -303,6 +303,9 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
                   device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
                   per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
                   jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution)
+    if start == 0 and cfg.model.init_from:  # the checkpoint's own figures: where a continued run's curves start
+        for hook in (h for h in hooks if h.name == "eval"):
+            hook.fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
     step = start
     for done in executions(start, cfg.train.steps, info.steps_per_execution, hooks,
                            make_execute(s, iterator, train_step, train_steps)):
