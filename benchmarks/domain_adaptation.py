@@ -79,6 +79,24 @@ def continued(work: Path, general: Path, replay: float, args) -> dict[str, dict[
     return {name: dict(zip(rows["step"].astype(int), rows["eval_loss"])) for name, rows in df.groupby("source")}
 
 
+def plot(curves: dict[float, dict[str, dict[int, float]]], path: str) -> None:
+    """Domain loss (left) and general loss (right) against steps, one line per replay rate."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), dpi=110, layout="constrained")
+    for ax, (source, title) in zip(fig.subplots(1, 2), (("domain", "domain (Python docs, held out)"),
+                                                        ("general_test", "general (WikiText-2 test)"))):
+        for replay, c in curves.items():
+            steps = sorted(c[source])
+            ax.plot(steps, [c[source][s] for s in steps], "o-", ms=4, label=f"replay {replay:.0%}")
+        ax.set_title(title)
+        ax.set_xlabel("step of the continued run")
+        ax.set_ylabel("eval loss (nats)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.savefig(path)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--general-steps", type=int, default=1000, help="steps of the general model on WikiText-2 valid")
@@ -88,6 +106,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--work", help="keep runs here (default: a temp dir)")
+    p.add_argument("--plot", help="also draw both losses against steps, per replay rate, into this PNG")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="domain-bench-") as tmp:
@@ -106,6 +125,8 @@ def main() -> None:
         first, last = min(dom), max(dom)
         rows[r] = (dom[first], dom[last], gen[first], gen[last])
         print(f"  {r:6.0%} {rows[r][0]:13.3f} {rows[r][1]:11.3f} {rows[r][2]:14.3f} {rows[r][3]:12.3f}")
+    if args.plot:
+        plot(curves, args.plot)
     rise = {r: rows[r][3] - rows[r][2] for r in rows}
     ratio = rise[0.10] / rise[0.0] if rise[0.0] > 0 else None
     cost = rows[0.10][1] - rows[0.0][1]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tpu_ray.config import CorpusConfig, ShardConfig
-from tpu_ray.prepare.corpus import plan_units, read_unit_text
+from tpu_ray.prepare.corpus import iter_train_text, plan_units, read_unit_text
 from tpu_ray.errors import UserError
 
 
@@ -42,11 +42,14 @@ def test_txt_jsonl_parquet_glob_and_datasets_give_the_same_lines(tmp_path, lines
 
 def test_a_jsonl_file_where_no_record_has_the_text_field_is_named(tmp_path):
     """A typo'd corpus.text_field (no record has it) is an error naming the fields that exist; a record
-    that lacks it among records that have it is skipped and counted (issue 25, the catalogue below)."""
+    that lacks it among records that have it is skipped and counted (issue 25, the catalogue below).
+    The corpus is refused, not a unit (issue 34): the tokenizer's reading of it says so once."""
     (tmp_path / "x.jsonl").write_text('{"body": "no text", "id": 1}\n{"body": "none here"}\n')
+    units = plan_units(CorpusConfig(source=str(tmp_path / "x.jsonl"), validation_fraction=0.0),
+                       ShardConfig(unit_bytes=4096, unit_rows=50), str(tmp_path))
     with pytest.raises(UserError, match=r"x.jsonl: byte 0: record has no field 'text' \(fields: body, id\); "
                                         r"set corpus.text_field"):
-        _read(str(tmp_path / "x.jsonl"), tmp_path)
+        iter_train_text(units, 1 << 20)
     (tmp_path / "y.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
     assert _read(str(tmp_path / "y.jsonl"), tmp_path) == ["fine"]
 

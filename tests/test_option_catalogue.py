@@ -294,6 +294,8 @@ CONFIG_ROWS: dict[str, object] = {
     "corpus.max_bytes": gt0("huge: no limit, the whole corpus"),
     "corpus.max_rows": gt0("huge: no limit, every record"),
     "corpus.max_line_bytes": Num(1024, meaning="huge: lines are never split"),
+    "corpus.bad_records": Enum(),
+    "corpus.max_bad_fraction": fraction(hi_open=False),  # 0: none may be bad; 1: any number
     "corpus.sources": Structured(),  # tests/test_mixture.py refuses its bad values one by one
     "corpus.weight_temperature": Num(0, 10, lo_open=True),
     "corpus.weight_schedule": Structured(),

@@ -79,7 +79,12 @@ class _SourceFields(_Section):
     # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
     # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
     max_line_bytes: int = Field(1 << 20, ge=1024)
-
+    # A record that cannot be read (a JSON line cut mid-record, not JSON, not an object, a field that
+    # is not text): "fail" the pass naming it, or "skip" it: counted and listed (file, line, reason)
+    # in bad_records.jsonl in the shard directory; past max_bad_fraction of the records the pass fails.
+    bad_records: Literal["fail", "skip"] = "fail"
+    # Under bad_records=skip: the most bad records the pass accepts, as a fraction of the records read.
+    max_bad_fraction: float = Field(0.001, ge=0.0, le=1.0)
 
 
 class SourceConfig(_SourceFields):

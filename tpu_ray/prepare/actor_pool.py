@@ -79,13 +79,9 @@ def describe_unit(unit: WorkUnit) -> str:
     `file (whole, streamed)` (compressed files, CSV) or the first and last of packed files: where to look."""
     if unit.members:
         return f"{len(unit.members)} packed files, {unit.source} to {unit.members[-1][0]}"
-    if unit.fmt == "parquet":
-        return f"{unit.source} row groups {unit.start}-{unit.end}"
-    if unit.fmt in ("hf", "hf_disk"):
-        return f"{unit.source} rows {unit.start}-{unit.end}"
-    if unit.streamed:
-        return f"{unit.source} (whole, streamed)"
-    return f"{unit.source} bytes {unit.start}-{unit.end}"
+    from tpu_ray.prepare.readers import reader
+
+    return reader(unit.fmt).where(unit)
 
 
 def unit_failure_line(unit: WorkUnit, deaths: int, exc: BaseException) -> str:

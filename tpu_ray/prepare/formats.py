@@ -15,21 +15,20 @@ from tpu_ray import storage
 from tpu_ray.errors import UserError
 
 Format = Literal["txt", "jsonl", "parquet", "csv", "tsv", "hf", "hf_disk"]
-TEXT_SUFFIXES: dict[str, Format] = {".txt": "txt", ".text": "txt", ".md": "txt", ".jsonl": "jsonl",
-                                    ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
-                                    ".csv": "csv", ".tsv": "tsv"}
 # fsspec's suffix -> compression; zip is an archive of files, not a stream of text: not one.
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd", ".lzma": "lzma"}
 # Suffixes of compressions/archives we cannot stream: named in the error rather than read as text.
 UNSUPPORTED = (".zip", ".lz4", ".br", ".snappy", ".sz", ".7z", ".tar", ".tgz", ".z", ".lzo", ".rar")
-STREAMABLE: tuple[Format, ...] = ("txt", "jsonl", "csv", "tsv")  # formats that may be compressed
 
 
 def detect(path: str, strict: bool = True) -> tuple[Format, str | None] | None:
     """(format, compression) of a file by its name; None (strict=False) for files that are not corpus.
 
-    With strict=True an unknown suffix is plain text (binary content is caught when read).
+    With strict=True an unknown suffix is plain text (binary content is caught when read). The
+    suffixes are the readers' own (tpu_ray/prepare/readers/: each format's class names them).
     """
+    from tpu_ray.prepare.readers import compressible, suffix_table
+
     name = path.lower().rsplit("/", 1)[-1]
     compression = None
     for suffix, comp in COMPRESSIONS.items():
@@ -43,14 +42,14 @@ def detect(path: str, strict: bool = True) -> tuple[Format, str | None] | None:
                 return None
             raise UserError(f"{path}: compression/archive {bad!r} is not supported; decompress it, or recompress "
                             f"with gzip (.gz), zstd (.zst), bzip2 (.bz2) or xz (.xz)")
-    for suffix, fmt in TEXT_SUFFIXES.items():
+    for suffix, fmt in suffix_table().items():
         if name.endswith(suffix):
-            if compression and fmt not in STREAMABLE:
+            if compression and fmt not in compressible():
                 if not strict:
                     return None
                 raise UserError(f"{path}: a compressed {suffix} file cannot be read in row groups; decompress it "
                                 f"(parquet compresses its pages itself)")
-            return fmt, compression
+            return fmt, compression  # type: ignore[return-value]
     if compression or strict:
         return "txt", compression  # e.g. `notes.gz`: compressed text
     return None
@@ -130,3 +129,22 @@ class _ZstdReader(io.RawIOBase):
 def is_saved_dataset(path: str) -> bool:
     """A `datasets` save_to_disk directory: `state.json` (a Dataset) or `dataset_dict.json` (a DatasetDict)."""
     return storage.exists(storage.join(path, "state.json")) or storage.exists(storage.join(path, "dataset_dict.json"))
+
+
+# Byte-order marks (longest first: UTF-32's little-endian mark begins with UTF-16's).
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"), (b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"),
+         (b"\xef\xbb\xbf", "UTF-8"), (b"\xff\xfe", "UTF-16 (little-endian)"), (b"\xfe\xff", "UTF-16 (big-endian)"))
+
+
+def byte_order_mark(head: bytes, path: str) -> int:
+    """How many bytes of a UTF-8 byte-order mark open a file's text (3 or 0): never text (issue 34).
+
+    A UTF-16 or UTF-32 mark is refused in one line naming the file and the encoding: its text would
+    otherwise be read as NUL bytes or trained as replacement characters."""
+    for mark, name in _BOMS:
+        if head.startswith(mark):
+            if name == "UTF-8":
+                return len(mark)
+            raise UserError(f"{path}: starts with a {name} byte-order mark: only UTF-8 text is read; convert it "
+                            f"(e.g. iconv -f {name.split()[0]} -t UTF-8 FILE > FILE.utf8.txt)")
+    return 0

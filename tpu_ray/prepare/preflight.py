@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from tpu_ray import storage
 from tpu_ray.errors import UserError
+from tpu_ray.prepare.streams import Counts
+
+log = logging.getLogger("tpu_ray.prepare.corpus")
 
 # Bytes sniffed at the start of each corpus file for NUL bytes (binary files given as text).
 SNIFF_BYTES = 8192
@@ -19,8 +24,9 @@ def preflight_corpus(cfg) -> list[str]:
     datasets are left to their stage (reading them writes or downloads). Returns the files checked.
     """
     from tpu_ray.config import BUILTIN_CORPUS
-    from tpu_ray.prepare.corpus import WorkUnit, decode_text, parquet_rows, resolve_files
+    from tpu_ray.prepare.corpus import resolve_files
     from tpu_ray.prepare.formats import detect
+    from tpu_ray.prepare.readers import reader
 
     checked: list[str] = []
     named = cfg.corpus.named_sources()
@@ -30,18 +36,25 @@ def preflight_corpus(cfg) -> list[str]:
         if not source or source == BUILTIN_CORPUS or source.startswith("hf:"):
             continue
         files = resolve_files(source, field)
-        if all(fmt != "hf_disk" and storage.size(path) == 0 for path, fmt in files):
+        if all(reader(fmt).sized and storage.size(path) == 0 for path, fmt in files):
             raise UserError(f"{field}={source!r}: the corpus is empty; point it at text")
+        counts = Counts()
         for path, fmt in files[:SNIFF_FILES]:
-            if fmt == "parquet":  # reads the footer only: not parquet, no text column, not text
-                parquet_rows(path, corpus.text_field, corpus.text_lists)
-            if fmt in ("txt", "jsonl") and detect(path)[1] is None:  # compressed ones: their stage reads them
+            # Each reader's own cheap check (parquet: the footer; text: the first bytes of an
+            # uncompressed file, by the reader's one-line errors; compressed ones: their stage reads them).
+            r = reader(fmt)
+            head = None
+            if r.sniffs and detect(path)[1] is None:  # type: ignore[index]
                 with storage.open(path, "rb") as f:
                     head = f.read(SNIFF_BYTES)
-                # The corpus reader's own one-line errors: NUL bytes, and non-UTF-8 under
-                # encoding_errors=fail (whole lines only: a character cut at the sniff's end is fine).
-                lines = head[: head.rfind(b"\n") + 1]
-                policy = corpus.encoding_errors if lines else "replace"
-                decode_text(lines or head, WorkUnit(0, path, fmt, 0, 0, len(head), encoding_errors=policy), 0)
+            r.preflight(path, corpus, head, counts)
+        if counts.missing and not counts.with_field and counts.first_missing:
+            where, keys = counts.first_missing
+            # A warning, not a refusal: records without the field are skipped and counted wherever
+            # they stand, and the rest of the corpus may have it (a corpus where none has it is
+            # refused once it has been read).
+            log.warning("%s=%r: none of the %d records sniffed has field %r (first: %s, fields: %s); if "
+                        "corpus.text_field is wrong, stop and set it", field, source, counts.missing,
+                        corpus.text_field, where, ", ".join(keys))
         checked += [path for path, _ in files]
     return checked

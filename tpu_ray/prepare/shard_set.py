@@ -83,6 +83,8 @@ class ShardSet:
     corpus_tokens: int = 0
     dropped_tokens: int = 0
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
+    skipped_by_kind: dict[str, int] = field(default_factory=dict)  # those records by file kind
+    bad_records: int = 0  # records that could not be read, skipped (corpus.bad_records=skip)
     unit_stats: list[dict[str, int]] = field(default_factory=list)
     recorded_samples: dict[str, int] = field(default_factory=dict)  # each split's total as written
     # A mixture's sources: {name: {"units": [first, last + 1], "evaluation_only": bool}}; None: one source.
@@ -193,6 +195,7 @@ class ShardSet:
                 "special_ids": self.special_ids, "source": self.source, "plan_sha256": self.plan_sha256,
                 "units": self.units, "units_done": self.units_done, "corpus_tokens": self.corpus_tokens,
                 "dropped_tokens": self.dropped_tokens, "skipped_records": self.skipped_records,
+                "skipped_by_kind": self.skipped_by_kind, "bad_records": self.bad_records,
                 "splits": splits, "unit_stats": self.unit_stats,
                 **({"sources": self.sources} if self.sources is not None else {})}
 
@@ -368,13 +371,16 @@ class ShardSet:
                 redo.add(entry.unit)  # a committed file vanished, was cut or rewritten: redo its unit
             elif entry.unit in done:
                 done[entry.unit]["shards"].append({"split": entry.split, **entry.record()})
+        from tpu_ray.prepare.bad_records import STAT_KEYS
+
         stats = {s["unit"]: s for s in self.unit_stats}
         for unit, result in done.items():
             s = stats.get(unit)
             if s is None:
                 redo.add(unit)
                 continue
-            result.update(tokens=s["tokens"], dropped_tokens=s["dropped"], skipped_records=s.get("skipped", 0))
+            result.update(tokens=s["tokens"], dropped_tokens=s["dropped"], skipped_records=s.get("skipped", 0),
+                          **{k: s[m] for k, m in STAT_KEYS.items() if m in s})  # record counts (issue 34)
             # Every token a unit kept is in its samples: [CLS] + seq_len-2 + [SEP] each. A unit whose
             # entries do not add up lost one (an edited manifest): redo it rather than trust it.
             if sum(e["samples"] for e in result["shards"]) * (seq_len - 2) != s["tokens"] - s["dropped"]:
@@ -404,7 +410,10 @@ class ShardSet:
         rows += [("complete", "yes" if self.complete else f"no ({len(self.units_done)} of {self.units} units)"),
                  ("seq_len", str(self.seq_len)),
                  ("corpus tokens", f"{self.corpus_tokens:,} ({self.dropped_tokens:,} dropped as unit remainders)"),
-                 ("skipped records", f"{self.skipped_records:,}"),
+                 ("skipped records", f"{self.skipped_records:,}" + (" (" + ", ".join(
+                     f"{k}: {n:,}" for k, n in self.skipped_by_kind.items()) + ")" if self.skipped_by_kind else "")),
+                 ("bad records", f"{self.bad_records:,}" + (" (listed in bad_records.jsonl)" if self.bad_records
+                                                             else "")),
                  ("tokenizer", str(self.tokenizer_sha256)[:12])]
         for name in self.source_names() if self.sources is not None else []:
             only = " (evaluation only)" if self.evaluation_only(name) else ""
@@ -417,6 +426,8 @@ class ShardSet:
                      units: int, results: dict[int, dict], complete: bool,
                      sources: dict[str, dict[str, Any]] | None = None) -> ShardSet:
         """The shard stage's per-unit results (process_unit's) as a shard set, units in order."""
+        from tpu_ray.prepare.bad_records import STAT_KEYS, skipped_by_kind
+
         entries = [ShardEntry(**entry) for idx in sorted(results) for entry in results[idx]["shards"]]
         entries.sort(key=lambda e: SPLITS.index(e.split))  # stable: train, then validation, each by unit
         return cls(
@@ -427,15 +438,20 @@ class ShardSet:
             corpus_tokens=sum(r["tokens"] for r in results.values()),
             dropped_tokens=sum(r["dropped_tokens"] for r in results.values()),
             skipped_records=sum(r.get("skipped_records", 0) for r in results.values()),
+            skipped_by_kind=skipped_by_kind(results),
+            bad_records=sum(r.get("bad_records", 0) for r in results.values()),
             unit_stats=[{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"],
-                         "skipped": v.get("skipped_records", 0)} for k, v in sorted(results.items())])
+                         "skipped": v.get("skipped_records", 0),
+                         **{m: v[k2] for k2, m in STAT_KEYS.items()  # record counts (issue 34)
+                            if v.get(k2) or k2 == "with_field" and k2 in v}}
+                        for k, v in sorted(results.items())])
 
 
 # The manifest's header fields and their JSON types (None allowed: older manifests lack some).
 _HEADER: dict[str, type | tuple[type, ...]] = {
     "format": str, "seq_len": int, "tokenizer_sha256": str, "vocab_size": int, "special_ids": dict,
     "source": dict, "plan_sha256": str, "units": int, "units_done": list, "corpus_tokens": int,
-    "dropped_tokens": int, "skipped_records": int, "unit_stats": list}
+    "dropped_tokens": int, "skipped_records": int, "unit_stats": list, "skipped_by_kind": dict, "bad_records": int}
 _ENTRY: dict[str, type] = {"unit": int, "tokens": int, "bytes": int, "sha256": str}
 
 

@@ -26,7 +26,7 @@ import os
 import resource
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from tpu_ray.prepare.streams import Counts
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.actor_pool import run_on_pool
+from tpu_ray.prepare.bad_records import check_sources, skipped_by_kind, unit_stats
 from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
@@ -205,6 +206,7 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
                                      "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
         chunk.train, chunk.validation = [], []  # one chunk's text alive at a time
     result["skipped_records"] = counts.skipped
+    result.update(unit_stats(unit.index, counts, out_dir))  # record counts; bad records listed (issue 34)
     return result
 
 
@@ -234,10 +236,9 @@ def _read_bytes() -> int:
 
 def _warm_imports(unit: dict) -> None:
     """Import a format's reader before the read counter starts: reading modules is not reading corpus."""
-    if unit["fmt"] == "parquet":
-        import pyarrow.parquet  # noqa: F401
-    elif unit["fmt"] in ("hf", "hf_disk"):
-        import datasets  # noqa: F401
+    from tpu_ray.prepare.readers import reader
+
+    reader(unit["fmt"]).warm()
     if unit.get("compression") == "zstd":
         import zstandard  # noqa: F401
 
@@ -306,6 +307,9 @@ class ShardSummary:
     actors: int
     peak_actor_rss_bytes: int = 0  # the largest peak RSS any actor reported (0 if none ran)
     skipped_records: int = 0  # records whose text field was null or missing (records.py's rule)
+    skipped_by_kind: dict[str, int] = field(default_factory=dict)  # those records by file kind (jsonl, csv, ...)
+    bad_records: int = 0  # records that could not be read, skipped under corpus.bad_records=skip (bad_records.jsonl)
+    skipped_by_source: dict[str, int] = field(default_factory=dict)  # skipped records by named source (mixtures)
     resumed_tokens: int = 0  # tokens of units an earlier run committed: not this run's work
     read_bytes: int = 0  # bytes the actors read (the corpus, once; /proc rchar): the benchmark's figure
     requests: int = 0  # storage calls of this run: the driver's (planning, manifest) and the actors'
@@ -321,7 +325,21 @@ class ShardSummary:
                 f"tokens/s={self.tokens_per_s:,.0f} units={self.units} resumed_units={self.skipped_units} "
                 f"resumed_tokens={self.resumed_tokens} "
                 f"actors={self.actors} peak_actor_rss_mb={self.peak_actor_rss_bytes / 2**20:.0f} "
-                f"skipped_records={self.skipped_records} storage_requests={self.requests}")
+                f"skipped_records={self.skipped_records}{_by_kind(self.skipped_by_kind)} "
+                f"bad_records={self.bad_records} storage_requests={self.requests}")
+
+
+def record_groups(cfg: RunConfig, planned: list[PlannedSource]) -> list[tuple[str | None, list[int], str, float]]:
+    """Each source's units and record settings, for the corpus-wide record rules (bad_records.py)."""
+    from tpu_ray.prepare.sources import source_corpus
+
+    named = cfg.corpus.sources is not None
+    return [(f"corpus.sources.{p.name}" if named else None, [u.index for u in p.units],
+             source_corpus(cfg, p.name).text_field, source_corpus(cfg, p.name).max_bad_fraction) for p in planned]
+
+
+def _by_kind(kinds: dict[str, int]) -> str:
+    return f" ({', '.join(f'{k}: {n}' for k, n in kinds.items())})" if kinds else ""
 
 
 def _plan_digest(units: list[WorkUnit], sources: dict[str, dict] | None = None) -> str:
@@ -473,6 +491,12 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     _cleanup_temp(out_dir)
+    try:  # the corpus-wide record rules, per source: a text field no record has; too many bad records
+        bad = check_sources(results, record_groups(cfg, planned), out_dir)
+    except UserError:
+        shard_set(cfg, info, planned, results, complete=False).write()  # every unit kept for the rerun
+        progress.close()
+        raise
     shards = shard_set(cfg, info, planned, results, complete=True)
     shards.write()
     progress.close()
@@ -484,7 +508,10 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         seconds=time.monotonic() - t0, units=len(units), skipped_units=skipped, actors=n_actors,
         resumed_tokens=resumed_tokens,
         peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0),
-        skipped_records=shards.skipped_records, read_bytes=_actors_total(results, "read_bytes"),
+        skipped_records=shards.skipped_records, skipped_by_kind=skipped_by_kind(results), bad_records=bad,
+        skipped_by_source=({p.name: sum(results[u.index].get("skipped_records", 0) for u in p.units) for p in planned}
+                           if cfg.corpus.sources is not None else {}),
+        read_bytes=_actors_total(results, "read_bytes"),
         requests=_actors_total(results, "requests") + storage.requests_made() - calls_before)
     log.info("shard summary: %s", summary.line())
     return summary

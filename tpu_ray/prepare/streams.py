@@ -21,6 +21,7 @@ import csv
 import io
 import itertools
 import json
+import logging
 import lzma
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -28,8 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_ray.errors import UserError, first_line
-from tpu_ray.prepare.formats import open_decompressed
+from tpu_ray.prepare.formats import byte_order_mark, open_decompressed
 from tpu_ray.prepare.records import text_of
+
+log = logging.getLogger("tpu_ray.prepare.corpus")
 
 
 @dataclass
@@ -42,23 +45,57 @@ class Chunk:
 
 @dataclass
 class Counts:
-    """What a reader skipped, by the text-field rule (records.py): null or missing fields; and, for
-    JSON lines, whether any record had the field at all (none: a typo'd corpus.text_field)."""
+    """What a reader skipped, by the text-field rule (records.py): null or missing fields, wherever
+    they stand (issue 34); whether any record had the field at all (none in the whole corpus: a
+    typo'd corpus.text_field, refused once by `require_field` over every unit's counts); and, under
+    corpus.bad_records=skip, the records that could not be read (`bad`: where and why)."""
 
     skipped: int = 0
     with_field: int = 0
     missing: int = 0
-    first_missing: tuple[str, list[str]] | None = None  # (where, the fields that record has)
+    first_missing: tuple[str, list[str]] | None = None  # ("file: where", the fields that record has)
+    records: int = 0  # records read (JSON lines, CSV rows, table rows): the bad-record fraction's base
+    skip_bad: bool = False  # corpus.bad_records=skip: a record that cannot be read is listed, not fatal
+    bad: list[dict] = field(default_factory=list)  # {"file", "where", "reason"} of each skipped bad record
+    by_kind: dict[str, int] = field(default_factory=dict)  # skipped records by file kind (iter_chunks)
+    warned: bool = False  # the typo'd-field warning was given
+
+    def missing_field(self, source: str, where: str, keys: list[str], text_field: str) -> None:
+        """Count a record without the field; warn (once) when a file's first records all lack it."""
+        self.missing += 1
+        self.skipped += 1
+        if self.first_missing is None:
+            self.first_missing = (f"{source}: {where}", keys[:8])
+        if self.missing >= TYPO_RECORDS and not self.with_field and not self.warned:
+            self.warned = True
+            log.warning("%s: the first %d records read have no field %r (fields: %s); they are skipped and counted; "
+                        "if corpus.text_field is wrong, stop and set it (a corpus where no record has it is "
+                        "refused at the end)", source, self.missing, text_field, ", ".join(keys[:8]))
+
+    def bad_record(self, source: str, where: str, reason: str, error: str) -> None:
+        """A record that cannot be read: listed and skipped under bad_records=skip, else `error`."""
+        if not self.skip_bad:
+            raise UserError(error)
+        self.bad.append({"file": source, "where": where, "reason": reason})
 
     def require_field(self, source: str, text_field: str) -> None:
         """Records without the field among none with it: not data to skip, a wrong field name."""
-        if self.missing and not self.with_field and self.first_missing:
-            where, keys = self.first_missing
-            raise UserError(f"{source}: {where}: record has no field {text_field!r} (fields: {', '.join(keys)}); "
-                            f"set corpus.text_field to the field that holds the text")
+        require_field([self], text_field)
 
 
-TYPO_RECORDS = 100  # this many records without the field, and none with it: stop early, it is a typo
+def require_field(counts: Iterable[Counts], text_field: str) -> None:
+    """A corpus (every unit's counts) in which records lack the field and none has it: a wrong field
+    name, refused once naming the first such record and the fields it has."""
+    counts = list(counts)
+    if any(c.with_field for c in counts) or not any(c.missing for c in counts):
+        return
+    where, keys = next(c.first_missing for c in counts if c.first_missing)  # type: ignore[misc]
+    missing = sum(c.missing for c in counts)
+    raise UserError(f"{where}: record has no field {text_field!r} (fields: {', '.join(keys)}); set corpus.text_field "
+                    f"to the field that holds the text (no record of the corpus has it: {missing:,} read)")
+
+
+TYPO_RECORDS = 100  # this many records without the field, and none with it: warn that it may be a typo
 
 
 def chunked(items: Iterable[tuple[int, int, Any]], chunk_bytes: int, frac: float,
@@ -124,8 +161,11 @@ def raw_lines(path: str, compression: str | None, whole: bool = False) -> Iterat
         with open_decompressed(path, compression, whole) as f:
             for line in f:
                 line_no += 1
-                yield offset, len(line), (line_no, line, offset)
-                offset += len(line)
+                n = len(line)
+                if line_no == 1:  # a byte-order mark is never text (a UTF-16/32 one: refused)
+                    line = line[byte_order_mark(line[:4], path):]
+                yield offset, n, (line_no, line, offset)
+                offset += n
     except UserError:
         raise
     except _stream_errors() as exc:
@@ -145,7 +185,9 @@ def csv_records(path: str, compression: str | None, delimiter: str, text_field: 
     line = 0
     try:
         with open_decompressed(path, compression) as raw:
-            text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace" if errors == "replace" else "strict",
+            head = raw.read(4)  # a byte-order mark is never text (a UTF-16/32 one: refused)
+            body = io.BufferedReader(_Prefixed(head[byte_order_mark(head, path):], raw), 1 << 20)
+            text = io.TextIOWrapper(body, encoding="utf-8", errors="replace" if errors == "replace" else "strict",
                                     newline="")
             reader = csv.reader(text, delimiter=delimiter)
             header = next(reader, None)
@@ -159,6 +201,7 @@ def csv_records(path: str, compression: str | None, delimiter: str, text_field: 
             col = header.index(text_field)
             for row in reader:
                 line = reader.line_num
+                counts.records += 1
                 if col >= len(row):
                     counts.skipped += 1
                     continue
@@ -178,47 +221,80 @@ def csv_records(path: str, compression: str | None, delimiter: str, text_field: 
         raise _damaged(path, f"after line {line}", exc, compression) from None
 
 
+class _Prefixed(io.RawIOBase):
+    """`head`, then the rest of `raw`: a stream whose first bytes were read to look at them."""
+
+    def __init__(self, head: bytes, raw: Any):
+        self._head, self._raw = head, raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        data = self._raw.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
 def json_texts(lines: Iterable[tuple[str, bytes | str]], source: str, text_field: str, lists: str,
                counts: Counts) -> list[str]:
     """The text field of every JSON line (`where` names each record); the text-field rule applies.
 
-    Records none of which has the field at all are a typo'd `corpus.text_field`, not data to skip:
-    an error naming the fields the first record has (`counts.require_field`, at the end of a unit,
-    or as soon as TYPO_RECORDS records in a row lack it).
+    A record without the field is skipped and counted wherever it stands (a warning when the first
+    TYPO_RECORDS read all lack it); a corpus where none has it is a typo'd `corpus.text_field`,
+    refused once over every unit's counts (`require_field`). A record that cannot be read (not
+    JSON, not an object, a field that is not text) fails, or is listed under bad_records=skip.
     """
     out: list[str] = []
     for where, line in lines:
         if not line.strip():
             continue
+        counts.records += 1
+        if isinstance(line, str) and line.startswith("\ufeff"):  # a byte-order mark is never text
+            line = line[1:]
         try:
             record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-            raise UserError(f"{source}: {where}: not a JSON line ({reason}); fix the record or use a .txt "
-                            f"file") from None
+            counts.bad_record(source, where, f"not a JSON line ({reason})",
+                              f"{source}: {where}: not a JSON line ({reason}); fix the record, use a .txt file, "
+                              f"or set corpus.bad_records=skip to skip and list such records")
+            continue
         if not isinstance(record, dict):
-            raise UserError(f"{source}: {where}: a JSON {type(record).__name__}, not an object with a "
-                            f"{text_field!r} field; write one JSON object per line")
-        if text_field not in record:
-            counts.missing += 1
-            counts.skipped += 1
-            if counts.first_missing is None:
-                counts.first_missing = (where, list(record)[:8])
-            if counts.missing >= TYPO_RECORDS:
-                counts.require_field(source, text_field)
+            counts.bad_record(source, where, f"a JSON {type(record).__name__}, not an object",
+                              f"{source}: {where}: a JSON {type(record).__name__}, not an object with a "
+                              f"{text_field!r} field; write one JSON object per line")
+            continue
+        if text_field not in record or record[text_field] is None:
+            if text_field in record:  # null: the field is there, its record has no text
+                counts.with_field += 1
+                counts.skipped += 1
+            else:
+                counts.missing_field(source, where, list(record), text_field)
             continue
         counts.with_field += 1
-        value = text_of(record[text_field], source, where, text_field, lists)
-        if value is None:
-            counts.skipped += 1
-        else:
-            out.append(value)
+        try:
+            value = text_of(record[text_field], source, where, text_field, lists)
+        except UserError as exc:
+            if not counts.skip_bad:
+                raise
+            counts.bad.append({"file": source, "where": where, "reason": str(exc).split("; ")[0].split(": ")[-1]})
+            continue
+        out.append(value)  # type: ignore[arg-type]
     return out
 
 
 def lines_of(texts: Iterable[str]) -> list[str]:
-    """Texts as the tokenizer's lines: split at newlines, stripped, empty ones left out."""
-    return [s for s in (line.strip() for t in texts for line in t.split("\n")) if s]
+    """Texts as the tokenizer's lines: split at newlines, stripped, empty ones left out; a byte-order
+    mark opening a line is not text (issue 34: it became a vocabulary token)."""
+    out = [s for s in (line.strip() for t in texts for line in t.split("\n")) if s]
+    if any(s[0] == "\ufeff" for s in out):
+        out = [x for s in out if (x := s.lstrip("\ufeff").strip())]
+    return out
 
 
 def stream_text_chunks(path: str, compression: str | None, fmt: str, chunk_bytes: int, frac: float,
@@ -282,5 +358,3 @@ def _member_lines(paths: list[str], compression: str | None, fmt: str, limit: in
                     n = (len(line) if line.isascii() else len(line.encode("utf-8", "replace"))) + 1
                     yield pos, n, line
                     pos += n
-        if fmt == "jsonl":
-            counts.require_field(path, text_field)  # no record of the file had it so far: a typo, named here

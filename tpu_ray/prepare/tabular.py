@@ -109,6 +109,7 @@ def parquet_items(path: str, first: int, last: int, text_field: str, lists: str,
             for batch in batches:
                 texts, nulls = arrow_texts(batch.column(0), joined)
                 counts.skipped += nulls
+                counts.records += len(batch)
                 for text in texts:
                     n = len(text.encode("utf-8"))
                     yield pos, n, text
@@ -211,8 +212,10 @@ def dataset_items(ds: Any, lo: int, hi: int, text_field: str, joined: bool,
             return table[a:b][text_field]
     pos = 0
     for s in range(lo, hi, BATCH_ROWS):
-        texts, nulls = arrow_texts(rows(s, min(s + BATCH_ROWS, hi)), joined)
+        batch = rows(s, min(s + BATCH_ROWS, hi))
+        texts, nulls = arrow_texts(batch, joined)
         counts.skipped += nulls
+        counts.records += len(batch)
         for text in texts:
             n = len(text.encode("utf-8"))
             yield pos, n, text
