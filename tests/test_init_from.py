@@ -313,3 +313,141 @@ def test_a_gs_model_directory_is_staged_and_loads(gcs_emulator, tf_dir, tmp_path
     assert load_weights(model, cfg).endswith("tf_model.h5")
     ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
+
+
+# --- a continued run owns what it starts from (RUN/init) ----------------------------------------------
+def _losses(run_dir: str, steps: range) -> list[float]:
+    by_step = {r["step"]: r["loss"] for r in _records(Path(run_dir), "train")}
+    return [by_step[s] for s in steps]
+
+
+@pytest.mark.slow  # a continued pipeline run and two resumes: about a minute on 2 cores
+def test_a_continued_run_resumes_after_its_source_is_deleted_with_the_same_losses(tf_dir, tmp_path, small_corpus):
+    """The first stage copies the checkpoint into RUN/init (source and hash in source.json,
+    config.yaml and summary.json); a resume reads that copy: with the source deleted it continues
+    with exactly the losses of a resume with the source in place."""
+    from tpu_ray.pipeline import Pipeline
+
+    src = tmp_path / "src"
+    shutil.copytree(tf_dir, src)
+    cfg = _continue(tmp_path, small_corpus, str(src), **{"train.checkpoint_every": 2})
+    run = Path(cfg.run_dir)
+    record = json.loads((run / "init" / "source.json").read_text())
+    assert record["source"] == str(src) and record["sha256"] == cfg.model.init_sha256
+    assert {"config.json", "tf_model.h5", "tokenizer.json"} <= set(record["files"])
+    assert f"init_sha256: {record['sha256']}" in (run / "config.yaml").read_text()
+    assert json.loads((run / "summary.json").read_text())["init_from"]["sha256"] == record["sha256"]
+    twin = tmp_path / "twin"
+    shutil.copytree(run, twin)
+    more = {"model.init_from": str(src), "model.dropout": 0.0, "train.steps": 4, "train.log_every": 1,
+            "train.checkpoint_every": 2, "train.extend_schedule": True}
+    with_source = Pipeline(tiny_config(run, small_corpus, **more)).train(resume=True)
+    shutil.rmtree(src)  # the source is gone: the twin resumes from its own copy
+    without = Pipeline(tiny_config(twin, small_corpus, **more)).train(resume=True)
+    assert with_source["resumed_from"] == without["resumed_from"] == 2 and without["steps"] == 4
+    assert _losses(str(twin), range(3, 5)) == pytest.approx(_losses(str(run), range(3, 5)), rel=1e-6)
+
+
+def test_after_the_first_stage_the_source_is_never_read_again(tf_dir, source, tmp_path, small_corpus):
+    """Changed after the tokenizer stage (another model written over it), then deleted: the model
+    the run builds and loads is the one it copied (its config, its weights)."""
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.train.init_from import checkpoint_hf_config, load_weights
+
+    src = tmp_path / "src"
+    shutil.copytree(tf_dir, src)
+    cfg = tiny_config(tmp_path / "run", small_corpus, **{"model.init_from": str(src)})
+    Pipeline(cfg).tokenizer()
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "hidden_size": 128, "intermediate_size": 256}))
+    (src / "tf_model.h5").write_bytes(b"not the weights")
+    p = Pipeline(cfg)  # as the next stage, a resume, a TPU host or a recovery attempt builds it
+    assert p.cfg.model.hidden_size == 64 and p.cfg.model.init_sha256
+    shutil.rmtree(src)
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(p.cfg))
+    model(model.dummy_inputs)
+    assert load_weights(model, p.cfg) == str(tmp_path / "run" / "init" / "tf_model.h5")
+    ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
+
+
+def test_a_damaged_copy_is_refused_in_one_line(tf_dir, tmp_path, small_corpus):
+    from tpu_ray.errors import DamagedRunDir
+    from tpu_ray.pipeline import Pipeline
+
+    cfg = tiny_config(tmp_path / "run", small_corpus, **{"model.init_from": str(tf_dir)})
+    Pipeline(cfg).tokenizer()
+    copy = tmp_path / "run" / "init" / "config.json"
+    copy.write_text(copy.read_text().replace("64", "65", 1))
+    with pytest.raises(DamagedRunDir) as err:
+        Pipeline(cfg)
+    assert "\n" not in str(err.value) and str(copy) in str(err.value) and "differs from the sha256" in str(err.value)
+
+
+def test_a_pinned_hash_that_the_source_does_not_hold_is_refused(tf_dir, tmp_path, small_corpus):
+    msg = _pipeline_error(tmp_path, small_corpus, tf_dir, **{"model.init_sha256": "0" * 64})
+    assert msg.startswith("model.init_sha256=" + "0" * 64) and "now holds other content" in msg
+    assert not (tmp_path / "bad" / "init").exists()
+
+
+@pytest.mark.slow  # the storage emulator's start-up
+def test_a_gs_source_reuploaded_to_the_same_url_is_fetched_again(gcs_emulator, tf_dir, tmp_path, small_corpus,
+                                                                   monkeypatch):
+    """Fetched through a per-user cache keyed by the objects' generations (not a fixed path in the
+    shared temporary directory): the next run sees v2. The run itself holds its own copy."""
+    import stat
+    import tempfile
+
+    from tpu_ray import storage
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.train.init_from import resolve, source_hf_config
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = storage.join(gcs_emulator.make_bucket(), "models", "tiny")
+    for f in sorted(tf_dir.iterdir()):
+        storage.atomic_copy_file(str(f), storage.join(root, f.name))
+    v1 = resolve(root)
+    assert source_hf_config(v1).hidden_size == 64
+    assert v1.local.startswith(str(tmp_path / "cache" / "tpu-ray"))  # this user's cache, never tmp/tpu-ray-init-from
+    assert not Path(tempfile.gettempdir(), "tpu-ray-init-from").exists() or "tpu-ray-init-from" not in v1.local
+    assert stat.S_IMODE(os.stat(tmp_path / "cache" / "tpu-ray").st_mode) == 0o700
+    cfg = tiny_config(tmp_path / "run", small_corpus, **{"model.init_from": root})
+    Pipeline(cfg).tokenizer()  # the run's own copy, fetched into RUN/init
+    config = json.loads((tf_dir / "config.json").read_text())
+    storage.atomic_write_text(storage.join(root, "config.json"), json.dumps({**config, "hidden_size": 128}))
+    v2 = resolve(root)
+    assert v2.local != v1.local and source_hf_config(v2).hidden_size == 128
+    assert Pipeline(cfg).cfg.model.hidden_size == 64  # the run reads its copy, not the re-upload
+
+
+@pytest.mark.slow  # the storage emulator's start-up
+def test_a_gs_run_directory_holds_its_copy_and_every_host_reads_it(gcs_emulator, tf_dir, tmp_path, small_corpus,
+                                                                   monkeypatch):
+    """A TPU host (or a recovery attempt) of a gs:// run reads RUN/init from the bucket into its own
+    cache, verified against source.json: the local source, which exists only on the driver, is gone."""
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray import storage
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.train.init_from import checkpoint_hf_config, load_weights, source_for
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "host-cache"))
+    src = tmp_path / "src"
+    shutil.copytree(tf_dir, src)
+    run = storage.join(gcs_emulator.make_bucket(), "runs", "cont")
+    cfg = tiny_config(tmp_path / "unused", small_corpus, **{"output_dir": run, "model.init_from": str(src)})
+    p = Pipeline(cfg)
+    p.tokenizer()
+    assert storage.exists(storage.join(run, "init", "source.json"))
+    shutil.rmtree(src)
+    host_cfg = Pipeline(cfg).cfg  # what run_training hands every host
+    got = source_for(host_cfg)
+    assert got.kind == "copy" and got.where == storage.join(run, "init")
+    assert got.local.startswith(str(tmp_path / "host-cache")) and host_cfg.model.init_sha256 in got.local
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(host_cfg))
+    model(model.dummy_inputs)
+    assert load_weights(model, host_cfg).endswith("tf_model.h5")
+    ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))

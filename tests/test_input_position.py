@@ -138,3 +138,73 @@ def test_resume_with_dropout_0_ends_with_the_weights_of_an_uninterrupted_run(tmp
     resume = [e for e in events if e.get("event") == "resume"]
     assert resume and resume[0]["step"] == 6 and resume[0]["sample_in_epoch"] == 96
     assert final_weights(tmp_path / "cut") == final_weights(tmp_path / "straight")
+
+
+SHARES = (37, 29, 41, 23, 50)  # 5 ragged shards, 180 records: 45 per pipeline on 4
+
+
+@pytest.fixture(scope="module")
+def five_files(tmp_path_factory) -> list[str]:
+    d = tmp_path_factory.mktemp("five")
+    out = []
+    for i, n in enumerate(SHARES):
+        rows = np.full((n, 8), 7, dtype=np.int64)
+        rows[:, 1] = 10 + i
+        rows[:, 2] = 100 + np.arange(n)  # (file, record) identifies every sample
+        path = d / f"train-{i:05d}-{n}.tfrecord"
+        with open(path, "wb") as f:
+            write_records(f, serialize_examples(rows))
+        out.append(str(path))
+    return out
+
+
+def _pipeline_samples(files: list[str], pipeline: int, batches: int, start_batch: int = 0) -> list[tuple[int, int]]:
+    """The (file, record) of every sample pipeline `pipeline` of 4 feeds, read through train_dataset
+    (masking undone: a masked position's label holds its id)."""
+    import tensorflow as tf
+
+    from tpu_ray.train.inputs import IGNORE, MaskSpec, train_dataset
+
+    ctx = tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=pipeline, num_replicas_in_sync=4)
+    spec = MaskSpec(0.15, mask_id=3, vocab_size=200, special_ids=(0, 1, 2, 3, 4))
+    ds = train_dataset(files, 8, 5, spec, seed=11, shuffle_buffer=16, start_batch=start_batch, ctx=ctx,
+                       counts={f: n for f, n in zip(files, SHARES)})
+    out = []
+    for batch in ds.take(batches):
+        ids = tf.where(batch["labels"] != IGNORE, batch["labels"], batch["input_ids"]).numpy()
+        out += [(int(r[1]), int(r[2])) for r in ids]
+    return out
+
+
+def test_every_sample_is_seen_equally_often_on_4_pipelines_of_5_shards(five_files):
+    """Issue 35.4: every pipeline feeds 5 samples a step; 90 steps are 10 epochs of 45-record shares,
+    so every sample is seen exactly 10 times (round-robin files gave pipeline 0 two shards, 66
+    records, each seen about half as often as the others)."""
+    from collections import Counter
+
+    seen = Counter()
+    for p in range(4):
+        seen.update(_pipeline_samples(five_files, p, 90))
+    every = {(10 + i, 100 + r) for i, n in enumerate(SHARES) for r in range(n)}
+    assert set(seen) == every
+    assert set(seen.values()) == {10}, sorted(Counter(seen.values()).items())
+
+
+def test_a_pipeline_share_that_starts_inside_a_file_resumes_exactly(five_files):
+    """Pipeline 1's share starts inside the second file: resuming at batch 13 continues the stream."""
+    whole = _pipeline_samples(five_files, 1, 30)
+    assert _pipeline_samples(five_files, 1, 17, start_batch=13) == whole[13 * 5:]
+
+
+def test_a_position_stored_under_round_robin_files_is_another_order(files):
+    """A multi-host run resumed from a position stored before hosts shared records (no `split`) is
+    in another data order: refused unless accepted, as for any changed order."""
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.input_position import PositionTracker
+
+    t = PositionTracker(list(zip(files, COUNTS)), global_batch=16, window=16)
+    t.bind(files[:2], 2)
+    old = json.loads(t.at(7).to_json())
+    old.pop("split")
+    with pytest.raises(UserError, match="whole files round-robin -> equal record ranges"):
+        t.check_resume(json.dumps(old), 7, "ckpt-7")

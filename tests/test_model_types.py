@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -171,6 +172,65 @@ def test_continued_from_its_export_starts_from_its_weights(scratch_runs, tmp_pat
     p.train()
     # The optimizer starts fresh, so its slots differ by design: the model weights are compared.
     assert weight_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "cont")) < 1e-5
+
+
+def pytorch_written(model_dir: Path, out: Path, model_type: str) -> tuple[Path, str]:
+    """A model of `model_dir`'s config as PyTorch Transformers' save_pretrained writes it
+    (model.safetensors only): made and saved by PyTorch itself in the interop venv
+    (tests/interop/save_fresh.py) when it is built; else emulated from the export, less the tied
+    weights PyTorch's save drops (families.pt_tied, measured with torch's save_pretrained in
+    transformers 4.57 and 5.24). Returns the directory and "torch" or "emulated"."""
+    import shutil
+
+    python = VENVS / "t5" / "bin" / "python"
+    if python.exists():
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        proc = subprocess.run([str(python), str(REPO / "tests" / "interop" / "save_fresh.py"), str(model_dir),
+                               str(out)], capture_output=True, text=True, timeout=600, env=env, cwd="/")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert not (out / "tf_model.h5").exists()
+        return out, "torch"
+    if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
+        pytest.fail(f"PyTorch interop venv {VENVS / 't5'} absent: build it with tests/interop/setup_venvs.sh")
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(model_dir, out, ignore=shutil.ignore_patterns("tf_model.h5", "model.safetensors"))
+    dropped = {name for name, _ in family(model_type).pt_tied}
+    state = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items() if k not in dropped}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out, "emulated"
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_continued_from_a_pytorch_written_safetensors_loads_every_weight(scratch_runs, tmp_path, model_type):
+    """Most checkpoints ship as PyTorch's save_pretrained writes them, which drops tied weights
+    (ALBERT's decoder bias, MobileBERT's decoder) that TF keeps as variables of their own: init_from
+    loads every weight the file holds, and each dropped one from the weight PyTorch ties it to."""
+    from safetensors.numpy import load_file
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_ray.train.export_safetensors import pytorch_state_dict
+    from tpu_ray.train.init_from import checkpoint_hf_config, load_weights
+
+    tok_dir, shards, run1, _ = scratch_runs(model_type)
+    src, how = pytorch_written(run1 / "model", tmp_path / "pt", model_type)
+    cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{"model.init_from": str(src)})
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg))
+    model(model.dummy_inputs)
+    assert load_weights(model, cfg).endswith("model.safetensors")
+    written, got = load_file(str(src / "model.safetensors")), pytorch_state_dict(model)
+    tied = dict(family(model_type).pt_tied)
+    print(f"{model_type} ({how}): {len(written)} tensors written, filled from their tie: {sorted(tied)}")
+    # TF-only layers the MLM never uses (MPNet's pooler): TF's own loader leaves them as built
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or []]
+    unwritten = {n for n in set(got) - set(written) if not any(p.search(n) for p in ignored)}
+    assert unwritten == set(tied)  # exactly the weights PyTorch's save drops
+    for name, array in written.items():
+        if name in got:
+            assert np.array_equal(got[name], array), name
+    for dropped, kept in tied.items():
+        assert np.array_equal(got[dropped], written[kept]), dropped
 
 
 def weight_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:

@@ -316,6 +316,7 @@ CONFIG_ROWS: dict[str, object] = {
     "shard.max_unit_retries": Num(0, meaning="0: a unit whose actor dies fails the run; huge: retried forever"),
     "model.model_type": Enum(),
     "model.init_from": Str("dir"),
+    "model.init_sha256": Str(),
     "model.preset": Enum(),
     "model.hidden_size": Num(0, 40_960, lo_open=True),
     "model.num_hidden_layers": Num(0, 576, lo_open=True),

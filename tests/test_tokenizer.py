@@ -111,3 +111,69 @@ def test_mask_token_takes_the_space_before_it_and_fill_mask_answers_whole_words(
     assert top["token_str"].strip() == "the" and top["score"] > 0.99
     # "word the ." (WordPiece's decoder may write "word the."): the answer is a word of its own.
     assert top["sequence"].split()[:2] == ["word", "the"] or top["sequence"] == "word the.", top["sequence"]
+
+
+# --- special-token roles: the tokenizer's own files, guessing only for a bare tokenizer.json -------
+# MPNet's vocabulary: <s> <pad> </s> <unk> first, then BERT's WordPiece entries with [PAD] [UNK]
+# [CLS] [SEP] [MASK], and <mask> last: it holds tpu-ray's mixed set, RoBERTa's and BERT's tokens.
+MPNET_VOCAB = ["<s>", "<pad>", "</s>", "<unk>", "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "river",
+               "flows", "##s", ".", "<mask>"]
+
+
+def _mpnet_shaped(directory, config: dict | None = None, special_map: dict | None = None) -> str:
+    """A bare tokenizer.json of MPNet's vocabulary shape, with the roles files given."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(MPNET_VOCAB)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    if config is not None:
+        (d / "tokenizer_config.json").write_text(json.dumps(config))
+    if special_map is not None:
+        (d / "special_tokens_map.json").write_text(json.dumps(special_map))
+    return str(d)
+
+
+MPNET_ROLES = {"bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
+               "pad_token": "<pad>", "unk_token": "[UNK]",
+               "mask_token": {"content": "<mask>", "lstrip": True, "special": True}}
+
+
+def test_roles_come_from_the_checkpoints_tokenizer_files(tmp_path):
+    """Not the first convention the vocabulary happens to hold ([MASK] of the mixed set): the
+    mask the exported tokenizer uses, <mask>, is the one training masks with."""
+    info = tokenizer_info(_mpnet_shaped(tmp_path / "cfg", config={"model_max_length": 512, **MPNET_ROLES}))
+    assert info.special_tokens == ("<s>", "<pad>", "</s>", "[UNK]", "<mask>")
+    assert (info.cls_id, info.pad_id, info.sep_id, info.unk_id, info.mask_id) == (0, 1, 2, 5, 14)
+    # special_tokens_map.json overrides tokenizer_config.json, as in transformers
+    info = tokenizer_info(_mpnet_shaped(tmp_path / "map", config={"model_max_length": 512, "mask_token": "[MASK]"},
+                                        special_map=MPNET_ROLES))
+    assert info.mask_id == 14 and info.tokens.mask == "<mask>"
+
+
+def test_a_guess_that_finds_two_conventions_is_refused_in_one_line(tmp_path):
+    from tpu_ray.errors import UserError
+
+    bare = _mpnet_shaped(tmp_path / "bare", config={"model_max_length": 512})  # no roles named: a guess
+    with pytest.raises(UserError) as err:
+        tokenizer_info(bare)
+    msg = str(err.value)
+    assert "\n" not in msg and "two special-token conventions" in msg
+    assert "([CLS] <pad> [SEP] <unk> [MASK])" in msg and "(<s> <pad> </s> <unk> <mask>)" in msg
+    assert "tokenizer_config.json" in msg
+
+
+def test_a_role_file_naming_a_token_outside_the_vocabulary_or_lacking_a_role(tmp_path):
+    from tpu_ray.errors import UserError
+
+    bad = _mpnet_shaped(tmp_path / "bad", special_map={**MPNET_ROLES, "mask_token": "<MASK>"})
+    with pytest.raises(UserError, match=r"special_tokens_map.json: mask_token '<MASK>' is not in the vocabulary"):
+        tokenizer_info(bad)
+    lacking = _mpnet_shaped(tmp_path / "lack", config={k: v for k, v in MPNET_ROLES.items() if k != "mask_token"})
+    with pytest.raises(UserError, match=r"tokenizer_config.json: names no mask_token"):
+        tokenizer_info(lacking)

@@ -119,3 +119,73 @@ def test_training_with_whole_words_at_40_percent_traces_once(tmp_path, lines):
     summary = train(type_config(tmp_path / "run", "bert", tok_dir, shards, **{
         "train.whole_word_mask": True, "train.mask_prob": 0.4, "train.steps_per_execution": 2}))
     assert summary["train_traces"] == 1 and np.isfinite(summary["final_loss"])
+
+
+def _one_word_rows(table, cls: int, sep: int, rows: int = 48, seed: int = 0) -> np.ndarray:
+    """Rows that are one word of SEQ - 2 pieces (a space-free CJK line under Metaspace)."""
+    cont = np.flatnonzero(np.array(table))
+    ids = np.random.default_rng(seed).choice(cont, size=(rows, SEQ))
+    ids[:, 0], ids[:, -1] = cls, sep
+    return ids.astype(np.int64)
+
+
+def test_masked_pieces_beyond_the_bound_are_counted_and_the_bound_covers_long_words(tmp_path, lines):
+    """Issue 35.5: with the fixed bound (words of ~4 pieces) a masked 62-piece word loses most of its
+    targets without a word; now every batch counts them (mlm_unscored), and the bound measured on
+    the corpus's rows (whole_word_bound) covers such words: nothing is left unscored."""
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+    from tpu_ray.train.inputs import predictions_per_sequence, train_dataset, whole_word_bound
+
+    fam, tok = _tokenizer(lines, "unigram", "albert")
+    table = continuation_table(tok.to_str())
+    ids = _one_word_rows(table, tok.token_to_id(fam.tokens.cls), tok.token_to_id(fam.tokens.sep))
+    path = str(tmp_path / "train-00000-48.tfrecord")
+    with open(path, "wb") as f:
+        write_records(f, serialize_examples(ids))
+    fixed = predictions_per_sequence(SEQ, 0.15, True)
+    assert fixed < SEQ - 2
+    spec = _spec(tok, fam, 0.15, table)
+
+    def totals(predictions: int) -> tuple[int, int, int]:
+        ds = train_dataset([path], SEQ, 16, MaskSpec(**{**spec.__dict__, "predictions": predictions}), 0, 48)
+        masked = scored = unscored = 0
+        for batch in ds.take(6):
+            masked += int((batch["labels"].numpy() != IGNORE).sum())
+            scored += int((batch["mlm_labels"].numpy() != IGNORE).sum())
+            unscored += int(batch["mlm_unscored"].numpy().sum())
+        return masked, scored, unscored
+
+    masked, scored, unscored = totals(fixed)
+    assert unscored > 0 and masked == scored + unscored  # every lost target is counted
+    bound = whole_word_bound(ids, table, 0.15, spec.never_masked)
+    assert bound == SEQ
+    masked, scored, unscored = totals(bound)
+    assert masked > 0 and unscored == 0 and masked == scored
+
+
+def test_training_sizes_the_whole_word_bound_from_the_shards_and_reports_unscored(tmp_path, tiny_tokenizer_dir):
+    """The trainer's MaskSpec takes the bound the shards' words need, and its train and eval records
+    say how many masked pieces went unscored (none here)."""
+    import json
+
+    from tests.helpers import tiny_config
+    from tpu_ray.prepare.tokenizer import load_tokenizer_json, tokenizer_info
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+    from tpu_ray.train.loop import mask_spec, train
+
+    tok = tokenizer_info(tiny_tokenizer_dir)
+    table = continuation_table(load_tokenizer_json(tiny_tokenizer_dir))
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for split, n, seed in (("train", 48, 0), ("validation", 32, 1)):
+        with open(shards / f"{split}-00000-{n}.tfrecord", "wb") as f:
+            write_records(f, serialize_examples(_one_word_rows(table, tok.cls_id, tok.sep_id, n, seed)))
+    cfg = tiny_config(tmp_path / "run", tmp_path / "unused.txt", **{
+        "tokenizer.path": tiny_tokenizer_dir, "shard.dir": str(shards), "train.whole_word_mask": True,
+        "train.steps": 2, "train.log_every": 1, "train.eval_every": 2, "eval.samples": 16,
+        "train.placement": "local"})
+    assert mask_spec(cfg, tok).predictions == SEQ
+    train(cfg)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["unscored_targets"] for r in records if r["kind"] == "train"] == [0, 0]
+    assert [r["eval_unscored_targets"] for r in records if r["kind"] == "eval"] == [0]

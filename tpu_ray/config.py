@@ -283,6 +283,10 @@ class ModelConfig(_Section):
     # Start from a checkpoint: a local or gs:// Hugging Face model directory, a name in the local
     # Hugging Face cache, a tpu-ray RUN/model, or a tpu-ray run directory (its last checkpoint).
     init_from: str | None = None
+    # The content hash (sha256) of what init_from held when the run copied it into RUN/init/:
+    # filled in by the run's first stage, so --resume, every host and every recovery read that
+    # copy; set it to refuse a source whose content is not this one.
+    init_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     preset: Literal["tiny", "mini", "small", "base", "large"] = "tiny"  # sizes (explicit fields override)
     # Upper bounds: 16x the largest published masked LM (xlm-roberta-xl: hidden 2560, 36 layers,
     # 32 heads, intermediate 10240), so a typo (an extra digit or two) fails here, not as an

@@ -79,6 +79,10 @@ class Family:
     # PyTorch weights whose shape differs from the transposed TF one (the export reshapes them):
     # (substring of the PyTorch name, "in1k" for a depthwise Conv1d [in, 1, k] | "column" for [n, 1]).
     pt_reshapes: tuple[tuple[str, str], ...] = ()
+    # Weights TF keeps as their own variables but PyTorch ties to another and drops when it saves
+    # (measured with torch save_pretrained, transformers 4.57 and 5): (dropped PyTorch name, the
+    # PyTorch name it equals). Continuing from a PyTorch-written model.safetensors fills them in.
+    pt_tied: tuple[tuple[str, str], ...] = ()
     note: str = ""
     # Why this type cannot train in mixed precision ("" when it can): checked against the precision
     # the strategy resolves (auto included), so the run stops with one line before building the model.
@@ -124,6 +128,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _bert_like("convbert", ("generator_predictions", "generator_lm_head"),
                pt_reshapes=(("depthwise.weight", "in1k"), ("conv_attn_layer.bias", "column"))),
     _bert_like("mobilebert", ("predictions",), size_fields={"intermediate_size": "intermediate_size"},
+               pt_tied=(("cls.predictions.decoder.weight", "mobilebert.embeddings.word_embeddings.weight"),),
                note="embedding and bottleneck sizes follow hidden_size from scratch"),
     _bert_like("rembert", ("mlm",)),
     _bert_like("roformer", ("mlm",), published=dict(max_position_embeddings=1536, layer_norm_eps=1e-12,
@@ -136,6 +141,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                published=dict(max_position_embeddings=512),
                size_fields={"intermediate_size": "hidden_dim"}, dropout_fields=("dropout", "attention_dropout")),
     Family("albert", TPU_RAY_MIXED, id_order=("pad", "unk", "cls", "sep", "mask"), head=("predictions",),
+           pt_tied=(("predictions.decoder.bias", "predictions.bias"),),
            published=dict(max_position_embeddings=512, layer_norm_eps=1e-12, type_vocab_size=2)),
     Family("funnel", FUNNEL_TOKENS, id_order=_ROBERTA_ORDER, head=("lm_head",),
            published=dict(max_position_embeddings=512, layer_norm_eps=1e-9, type_vocab_size=3),

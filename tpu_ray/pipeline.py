@@ -210,9 +210,10 @@ class Pipeline:
 
     def eval(self) -> dict[str, Any]:
         """Evaluate the last checkpoint on the validation shards; returns the eval record."""
-        from tpu_ray.train.evaluate import evaluate_run
+        from tpu_ray.train.evaluate import check_eval_config, evaluate_run
 
         with self._lock("eval"):
+            check_eval_config(self.cfg)
             return evaluate_run(self.cfg)
 
     def run(self, resume: bool = False) -> RunResult:
@@ -304,10 +305,23 @@ class Pipeline:
             if ray and corpus and cfg.shard.dir:  # shards written outside the run dir: one writer there too
                 held.enter_context(self._lock(stage, cfg.shard.dir))
             saved_config.check_config(cfg)
+            if cfg.model.init_from:  # the run's own copy of its checkpoint, made once (train/init_from.py)
+                self.cfg = cfg = _own_init_copy(cfg)
             if ray and start_ray:
                 ensure_ray(cfg)
             saved_config.save_config(cfg, resume, versions(), command_line())
             yield
+
+
+def _own_init_copy(cfg: RunConfig) -> RunConfig:
+    """RUN/init made (or kept), its source and hash recorded in summary.json; the returned config
+    carries model.init_sha256, so config.yaml records it too."""
+    from tpu_ray.train.init_from import init_dir, own_copy
+
+    cfg = own_copy(cfg)
+    _Recorder(cfg.run_dir, None).update(init_from={"source": cfg.model.init_from, "sha256": cfg.model.init_sha256,
+                                                   "copy": init_dir(cfg.run_dir)})
+    return cfg
 
 
 class _Recorder:

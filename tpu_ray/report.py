@@ -23,7 +23,7 @@ from tpu_ray import storage
 from tpu_ray.errors import UserError
 from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SHARDS_DIR, SUMMARY_FILE
 from tpu_ray.plots import plot_accuracy, plot_eval_sources, plot_loss, plot_lr, plot_throughput
-from tpu_ray.tables import by_step, column_values, last_value, median_value, mfu_text
+from tpu_ray.tables import as_number, by_step, column_values, diverged_step, last_finite_row, median_value, mfu_text
 
 log = logging.getLogger("tpu_ray.report")
 
@@ -37,6 +37,9 @@ KIND_COLUMNS = {
     "eval": ["eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens", "eval_set", "eval_mask_prob"],
     "eval_source": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
                     "eval_samples", "eval_set", "eval_mask_prob"],
+    # `tpu-ray eval` (pooled, and per source with `source`): apart from the training curve
+    "eval_rerun": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
+                   "eval_set", "eval_mask_prob"],
     "event": ["event", "stage", "seconds"],
 }
 TEXT_COLUMNS = {"kind", "event", "stage", "source", "eval_set"}
@@ -63,6 +66,11 @@ def _read_text(path: str) -> str | None:
         return storage.read_bytes(path).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None
+
+
+def read_records(run_dir: str) -> list[dict]:
+    """Every record of the run's metrics stream as written (all writers, unsorted, no dedup)."""
+    return _read_metrics(run_dir)
 
 
 def _read_metrics(run_dir: str) -> list[dict]:
@@ -197,17 +205,19 @@ def _stats(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     final_step = int(steps.max()) if len(steps) else None
     step_time = median_value(train, "step_time_s")
     mfu = median_value(train, "mfu")
-    eval_step = last_value(ev, "step")
+    tr, er = last_finite_row(train, "loss"), last_finite_row(ev, "eval_loss")  # each figure with its own step
+    diverged = diverged_step(df)
     traces = column_values(train, "train_traces").dropna()
     wait = median_value(train, "input_wait_s")
     return [
         ("final step", _fmt(final_step)),
-        ("final train loss", _fmt(last_value(train, "loss"), ".4f")),
-        ("final train accuracy", _fmt(last_value(train, "accuracy"), ".4f")),
-        ("eval loss" + (f" (step {int(eval_step)})" if eval_step is not None else ""),
-         _fmt(last_value(ev, "eval_loss"), ".4f")),
-        ("eval accuracy", _fmt(last_value(ev, "eval_accuracy"), ".4f")),
-        ("perplexity", _fmt(last_value(ev, "perplexity"), ".2f")),
+        *([("diverged", f"loss not finite from step {diverged}; the losses below are the last finite ones")]
+          if diverged is not None else []),
+        ("final train loss" + (f" (step {int(tr['step'])})" if tr else ""), _fmt(tr.get("loss"), ".4f")),
+        ("final train accuracy", _fmt(as_number(tr.get("accuracy")), ".4f")),
+        ("eval loss" + (f" (step {int(er['step'])})" if er else ""), _fmt(er.get("eval_loss"), ".4f")),
+        ("eval accuracy", _fmt(as_number(er.get("eval_accuracy")), ".4f")),
+        ("perplexity", _fmt(as_number(er.get("perplexity")), ".2f")),
         ("median tokens/s", _fmt(median_value(train, "tokens_per_s"), ",.0f")),
         ("median samples/s", _fmt(median_value(train, "samples_per_s"), ",.1f")),
         ("median step time", _fmt(step_time * 1e3, ".1f") + " ms" if step_time is not None else "n/a"),

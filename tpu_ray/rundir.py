@@ -3,6 +3,7 @@
     RUN/config.yaml  run_info.json  metrics.jsonl (metrics/ on gs://)  summary.json  .lock
     RUN/tokenizer/tokenizer.json    RUN/shards/manifest.json    RUN/checkpoints/ckpt-N.*
     RUN/model/  RUN/tensorboard/  RUN/workers/  RUN/ray_train/
+    RUN/init/source.json + files: the copy of model.init_from a continued run reads after its first stage
 
 Which saved config a directory belongs to is saved_config.py's job.
 """
@@ -29,6 +30,8 @@ MODEL_DIR = "model"
 TENSORBOARD_DIR = "tensorboard"
 WORKERS_DIR = "workers"
 RAY_TRAIN_DIR = "ray_train"
+INIT_DIR = "init"  # a continued run's own copy of its model.init_from (train/init_from.py)
+INIT_RECORD_FILE = "source.json"  # written last: the copy is complete once it exists
 
 _CKPT_FILE = re.compile(r"^ckpt-\d+\.(index|data-\d+-of-\d+)$")
 

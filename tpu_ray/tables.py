@@ -25,6 +25,7 @@ TABLE_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                     ("perplexity", "perplexity", ".2f"), ("bits_per_byte", "bits/byte", ".3f")],
     "event": [("event", "event", ""), ("stage", "stage", ""), ("seconds", "seconds", ".1f")],
 }
+TABLE_COLUMNS["eval_rerun"] = TABLE_COLUMNS["eval"]  # `tpu-ray eval` records, in rows of their own kind
 
 
 def strategy_name(name: str | None) -> str:
@@ -74,7 +75,7 @@ def metrics_table(df: pd.DataFrame, all_columns: bool = False, tail: int = 0) ->
     if df.empty:
         return "no metrics records yet"
     out = df.copy()
-    kinds = [k for k in ("train", "eval", "eval_source", "event") if (out["kind"] == k).any()]
+    kinds = [k for k in ("train", "eval", "eval_source", "eval_rerun", "event") if (out["kind"] == k).any()]
     if not all_columns and ("train" in kinds or "eval" in kinds):
         kinds = [k for k in kinds if k != "event"]
         out = out[out["kind"].isin(kinds)]
@@ -122,6 +123,22 @@ def last_value(df: pd.DataFrame, name: str) -> float | None:
     return float(s.iloc[-1]) if len(s) else None
 
 
+def last_finite_row(df: pd.DataFrame, name: str) -> dict[str, Any]:
+    """The last row whose `name` is a finite number, as a dict ({} if none): its step and the other
+    columns come from that same record, so a figure is never paired with a newer record's step."""
+    values = column_values(df, name)
+    ok = values[values.notna() & values.abs().ne(float("inf"))]
+    return df.loc[ok.index[-1]].to_dict() if len(ok) else {}
+
+
+def diverged_step(df: pd.DataFrame) -> int | None:
+    """The first step whose loss was not finite (a `nonfinite` event), None if the run never diverged."""
+    if df.empty or "event" not in df.columns:
+        return None
+    steps = column_values(df[(df["kind"] == "event") & (df["event"] == "nonfinite")], "step").dropna()
+    return int(steps.min()) if len(steps) else None
+
+
 def median_value(df: pd.DataFrame, name: str) -> float | None:
     s = column_values(df, name).dropna()
     return float(s.median()) if len(s) else None
@@ -147,14 +164,18 @@ def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     final = summary.get("steps", int(steps.max()) if len(steps) else None)
     resumed = summary.get("resumed_from") or 0
     rows.append(("steps", _fmt(final) + (f" (resumed at {resumed})" if resumed else "")))
-    loss, acc = last_value(train, "loss"), last_value(train, "accuracy")
-    rows.append(("train loss / acc", f"{_fmt(loss, '.4f')} / {_fmt(acc, '.3f')}"))
+    tr = last_finite_row(train, "loss")
+    at = f" (step {int(tr['step'])})" if tr and final is not None and int(tr["step"]) != int(final) else ""
+    rows.append(("train loss / acc", f"{_fmt(tr.get('loss'), '.4f')} / {_fmt(as_number(tr.get('accuracy')), '.3f')}{at}"))
+    diverged = diverged_step(df)
+    if diverged is not None:
+        rows.append(("diverged", f"loss not finite from step {diverged} (figures above are the last finite ones)"))
     if len(ev):
-        eval_step = last_value(ev, "step")
-        at = f" (step {int(eval_step)})" if eval_step is not None else ""
-        rows.append(("eval loss / acc", f"{_fmt(last_value(ev, 'eval_loss'), '.4f')} / "
-                     f"{_fmt(last_value(ev, 'eval_accuracy'), '.3f')}{at}"))
-        rows.append(("perplexity", _fmt(last_value(ev, "perplexity"), ".2f")))
+        er = last_finite_row(ev, "eval_loss")
+        at = f" (step {int(er['step'])})" if er else ""
+        rows.append(("eval loss / acc", f"{_fmt(er.get('eval_loss'), '.4f')} / "
+                     f"{_fmt(as_number(er.get('eval_accuracy')), '.3f')}{at}"))
+        rows.append(("perplexity", _fmt(as_number(er.get("perplexity")), ".2f")))
     per_source = df[df["kind"] == "eval_source"] if len(df) and "source" in df.columns else df.iloc[0:0]
     if per_source["source"].nunique() > 1:  # a mixture: every source's last figures, one row each
         for name, recs in per_source.groupby("source", sort=False):
@@ -205,6 +226,11 @@ def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     if summary.get("model_dir"):
         rows.append(("model", str(summary["model_dir"])))
     return rows
+
+
+def as_number(v: Any) -> float | None:
+    """A frame cell as a float (None for a missing one: NaN, pd.NA, None)."""
+    return None if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
 def _str(v: Any) -> str | None:

@@ -42,7 +42,7 @@ from tpu_ray.prepare.actor_pool import run_on_pool
 from tpu_ray.prepare.bad_records import check_sources, skipped_by_kind, unit_stats
 from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
 from tpu_ray.prepare.tfrecord import examples_file
-from tpu_ray.prepare.tokenizer import TokenizerInfo, describe, load_tokenizer_json
+from tpu_ray.prepare.tokenizer import TokenizerInfo, declared_roles, describe, load_tokenizer_json
 
 log = logging.getLogger(__name__)
 MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about this many
@@ -387,7 +387,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     t0, calls_before = time.monotonic(), storage.requests_made()
     out_dir = cfg.shards_dir
     tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
-    info = describe(tokenizer_json, cfg.tokenizer_dir)
+    info = describe(tokenizer_json, cfg.tokenizer_dir, declared_roles(cfg.tokenizer_dir))
     if cfg.positions_needed() > cfg.max_positions():  # also checked by config; here for explicit dirs
         raise UserError(f"shard.seq_len={cfg.shard.seq_len}: needs {cfg.positions_needed()} model positions, "
                         f"model.max_position_embeddings is {cfg.max_positions()}")

@@ -41,6 +41,9 @@ class TokenizerInfo:
     # The tokens of the five roles (cls, pad, sep, unk, mask): tpu-ray's mixed set for old runs,
     # the family's convention for tokenizers trained since, the checkpoint's own with init_from.
     special_tokens: tuple[str, ...] = TPU_RAY_MIXED.as_tuple()
+    # Every other special token's id (reserved_ids: XLM's <special0-9>, added special tokens):
+    # never masked, never a random replacement.
+    reserved_ids: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> SpecialTokens:
@@ -150,7 +153,7 @@ def save_tokenizer(tok: Tokenizer, out_dir: str, model_max_length: int,
         names = sorted(p.name for p in __import__("pathlib").Path(tmp).iterdir())
         for name in sorted(names, key=lambda n: n == TOKENIZER_FILE):
             storage.atomic_copy_file(f"{tmp}/{name}", storage.join(out_dir, name))
-    return describe(storage.read_text(storage.join(out_dir, TOKENIZER_FILE)), out_dir)
+    return describe(storage.read_text(storage.join(out_dir, TOKENIZER_FILE)), out_dir, declared_roles(out_dir))
 
 
 def load_tokenizer_json(tokenizer_dir: str) -> str:
@@ -164,24 +167,105 @@ def load_tokenizer_json(tokenizer_dir: str) -> str:
                         f"`tpu-ray tokenizer --force` or fix tokenizer.path") from None
 
 
-def describe(tokenizer_json: str, where: str) -> TokenizerInfo:
-    """Hash and special-token ids; a one-line error if a special token is missing."""
+def describe(tokenizer_json: str, where: str, roles: dict[str, tuple[str, str]] | None = None) -> TokenizerInfo:
+    """Hash and special-token ids; a one-line error if a special token is missing.
+
+    `roles` (declared_roles: role -> (token, the file naming it)) are the tokenizer's own word on
+    which token plays which role; without them (a bare tokenizer.json) the roles are guessed from
+    the vocabulary, and a vocabulary that holds two conventions is refused rather than guessed."""
     try:
         tok = Tokenizer.from_str(tokenizer_json)
     except Exception as exc:  # tokenizers raises a bare Exception for JSON it cannot parse
         raise UserError(f"{storage.join(where, TOKENIZER_FILE)}: not a readable tokenizer ({first_line(exc)}); "
                         f"retrain it with `tpu-ray tokenizer --force` or fix tokenizer.path") from None
-    conv, missing = find_convention(tok)
-    if missing:
-        raise UserError(f"{where}: tokenizer lacks special token(s) {' '.join(missing)}; "
-                        f"retrain it with tpu-ray tokenizer or add them")
+    if roles:
+        for role, (token, source) in roles.items():
+            if tok.token_to_id(token) is None:
+                raise UserError(f"{storage.join(where, source)}: {role}_token {token!r} is not in the vocabulary of "
+                                f"{TOKENIZER_FILE}; fix the file or use the tokenizer it belongs to")
+        conv = SpecialTokens(**{role: token for role, (token, _) in roles.items()})
+    else:
+        conv = guess_convention(tok, where)
     ids = {role: tok.token_to_id(t) for role, t in conv.by_role().items()}
     return TokenizerInfo(
         sha256=hashlib.sha256(canonical_json(tokenizer_json)).hexdigest(),
         vocab_size=tok.get_vocab_size(with_added_tokens=True),
         cls_id=ids["cls"], sep_id=ids["sep"], pad_id=ids["pad"], unk_id=ids["unk"], mask_id=ids["mask"],
-        special_tokens=conv.as_tuple(),
+        special_tokens=conv.as_tuple(), reserved_ids=tuple(reserved_ids(tokenizer_json)),
     )
+
+
+def reserved_ids(tokenizer_json: str) -> list[int]:
+    """Ids of every special token beyond the five roles: added tokens marked special, and XLM's
+    `<special0>`..`<special9>` wherever they sit in the vocabulary. Masking never draws them as
+    random replacements (nor masks them): they are not text."""
+    import re
+
+    data = json.loads(tokenizer_json)
+    ids = {int(t["id"]) for t in data.get("added_tokens", []) if t.get("special") and "id" in t}
+    vocab = (data.get("model") or {}).get("vocab") or {}
+    pieces = vocab.items() if isinstance(vocab, dict) else ((p[0], i) for i, p in enumerate(vocab))
+    ids |= {int(i) for piece, i in pieces if isinstance(piece, str) and re.fullmatch(r"<special\d+>", piece)}
+    return sorted(ids)
+
+
+def guess_convention(tok: Tokenizer, where: str) -> SpecialTokens:
+    """The one convention whose five tokens a bare tokenizer.json holds; two of them (MPNet's
+    vocabulary holds <s> <pad> </s> <unk> <mask> and [CLS] [SEP] [MASK]) is refused in one line."""
+    full = [conv for conv in CONVENTIONS if all(tok.token_to_id(t) is not None for t in conv.as_tuple())]
+    if len(full) > 1:
+        a, b = (" ".join(c.as_tuple()) for c in full[:2])
+        raise UserError(f"{where}: the vocabulary holds two special-token conventions ({a}) and ({b}), and no "
+                        f"tokenizer_config.json or special_tokens_map.json says which one it uses; add one naming "
+                        f"cls_token, pad_token, sep_token, unk_token and mask_token")
+    conv, missing = find_convention(tok)
+    if missing:
+        raise UserError(f"{where}: tokenizer lacks special token(s) {' '.join(missing)}; "
+                        f"retrain it with tpu-ray tokenizer or add them")
+    return conv
+
+
+# Where a saved tokenizer names its special tokens, in transformers' order of precedence (the map
+# overrides the config), and the keys of each role (cls and sep fall back to bos and eos).
+ROLE_FILES = ("special_tokens_map.json", "tokenizer_config.json")
+_ROLE_KEYS = {"cls": ("cls_token", "bos_token"), "pad": ("pad_token",), "sep": ("sep_token", "eos_token"),
+              "unk": ("unk_token",), "mask": ("mask_token",)}
+
+
+def declared_roles(tokenizer_dir: str) -> dict[str, tuple[str, str]]:
+    """role -> (token, file) as the tokenizer's own special_tokens_map.json / tokenizer_config.json
+    name them; {} when neither names any role (a bare tokenizer.json: the roles are guessed)."""
+    files: list[tuple[str, dict]] = []
+    for name in ROLE_FILES:
+        path = storage.join(tokenizer_dir, name)
+        if not storage.exists(path):
+            continue
+        try:
+            data = json.loads(storage.read_text(path))
+        except (ValueError, UnicodeDecodeError, IsADirectoryError) as exc:
+            raise UserError(f"{path}: damaged ({first_line(exc)}); retrain it with `tpu-ray tokenizer --force` or "
+                            f"fix tokenizer.path") from None
+        if isinstance(data, dict):
+            files.append((name, data))
+    roles: dict[str, tuple[str, str]] = {}
+    for role, keys in _ROLE_KEYS.items():
+        for key in keys:
+            found = next(((t, name) for name, data in files if (t := _token_text(data.get(key)))), None)
+            if found:
+                roles[role] = found
+                break
+    if roles and len(roles) < len(_ROLE_KEYS):
+        lacking = [f"{r}_token" for r in _ROLE_KEYS if r not in roles]
+        raise UserError(f"{storage.join(tokenizer_dir, roles[next(iter(roles))][1])}: names no {' '.join(lacking)}; "
+                        f"masked-LM training needs cls, pad, sep, unk and mask tokens: add them")
+    return roles
+
+
+def _token_text(value: object) -> str | None:
+    """A special token as saved: a string, or an AddedToken's dict ({"content": ...})."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
 
 
 def find_convention(tok: Tokenizer) -> tuple[SpecialTokens, list[str]]:
@@ -204,7 +288,7 @@ def canonical_json(text: str) -> bytes:
 
 
 def tokenizer_info(tokenizer_dir: str) -> TokenizerInfo:
-    info = describe(load_tokenizer_json(tokenizer_dir), tokenizer_dir)
+    info = describe(load_tokenizer_json(tokenizer_dir), tokenizer_dir, declared_roles(tokenizer_dir))
     check_json_files(tokenizer_dir, "retrain it with `tpu-ray tokenizer --force` or fix tokenizer.path")
     return info
 

@@ -183,18 +183,25 @@ class CheckpointStore:
         return chosen
 
     def restore(self, checkpoint: tf.train.Checkpoint, partial: bool = False) -> None:
-        """Load `self.latest` into `checkpoint`; every saved object must match unless `partial`.
+        """Load `self.latest` into `checkpoint`; every saved object must match. `partial`: only the
+        model (and step) are restored, the rest of the checkpoint (optimizer slots, which another
+        precision or optimizer shapes differently) is left unread; every model variable must still
+        come from the checkpoint, else a one-line error (never freshly initialised layers evaluated).
 
         A checkpoint whose bytes fail TF's checksums is named, with the way back to the previous one.
         """
         if self.problem is not None:
             raise self.problem
         try:
-            status = checkpoint.restore(self.latest, options=self.options)
             if partial:
+                target = tf.train.Checkpoint(**{k: getattr(checkpoint, k) for k in ("model", "step")
+                                                if hasattr(checkpoint, k)})
+                status = target.restore(self.latest, options=self.options)
                 status.expect_partial()
+                self._require_matched(status, "model")
             else:
-                status.assert_existing_objects_matched()
+                status = checkpoint.restore(self.latest, options=self.options)
+                self._require_matched(status, "model and optimizer")
         except (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError) as exc:
             url = self.latest_url
             # The half-done restore warns about "unrestored values" when it is collected, after our
@@ -205,6 +212,20 @@ class CheckpointStore:
                             else "", reason)[:160]
             raise DamagedRunDir(f"{url}: checkpoint is corrupt ({reason}); to resume from the previous "
                             f"checkpoint, delete {url}.* and rerun with --resume") from None
+
+    def _require_matched(self, status: Any, what: str) -> None:
+        """Every variable of the restored objects (`what`) was in the checkpoint, else one line naming one."""
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as exc:
+            text = str(exc)  # "Found N Python objects that were not bound ... [<tf.Variable 'name:0' ...>, ...]"
+            found = re.search(r"Found (\d+) Python objects", text)
+            name = re.search(r"<tf\.Variable '([^']+)'", text)
+            count = found.group(1) if found else "some"
+            example = f" (e.g. {name.group(1)})" if name else ""
+            raise UserError(f"{self.latest_url}: {count} object(s) of this {what} are not in the checkpoint{example}; "
+                            f"it was saved by another {what}: use the run's saved config (config.yaml) and "
+                            f"precision") from None
 
     def stored_position(self) -> str | None:
         """The input position saved with the latest checkpoint (JSON text), if it has one."""

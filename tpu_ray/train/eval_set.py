@@ -117,7 +117,8 @@ def eval_dataset(es: EvalSet, seq_len: int, per_replica: int, replicas: int, spe
 
     def unscored(row: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         return {**row, "labels": tf.fill(tf.shape(row["labels"]), tf.constant(IGNORE, row["labels"].dtype)),
-                "mlm_labels": tf.fill(tf.shape(row["mlm_labels"]), tf.constant(IGNORE, row["mlm_labels"].dtype))}
+                "mlm_labels": tf.fill(tf.shape(row["mlm_labels"]), tf.constant(IGNORE, row["mlm_labels"].dtype)),
+                "mlm_unscored": tf.zeros_like(row["mlm_unscored"])}
 
     if padding:
         ds = ds.concatenate(ds.take(1).map(unscored).repeat(padding))

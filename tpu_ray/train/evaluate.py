@@ -5,6 +5,8 @@ from __future__ import annotations
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 
+RERUN_KIND = "eval_rerun"  # `tpu-ray eval` records: never mixed with the training curve's `eval`
+
 
 def evaluate_run(cfg: RunConfig) -> dict:
     from tpu_ray.train.metrics import MetricsWriter
@@ -29,9 +31,32 @@ def evaluate_run(cfg: RunConfig) -> dict:
         raise UserError(f"{cfg.shards_dir}: no validation samples to evaluate on")
     with shards.naming_corrupt_files():
         result = {"step": int(s.step_var.numpy()), **evaluate()}
+    # A rerun is its own kind: the training curve (kind eval) is history and stays as it was.
     metrics = MetricsWriter(cfg.run_dir)
-    for name, fields in result.get("sources", {}).items():
-        metrics.write("eval_source", step=result["step"], source=name, **fields)
-    metrics.write("eval", **{k: v for k, v in result.items() if k != "sources"})
+    for name, fields in result.get("sources", {}).items():  # each source's, beside the pooled figure
+        metrics.write(RERUN_KIND, step=result["step"], source=name, **fields, checkpoint=ckpts.latest_url)
+    metrics.write(RERUN_KIND, **{k: v for k, v in result.items() if k != "sources"}, checkpoint=ckpts.latest_url)
     metrics.close()
     return result
+
+
+def check_eval_config(cfg: RunConfig) -> None:
+    """Refuse, in one line, a config that differs from the run's saved one in what shapes the model or
+    the evaluation set (the corpus, tokenizer, shard, model and eval sections of the fingerprint):
+    its figure would not be the run's. The rest (seed, batch size, device, strategy) may change: the
+    weights come from the checkpoint and the set is fixed by the shards alone."""
+    from tpu_ray.rundir import CONFIG_FILE
+    from tpu_ray.saved_config import first_difference, read_saved_config
+
+    saved = read_saved_config(cfg.run_dir)
+    if saved is None:
+        return
+
+    def identity(c: RunConfig) -> dict:
+        return {k: v for k, v in c.fingerprint().items() if k in ("corpus", "tokenizer", "shard", "model", "eval")}
+
+    diff = first_difference(identity(saved), identity(cfg))
+    if diff:
+        raise UserError(f"{cfg.run_dir}: {diff}; that changes the model or the evaluation set the run was trained "
+                        f"with, so its figure would not be the run's; evaluate with the saved config "
+                        f"({CONFIG_FILE}), without that override")

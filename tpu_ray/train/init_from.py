@@ -14,6 +14,13 @@ through transformers' own `load_tf_weights`; model.safetensors is read with `saf
 and renamed/transposed by transformers' pure-Python name mapping (the inverse of our export):
 never torch. The architecture and sizes are the checkpoint's; the optimizer and schedule start
 fresh (what continued pretraining means); a resumed continued run restores its own checkpoints.
+
+A run owns what it starts from: its first stage copies the checkpoint (weights, config.json,
+tokenizer files; a run directory's last checkpoint) into RUN/init/ with source.json (the source as
+written and a sha256 of the content, also kept as model.init_sha256 in config.yaml and in
+summary.json). From then on every stage, --resume, every TPU host and every recovery attempt read
+that copy: the source may move, change or vanish. A gs:// source is fetched through a per-user
+cache keyed by its objects' generations, so a re-upload is a new fetch, never the old copy.
 """
 
 from __future__ import annotations
@@ -24,13 +31,14 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
-from tpu_ray.errors import UserError, first_line
+from tpu_ray.errors import DamagedRunDir, UserError, first_line
 from tpu_ray.families import FAMILIES, family
 
 log = logging.getLogger(__name__)
@@ -46,7 +54,9 @@ FIX = "give model.init_from a Hugging Face model directory (config.json, weights
 
 @dataclass(frozen=True)
 class Source:
-    """A resolved checkpoint: `kind` "hf" (a model directory, local copy in `local`) or "run"."""
+    """A resolved checkpoint: `kind` "hf" (a model directory, local copy in `local`), "run" (a
+    tpu-ray run directory) or "copy" (the run's own RUN/init copy: config.json, tokenizer files,
+    and weights or checkpoints/)."""
 
     kind: str
     where: str  # as the user wrote it, for messages
@@ -83,21 +93,248 @@ def _from_hf_cache(name: str) -> str:
                         f"{FIX}") from None
 
 
-def _stage_remote(url: str) -> str:
-    """A local copy of a gs:// model directory (its top-level files), made once per process."""
-    target = Path(tempfile.gettempdir()) / "tpu-ray-init-from" / hashlib.sha256(url.encode()).hexdigest()[:16]
-    if (target / "config.json").exists():
-        return str(target)
-    tmp = Path(tempfile.mkdtemp(prefix="staging-", dir=target.parent if target.parent.exists() else None))
-    for path in storage.listdir(url):
-        if not storage.isdir(path):
-            storage.download_file(path, str(tmp / path.rstrip("/").rsplit("/", 1)[-1]))
-    target.parent.mkdir(parents=True, exist_ok=True)
+def user_cache() -> Path:
+    """tpu-ray's cache for this user ($XDG_CACHE_HOME/tpu-ray, else ~/.cache/tpu-ray), mode 0700.
+
+    Why not a fixed path in the shared temporary directory: another user could plant files there
+    (or read them); a directory this user does not own is not used, one it owns is made private."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = Path(base) / "tpu-ray"
     try:
-        os.rename(tmp, target)  # config.json inside: complete once renamed
-    except OSError:  # another process staged it first
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = root.stat()
+        if st.st_uid == os.getuid() and not root.is_symlink():
+            if st.st_mode & 0o077:
+                root.chmod(0o700)
+            return root
+        log.warning("%s: not this user's own directory; using a private temporary one", root)
+    except OSError as exc:
+        log.warning("%s: cannot use it as a cache (%s); using a private temporary one", root, first_line(exc))
+    global _PRIVATE_TMP
+    if _PRIVATE_TMP is None:
+        _PRIVATE_TMP = Path(tempfile.mkdtemp(prefix="tpu-ray-cache-"))  # mode 0700, this process only
+    return _PRIVATE_TMP
+
+
+_PRIVATE_TMP: Path | None = None
+
+
+def _stage_remote(url: str) -> str:
+    """A local copy of a gs:// model directory (its top-level files), cached per user by the
+    objects' generations (or content hashes): a model re-uploaded to the same URL is fetched anew."""
+    listing = storage.glob_info(storage.join(url, "*"))
+    versions = sorted((path.rstrip("/").rsplit("/", 1)[-1], str(meta.get("generation") or meta.get("md5Hash")
+                                                                 or meta.get("crc32c") or meta.get("etag") or ""),
+                       int(meta.get("size") or 0)) for path, meta in listing.items())
+    key = hashlib.sha256(json.dumps([url, versions]).encode()).hexdigest()[:32]
+    cache = user_cache() / "init-from"
+    target = cache / key
+    if target.is_dir():
+        return str(target)
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = Path(tempfile.mkdtemp(prefix="staging-", dir=cache))
+    try:
+        for path in listing:
+            storage.download_file(path, str(tmp / path.rstrip("/").rsplit("/", 1)[-1]))
+        os.rename(tmp, target)  # complete once renamed
+    except OSError:
+        if not target.is_dir():  # not "another process staged it first"
+            raise
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+# --- the run's own copy (RUN/init) ----------------------------------------------------------------
+def init_dir(run_dir: str) -> str:
+    return rundir.path(run_dir, rundir.INIT_DIR)
+
+
+def read_record(run_dir: str) -> dict[str, Any] | None:
+    """RUN/init/source.json (what the run copied, from where, its hashes), or None before the copy."""
+    path = rundir.path(run_dir, rundir.INIT_DIR, rundir.INIT_RECORD_FILE)
+    if not storage.exists(path):
+        return None
+    try:
+        data = json.loads(storage.read_text(path))
+    except (ValueError, UnicodeDecodeError, OSError) as exc:
+        data = exc
+    ok = isinstance(data, dict) and isinstance(data.get("source"), str) and isinstance(data.get("sha256"), str) \
+        and isinstance(data.get("files"), dict) and all(isinstance(v, str) for v in data["files"].values())
+    if not ok:
+        raise DamagedRunDir(f"{path}: not the record of the run's copy of model.init_from (damaged); remove "
+                            f"{init_dir(run_dir)} and run again with the source in place to copy it again")
+    return data
+
+
+def _record_fits(record: dict[str, Any], cfg: RunConfig) -> bool:
+    return record["source"] == cfg.model.init_from and cfg.model.init_sha256 in (None, record["sha256"])
+
+
+def source_for(cfg: RunConfig) -> Source:
+    """What this run initialises from: its own copy in RUN/init once its first stage made it (the
+    source itself is never read again), else model.init_from itself."""
+    record = read_record(cfg.run_dir)
+    if record is not None and _record_fits(record, cfg):
+        return _copy_source(cfg.run_dir, record)
+    return resolve(str(cfg.model.init_from))
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_hash(files: dict[str, str]) -> str:
+    """One sha256 for a copy: of its files' relative names and sha256s."""
+    return hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()
+
+
+_VERIFIED: set[tuple] = set()
+
+
+def _verify(local: str, record: dict[str, Any], where: str) -> None:
+    """Every file the record lists is there with its recorded hash (once per process and file state)."""
+    state = []
+    for rel in sorted(record["files"]):
+        path = os.path.join(local, rel)
+        try:
+            st = os.stat(path)
+        except OSError:
+            raise DamagedRunDir(f"{storage.join(where, rel)}: missing from the run's copy of model.init_from; "
+                                f"remove {where} and run again with the source in place to copy it again") from None
+        state.append((rel, st.st_size, st.st_mtime_ns))
+    key = (local, tuple(state))
+    if key in _VERIFIED:
+        return
+    for rel, want in record["files"].items():
+        if file_sha256(os.path.join(local, rel)) != want:
+            raise DamagedRunDir(f"{storage.join(where, rel)}: differs from the sha256 in {rundir.INIT_RECORD_FILE} "
+                                f"(damaged); remove {where} and run again with the source in place to copy it again")
+    _VERIFIED.add(key)
+
+
+def _copy_source(run_dir: str, record: dict[str, Any]) -> Source:
+    where = init_dir(run_dir)
+    if not storage.is_remote(where):
+        _verify(where, record, where)
+        return Source("copy", where, where)
+    target = user_cache() / "run-init" / record["sha256"]  # content-addressed: never stale
+    if not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = Path(tempfile.mkdtemp(prefix="staging-", dir=target.parent))
+        try:
+            for rel in record["files"]:
+                os.makedirs(os.path.dirname(tmp / rel), exist_ok=True)
+                storage.download_file(storage.join(where, rel), str(tmp / rel))
+            _verify(str(tmp), record, where)
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _verify(str(target), record, where)
+    return Source("copy", where, str(target))
+
+
+def own_copy(cfg: RunConfig) -> RunConfig:
+    """Copy what model.init_from holds into RUN/init (the first stage, under the run's lock; a copy
+    already there for this source is kept) and return `cfg` with model.init_sha256 set to its hash.
+
+    Files are committed one by one, source.json last: a copy cut short is never taken as complete."""
+    record = read_record(cfg.run_dir)
+    if record is not None and _record_fits(record, cfg):
+        _copy_source(cfg.run_dir, record)  # verified: a damaged copy stops here, in one line
+        return cfg.override({"model.init_sha256": record["sha256"]})
+    src = resolve(str(cfg.model.init_from))
+    where = init_dir(cfg.run_dir)
+    local_run = not storage.is_remote(cfg.run_dir)
+    if local_run:
+        storage.makedirs(cfg.run_dir)
+    staging = tempfile.mkdtemp(prefix=".init-staging-", dir=cfg.run_dir if local_run else None)
+    try:
+        _gather_source(src, staging)
+        files = {os.path.relpath(os.path.join(d, n), staging).replace(os.sep, "/"): file_sha256(os.path.join(d, n))
+                 for d, _, names in os.walk(staging) for n in names}
+        digest = content_hash(files)
+        pin = cfg.model.init_sha256
+        if pin and pin != digest:
+            raise UserError(f"model.init_sha256={pin}: {src.where} now holds other content (sha256 {digest}); "
+                            f"point model.init_from at the checkpoint of that hash, or drop model.init_sha256")
+        if storage.exists(where):  # a copy of another source (nothing here depends on it: the config check passed)
+            storage.remove(where, recursive=True)
+        for rel in sorted(files):
+            storage.atomic_copy_file(os.path.join(staging, rel), storage.join(where, rel))
+        record = {"source": cfg.model.init_from, "kind": src.kind, "resolved": src.local, "sha256": digest,
+                  "files": files, "copied": time.time()}
+        storage.atomic_write_text(rundir.path(where, rundir.INIT_RECORD_FILE), json.dumps(record, indent=1) + "\n")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("init_from: copied %s (%d files, sha256 %s) -> %s; the run reads this copy from now on",
+             src.where, len(files), digest[:12], where)
+    return cfg.override({"model.init_sha256": digest})
+
+
+def _gather_source(src: Source, out: str) -> None:
+    """The checkpoint's files into `out`: config.json, tokenizer files, and its weights (a model
+    directory's weight files; a run directory's last committed checkpoint under checkpoints/)."""
+    if src.kind == "run":
+        _gather_run(src, out)
+        return
+    present = [n for n in WEIGHT_FILES if os.path.exists(os.path.join(src.local, n))]
+    if not present:
+        raise UserError(f"model.init_from={src.where}: no weights (tf_model.h5 or model.safetensors); {FIX}")
+    names = {"config.json", *present, *(n for n in TOKENIZER_FILES if os.path.exists(os.path.join(src.local, n)))}
+    if "model.safetensors.index.json" in present and "model.safetensors" not in present:
+        names |= set(_index_shards(src))
+    for name in sorted(names):
+        shutil.copyfile(os.path.join(src.local, name), os.path.join(out, name))
+
+
+def _index_shards(src: Source) -> list[str]:
+    """The shard files a model.safetensors.index.json names: plain file names beside it only."""
+    index = os.path.join(src.local, "model.safetensors.index.json")
+    try:
+        weight_map = json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{src.where}/model.safetensors.index.json: not a readable weight index "
+                        f"({first_line(exc)[:120]}); download or export it again") from None
+    for name in shards:
+        if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+            raise UserError(f"{src.where}/model.safetensors.index.json: weight file {name!r} is not a file name "
+                            f"beside the index; the index must name files in its own directory")
+    return shards
+
+
+def _gather_run(src: Source, out: str) -> None:
+    """A tpu-ray run directory: its model's config.json, its tokenizer, its last committed checkpoint."""
+    from tpu_ray.train.checkpoints import pick_latest
+
+    Path(out, "config.json").write_text(json.dumps(source_hf_config(src).to_dict(), indent=1, default=str),
+                                        encoding="utf-8")
+    tok_dir = _run_config(src).tokenizer_dir
+    for name in TOKENIZER_FILES:
+        if storage.exists(storage.join(tok_dir, name)):
+            storage.download_file(storage.join(tok_dir, name), os.path.join(out, name))
+    directory = rundir.checkpoints_dir(src.local)
+    names = set(rundir.checkpoint_files(src.local)) - {rundir.CHECKPOINT_STATE_FILE}
+    state_path = storage.join(directory, rundir.CHECKPOINT_STATE_FILE)
+    state = storage.read_text(state_path) if storage.exists(state_path) else None
+    chosen, _ = pick_latest(directory, state, names)
+    if chosen is None:
+        raise UserError(f"model.init_from={src.where}: the run has no committed checkpoint yet; train it first "
+                        f"or point at another run")
+    ckpt_out = os.path.join(out, rundir.CHECKPOINTS_DIR)
+    os.makedirs(ckpt_out)
+    for name in sorted(n for n in names if n.startswith(chosen + ".")):
+        storage.download_file(storage.join(directory, name), os.path.join(ckpt_out, name))
+    Path(ckpt_out, rundir.CHECKPOINT_STATE_FILE).write_text(
+        f'model_checkpoint_path: "{chosen}"\nall_model_checkpoint_paths: "{chosen}"\n', encoding="utf-8")
 
 
 # --- the checkpoint's config ----------------------------------------------------------------------
@@ -126,8 +363,8 @@ def source_hf_config(src: Source):
         from tpu_ray.train.model_config import scratch_hf_config
 
         run_cfg = _run_config(src)
-        if run_cfg.model.init_from:
-            return source_hf_config(resolve(run_cfg.model.init_from))
+        if run_cfg.model.init_from:  # that run's own copy of its checkpoint (or its source, before one)
+            return source_hf_config(source_for(run_cfg))
         return scratch_hf_config(run_cfg, tokenizer_info(run_cfg.tokenizer_dir))
     data = _read_config_json(src)
     model_type = data.get("model_type")
@@ -141,7 +378,7 @@ def source_hf_config(src: Source):
 
 def checkpoint_hf_config(cfg: RunConfig):
     """The model config of `cfg.model.init_from` (called by train.model.hf_config)."""
-    return source_hf_config(resolve(str(cfg.model.init_from)))
+    return source_hf_config(source_for(cfg))
 
 
 def _sizes(config: Any, model_type: str) -> dict[str, int]:
@@ -157,8 +394,9 @@ def _sizes(config: Any, model_type: str) -> dict[str, int]:
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """`cfg` with the checkpoint's model type and sizes; explicit sizes that disagree are refused,
-    and shard.seq_len must fit the checkpoint's position embeddings."""
-    src = resolve(str(cfg.model.init_from))
+    and shard.seq_len must fit the checkpoint's position embeddings. Once the run holds its copy
+    (RUN/init) that copy is read and its hash fills in model.init_sha256."""
+    src = source_for(cfg)
     if src.kind == "hf" and not any(os.path.exists(os.path.join(src.local, f)) for f in WEIGHT_FILES):
         raise UserError(f"model.init_from={src.where}: no weights (tf_model.h5 or model.safetensors); {FIX}")
     config = source_hf_config(src)
@@ -174,6 +412,8 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
             raise UserError(f"model.{key}={mine}: the checkpoint {src.where} has {key}={value}; "
                             f"leave model.{key} out (the checkpoint's sizes are the model)")
     overrides: dict[str, Any] = {"model.model_type": model_type}
+    if src.kind == "copy":
+        overrides["model.init_sha256"] = read_record(cfg.run_dir)["sha256"]
     overrides.update({f"model.{k}": v for k, v in sizes.items()})
     eps = getattr(config, "layer_norm_eps", None)
     if isinstance(eps, float) and 0 < eps < 1:
@@ -205,7 +445,7 @@ def copy_tokenizer(cfg: RunConfig, force: bool = False):
         info = tokenizer_info(out)
         check_tokenizer(cfg, info, out)
         return info
-    src = resolve(str(cfg.model.init_from))
+    src = source_for(cfg)
     tok_dir = _tokenizer_dir(src)
     with tempfile.TemporaryDirectory(prefix="tpu-ray-tok-") as tmp:
         _gather_tokenizer(src, tok_dir, tmp)
@@ -269,8 +509,8 @@ def check_tokenizer(cfg: RunConfig, info: Any, where: str) -> None:
 def load_weights(model: Any, cfg: RunConfig) -> str:
     """Load the checkpoint's weights into the built `model`; every model weight must be found.
     Returns a description of what was read."""
-    src = resolve(str(cfg.model.init_from))
-    if src.kind == "run":
+    src = source_for(cfg)
+    if src.kind == "run" or (src.kind == "copy" and os.path.isdir(os.path.join(src.local, rundir.CHECKPOINTS_DIR))):
         return _load_run_checkpoint(model, src)
     h5 = os.path.join(src.local, "tf_model.h5")
     st = os.path.join(src.local, "model.safetensors")
@@ -311,6 +551,7 @@ def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
         except Exception as exc:  # safetensors raises SafetensorError (truncated header or data), TypeError (bf16)
             raise UserError(f"{src.where}/{os.path.basename(f)}: cannot read the weights ({first_line(exc)[:120]}); "
                             f"the file is damaged or truncated: download or export it again") from None
+    _fill_tied(state, model.config.model_type)
     try:
         _, info = load_pytorch_state_dict_in_tf2_model(
             model, state, allow_missing_keys=True, output_loading_info=True, skip_logger_warnings=True,
@@ -320,6 +561,15 @@ def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
     if info["missing_keys"]:
         raise UserError(f"{src.where}/model.safetensors: {len(info['missing_keys'])} weight(s) missing (e.g. "
                         f"{info['missing_keys'][0]}); the file does not hold this {model.config.model_type} model")
+
+
+def _fill_tied(state: dict[str, Any], model_type: str) -> None:
+    """The tied weights a PyTorch save drops (ALBERT's decoder bias, MobileBERT's decoder) that TF
+    keeps as variables of their own: set to the weight PyTorch ties them to (families.pt_tied)."""
+    fam = FAMILIES.get(model_type)
+    for dropped, kept in fam.pt_tied if fam else ():
+        if dropped not in state and kept in state:
+            state[dropped] = state[kept]
 
 
 def _load_run_checkpoint(model: Any, src: Source) -> str:

@@ -55,6 +55,9 @@ class InputPosition:
     # A mixture (corpus.sources): samples drawn from each source so far, and what decided the draw.
     sources: dict[str, int] | None = None
     mixture_sha256: str | None = None
+    # How pipelines share the records: "records" (equal ranges, inputs.host_parts); None: positions
+    # stored before, when several pipelines took whole files round-robin.
+    split: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True) + "\n"
@@ -71,12 +74,12 @@ def shards_digest(files: Sequence[str], counts: Sequence[int]) -> str:
 
 
 def position_at(step: int, samples: int, counts: Sequence[int], window: int, digest: str,
-                pipelines: int | None = None) -> InputPosition:
+                pipelines: int | None = None, split: str | None = "records") -> InputPosition:
     n = int(sum(counts))
     q = samples % n
     return InputPosition(step=step, samples=samples, samples_per_epoch=n, epoch=samples // n, sample_in_epoch=q,
                          window=q // window, offset=q % window, shards_sha256=digest, pipelines=pipelines,
-                         shuffle_window=window)
+                         shuffle_window=window, split=split)
 
 
 def count_records(files: Sequence[str]) -> list[int]:
@@ -85,9 +88,12 @@ def count_records(files: Sequence[str]) -> list[int]:
 
 
 def seekable_records(files: Sequence[str], counts: Sequence[int], seed: int, window: int,
-                     start_sample: int = 0) -> tf.data.Dataset:
-    """Serialized records of the endless stream described above, from sample `start_sample` on."""
-    if len(files) != len(counts) or not files:
+                     start_sample: int = 0, firsts: Sequence[int] | None = None) -> tf.data.Dataset:
+    """Serialized records of the endless stream described above, from sample `start_sample` on.
+
+    `firsts`: each file is read from this record on (`counts` records): a pipeline's share may
+    start inside a file (inputs.host_parts); None: from the first."""
+    if len(files) != len(counts) or not files or (firsts is not None and len(firsts) != len(files)):
         raise ValueError("seekable_records needs one count per file and at least one file")
     n = int(sum(counts))
     window = max(1, int(window))
@@ -95,19 +101,21 @@ def seekable_records(files: Sequence[str], counts: Sequence[int], seed: int, win
     w0, skip_first = divmod(q, window)
     files_t = tf.constant(list(files), tf.string)
     counts_t = tf.constant([int(c) for c in counts], tf.int64)
+    firsts_t = tf.constant([int(a) for a in (firsts or [0] * len(files))], tf.int64)
     seed = int(seed)
 
     def epoch_records(epoch: tf.Tensor) -> tf.data.Dataset:
         order = tf.argsort(tf.random.stateless_uniform([len(files)], seed=tf.stack([tf.constant(seed, tf.int64),
                                                                                     epoch])))
-        names, sizes = tf.gather(files_t, order), tf.gather(counts_t, order)
+        names, sizes, starts = tf.gather(files_t, order), tf.gather(counts_t, order), tf.gather(firsts_t, order)
         ends = tf.cumsum(sizes)
         begins = ends - sizes
         first = tf.where(epoch == e0, tf.constant(w0 * window, tf.int64), tf.constant(0, tf.int64))
         keep = ends > first  # files wholly before the first window read are never opened
         skips = tf.maximum(first - begins, 0)
-        parts = tf.data.Dataset.from_tensor_slices((tf.boolean_mask(names, keep), tf.boolean_mask(skips, keep)))
-        records = parts.flat_map(lambda name, k: tf.data.TFRecordDataset(name).skip(k))
+        parts = tf.data.Dataset.from_tensor_slices((tf.boolean_mask(names, keep), tf.boolean_mask(skips, keep),
+                                                    tf.boolean_mask(starts, keep), tf.boolean_mask(sizes, keep)))
+        records = parts.flat_map(lambda name, k, a, n: tf.data.TFRecordDataset(name).skip(a + k).take(n - k))
         first_window = first // window
 
         def permute(i: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
@@ -132,16 +140,18 @@ class PositionTracker:
         self.global_batch = global_batch
         self.window = window
         self.digest = shards_digest(list(self.counts), list(self.counts.values()))
-        self.mine: list[str] = sorted(self.counts)
+        self.mine: list[tuple[str, int, int]] = [(f, 0, self.counts[f]) for f in sorted(self.counts)]
         self.pipelines = 1
         self._bound = False
 
-    def bind(self, mine: Sequence[str], pipelines: int) -> None:
+    def bind(self, mine: Sequence[str | tuple[str, int, int]], pipelines: int) -> None:
+        """`mine`: the pipeline's parts `(file, first record, records)` (inputs.host_parts), or whole files."""
         if not self._bound:  # the first pipeline of this process is the one recorded
-            self.mine, self.pipelines, self._bound = list(mine), pipelines, True
+            self.mine = [(m, 0, self.counts[m]) if isinstance(m, str) else tuple(m) for m in mine]
+            self.pipelines, self._bound = pipelines, True
 
     def at(self, step: int) -> InputPosition:
-        return position_at(step, step * self.global_batch // self.pipelines, [self.counts[f] for f in self.mine],
+        return position_at(step, step * self.global_batch // self.pipelines, [n for _, _, n in self.mine],
                            self.window, self.digest, self.pipelines)
 
     def check_resume(self, stored: str | None, step: int, where: str, accept_new_order: bool = False) -> InputPosition:
@@ -181,6 +191,8 @@ class PositionTracker:
         changed = []
         if saved.pipelines is not None and self._bound and saved.pipelines != self.pipelines:
             changed.append(f"input pipelines (hosts) {saved.pipelines} -> {self.pipelines}")
+        if saved.split is None and (saved.pipelines or 1) > 1 and self.pipelines > 1:
+            changed.append("hosts' shares: whole files round-robin -> equal record ranges")
         if saved.shuffle_window is not None and saved.shuffle_window != self.window:
             changed.append(f"train.shuffle_buffer {saved.shuffle_window} -> {self.window}")
         return changed

@@ -149,8 +149,9 @@ def predictions_per_sequence(seq_len: int, mask_prob: float, whole_word: bool = 
         return min(seq_len, max(1, math.floor(seq_len * mask_prob + 0.5)))
     mean = seq_len * mask_prob
     # Whole words: tokens are selected in groups, so the count varies more; bounded here for words of
-    # up to 4 pieces on average (variance x4). A masked token beyond the bound is masked in the input
-    # but not scored.
+    # up to 4 pieces on average (variance x4); the trainer raises it to what a sample of the shards'
+    # words needs (whole_word_bound). A masked token beyond the bound is masked in the input but not
+    # scored, and counted (mlm_unscored, the records' unscored_targets).
     spread = 2 if whole_word else 1
     return min(seq_len, math.ceil(mean + 6 * spread * math.sqrt(mean * (1 - mask_prob))) + 1)
 
@@ -180,23 +181,88 @@ def _with_targets(batch: dict[str, tf.Tensor], seed: tf.Tensor, spec: MaskSpec) 
     batch["input_ids"], batch["labels"] = mask_tokens(batch["input_ids"], seed, spec)
     k = spec.predictions or batch["labels"].shape[-1]
     batch["mlm_positions"], batch["mlm_labels"] = mlm_targets(batch["labels"], k)
+    batch["mlm_unscored"] = unscored_targets(batch["labels"], batch["mlm_labels"])
     return batch
+
+
+def unscored_targets(labels: tf.Tensor, mlm_labels: tf.Tensor) -> tf.Tensor:
+    """Per row, the masked positions beyond the `predictions` bound: masked in the input, never
+    scored. Counted so that a bound too small for a corpus's words shows in the metrics."""
+    def count(x: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.cast(tf.not_equal(x, IGNORE), tf.int32), axis=-1)
+
+    return count(labels) - count(mlm_labels)
+
+
+def whole_word_bound(rows: Any, continues_word: Sequence[bool], mask_prob: float, never_masked: Sequence[int] = ()) -> int:
+    """The predictions bound whole-word masking needs for these sample rows ([n, seq_len] ids).
+
+    A row's masked count is the sum over its words of (pieces x a Bernoulli(mask_prob) draw): mean
+    mask_prob x seq_len, variance mask_prob (1 - mask_prob) x sum of squared word lengths. The bound
+    is the mean plus six standard deviations of the row with the largest sum of squares: one word of
+    dozens of pieces (a space-free CJK line under Metaspace) raises it, up to seq_len."""
+    import numpy as np
+
+    rows = np.asarray(rows)
+    seq_len = rows.shape[-1]
+    if not rows.size:
+        return seq_len
+    table = np.asarray(continues_word, bool)
+    starts = ~table[rows] | np.isin(rows, list(never_masked))
+    starts[:, 0] = True
+    worst = 0
+    for row in starts:
+        edges = np.flatnonzero(row)
+        lengths = np.diff(np.append(edges, seq_len))
+        worst = max(worst, int((lengths.astype(np.int64) ** 2).sum()))
+    mean = seq_len * mask_prob
+    return min(seq_len, math.ceil(mean + 6 * math.sqrt(mask_prob * (1 - mask_prob) * worst)) + 1)
 
 
 def _seed(base: int, pipeline: int, index: tf.Tensor) -> tf.Tensor:
     return tf.stack([tf.constant(base, tf.int64), tf.cast(index, tf.int64) + pipeline * _PIPELINE_SEED_STRIDE])
 
 
-def host_files(files: Sequence[str], ctx: tf.distribute.InputContext | None) -> list[str]:
-    """This input pipeline's disjoint subset of the shard files."""
+def host_files(files: Sequence[str], ctx: tf.distribute.InputContext | None,
+               counts: Mapping[str, int] | None = None) -> list[str]:
+    """The shard files this input pipeline reads (all or part of each; see host_parts)."""
+    if ctx is None or ctx.num_input_pipelines == 1:
+        return sorted(files)
+    if counts is None:
+        from tpu_ray.train.input_position import count_records
+
+        counts = dict(zip(sorted(files), count_records(sorted(files))))
+    return [f for f, _, _ in host_parts(files, counts, ctx)]
+
+
+def host_parts(files: Sequence[str], counts: Mapping[str, int],
+               ctx: tf.distribute.InputContext | None) -> list[tuple[str, int, int]]:
+    """This input pipeline's share of the train records: `(file, first record, records)` parts.
+
+    Every pipeline feeds the same number of samples per step, so every pipeline must hold the same
+    number of records per epoch, or the samples of a small share are seen more often (5 files
+    round-robin on 4 pipelines: the two files of pipeline 0 were seen half as often as the others).
+    So pipeline p reads records [p N / P, (p + 1) N / P) of the sorted files' records laid end to
+    end: shares differ by at most one record, whatever the files' number and sizes. A share may
+    start or end inside a file (that file's first records are skipped by reading them, at most one
+    file per pipeline and epoch)."""
     files = sorted(files)
     if ctx is None or ctx.num_input_pipelines == 1:
-        return files
-    mine = files[ctx.input_pipeline_id :: ctx.num_input_pipelines]
-    if not mine:
-        raise UserError(f"only {len(files)} shard files for {ctx.num_input_pipelines} reading hosts; "
-                        f"make more shards (lower shard.unit_bytes)")
-    return mine
+        return [(f, 0, int(counts[f])) for f in files]
+    p, n_pipes = ctx.input_pipeline_id, ctx.num_input_pipelines
+    total = sum(int(counts[f]) for f in files)
+    lo, hi = p * total // n_pipes, (p + 1) * total // n_pipes
+    if hi <= lo:
+        raise UserError(f"only {total} train samples for {n_pipes} reading hosts; make more shards "
+                        f"(a larger corpus)")
+    parts, begin = [], 0
+    for f in files:
+        end = begin + int(counts[f])
+        a, b = max(lo, begin), min(hi, end)
+        if a < b:
+            parts.append((f, a - begin, b - a))
+        begin = end
+    return parts
 
 
 def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
@@ -209,12 +275,15 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
     order is `input_position.seekable_records` (files per epoch, then windows of `shuffle_buffer`
     records shuffled by seed), so reaching a batch skips whole files by their record `counts`
     (the manifest's; read from the files when not given) instead of re-reading every record.
+    Under several input pipelines each reads an equal share of the records (host_parts).
     """
     from tpu_ray.train.input_position import count_records, seekable_records
 
-    mine = host_files(files, ctx)
-    sizes = [counts[f] for f in mine] if counts is not None else count_records(mine)
-    ds = seekable_records(mine, sizes, seed, shuffle_buffer, start_sample=start_batch * batch_size)
+    if counts is None:
+        counts = dict(zip(sorted(files), count_records(sorted(files))))
+    mine = host_parts(files, counts, ctx)
+    ds = seekable_records([f for f, _, _ in mine], [n for _, _, n in mine], seed, shuffle_buffer,
+                          start_sample=start_batch * batch_size, firsts=[a for _, a, _ in mine])
     return masked_batches(ds, seq_len, batch_size, spec, seed, start_batch, ctx)
 
 

@@ -37,7 +37,7 @@ from tpu_ray.train.hooks import StepInfo, executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.input_position import PositionTracker
-from tpu_ray.train.inputs import IGNORE, MaskSpec, host_files, masked_batches, predictions_for, train_dataset
+from tpu_ray.train.inputs import IGNORE, MaskSpec, host_parts, masked_batches, predictions_for, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
@@ -160,7 +160,7 @@ def make_train_step(s: TrainSetup):
         global_count = tf.distribute.get_replica_context().all_reduce("sum", count)
         grads, loss_sum, correct, count = compiled(batch, global_count)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return tf.stack([loss_sum, correct, count])
+        return tf.stack([loss_sum, correct, count, unscored(batch)])
 
     def reduce(per_replica):
         return strategy.reduce("sum", per_replica, axis=None)
@@ -171,7 +171,7 @@ def make_train_step(s: TrainSetup):
 
     @tf.function
     def train_steps(iterator, n):
-        total = tf.zeros([3])
+        total = tf.zeros([4])
         for _ in tf.range(n):
             total += reduce(strategy.run(replica_step, args=(next(iterator),)))
         return total
@@ -179,8 +179,17 @@ def make_train_step(s: TrainSetup):
     return train_step, train_steps
 
 
+def unscored(batch: dict[str, tf.Tensor]) -> tf.Tensor:
+    """Masked pieces of the batch beyond the predictions bound (never scored); 0 for a batch made
+    without the count (a test's own)."""
+    if "mlm_unscored" not in batch:
+        return tf.zeros([])
+    return tf.reduce_sum(tf.cast(batch["mlm_unscored"], tf.float32))
+
+
 def make_eval_step(s: TrainSetup, byte_table: tf.Tensor):
-    """Per batch, summed over replicas: (loss sum, correct, masked tokens, UTF-8 bytes of those tokens)."""
+    """Per batch, summed over replicas: (loss sum, correct, masked tokens, UTF-8 bytes of those tokens,
+    masked tokens beyond the predictions bound)."""
     strategy, model = s.info.strategy, s.model
 
     def replica_eval(batch):
@@ -188,7 +197,7 @@ def make_eval_step(s: TrainSetup, byte_table: tf.Tensor):
         loss, correct, count = masked_sums(labels, mlm_logits(model, batch, training=False))
         scored = tf.cast(tf.not_equal(labels, IGNORE), tf.float32)
         nbytes = tf.reduce_sum(tf.gather(byte_table, tf.maximum(labels, 0)) * scored)
-        return tf.stack([loss, correct, count, nbytes])
+        return tf.stack([loss, correct, count, nbytes, unscored(batch)])
 
     @tf.function
     def eval_step(batch):
@@ -207,7 +216,14 @@ def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
         from tpu_ray.train.words import continuation_table
 
         words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
-    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, tuple(tok.special_ids), predictions_for(t, cfg.shard.seq_len),
+    # Every special token (XLM's <special0-9> too) is never masked nor drawn as a random replacement.
+    specials = tuple(sorted({*tok.special_ids, *(i for i in tok.reserved_ids if i < tok.vocab_size)}))
+    predictions = predictions_for(t, cfg.shard.seq_len)
+    if words is not None:  # the bound the corpus's own words need (long words would lose targets)
+        from tpu_ray.train.words import sampled_word_bound
+
+        predictions = max(predictions, sampled_word_bound(cfg, words, tok))
+    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, specials, predictions,
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
                     random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact",
                     mask_prob_end=t.mask_prob_end if scheduled else None, schedule_steps=t.steps)
@@ -383,8 +399,9 @@ def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckp
         positions = PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
 
     def plain_dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        files_read.extend(host_files(files, ctx))
-        positions.bind(host_files(files, ctx), ctx.num_input_pipelines)
+        parts = host_parts(files, positions.counts, ctx)  # an equal share of the records per pipeline
+        files_read.extend(f if n == positions.counts[f] else f"{f}[{a}:{a + n}]" for f, a, n in parts)
+        positions.bind(parts, ctx.num_input_pipelines)
         return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
                              cfg.train.shuffle_buffer,
                              start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx,
@@ -425,15 +442,20 @@ def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, state: LoopSta
            files_read: list[str], t_start: float) -> dict[str, Any]:
     """Export (chief), the run summary, the train_end event."""
     info = s.info
-    last, last_eval = state.last or {}, state.last_eval or {}
+    if state.last is None and info.is_chief:  # no step ran (resumed at its end): the results stand
+        from tpu_ray.train.loop_hooks import recover_results
+
+        recover_results(cfg.run_dir, step, state)
+    last, last_eval, finite = state.last or {}, state.last_eval or {}, state.last_finite or {}
     export_dir = export(s, state.last_eval) if info.is_chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
         "replicas": info.replicas, "global_batch": cfg.train.batch_size, "steps": step, "resumed_from": start,
-        "train_traces": last.get("train_traces"), "final_loss": last.get("loss"),
+        "train_traces": last.get("train_traces"), "final_loss": finite.get("loss"),
+        "final_loss_step": finite.get("step"), "diverged_at": state.diverged_at,
         "eval_loss": last_eval.get("eval_loss"), "eval_accuracy": last_eval.get("eval_accuracy"),
-        "perplexity": last_eval.get("perplexity"), "train_seconds": time.monotonic() - t_start,
-        "model_dir": export_dir,
+        "perplexity": last_eval.get("perplexity"), "eval_step": last_eval.get("step"),
+        "train_seconds": time.monotonic() - t_start, "model_dir": export_dir,
     }
     if info.kind == "multiworker":  # what multiworker.py checks across workers
         summary.update(files_read=sorted(files_read), weights_sha256=weights_digest(s.model))
@@ -473,16 +495,16 @@ def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
     pooled = [es.source for es in sets if not shards.evaluation_only(es.source)] or [es.source for es in sets]
 
     def figures(sums: np.ndarray, identity: str) -> dict[str, Any]:
-        loss_sum, correct, count, nbytes = (float(x) for x in sums)
+        loss_sum, correct, count, nbytes, dropped = (float(x) for x in sums)
         loss = loss_sum / max(count, 1.0)
         return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0), "perplexity": math.exp(min(loss, 700.0)),
                 "bits_per_byte": loss_sum / math.log(2) / nbytes if nbytes else None, "eval_tokens": int(count),
-                "eval_set": identity, "eval_mask_prob": cfg.eval.mask_prob}
+                "eval_set": identity, "eval_mask_prob": cfg.eval.mask_prob, "eval_unscored_targets": int(dropped)}
 
     def evaluate() -> dict[str, Any]:
         per_source = {}
         for es in sets:
-            total = tf.zeros([4])
+            total = tf.zeros([5])
             for batch in datasets[es.source]:
                 total += eval_step(batch)
             per_source[es.source] = total.numpy()

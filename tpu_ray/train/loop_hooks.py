@@ -22,7 +22,7 @@ class Interval:
     """Sums over one logging interval."""
 
     def __init__(self) -> None:
-        self.loss = self.correct = self.count = 0.0
+        self.loss = self.correct = self.count = self.unscored = 0.0
         self.steps = 0
         self.seconds = 0.0
         self.input_wait = 0.0
@@ -31,6 +31,7 @@ class Interval:
         self.loss += float(sums[0])
         self.correct += float(sums[1])
         self.count += float(sums[2])
+        self.unscored += float(sums[3]) if len(sums) > 3 else 0.0  # masked pieces beyond the bound
         self.steps += n
         self.seconds += seconds
         self.input_wait += input_wait  # NaN once any execution ran several steps
@@ -39,15 +40,17 @@ class Interval:
                replicas: int) -> dict[str, Any]:
         step_time = self.seconds / max(self.steps, 1)
         tokens_s = gb * seq_len / step_time if step_time else 0.0
+        # No masked token counted (or a non-finite sum): the interval has no loss, never a 0.0.
         return {
-            "loss": self.loss / max(self.count, 1.0),
-            "accuracy": self.correct / max(self.count, 1.0),
+            "loss": self.loss / self.count if self.count else math.nan,
+            "accuracy": self.correct / self.count if self.count else math.nan,
             "learning_rate": float(s.schedule(s.optimizer.iterations - 1)),
             "step_time_s": step_time,
             "samples_per_s": gb / step_time if step_time else 0.0,
             "tokens_per_s": tokens_s,
             "mfu": tokens_s * flops_token / (peak * replicas) if peak else None,
             "input_wait_s": self.input_wait / max(self.steps, 1),
+            "unscored_targets": int(self.unscored),
         }
 
 
@@ -56,6 +59,11 @@ class LoopState:
     interval: Interval | None = None
     last: dict[str, Any] | None = None
     last_eval: dict[str, Any] | None = None
+    # The last train record with a finite loss (summary.json's final_loss and its step), and the
+    # first step whose loss was not finite (train.on_nan=continue goes on past it).
+    last_finite: dict[str, Any] | None = None
+    diverged_at: int | None = None
+    warned_unscored: bool = False
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
@@ -66,22 +74,36 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     run's last step. `position(step)` is the input position saved beside each checkpoint."""
     t, info = cfg.train, s.info
     level = logging.INFO if info.is_chief else logging.DEBUG
-    flops_token = train_flops_per_token(cfg, s.tok.vocab_size)
+    flops_token = train_flops_per_token(cfg, s.tok.vocab_size, s.model.config)
     peak = peak_flops(info.device, t.peak_flops)
     state.interval = Interval()
 
     def accumulate(step: StepInfo) -> None:
         state.interval.add(step.sums, step.steps, step.seconds, step.input_wait)
         if not math.isfinite(float(step.sums[0])):  # log what was seen, then stop (or go on)
+            if state.diverged_at is None:
+                state.diverged_at = step.step
             log_train(step)
             on_nonfinite(cfg, metrics, ckpts, step.step,
                          f"the loss is {float(step.sums[0]) / max(float(step.sums[2]), 1.0)}")
 
     def log_train(step: StepInfo) -> None:
+        if not state.interval.steps:  # already logged at this step (a non-finite one): no empty record
+            return
         record = state.interval.record(s, t.batch_size, cfg.shard.seq_len, flops_token, peak, info.replicas)
+        finite = math.isfinite(record["loss"])
+        if not finite:  # the JSON stores NaN as null: say why it is missing
+            record["nonfinite"] = True
         if source_samples is not None:  # a mixture: samples drawn from each source so far
             record.update({f"samples/{name}": n for name, n in source_samples(step.step).items()})
         state.last = metrics.write("train", step=step.step, **record, train_traces=traces())
+        if record["unscored_targets"] and not state.warned_unscored:
+            state.warned_unscored = True
+            log.warning("step %d: %d masked pieces were beyond the predictions bound per sequence and not "
+                        "scored (the train records' unscored_targets count them): words longer than the "
+                        "shards' sample showed", step.step, record["unscored_targets"])
+        if finite:
+            state.last_finite = state.last
         log.log(level, train_line(state.last))
         state.interval = Interval()
 
@@ -127,3 +149,26 @@ def on_nonfinite(cfg: RunConfig, metrics: MetricsWriter, ckpts: Any, step: int, 
         return
     raise UserError(f"step {step}: {what}, training stopped; the last good checkpoint is kept ({kept}); "
                     f"lower train.learning_rate and rerun with --resume, or set train.on_nan=continue")
+
+
+def recover_results(run_dir: str, step: int, state: LoopState) -> None:
+    """The run's own last train and eval records up to `step`, from its metrics stream: a run resumed
+    at its last step (or retried after a failure past its last checkpoint) runs no step, and must not
+    replace the results it has with none (history is append-only)."""
+    from tpu_ray.report import read_records
+
+    records = sorted(read_records(run_dir), key=lambda r: (r.get("time") or 0.0))
+    for r in records:
+        at = r.get("step")
+        if not isinstance(at, int) or at > step:
+            continue
+        if r.get("kind") == "train":
+            state.last = r
+            if isinstance(r.get("loss"), (int, float)):
+                state.last_finite = r
+                if state.diverged_at is not None and at >= state.diverged_at:  # a retry that did not
+                    state.diverged_at = None
+            elif r.get("nonfinite") and state.diverged_at is None:
+                state.diverged_at = at
+        elif r.get("kind") == "eval":
+            state.last_eval = r

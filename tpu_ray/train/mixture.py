@@ -203,19 +203,21 @@ class MixtureTracker(PositionTracker):
 
     def records(self, ctx: tf.distribute.InputContext, start_step: int) -> tuple[tf.data.Dataset, list[str]]:
         """This pipeline's mixed record stream from `start_step` on, and the files it reads."""
-        from tpu_ray.train.inputs import host_files
+        from tpu_ray.train.inputs import host_parts
 
         per_step = self.global_batch // ctx.num_input_pipelines
         n = start_step * per_step
         positions = counts_before(self.mixture, per_step, n)
-        streams, mine_all = [], []
+        streams, parts_all = [], []
         for k, name in enumerate(self.mixture.names):
-            mine = host_files(self.by_source[name], ctx)
-            mine_all += mine
-            streams.append(seekable_records(mine, [self.counts[f] for f in mine], source_seed(self.seed, k),
-                                            self.window, start_sample=int(positions[k])))
-        self.bind(mine_all, ctx.num_input_pipelines)
-        return mixed_records(streams, self.mixture, per_step, n), mine_all
+            parts = host_parts(self.by_source[name], self.counts, ctx)  # an equal share of each source's records
+            parts_all += parts
+            streams.append(seekable_records([f for f, _, _ in parts], [c for _, _, c in parts], source_seed(self.seed, k),
+                                            self.window, start_sample=int(positions[k]),
+                                            firsts=[a for _, a, _ in parts]))
+        self.bind(parts_all, ctx.num_input_pipelines)
+        mine = [f if c == self.counts[f] else f"{f}[{a}:{a + c}]" for f, a, c in parts_all]
+        return mixed_records(streams, self.mixture, per_step, n), mine
 
     @property
     def seed(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from tpu_ray import accelerators
 from tpu_ray.config import RunConfig
@@ -38,19 +39,62 @@ def check_pad_id(cfg: RunConfig, tok: TokenizerInfo) -> None:
     check(cfg, tok)
 
 
-def train_flops_per_token(cfg: RunConfig, vocab_size: int) -> float:
+def train_flops_per_token(cfg: RunConfig, vocab_size: int, model_config: Any = None) -> float:
     """Model FLOPs per trained token (forward + backward = 3x forward, 2 FLOPs per MAC).
 
-    Counts what executes: every layer's projections and attention, and the MLM head, which the
-    trainer runs only on the `predictions_per_sequence` gathered positions of each sequence.
+    Counts what executes, per family where it differs: every layer's projections and attention at
+    the length it runs at (funnel pools the sequence to half after each block, then runs its decoder
+    at full length), and the MLM head, which the trainer runs only on the `predictions_per_sequence`
+    gathered positions of each sequence, except for families whose head is the whole model's (xlm,
+    flaubert: every position projected, tpu_ray.families `head=None`). `model_config`: the built
+    model's transformers config (a checkpoint's funnel blocks); None: the from-scratch shape.
     """
+    from tpu_ray.families import family
     from tpu_ray.train.inputs import predictions_for
 
     s = cfg.model.sizes()
     h, layers, inter, seq = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"], cfg.shard.seq_len
-    per_layer_macs = 4 * h * h + 2 * h * inter + 2 * seq * h  # q,k,v,o + MLP + scores and values
-    head_macs = (h * h + h * vocab_size) * predictions_for(cfg.train, seq) / seq
-    return 3 * 2 * (layers * per_layer_macs + head_macs)
+    model_type = cfg.model.model_type
+    scored = predictions_for(cfg.train, seq)
+    transform = h * h  # the head's dense layer before the vocabulary projection (BERT, RoBERTa, ...)
+    if family(model_type).head is None:  # the whole model is called: every position is projected
+        scored = seq
+    if model_type in ("xlm", "flaubert"):  # FFN of 4 x hidden; the head is the projection alone
+        inter, transform = 4 * h, 0
+    if model_type == "funnel":  # lm_head is the tied projection alone
+        transform = 0
+    macs = sum(_layer_macs(q, kv, h, inter) for q, kv in layer_lengths(model_type, seq, layers, model_config))
+    head_macs = (transform + h * vocab_size) * scored
+    return 3 * 2 * (macs + head_macs) / seq
+
+
+def layer_lengths(model_type: str, seq: int, layers: int, model_config: Any = None) -> list[tuple[int, int]]:
+    """(query length, key/value length) of every layer the model runs on one sequence.
+
+    Funnel: block b runs at ceil(seq / 2^b); the first layer of a later block pools its queries only
+    (keys and values at the previous length, pool_q_only); then `num_decoder_layers` at full length.
+    Every other family: `layers` layers at full length."""
+    if model_type != "funnel":
+        return [(seq, seq)] * layers
+    blocks = list(getattr(model_config, "block_sizes", None) or [1] * layers)
+    repeats = list(getattr(model_config, "block_repeats", None) or [1] * len(blocks))
+    decoder = int(getattr(model_config, "num_decoder_layers", 2))
+    out, length = [], seq
+    for b, (size, repeat) in enumerate(zip(blocks, repeats)):
+        for i in range(size * repeat):
+            if b and i == 0:
+                pooled = -(-length // 2)
+                out.append((pooled, length))
+                length = pooled
+            else:
+                out.append((length, length))
+    return out + [(seq, seq)] * decoder
+
+
+def _layer_macs(q: int, kv: int, h: int, inter: int) -> int:
+    """One transformer layer: q and output projections on q positions, k and v on kv, the MLP on q,
+    scores and weighted values q x kv."""
+    return 2 * q * h * h + 2 * kv * h * h + 2 * q * h * inter + 2 * q * kv * h
 
 
 def peak_flops(device: str, configured: float | None) -> float | None:

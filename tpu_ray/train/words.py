@@ -6,11 +6,19 @@ writes continuations as `##piece`; SentencePiece/Metaspace (Unigram, tpu-ray's B
 byte-level BPE (RoBERTa, GPT-2) write word starts as `▁piece` / `Ġpiece`. A vocabulary with
 `##` pieces is WordPiece; otherwise the prefix that marks starts is the one its pieces use.
 Special and added tokens always start a word.
+
+The same table sizes the predictions bound whole-word masking needs (sampled_word_bound): a
+corpus of long words (a space-free CJK line under Metaspace is one word) needs more than BERT's.
 """
 
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpu_ray.config import RunConfig
+    from tpu_ray.prepare.tokenizer import TokenizerInfo
 
 METASPACE, BYTE_LEVEL, WORDPIECE = "\u2581", "\u0120", "##"
 
@@ -34,3 +42,34 @@ def continuation_table(tokenizer_json: str) -> tuple[bool, ...]:
             p.startswith(BYTE_LEVEL) for p in pieces) else BYTE_LEVEL
         table = [bool(p) and not p.startswith(start) for p in pieces]
     return tuple(c and i not in added for i, c in enumerate(table))
+
+
+_WORD_BOUNDS: dict[tuple, int] = {}
+
+
+def sampled_word_bound(cfg: RunConfig, words: tuple[bool, ...], tok: TokenizerInfo, rows_per_file: int = 64,
+                       max_files: int = 16) -> int:
+    """inputs.whole_word_bound over a sample of the train shards (`rows_per_file` rows of up to
+    `max_files` files spread over the split), measured once per shard set and masking rate."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tpu_ray.errors import UserError
+    from tpu_ray.prepare.shard_set import ShardSet
+    from tpu_ray.train.inputs import parse_batch, whole_word_bound
+
+    try:  # training opened and checked them already; a doctor's program check may have none here
+        files = sorted(ShardSet.open(cfg.shards_dir).files("train"))
+    except (UserError, OSError):
+        return 0
+    key = (cfg.shards_dir, tuple(files), cfg.train.mask_prob, cfg.shard.seq_len)
+    if key not in _WORD_BOUNDS:
+        picked = [f for f, _ in files[:: max(1, len(files) // max_files)]][:max_files]
+        rows = []
+        for f in picked:
+            for serialized in tf.data.TFRecordDataset(f).batch(rows_per_file).take(1):
+                rows.append(parse_batch(serialized, cfg.shard.seq_len)["input_ids"].numpy())
+        sample = np.concatenate(rows) if rows else np.zeros((0, cfg.shard.seq_len), np.int32)
+        never = tuple(i for i in tok.special_ids if i != tok.unk_id)
+        _WORD_BOUNDS[key] = whole_word_bound(sample, words, cfg.train.mask_prob, never)
+    return _WORD_BOUNDS[key]
