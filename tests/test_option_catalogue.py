@@ -331,6 +331,15 @@ CONFIG_ROWS: dict[str, object] = {
                                "step (test_faults.py::test_diverged_loss_stops_naming_the_step_...)"),
     "train.warmup_steps": Num(0, meaning="0: no warm-up; more than train.steps: the rate rises all run"),
     "train.warmup_ratio": fraction(hi_open=False),
+    "train.schedule": Enum(),
+    "train.decay_steps": gt0("huge: ignored by the default linear schedule (doctor warns); train.schedule=wsd "
+                             "refuses a decay longer than the run"),
+    "train.decay_fraction": fraction(lo_open=True, hi_open=False),  # 1: wsd decays from the warm-up's end
+    "train.decay_shape": Enum(),
+    "train.min_lr_ratio": fraction(hi_open=False),  # 0: decay to zero; 1: no decay
+    "train.branch_from": Str("dir"),
+    "train.mask_schedule": Enum(),
+    "train.mask_prob_end": fraction(lo_open=True),
     "train.weight_decay": fraction(hi_open=False),  # 0: no weight decay
     "train.mask_prob": fraction(lo_open=True),
     "train.whole_word_mask": Bool(),

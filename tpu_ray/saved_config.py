@@ -17,7 +17,7 @@ import time
 import yaml
 
 from tpu_ray import storage
-from tpu_ray.config import RunConfig
+from tpu_ray.config import SCHEDULE_FIELDS, RunConfig
 from tpu_ray.errors import DamagedRunDir, UserError
 from tpu_ray.rundir import CONFIG_FILE, MANIFEST_FILE, RUN_INFO_FILE, TOKENIZER_FILE, checkpoint_files, path
 
@@ -80,6 +80,8 @@ def check_config(cfg: RunConfig) -> bool:
         sections = _PINNED_BY[artifact]
         a = old if sections is None else {k: old.get(k) for k in sections}
         b = new if sections is None else {k: new.get(k) for k in sections}
+        if sections is None and cfg.train.extend_schedule:  # checkpoints continue under a new schedule
+            a, b = _without_schedule(a), _without_schedule(b)
         diff = first_difference(a, b)
         if diff:
             made = "was" if artifact == "tokenizer" else "were"
@@ -89,6 +91,10 @@ def check_config(cfg: RunConfig) -> bool:
     log.info("%s: replacing the saved config (%s); nothing in the directory depends on it yet",
              cfg.run_dir, first_difference(old, new))
     return True
+
+
+def _without_schedule(fingerprint: dict) -> dict:
+    return {**fingerprint, "train": {k: v for k, v in fingerprint["train"].items() if k not in SCHEDULE_FIELDS}}
 
 
 def save_config(cfg: RunConfig, resume: bool, versions: dict[str, str], command: str = "") -> None:
