@@ -9,7 +9,7 @@ a fresh optimizer), "scratch" the same architecture and tokenizer from random we
 fixed seed: benchmarks/learning.py's evaluation) from their checkpoints.
 
     python benchmarks/continued.py                          # trains the quickstart model first
-    python benchmarks/continued.py --source /tmp/quickstart # an existing quickstart run
+    python benchmarks/continued.py --source runs/quickstart # an existing quickstart run
 
 Goal: continued below scratch at every evaluation, and reaching scratch's final test loss in at
 most half the steps. Last line: {"continued_below_scratch_at_every_eval", "steps_to_scratch_final_ratio", ...}.

@@ -69,6 +69,51 @@ class GcsEmulator:
             return False
 
 
+# gcp-storage-emulator ignores `ifGenerationMatch`; GCS answers 412 when it does not hold. The
+# emulator is started with its object insert and delete handlers wrapped to do the same, so the
+# lock's and the generation claims' conditional writes are tested as GCS runs them.
+_BOOT = r"""
+import sys
+from http import HTTPStatus
+from gcp_storage_emulator.exceptions import NotFound
+from gcp_storage_emulator.handlers import objects
+
+def _name(request):
+    if "name" in request.query:
+        return request.query["name"][0]
+    data = request.data if isinstance(request.data, dict) else {}
+    meta = data.get("meta") if isinstance(data.get("meta"), dict) else data
+    return meta.get("name")
+
+def _failed(request, response, storage, name):
+    want = request.query.get("ifGenerationMatch")
+    if not want or name is None:
+        return False
+    try:
+        current = str(storage.get_file_obj(request.params["bucket_name"], name).get("generation"))
+    except NotFound:
+        current = None
+    if (current is None and want[0] == "0") or current == want[0]:
+        return False
+    response.status = HTTPStatus.PRECONDITION_FAILED
+    response.json({"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold.",
+                             "errors": [{"reason": "conditionNotMet"}]}})
+    return True
+
+def _guard(handler, name_of):
+    def guarded(request, response, storage, *args, **kwargs):
+        if _failed(request, response, storage, name_of(request)):
+            return None
+        return handler(request, response, storage, *args, **kwargs)
+    return guarded
+
+objects.insert = _guard(objects.insert, _name)
+objects.delete = _guard(objects.delete, lambda request: request.params.get("object_id"))
+from gcp_storage_emulator.__main__ import main
+main(sys.argv[1:])
+"""
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
@@ -81,8 +126,7 @@ def _start(log_dir: str, timeout_s: float = 30.0) -> GcsEmulator:
     env = {k: v for k, v in os.environ.items() if k != ENV}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", HOST, "--port", str(port),
-             "--in-memory"],
+            [sys.executable, "-c", _BOOT, "start", "--host", HOST, "--port", str(port), "--in-memory"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=log_dir, env=env)
     emu = GcsEmulator(f"http://{HOST}:{port}", proc)
     deadline = time.monotonic() + timeout_s

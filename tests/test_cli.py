@@ -269,7 +269,7 @@ def test_documented_local_job_commands_set_up_token_auth_before_the_head_starts(
 
 def test_readme_api_snippet_keeps_the_job_run_dir_out_of_the_in_process_run():
     api = next(b for b in _bash_blocks(REPO / "README.md") if "Pipeline(" in b and "submit(" in b)
-    assert '"output_dir": "/tmp/api-run"' in api and '"output_dir": "/tmp/api-job"' in api
+    assert '"output_dir": "runs/api-run"' in api and '"output_dir": "runs/api-job"' in api
 
 
 def test_cluster_docs_offline_check_installs_what_it_runs():

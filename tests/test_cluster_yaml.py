@@ -349,3 +349,33 @@ def test_documented_v4_16_edit_passes_the_same_checks(config, use_accelerator_co
     test_setup_commands_install_tpu_ray_with_the_extra_matching_the_node_type(prepare_offline(variant))
     if importlib.util.find_spec("googleapiclient") is not None:  # Ray's GCP provider code
         test_gcp_provider_classifies_node_types_and_fills_the_tpu_head_resource(variant)
+
+
+def test_every_node_starts_ray_with_token_authentication(config, prepared):
+    """Issue 36: `default-allow-internal` lets every VM of the VPC reach the head's ports; without
+    Ray's token authentication any of them could run code on the cluster with its credentials."""
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = " ".join(config[key])
+        assert re.search(r"export RAY_AUTH_MODE=token;\s*ray start", start), (key, start)
+        assert "RAY_AUTH_MODE=disabled" not in start
+    # The token reaches every node: synced by the launcher (the head's autoscaler passes its
+    # file_mounts on to the workers it creates), private to the user there.
+    assert config["file_mounts"].get("~/.ray/auth_token") == "~/.ray/auth_token"
+    for name, commands in effective_commands(prepared).items():
+        assert any("chmod 600 ~/.ray/auth_token" in c for c in commands), name
+        assert any("export RAY_AUTH_MODE=token" in c for c in commands), name  # `ray status` there
+
+
+def test_workers_run_as_a_dedicated_service_account_not_rays(config):
+    """Ray grants ray-autoscaler-sa-v1 compute, service-account use and storage admin: the head's
+    powers. The workers only need their buckets (and TPU use)."""
+    for name, spec in config["available_node_types"].items():
+        if name == config["head_node_type"]:
+            continue
+        email = spec["node_config"]["serviceAccounts"][0]["email"]
+        assert not email.startswith("ray-autoscaler-sa-v1@"), name
+    text = (REPO / "docs" / "cluster.md").read_text()
+    for command in ("gcloud iam service-accounts create tpu-ray-worker",
+                    "gcloud storage buckets add-iam-policy-binding", "roles/storage.objectAdmin",
+                    "roles/tpu.viewer", "ray get-auth-token --generate"):
+        assert command in text, command

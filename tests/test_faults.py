@@ -302,12 +302,14 @@ def test_gcs_lock_create_if_absent_names_the_holder_and_takes_over_a_dead_one(gc
             RunLock(run, "tpu-ray train").acquire()
         assert json.loads(storage.read_text(f"{run}/.lock"))["token"] == first.info["token"]
     assert not storage.exists(f"{run}/.lock")  # released
-    # A holder killed without releasing (same host, its pid gone): the next run takes over.
+    # A holder killed without releasing: the next run takes over once its lease ran out (issue 36:
+    # never by host and pid; tests/test_security.py moves the clock for the lease).
     code = (f"from tpu_ray.runlock import RunLock; import os; RunLock({run!r}, 'tpu-ray dead').acquire(); "
             "os._exit(0)")
     subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
-    assert json.loads(storage.read_text(f"{run}/.lock"))["command"] == "tpu-ray dead"
-    with RunLock(run, "tpu-ray next"):
+    dead = json.loads(storage.read_text(f"{run}/.lock"))
+    assert dead["command"] == "tpu-ray dead"
+    with RunLock(run, "tpu-ray next", clock=lambda: dead["renewed"] + dead["lease_s"] + 1):
         assert json.loads(storage.read_text(f"{run}/.lock"))["command"] == "tpu-ray next"
 
 

@@ -82,7 +82,7 @@ CLI_ROWS: dict[tuple[str, str], object] = {
     ("eval", "--output-dir"): Dir(IS_FILE),
     **{(cmd, "--resume"): Flag() for cmd in ("run", "train", "submit")},
     ("run", "--fill-mask"): Text(),
-    ("tokenizer", "--force"): Flag(),
+    **{(cmd, "--force"): Flag() for cmd in ("tokenizer", "run", "train")},
     ("eval", "run"): Dir(IS_FILE),
     ("fill-mask", "--model"): Dir(IS_FILE),
     ("fill-mask", "--top-k"): Count(1, "the whole vocabulary, best first "
@@ -334,6 +334,15 @@ CONFIG_ROWS: dict[str, object] = {
                                "step (test_faults.py::test_diverged_loss_stops_naming_the_step_...)"),
     "train.warmup_steps": Num(0, meaning="0: no warm-up; more than train.steps: the rate rises all run"),
     "train.warmup_ratio": fraction(hi_open=False),
+    "train.schedule": Enum(),
+    "train.decay_steps": gt0("huge: ignored by the default linear schedule (doctor warns); train.schedule=wsd "
+                             "refuses a decay longer than the run"),
+    "train.decay_fraction": fraction(lo_open=True, hi_open=False),  # 1: wsd decays from the warm-up's end
+    "train.decay_shape": Enum(),
+    "train.min_lr_ratio": fraction(hi_open=False),  # 0: decay to zero; 1: no decay
+    "train.branch_from": Str("dir"),
+    "train.mask_schedule": Enum(),
+    "train.mask_prob_end": fraction(lo_open=True),
     "train.weight_decay": fraction(hi_open=False),  # 0: no weight decay
     "train.mask_prob": fraction(lo_open=True),
     "train.whole_word_mask": Bool(),

@@ -52,7 +52,7 @@ def test_readme_quickstart_answers_its_example_from_context(tmp_path):
     command = _readme_command()
     assert EXAMPLE in command, "README's quickstart example changed: update EXAMPLE/ANSWER here"
     run_dir = tmp_path / "quickstart"
-    command = command.replace("/tmp/quickstart", str(run_dir))
+    command = command.replace("runs/quickstart", str(run_dir))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -54,6 +54,7 @@ RULES = [
     Rule("tokenizer/tokenizer.json", "tokenizer"),
     Rule("tokenizer/tokenizer_config.json", "tokenizer"),
     Rule("tokenizer/special_tokens_map.json", "tokenizer"),
+    Rule("shards/.lock", "shard", {"truncated": "tolerate", "empty": "tolerate"}),  # the shard dir's own lock
     Rule("shards/manifest.json", "resume", slow="builds the model to resume"),
     Rule("shards/train/train-*.tfrecord", "resume", slow="builds the model to resume"),
     Rule("shards/validation/validation-*.tfrecord", "resume", slow="builds the model to resume"),

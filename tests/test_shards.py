@@ -313,7 +313,7 @@ def test_units_do_not_depend_on_actor_count_and_split_lines_cleanly(mid_corpus, 
 # ------------------------------------------------------------------------------------------
 # gs:// end to end, several nodes, the reference format in our trainer, what the user sees
 # ------------------------------------------------------------------------------------------
-_PATH_DEPENDENT = ("source", "plan_sha256")  # the manifest records where the corpus was read from
+_PATH_DEPENDENT = ("source", "plan_sha256", "owner")  # the manifest records where the corpus was read from
 
 
 def _shard_digests(files: dict[str, bytes]) -> dict[str, str]:

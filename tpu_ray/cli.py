@@ -17,8 +17,8 @@ DESCRIPTION = """\
 Pretrain a Hugging Face masked language model (RoBERTa by default) with TensorFlow, from raw text
 to an exported model, on a TPU slice, GPUs or a CPU, orchestrated by Ray.
 
-  tpu-ray run --config jobs/configs/quickstart.yaml --output-dir /tmp/quickstart
-  tpu-ray report /tmp/quickstart        tpu-ray metrics /tmp/quickstart
+  tpu-ray run --config jobs/configs/quickstart.yaml --output-dir runs/quickstart
+  tpu-ray report runs/quickstart        tpu-ray metrics runs/quickstart
 
 Each command takes --help. A run is named by its directory (local path or gs://)."""
 
@@ -74,13 +74,16 @@ def _common(p: argparse.ArgumentParser, corpus: bool = False) -> None:
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides, e.g. train.steps=50")
 
 
+_FORCE_EXPORT = "replace RUN/model even if it was exported from another config or checkpoint"
+
+
 def cmd_run(args) -> int:
     from tpu_ray.pipeline import Pipeline
     from tpu_ray.train.export import check_fill_mask_text
 
     if args.fill_mask:
         check_fill_mask_text(args.fill_mask)  # before the run: a typo must not cost the whole run
-    result = Pipeline(load_config(args)).run(resume=args.resume)
+    result = Pipeline(load_config(args)).run(resume=args.resume, force=args.force)
     _print_summary(result.run_dir)
     if args.fill_mask:
         _fill_mask(result.model_dir, args.fill_mask, 5)
@@ -106,7 +109,7 @@ def cmd_shard(args) -> int:
 def cmd_train(args) -> int:
     from tpu_ray.pipeline import Pipeline
 
-    summary = Pipeline(load_config(args)).train(resume=args.resume)
+    summary = Pipeline(load_config(args)).train(resume=args.resume, force=args.force)
     print(json.dumps({k: summary.get(k) for k in ("steps", "final_loss", "eval_loss", "perplexity", "model_dir")}))
     return 0
 
@@ -258,11 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue a run directory from its last checkpoint")
     p.add_argument("--fill-mask", metavar="TEXT", type=nonempty("a sentence with one [MASK]"),
                    help="after training, fill the [MASK] in TEXT (checked before the run starts)")
+    p.add_argument("--force", action="store_true", help=_FORCE_EXPORT)
     p = add("tokenizer", cmd_tokenizer, "train the tokenizer on the corpus", corpus=True)
     p.add_argument("--force", action="store_true", help="retrain even if the run has a tokenizer")
     add("shard", cmd_shard, "tokenize and write TFRecord shards on Ray actors (resumable)", corpus=True)
     p = add("train", cmd_train, "train on existing shards")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--force", action="store_true", help=_FORCE_EXPORT)
     p = add("eval", cmd_eval, "evaluate a run's last checkpoint on its validation shards", common=False)
     p.add_argument("run", nargs="?", metavar="RUN", type=nonempty("the run directory"),
                    help="the run directory (local path or gs://)")

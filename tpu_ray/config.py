@@ -338,6 +338,22 @@ class TrainConfig(_Section):
     # rate then rises for the whole run and never reaches learning_rate.
     warmup_steps: int | None = Field(None, ge=0)
     warmup_ratio: float = Field(0.05, ge=0, le=1)  # warm-up as a fraction of steps (when warmup_steps is None)
+    # The rate after warm-up (train/curves.py, docs/schedules.md): "linear" decay to min_lr_ratio x the peak
+    # at train.steps (BERT's), "cosine", "constant" (the peak to the end: a stable run to branch decays
+    # from), "wsd" (warm-up, the peak, then a decay over the last decay_steps: ModernBERT's trapezoid).
+    schedule: Literal["linear", "cosine", "constant", "wsd"] = "linear"
+    decay_steps: int | None = Field(None, gt=0)  # wsd: the decay's steps, at most train.steps (None: decay_fraction)
+    decay_fraction: float = Field(0.2, gt=0, le=1)  # wsd: the decay's share of train.steps (when decay_steps is None)
+    decay_shape: Literal["linear", "1-sqrt"] = "1-sqrt"  # wsd: the decay's shape (1-sqrt: ModernBERT's)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)  # where linear/cosine/wsd end, as a share of learning_rate
+    # Start from this run's last committed checkpoint (a run directory) or one of its checkpoints
+    # (RUN/checkpoints/ckpt-N): weights, optimizer state, step and data position, under this run's
+    # schedule (a decay branched off a stable run, which is not touched). Same shards, model and data order.
+    branch_from: str | None = None
+    # The masking rate over the run: "constant" (train.mask_prob), or "linear" from train.mask_prob at
+    # step 0 to train.mask_prob_end at train.steps (a tensor in the input pipeline: no recompile).
+    mask_schedule: Literal["constant", "linear"] = "constant"
+    mask_prob_end: float | None = Field(None, gt=0, lt=1)  # the masking rate at train.steps (mask_schedule=linear)
     # Decoupled weight decay (0 = none, 0.01 published): a rate over 1 flips the weights' sign.
     weight_decay: float = Field(0.01, ge=0, le=1)
     # Fraction of tokens masked: 0.15 is BERT's; up to 0.4 is published (Wettig et al. 2023: 40% beats
@@ -467,6 +483,8 @@ class RunConfig(_Section):
 
             if why := mixed_precision_refusal(self.model.model_type, t.mixed_precision):
                 raise ValueError(why)
+        if why := _schedule_refusal(self):
+            raise ValueError(why)
         positions = self.max_positions()
         # With init_from the checkpoint's positions decide (checked when it is read: train/init_from.py).
         if self.positions_needed() > positions and not self.model.init_from:
@@ -568,7 +586,8 @@ class RunConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def fingerprint(self) -> dict[str, Any]:
-        """What must match when a run directory is resumed: everything that shapes the data/model."""
+        """What must match when a run directory is resumed: everything that shapes the data/model.
+        The SCHEDULE_FIELDS among it may change under train.extend_schedule (saved_config.py)."""
         keep = self.model_dump(mode="json", include={"corpus", "tokenizer", "shard", "model", "seed", "eval"})
         # The mixture's weights decide the data order, not the data: a change of them is checked on
         # resume with the input position (train.accept_new_data_order), like the shuffle buffer.
@@ -577,10 +596,34 @@ class RunConfig(_Section):
         for src in (keep["corpus"].get("sources") or {}).values():
             src["evaluation_only"] = src.pop("weight") == 0  # all its text is validation: other shards
         keep["train"] = self.train.model_dump(
-            mode="json", include={"batch_size", "learning_rate", "mask_prob", "warmup_steps", "weight_decay",
-                                    "whole_word_mask", "mask_token_fraction", "random_token_fraction", "mask_count"}
+            mode="json", include={"batch_size", "weight_decay", "whole_word_mask", "mask_token_fraction",
+                                    "random_token_fraction", "mask_count", *SCHEDULE_FIELDS}
         )
         return keep
+
+
+# The train fields that shape the learning-rate and masking curves: pinned on --resume (fingerprint)
+# unless train.extend_schedule says the run continues under a new schedule.
+SCHEDULE_FIELDS = ("learning_rate", "warmup_steps", "warmup_ratio", "schedule", "decay_steps", "decay_fraction", "decay_shape",
+                   "min_lr_ratio", "mask_prob", "mask_schedule", "mask_prob_end")
+
+
+def _schedule_refusal(cfg: RunConfig) -> str | None:
+    """One line for schedule options that contradict each other (issue 32), else None."""
+    t = cfg.train
+    if t.schedule == "wsd" and t.decay_steps is not None and t.decay_steps > t.steps:
+        return (f"train.decay_steps={t.decay_steps} is longer than the run (train.steps={t.steps}); use at most "
+                f"{t.steps}, or train.decay_fraction")
+    if t.mask_schedule == "linear" and t.mask_prob_end is None:
+        return ("train.mask_schedule=linear needs train.mask_prob_end (the masking rate at train.steps); set it, "
+                "e.g. train.mask_prob_end=0.15")
+    if t.mask_schedule == "constant" and t.mask_prob_end is not None:
+        return (f"train.mask_prob_end={t.mask_prob_end} does nothing with train.mask_schedule=constant; set "
+                f"train.mask_schedule=linear or remove it")
+    if t.branch_from and cfg.model.init_from:
+        return (f"train.branch_from={t.branch_from} and model.init_from={cfg.model.init_from} both say where to "
+                f"start; keep one (branch_from: the checkpoint's optimizer and step too)")
+    return None
 
 
 class _DuplicateKey(Exception):

@@ -211,8 +211,10 @@ class Pipeline:
             self._tokenizer(rec)
             return self._shard(rec)
 
-    def train(self, resume: bool = False) -> dict[str, Any]:
-        """Train on the run's shards where the config and cluster say; returns the training summary."""
+    def train(self, resume: bool = False, force: bool = False) -> dict[str, Any]:
+        """Train on the run's shards where the config and cluster say; returns the training summary.
+        `force`: replace an export made from another config or checkpoint."""
+        self._force_export = force
         with self._open("train", resume=resume, ray=training_needs_ray(self.cfg)), self._recorded() as rec:
             return self._train(rec, resume)
 
@@ -224,8 +226,9 @@ class Pipeline:
             check_eval_config(self.cfg)
             return evaluate_run(self.cfg)
 
-    def run(self, resume: bool = False) -> RunResult:
-        """Tokenizer, shards, training and export in one go."""
+    def run(self, resume: bool = False, force: bool = False) -> RunResult:
+        """Tokenizer, shards, training and export in one go (`force`: as for train)."""
+        self._force_export = force
         cfg = self.cfg
         t0 = time.monotonic()
         with (self._open("run", resume=resume, corpus=True, ray=True, start_ray=False),
@@ -311,6 +314,9 @@ class Pipeline:
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if stage in ("run", "train"):
             refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
+            from tpu_ray.train.export import refuse_replacing_export
+
+            refuse_replacing_export(cfg, getattr(self, "_force_export", False))
         from tpu_ray.prepare.preflight import preflight_corpus
 
         if corpus and not self._given:
@@ -323,8 +329,10 @@ class Pipeline:
                 self._write_given()
                 if corpus:
                     preflight_corpus(cfg)
-            if ray and corpus and cfg.shard.dir:  # shards written outside the run dir: one writer there too
-                held.enter_context(self._lock(stage, cfg.shard.dir))
+            if ray and corpus and not _same_dir(cfg.shards_dir, cfg.run_dir):
+                # The shard directory has its own lock, default (RUN/shards) or explicit: another run
+                # reading these shards (shard.dir=RUN/shards) is one writer too (issue 36).
+                held.enter_context(self._lock(stage, cfg.shards_dir))
             saved_config.check_config(cfg)
             if cfg.model.init_from:  # the run's own copy of its checkpoint, made once (train/init_from.py)
                 self.cfg = cfg = _own_init_copy(cfg)
@@ -332,6 +340,12 @@ class Pipeline:
                 ensure_ray(cfg)
             saved_config.save_config(cfg, resume, versions(), command_line())
             yield
+
+
+def _same_dir(a: str, b: str) -> bool:
+    if storage.is_remote(a) or storage.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _own_init_copy(cfg: RunConfig) -> RunConfig:
@@ -362,7 +376,9 @@ class _Recorder:
 
     def update(self, **fields: Any) -> None:
         self.summary.update(fields)
-        storage.atomic_write_text(self.path, json.dumps(self.summary, indent=1, default=str) + "\n")
+        from tpu_ray.redact import redact
+
+        storage.atomic_write_text(self.path, redact(json.dumps(self.summary, indent=1, default=str)) + "\n")
 
 
 def _read_summary(path: str) -> dict[str, Any]:

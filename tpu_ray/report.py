@@ -21,6 +21,7 @@ import pandas as pd
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError
+from tpu_ray.redact import redact
 from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SHARDS_DIR, SUMMARY_FILE
 from tpu_ray.plots import plot_accuracy, plot_eval_sources, plot_loss, plot_lr, plot_throughput
 from tpu_ray.tables import as_number, by_step, column_values, diverged_step, last_finite_row, median_value, mfu_text
@@ -319,33 +320,27 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     ev = by_step(df[df["kind"] == "eval"]) if len(df) else df
 
     out_dir = out_dir or run_dir
-    remote = storage.is_remote(out_dir)
-    tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-report-") if remote else None
-    local = tmp.name if tmp else out_dir
-    try:
-        if os.path.exists(local) and not os.path.isdir(local):
-            raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
-        os.makedirs(local, exist_ok=True)
+    if not storage.is_remote(out_dir) and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
+    # Rendered into a temp directory, then each file committed by rename: a link planted in place
+    # of report.html or a plot is replaced, never followed (it could point at any file of ours).
+    with tempfile.TemporaryDirectory(prefix="tpu-ray-report-") as local:
         lp = {name: os.path.join(local, name) for name in (*PLOTS, REPORT_FILE)}
         plot_loss(train, ev, lp["loss.png"])
         plot_eval_sources(df[df["kind"] == "eval_source"] if len(df) else df, lp["eval_sources.png"])
         plot_throughput(train, lp["throughput.png"])
         plot_lr(train, lp["learning_rate.png"])
         plot_accuracy(train, ev, lp["accuracy.png"])
-        page = _html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir),
-                     _source_rows(df))
+        page = redact(_html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir),
+                            _source_rows(df)))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
             f.write(page)
-        if not remote:
-            return lp
+        storage.makedirs(out_dir)
         out = {}
         for name, path in lp.items():
             out[name] = storage.join(out_dir, name)
             storage.atomic_copy_file(path, out[name])
         return out
-    finally:
-        if tmp:
-            tmp.cleanup()
 
 
 def text_summary(run_dir: str) -> str:

@@ -6,13 +6,17 @@ this lock first (see pipeline.py), and a second writer is refused with one line 
 
 - Local: `fcntl.flock` on `RUN/.lock`. The kernel drops the lock when its process dies, so a
   killed run never leaves a stale lock; the file's content (host, pid, start, command) only
-  serves the refusal message.
+  serves the refusal message. The file is opened without following links (`O_NOFOLLOW`) and must
+  be a plain file with one name, and the directory must be ours and not writable by other users:
+  on a shared machine another user must not be able to point `.lock` at our `~/.bashrc` (we
+  truncate it) or swap the tokenizer, shards or model files while we run.
 - gs://: object stores have no flock. The lock is the object `RUN/.lock`, created with
-  `ifGenerationMatch=0` (GCS creates it only if absent, atomically; HTTP 412 otherwise). It is
-  deleted on release only while it is still ours. A holder that died without releasing it leaves
-  the object: on the same host a dead pid is recognised and the lock taken over; otherwise the
-  message names the object to delete. After creating it we read it back, so a store that ignores
-  preconditions (the emulator) still cannot hand one lock to two writers that start in turn.
+  `ifGenerationMatch=0` (GCS creates it only if absent, atomically; HTTP 412 otherwise). Its
+  owner is a random token of this process, and it carries a lease (`lease_s`, renewed every
+  third of it by a thread with `ifGenerationMatch` on our own generation). Another process takes
+  it over only once the lease has run out: host names and pids prove nothing across containers
+  that share a host name. It is deleted on release only while it is still ours. After creating
+  it we read it back, so one lock is never handed to two writers that start in turn.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ import json
 import logging
 import os
 import platform
+import stat
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from tpu_ray import storage
@@ -30,6 +37,7 @@ from tpu_ray.errors import UserError
 from tpu_ray.rundir import LOCK_FILE
 
 log = logging.getLogger("tpu_ray")
+LEASE_S = 120.0  # a gs:// lock not renewed for this long belongs to a gone process
 
 
 def describe_holder(info: dict[str, Any]) -> str:
@@ -39,29 +47,26 @@ def describe_holder(info: dict[str, Any]) -> str:
     return f"host {info.get('host', '?')} pid {info.get('pid', '?')} since {since} ({info.get('command', '?')})"
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
-
-
 class RunLock:
     """`with RunLock(run_dir, "tpu-ray train"):` holds the run directory for this process."""
 
-    def __init__(self, run_dir: str, command: str):
+    def __init__(self, run_dir: str, command: str, lease_s: float = LEASE_S,
+                 clock: Callable[[], float] = time.time):
+        """`lease_s` and `clock` (wall-clock seconds) decide when a gs:// lock is stale; tests pass
+        their own clock so that expiry needs no waiting."""
         self.run_dir = run_dir
         self.path = storage.join(run_dir, LOCK_FILE)
-        self.info = {"host": platform.node(), "pid": os.getpid(), "started": time.time(), "command": command,
-                     "token": uuid.uuid4().hex}
+        self.lease_s = float(lease_s)
+        self.clock = clock
+        self.info = {"host": platform.node(), "pid": os.getpid(), "started": clock(), "command": command,
+                     "token": uuid.uuid4().hex, "lease_s": self.lease_s, "renewed": clock()}
         self._fd: int | None = None
         self._created_dir = False
         self._held = False
+        self._generation: str | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self.lost = False  # gs://: another process took the lock over (our lease ran out)
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -97,9 +102,22 @@ class RunLock:
         directory = storage.filesystem(self.run_dir)[1]
         self._created_dir = not os.path.isdir(directory)
         storage.makedirs(self.run_dir)
+        check_private_dir(directory, self.run_dir)
         local = storage.filesystem(self.path)[1]
-        fd = os.open(local, os.O_RDWR | os.O_CREAT, 0o666)
         try:
+            # O_NONBLOCK: a FIFO planted as .lock must not hang the open (refused below).
+            fd = os.open(local, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        except OSError:
+            if os.path.islink(local):
+                raise UserError(f"{self.path}: is a symbolic link (to {os.readlink(local)}); a run's lock is "
+                                f"a plain file: remove the link and check who made it") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                what = "not a plain file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} names"
+                raise UserError(f"{self.path}: is {what}; a run's lock is a plain file of its own: remove it and "
+                                f"check who made it")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             try:
@@ -135,21 +153,43 @@ class RunLock:
     # --- gs:// ----------------------------------------------------------------------------------
     def _acquire_remote(self) -> None:
         storage.makedirs(self.run_dir)  # a missing bucket is its own one-line error
-        data = (json.dumps(self.info) + "\n").encode()
         for attempt in range(2):
             holder = self._remote_holder()
             if holder is None:
-                storage.create_if_absent(self.path, data)  # ifGenerationMatch=0
+                self.info["renewed"] = self.clock()
+                storage.create_if_absent(self.path, self._content())  # ifGenerationMatch=0
                 holder = self._remote_holder() or {}
                 if holder.get("token") == self.info["token"]:
+                    self._generation = storage.generation(self.path)
+                    self._start_renewing()
                     return
-            if attempt == 0 and holder.get("host") == self.info["host"] and not _pid_alive(holder.get("pid")):
-                log.warning("%s: taking over the lock of %s (that process is gone)", self.run_dir,
+            if attempt == 0 and self.expired(holder):
+                log.warning("%s: taking over the lock of %s (its lease ran out)", self.run_dir,
                             describe_holder(holder))
-                self._delete_if(holder)
+                if not self._delete_if(holder):
+                    raise self._refuse(holder, "; another process changed the lock at the same moment (HTTP 412), "
+                                               "so it was not taken over")
                 continue
-            raise self._refuse(holder, f" (if that run is gone, delete {self.path})")
+            raise self._refuse(holder, self._stale_hint(holder))
         raise self._refuse(self._remote_holder() or {})
+
+    def expired(self, holder: dict[str, Any]) -> bool:
+        """True once `holder`'s lease ran out by our clock. A lock without a lease (written by an
+        older tpu-ray) never expires by itself: the message says to delete it."""
+        renewed, lease = holder.get("renewed"), holder.get("lease_s")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (renewed, lease)):
+            return False
+        return self.clock() > renewed + lease
+
+    def _stale_hint(self, holder: dict[str, Any]) -> str:
+        renewed, lease = holder.get("renewed"), holder.get("lease_s")
+        if isinstance(renewed, (int, float)) and isinstance(lease, (int, float)):
+            until = time.strftime("%H:%M:%S UTC", time.gmtime(renewed + lease))
+            return f" (its lease runs to {until} unless renewed; if that run is gone, retry after that or delete {self.path})"
+        return f" (if that run is gone, delete {self.path})"
+
+    def _content(self) -> bytes:
+        return (json.dumps(self.info) + "\n").encode()
 
     def _remote_holder(self) -> dict[str, Any] | None:
         try:
@@ -157,21 +197,80 @@ class RunLock:
         except FileNotFoundError:
             return None
 
-    def _delete_if(self, holder: dict[str, Any]) -> None:
-        """Delete the lock object only if it still has `holder`'s token (and its generation)."""
+    def _delete_if(self, holder: dict[str, Any]) -> bool:
+        """Delete the lock object only if it still has `holder`'s token (and its generation);
+        False when the store refused (412: it changed since we read it)."""
         try:
             gen = storage.generation(self.path)
         except FileNotFoundError:
-            return
+            return True
         current = self._remote_holder()
         if current is not None and current.get("token") == holder.get("token"):
-            storage.remove_if_generation(self.path, gen)
+            return storage.remove_if_generation(self.path, gen)
+        return True
+
+    def renew(self) -> bool:
+        """Extend our lease (`renewed` = now), only while the object is still ours: False (and
+        `lost`) when another process took it over."""
+        current = self._remote_holder()
+        if current is None or current.get("token") != self.info["token"] or self._generation is None:
+            return self._lose()
+        self.info["renewed"] = self.clock()
+        generation = storage.replace_if_generation(self.path, self._content(), self._generation)
+        if generation is None:  # 412: rewritten since our last renewal
+            return self._lose()
+        self._generation = generation
+        return True
+
+    def _lose(self) -> bool:
+        if not self.lost:
+            log.error("%s: this run's lock was taken over by another process (the lease of %.0f s ran out "
+                      "without renewal); stop this run: two writers now share the directory", self.path, self.lease_s)
+        self.lost = True
+        return False
+
+    def _start_renewing(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.lease_s / 3):
+                try:
+                    if not self.renew():
+                        return
+                except Exception as exc:  # noqa: BLE001 - a failed renewal is retried at the next tick
+                    log.warning("%s: lease renewal failed (%s); retried in %.0f s", self.path, exc, self.lease_s / 3)
+
+        self._stop.clear()
+        self._renewer = threading.Thread(target=loop, name="tpu-ray-lock-lease", daemon=True)
+        self._renewer.start()
 
     def _release_remote(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=30)
+            self._renewer = None
         try:
-            self._delete_if(self.info)
+            if not self._delete_if(self.info):
+                log.warning("%s: the lock changed before it was released (HTTP 412); it is no longer this run's "
+                            "and was left in place", self.path)
         except Exception as exc:  # noqa: BLE001 - the run is done; a stuck lock is reported, not raised
             log.warning("%s: could not remove the lock (%s); delete it before the next run", self.path, exc)
+
+
+def check_private_dir(directory: str, name: str) -> None:
+    """Refuse a local directory that another user owns or can write (nor its parent, when that
+    lets others rename it away): one line naming it and the fix. Root-owned directories pass (only
+    root could write them, and then only by the mode)."""
+    st = os.stat(directory)
+    if st.st_uid not in (os.getuid(), 0):
+        raise UserError(f"{name}: belongs to another user (uid {st.st_uid}); a run writes only its own directory: "
+                        f"choose another --output-dir (e.g. under ~/ or a relative one)")
+    if st.st_mode & stat.S_IWOTH:
+        raise UserError(f"{name}: is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}), so anyone could "
+                        f"swap its files; run `chmod o-w {directory}` or choose another --output-dir")
+    parent = os.path.dirname(os.path.abspath(directory))
+    pst = os.stat(parent)
+    if pst.st_mode & stat.S_IWOTH and not pst.st_mode & stat.S_ISVTX:
+        raise UserError(f"{name}: its parent {parent} is writable by every user without the sticky bit, so anyone "
+                        f"could rename the run directory away; choose another --output-dir")
 
 
 def _parse(raw: bytes) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import time
 import yaml
 
 from tpu_ray import storage
-from tpu_ray.config import RunConfig
+from tpu_ray.config import SCHEDULE_FIELDS, RunConfig
 from tpu_ray.errors import DamagedRunDir, UserError
 from tpu_ray.rundir import CONFIG_FILE, MANIFEST_FILE, RUN_INFO_FILE, TOKENIZER_FILE, checkpoint_files, path
 
@@ -71,13 +71,17 @@ def check_config(cfg: RunConfig) -> bool:
     saved = read_saved_config(cfg.run_dir)
     if saved is None:
         return True
-    old, new = saved.fingerprint(), cfg.fingerprint()
+    from tpu_ray.redact import redact_obj
+
+    old, new = redact_obj(saved.fingerprint()), redact_obj(cfg.fingerprint())  # config.yaml holds user:***
     if old == new:
         return False
     for artifact in held_artifacts(cfg):
         sections = _PINNED_BY[artifact]
         a = old if sections is None else {k: old.get(k) for k in sections}
         b = new if sections is None else {k: new.get(k) for k in sections}
+        if sections is None and cfg.train.extend_schedule:  # checkpoints continue under a new schedule
+            a, b = _without_schedule(a), _without_schedule(b)
         diff = first_difference(a, b)
         if diff:
             made = "was" if artifact == "tokenizer" else "were"
@@ -89,14 +93,21 @@ def check_config(cfg: RunConfig) -> bool:
     return True
 
 
+def _without_schedule(fingerprint: dict) -> dict:
+    return {**fingerprint, "train": {k: v for k, v in fingerprint["train"].items() if k not in SCHEDULE_FIELDS}}
+
+
 def save_config(cfg: RunConfig, resume: bool, versions: dict[str, str], command: str = "") -> None:
     """Write config.yaml and run_info.json (after the stage's checks passed); `command` is what the
     model card names as the command that made the run."""
     storage.makedirs(cfg.run_dir)
-    storage.atomic_write_text(path(cfg.run_dir, CONFIG_FILE), cfg.to_yaml())
+    from tpu_ray.redact import redact
+
+    # Passwords in URLs are kept out of the run's files (user:***); check_config compares redacted.
+    storage.atomic_write_text(path(cfg.run_dir, CONFIG_FILE), redact(cfg.to_yaml()))
     storage.atomic_write_text(path(cfg.run_dir, RUN_INFO_FILE),
                               json.dumps({"versions": versions, "resume": resume, "started": time.time(),
-                                          "host": platform.node(), "command": command}, indent=1) + "\n")
+                                          "host": platform.node(), "command": redact(command)}, indent=1) + "\n")
 
 
 def first_difference(a: dict, b: dict, prefix: str = "") -> str:

@@ -29,6 +29,7 @@ import builtins
 import collections
 import errno
 import functools
+import json
 import os
 import re
 import shutil
@@ -142,10 +143,46 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# The oldest gcsfs (and the fsspec it pins) whose `pipe_file` takes `mode="create"`
+# (`ifGenerationMatch=0`): the run lock and the generation claims need it; 2024.10.0 has no `mode`.
+GCSFS_FLOOR = "2024.12.0"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """`2024.12.0` -> (2024, 12, 0); a suffix (`rc1`, `+local`) is ignored."""
+    return tuple(int(m) for m in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def gcsfs_problem(gcsfs_version: str | None, fsspec_version: str | None) -> str | None:
+    """Why the installed gcsfs/fsspec cannot run tpu-ray's gs:// locks (one line), or None."""
+    for name, version in (("gcsfs", gcsfs_version), ("fsspec", fsspec_version)):
+        if version is None:
+            return f"{name} is not installed; gs:// paths need it: pip install 'gcsfs>={GCSFS_FLOOR}'"
+        if _release(version) < _release(GCSFS_FLOOR):
+            return (f"{name} {version} is installed, but gs:// locks need {name}>={GCSFS_FLOOR} "
+                    f"(pipe_file(mode='create')); run: pip install -U 'gcsfs>={GCSFS_FLOOR}' 'fsspec>={GCSFS_FLOOR}'")
+    return None
+
+
+def _require_gcsfs() -> None:
+    import importlib.metadata as md
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    problem = gcsfs_problem(version("gcsfs"), version("fsspec"))
+    if problem:
+        raise StorageError(problem)
+
+
 @functools.cache
 def _fs(protocol: str, emulator: str | None, pid: int) -> fsspec.AbstractFileSystem:
     # `pid` in the key: a forked child must not reuse the parent's event-loop-bound instance.
     if protocol in _GCS:
+        _require_gcsfs()  # before the first lock or claim fails with a TypeError from pipe_file
         if emulator:
             import aiohttp
 
@@ -228,7 +265,8 @@ def _missing_bucket_error(path: str) -> StorageError:
 def _remote_errors(path: str) -> Iterator[None]:
     """Turn gcsfs/aiohttp failures on remote `path` into one-line StorageErrors.
 
-    A missing object stays a FileNotFoundError (callers rely on it); a missing bucket does not.
+    A missing object stays a FileNotFoundError (callers rely on it); a missing bucket does not. A
+    412 stays a FileExistsError (create_if_absent and the *_if_generation calls answer it).
     Local paths raise the usual OSErrors untouched.
     """
     if not is_remote(path):
@@ -243,6 +281,8 @@ def _remote_errors(path: str) -> Iterator[None]:
             raise _missing_bucket_error(path) from None
         # gcsfs names the request URL; name the path the caller gave instead.
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+    except FileExistsError:
+        raise  # gcsfs's HTTP 412 (a precondition that did not hold): the conditional writes' answer
     except PermissionError as exc:
         raise StorageError(f"{path}: permission denied ({_first_line(exc)}); "
                            "grant access or fix the credentials") from None
@@ -596,6 +636,101 @@ def atomic_copy_file(local_src: str, dst: str) -> None:
     _fsync_dir(os.path.dirname(final))
 
 
+@_counted
+def commit_dir(local_src: str, dst: str, last: str) -> None:
+    """Replace the directory `dst` by the files of the local directory `local_src`, whole.
+
+    Locally the files are copied into a temp directory beside `dst` and fsynced, then swapped in
+    by one rename (`renameat2(RENAME_EXCHANGE)` where Linux has it, else two renames with `dst`
+    absent for a moment): a reader, or a crash, sees the old directory or the new one, never a mix
+    (an old `config.json` beside new weights). On gs:// there is no directory rename: `last` (the
+    file that marks the directory complete) is deleted first, the other files uploaded, files of
+    the old version that the new one lacks removed, and `last` uploaded at the end.
+    """
+    names = sorted(os.listdir(local_src), key=lambda n: n == last)
+    if is_remote(dst):
+        marker = join(dst, last)
+        if exists(marker):
+            remove(marker)
+        old = set(find_sizes(dst)) if exists(dst) else set()
+        for name in names:
+            if name != last:
+                atomic_copy_file(os.path.join(local_src, name), join(dst, name))
+        for stale in sorted(old - set(names)):
+            remove(join(dst, stale), recursive=True)
+        if last in names:
+            atomic_copy_file(os.path.join(local_src, last), marker)
+        return
+    final = _local(dst).rstrip("/")
+    parent = os.path.dirname(final) or "."
+    os.makedirs(parent, exist_ok=True)
+    staged = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}.", dir=parent)
+    try:
+        os.chmod(staged, 0o777 & ~current_umask())
+        for name in names:
+            try:
+                with builtins.open(os.path.join(local_src, name), "rb") as src, \
+                        builtins.open(os.path.join(staged, name), "xb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                    out.flush()
+                    os.fsync(out.fileno())
+            except OSError as exc:
+                if exc.errno is not None and exc.filename in (None, os.path.join(staged, name)):
+                    # A full disk names no file (or our temp name): name the file being committed.
+                    raise OSError(exc.errno, exc.strerror, os.path.join(final, name)) from None
+                raise
+        _fsync_dir(staged)
+        if os.path.lexists(final) and _exchange(staged, final):
+            _remove_tree(staged)  # now the old version
+        else:
+            if os.path.lexists(final):
+                old = f"{staged}.old"
+                os.rename(final, old)
+                os.rename(staged, final)
+                _remove_tree(old)
+            else:
+                os.rename(staged, final)
+    except BaseException:
+        _remove_tree(staged)
+        raise
+    _fsync_dir(parent)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _remove_tree(path: str) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        _silent_remove(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def append_text_local(path: str, text: str) -> None:
+    """Append UTF-8 `text` to a local file (created if absent), never through a symbolic link: a
+    link planted in place of a run file (metrics.jsonl) must not make us write someone's file."""
+    local = _local(path)
+    try:
+        fd = os.open(local, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"{path}: is a symbolic link; a run file must be a plain file: remove the link "
+                               f"and check who made it") from None
+        raise
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(text)
+
+
 def _silent_remove(path: str) -> None:
     try:
         os.remove(path)
@@ -632,13 +767,14 @@ def create_if_absent(path: str, data: bytes) -> bool:
 
 
 @_counted
-def remove_if_generation(path: str, generation: str | None = None) -> None:
+def remove_if_generation(path: str, generation: str | None = None) -> bool:
     """Delete `path` only while it is still `generation` (gs://: `ifGenerationMatch`; the current
-    generation when None). Local paths have no generations: plain delete."""
+    generation when None). False when the store refused (HTTP 412: someone rewrote it since),
+    True otherwise (also when it was already gone). Local paths have no generations: plain delete."""
     fs, p = filesystem(path)
     if not is_remote(path):
         _silent_remove(p)
-        return
+        return True
     with _remote_errors(path):
         try:
             gen = generation or fs.info(p).get("generation")
@@ -646,6 +782,29 @@ def remove_if_generation(path: str, generation: str | None = None) -> None:
             fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=gen)
         except FileNotFoundError:
             pass
+        except FileExistsError:  # gcsfs's name for HTTP 412 (precondition failed)
+            return False
+    return True
+
+
+@_counted
+def replace_if_generation(path: str, data: bytes, generation: str) -> str | None:
+    """Overwrite the gs:// object `path` with `data` only while it is still `generation`
+    (`ifGenerationMatch`): the new generation, or None when the store refused (HTTP 412)."""
+    from urllib.parse import quote
+
+    fs, p = filesystem(path)
+    bucket, key = p.split("/", 1)
+    body = (b'--==0==\nContent-Type: application/json; charset=UTF-8\n\n' + json.dumps({"name": key}).encode()
+            + b"\n--==0==\nContent-Type: application/octet-stream\n\n" + data + b"\n--==0==--")
+    with _remote_errors(path):
+        try:
+            out = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{quote(bucket)}/o", uploadType="multipart",
+                          headers={"Content-Type": 'multipart/related; boundary="==0=="'}, data=body,
+                          json_out=True, ifGenerationMatch=generation)
+        except FileExistsError:  # HTTP 412: no longer that generation
+            return None
+    return str(out.get("generation")) if isinstance(out, dict) and out.get("generation") else None
 
 
 @_counted

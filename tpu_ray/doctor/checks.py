@@ -345,6 +345,36 @@ class Doctor:
                 note = " (not a multiple of 8: XLA pads the per-replica batch on TPU)"
             self.add("batch/replicas", PASS, f"global batch {gb} = {n} replicas x {gb // n}{note}")
 
+    def check_schedule(self) -> None:
+        """The learning-rate and masking curves: their shape, and what keeps them from their options'
+        intent (a warm-up as long as the run never reaches the peak)."""
+        from tpu_ray.train import curves
+
+        t = self.cfg.train
+        shape = curves.describe(t)
+        c = curves.curve(t)
+        ends = f"peak {t.learning_rate:g}, last step at {float(curves.rate(c, t.steps - 1)):.3g}"
+        problems = curves.warnings(t)
+        if problems:
+            self.add("schedule", WARN, f"{shape}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if problems[1:]
+                                                                     else ""))
+        else:
+            self.add("schedule", PASS, f"{shape} ({ends})")
+        if t.branch_from:
+            self.check_branch()
+
+    def check_branch(self) -> None:
+        """train.branch_from: the checkpoint it names, and whether this config may continue it."""
+        from tpu_ray.train.branch import resolve
+
+        try:
+            branch = resolve(self.cfg)
+        except UserError as exc:
+            self.add("branch", FAIL, str(exc))
+            return
+        self.add("branch", PASS, f"from {branch.checkpoint} at step {branch.step:,} ({self.cfg.train.steps - branch.step:,} "
+                 f"steps under this run's schedule)")
+
     def check_paths(self) -> None:
         cfg, tgt = self.cfg, self.target
         paths = {"--output-dir": cfg.run_dir, "shard.dir": cfg.shards_dir, "tokenizer": cfg.tokenizer_dir}
@@ -584,6 +614,7 @@ class Doctor:
         self.check_paths()
         self.check_shards()
         self.check_batch()
+        self.check_schedule()
         self.check_static_shapes()
         if xla:
             self.check_xla(step_factory)

@@ -128,7 +128,7 @@ def plan_units(corpus: CorpusConfig, shard: ShardConfig, run_dir: str, field: st
         sources.append((corpus.validation_source, 1.0, f"{field}.validation_source"))
     listed = [_listed(src, run_dir, fld) for src, _, fld in sources]
     key = _plan_key(corpus, shard, listed)
-    cached = _cached_plan(run_dir, key, plan_file) if key else None
+    cached = _cached_plan(run_dir, key, plan_file, [corpus.source, corpus.validation_source]) if key else None
     if cached is not None:
         return cached
     units: list[WorkUnit] = []
@@ -161,10 +161,13 @@ def _plan_key(corpus: CorpusConfig, shard: ShardConfig, listed: list[list[Corpus
 PLAN_VERSION = 1
 
 
-def _cached_plan(run_dir: str, key: str, plan_file: str = PLAN_FILE) -> list[WorkUnit] | None:
+def _cached_plan(run_dir: str, key: str, plan_file: str = PLAN_FILE,
+                 sources: list[str | None] = ()) -> list[WorkUnit] | None:
+    from tpu_ray.redact import unredact
+
     path = storage.join(run_dir, plan_file)
     try:
-        data = json.loads(storage.read_text(path))
+        data = json.loads(unredact(storage.read_text(path), sources))  # stored as user:***
         if data.get("key") != key:
             return None
         return [WorkUnit.from_dict(u) for u in data["units"]]
@@ -175,8 +178,10 @@ def _cached_plan(run_dir: str, key: str, plan_file: str = PLAN_FILE) -> list[Wor
 def _store_plan(run_dir: str, key: str, units: list[WorkUnit], plan_file: str = PLAN_FILE) -> None:
     try:
         storage.makedirs(run_dir)
+        from tpu_ray.redact import redact
+
         storage.atomic_write_text(storage.join(run_dir, plan_file),
-                                  json.dumps({"key": key, "units": [u.to_dict() for u in units]}) + "\n")
+                                  redact(json.dumps({"key": key, "units": [u.to_dict() for u in units]})) + "\n")
     except (OSError, UserError) as exc:  # a read-only run dir only loses the cache
         log.warning("corpus plan not cached in %s (%s)", run_dir, exc)
 

@@ -86,6 +86,9 @@ class ShardSet:
     skipped_by_kind: dict[str, int] = field(default_factory=dict)  # those records by file kind
     bad_records: int = 0  # records that could not be read, skipped (corpus.bad_records=skip)
     unit_stats: list[dict[str, int]] = field(default_factory=list)
+    # The run directory whose shard stage made them; recorded for an explicit shard.dir only (a
+    # run's default RUN/shards is RUN's, and its manifest stays the same bytes wherever RUN is).
+    owner: str | None = None
     recorded_samples: dict[str, int] = field(default_factory=dict)  # each split's total as written
     # A mixture's sources: {name: {"units": [first, last + 1], "evaluation_only": bool}}; None: one source.
     sources: dict[str, dict[str, Any]] | None = None
@@ -197,7 +200,8 @@ class ShardSet:
                 "dropped_tokens": self.dropped_tokens, "skipped_records": self.skipped_records,
                 "skipped_by_kind": self.skipped_by_kind, "bad_records": self.bad_records,
                 "splits": splits, "unit_stats": self.unit_stats,
-                **({"sources": self.sources} if self.sources is not None else {})}
+                **({"sources": self.sources} if self.sources is not None else {}),
+                **({"owner": self.owner} if self.owner else {})}
 
     def write(self) -> None:
         """Commit the manifest atomically (a crash leaves the previous one whole)."""
@@ -341,18 +345,28 @@ class ShardSet:
             raise UserError(f"{what} ({first_line(exc, 120)}); delete it and rerun `tpu-ray shard`") from None
 
     # -- resume (the shard stage) ----------------------------------------------------------------
-    def committed_units(self, plan_sha256: str, tokenizer_sha256: str, seq_len: int) -> dict[int, dict]:
+    def committed_units(self, plan_sha256: str, tokenizer_sha256: str, seq_len: int,
+                        owned: bool = True) -> dict[int, dict]:
         """The units an earlier (crashed or finished) attempt over the same plan committed, as the
         shard stage's per-unit results; a unit one of whose files vanished is left out (redone).
 
         An unfinished attempt over another plan (bad input fixed since, Ctrl-C, then an edit) is
         this stage's own output, never trained on: it is removed with a warning and {} returned.
-        A finished set over another plan is refused: those shards may be another run's input."""
+        A finished set over another plan is refused: those shards may be another run's input.
+        Shards another run made (`owned` False) are only ever read: a mismatch or an unfinished
+        set is refused in one line naming that run, never discarded (issue 36)."""
         where = manifest_path(self.directory)
         if self.format != FORMAT:
             raise UserError(f"{where}: shards in the old one-folder layout ({self.format}); they still train, "
                             f"but to shard again delete them or use a new output directory")
         same = (self.plan_sha256, self.tokenizer_sha256, self.seq_len) == (plan_sha256, tokenizer_sha256, seq_len)
+        if not owned and not same:
+            raise UserError(f"{where}: these shards belong to run {self.owner_run()} and were made from another corpus, "
+                            f"tokenizer or seq_len; they are left as they are: use another shard.dir, or that run's "
+                            f"corpus, tokenizer.path and shard.seq_len")
+        if not owned and not self.complete:
+            raise UserError(f"{where}: these shards belong to run {self.owner_run()} and are unfinished; finish them "
+                            f"from that run (tpu-ray shard --output-dir {self.owner_run()}) or use another shard.dir")
         if not same and not self.complete:
             log.warning("shard: %s is an unfinished attempt over another corpus plan, tokenizer or seq_len (a file "
                         "changed since?); sharding again from the first unit", where)
@@ -390,6 +404,11 @@ class ShardSet:
                         len(redo & done.keys()), where)
         return {u: r for u, r in done.items() if u not in redo}
 
+    def owner_run(self) -> str:
+        """The run that made these shards: the recorded owner, else the directory holding the
+        shard directory (RUN of RUN/shards, where a run shards by default)."""
+        return self.owner or self.directory.rstrip("/").rsplit("/", 1)[0]
+
     def discard(self) -> None:
         """Remove the listed shards that exist, then the manifest."""
         present = self.sizes()
@@ -424,7 +443,7 @@ class ShardSet:
     @classmethod
     def from_results(cls, shards_dir: str, *, seq_len: int, tok: Any, source: dict[str, Any], plan_sha256: str,
                      units: int, results: dict[int, dict], complete: bool,
-                     sources: dict[str, dict[str, Any]] | None = None) -> ShardSet:
+                     sources: dict[str, dict[str, Any]] | None = None, owner: str | None = None) -> ShardSet:
         """The shard stage's per-unit results (process_unit's) as a shard set, units in order."""
         from tpu_ray.prepare.bad_records import STAT_KEYS, skipped_by_kind
 
@@ -435,6 +454,7 @@ class ShardSet:
             vocab_size=tok.vocab_size,
             special_ids=special_ids_of(tok),
             source=source, plan_sha256=plan_sha256, units=units, units_done=sorted(results), sources=sources,
+            owner=owner,
             corpus_tokens=sum(r["tokens"] for r in results.values()),
             dropped_tokens=sum(r["dropped_tokens"] for r in results.values()),
             skipped_records=sum(r.get("skipped_records", 0) for r in results.values()),
@@ -451,7 +471,8 @@ class ShardSet:
 _HEADER: dict[str, type | tuple[type, ...]] = {
     "format": str, "seq_len": int, "tokenizer_sha256": str, "vocab_size": int, "special_ids": dict,
     "source": dict, "plan_sha256": str, "units": int, "units_done": list, "corpus_tokens": int,
-    "dropped_tokens": int, "skipped_records": int, "unit_stats": list, "skipped_by_kind": dict, "bad_records": int}
+    "dropped_tokens": int, "skipped_records": int, "unit_stats": list, "skipped_by_kind": dict, "bad_records": int,
+    "owner": str}
 _ENTRY: dict[str, type] = {"unit": int, "tokens": int, "bytes": int, "sha256": str}
 
 

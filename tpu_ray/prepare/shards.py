@@ -43,6 +43,7 @@ from tpu_ray.prepare.bad_records import check_sources, skipped_by_kind, unit_sta
 from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, declared_roles, describe, load_tokenizer_json
+from tpu_ray.redact import redact_obj
 
 log = logging.getLogger(__name__)
 MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about this many
@@ -371,9 +372,9 @@ def shard_set(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource] 
     source = cfg.corpus.model_dump(mode="json", exclude_none=cfg.corpus.sources is not None)
     if cfg.corpus.sources is None:  # the one-source manifest's `source` as earlier versions wrote it
         source = {k: v for k, v in source.items() if k not in ("sources", "weight_temperature", "weight_schedule")}
-    return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info, source=source,
+    return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info, source=redact_obj(source),
                                  plan_sha256=_plan_digest(units, sources), units=len(units), results=results,
-                                 complete=complete, sources=sources)
+                                 complete=complete, sources=sources, owner=cfg.run_dir if cfg.shard.dir else None)
 
 
 def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) -> ShardSummary:
@@ -399,7 +400,8 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     storage.makedirs(out_dir)
     previous = ShardSet.load(out_dir)
     digest = _plan_digest(units, sources_meta(cfg, planned))
-    results = previous.committed_units(digest, info.sha256, cfg.shard.seq_len) if previous else {}
+    owned = owns(cfg, previous)
+    results = previous.committed_units(digest, info.sha256, cfg.shard.seq_len, owned) if previous else {}
     todo = [u for u in units if u.index not in results]
 
     from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
@@ -419,12 +421,28 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
-        return _shard_on_pool(cfg, info, planned, todo, results, pool, new_actor, on_unit_done, t0, calls_before)
+        return _shard_on_pool(cfg, info, planned, todo, results, pool, new_actor, on_unit_done, t0, calls_before,
+                              owned)
     finally:
         # Always release the actors (and their CPUs), also when a unit fails with bad input:
         # leaked actors would hold every CPU and the next run would wait for them forever.
         for actor in pool:
             ray.kill(actor)
+
+
+def owns(cfg: RunConfig, shards: ShardSet | None) -> bool:
+    """Whether this run made (and so may clean, resume or discard) the shards in its shard
+    directory: its default RUN/shards always; an explicit shard.dir when there is no manifest yet
+    (this run makes them) or the manifest's owner (see ShardSet.owner_run) is this run."""
+    if shards is None or not cfg.shard.dir:
+        return True
+    return _same_path(shards.owner_run(), cfg.run_dir)
+
+
+def _same_path(a: str, b: str) -> bool:
+    if storage.is_remote(a) or storage.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
@@ -444,7 +462,7 @@ def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
 
 def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource], todo: list[WorkUnit],
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
-                   calls_before: int) -> ShardSummary:
+                   calls_before: int, owned: bool = True) -> ShardSummary:
     from tpu_ray.prepare.progress import Progress
 
     out_dir = cfg.shards_dir
@@ -490,15 +508,19 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         progress.close()
         raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
-    _cleanup_temp(out_dir)
-    try:  # the corpus-wide record rules, per source: a text field no record has; too many bad records
-        bad = check_sources(results, record_groups(cfg, planned), out_dir)
-    except UserError:
-        shard_set(cfg, info, planned, results, complete=False).write()  # every unit kept for the rerun
-        progress.close()
-        raise
-    shards = shard_set(cfg, info, planned, results, complete=True)
-    shards.write()
+    if owned:
+        _cleanup_temp(out_dir)
+        try:  # the corpus-wide record rules, per source: a text field no record has; too many bad records
+            bad = check_sources(results, record_groups(cfg, planned), out_dir)
+        except UserError:
+            shard_set(cfg, info, planned, results, complete=False).write()  # every unit kept for the rerun
+            progress.close()
+            raise
+        shards = shard_set(cfg, info, planned, results, complete=True)
+        shards.write()
+    else:  # another run's finished shards, read as they are: nothing here is ours to clean or rewrite
+        shards = ShardSet.load(out_dir) or shard_set(cfg, info, planned, results, complete=True)
+        bad = getattr(shards, "bad_records", None) or 0
     progress.close()
     _require_a_sample(cfg, shards, len(units))
     _require_validation_of_evaluation_sources(shards)
@@ -564,8 +586,9 @@ def _require_validation_of_evaluation_sources(shards: ShardSet) -> None:
 def _cleanup_temp(out_dir: str) -> None:
     """Remove temp files of actors that died mid-write (never read: they are not in the manifest).
 
-    Safe because the stage holds the run directory's lock (and shard.dir's, see pipeline.py): every
-    temp file here is this run's or a dead writer's, never another live run's in-flight file."""
+    Safe because the stage holds the shard directory's own lock (see pipeline.py) and only runs
+    for shards this run owns: every temp file here is this run's or a dead writer's, never
+    another live run's in-flight file."""
     for folder in (out_dir, *(storage.join(out_dir, split) for split in SPLITS)):
         for path in storage.glob(storage.join(folder, ".tmp-*")):
             storage.remove(path)

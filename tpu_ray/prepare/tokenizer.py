@@ -138,7 +138,7 @@ def mask_token(mask: str = TPU_RAY_MIXED.mask) -> AddedToken:
 
 def save_tokenizer(tok: Tokenizer, out_dir: str, model_max_length: int,
                    tokens: SpecialTokens = TPU_RAY_MIXED) -> TokenizerInfo:
-    """Save as a transformers-loadable directory (written locally, then committed file by file)."""
+    """Save as a transformers-loadable directory (written locally, then committed whole)."""
     from transformers import PreTrainedTokenizerFast
 
     t = tokens
@@ -148,11 +148,9 @@ def save_tokenizer(tok: Tokenizer, out_dir: str, model_max_length: int,
     )
     with tempfile.TemporaryDirectory() as tmp:
         fast.save_pretrained(tmp)
-        storage.makedirs(out_dir)
-        # tokenizer.json last: its presence is what marks the directory as complete.
-        names = sorted(p.name for p in __import__("pathlib").Path(tmp).iterdir())
-        for name in sorted(names, key=lambda n: n == TOKENIZER_FILE):
-            storage.atomic_copy_file(f"{tmp}/{name}", storage.join(out_dir, name))
+        # Replaced whole (a retrain under --force included); on gs:// tokenizer.json goes last: its
+        # presence is what marks the directory as complete.
+        storage.commit_dir(tmp, out_dir, last=TOKENIZER_FILE)
     return describe(storage.read_text(storage.join(out_dir, TOKENIZER_FILE)), out_dir, declared_roles(out_dir))
 
 

@@ -9,6 +9,59 @@ from tpu_ray.config import MASK
 from tpu_ray.errors import UserError, first_line
 
 
+PROVENANCE_KEY = "tpu_ray_export"  # in the export's config.json: what it was made from
+
+
+def config_digest(cfg) -> str:
+    """sha256 of what shapes the model (RunConfig.fingerprint): equal for a resumed run."""
+    import hashlib
+    import json
+
+    from tpu_ray.redact import redact_obj
+
+    return hashlib.sha256(json.dumps(redact_obj(cfg.fingerprint()), sort_keys=True).encode()).hexdigest()
+
+
+def stamp_provenance(model_dir: str, cfg, step: int) -> None:
+    """Record in the local export's config.json the config and step it was made from."""
+    import json
+    import os
+
+    path = os.path.join(model_dir, "config.json")
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    data[PROVENANCE_KEY] = {"config_sha256": config_digest(cfg), "step": step}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def refuse_replacing_export(cfg, force: bool) -> None:
+    """Refuse, before training, to replace RUN/model made from another config or another
+    checkpoint chain (no checkpoint left to continue) unless `force` (--force)."""
+    import json
+
+    from tpu_ray import rundir
+
+    model = rundir.path(cfg.run_dir, rundir.MODEL_DIR)
+    try:
+        data = json.loads(storage.read_text(storage.join(model, "config.json")))
+    except (FileNotFoundError, NotADirectoryError, ValueError, UnicodeDecodeError):
+        return  # no complete export (or one nobody can load): nothing to protect
+    if force:
+        return
+    made = data.get(PROVENANCE_KEY) if isinstance(data, dict) else None
+    made = made if isinstance(made, dict) else {}
+    if made.get("config_sha256") not in (None, config_digest(cfg)):
+        why = "from another config"
+    elif not rundir.checkpoint_files(cfg.run_dir):  # any there: the trainer resumes them or refuses
+        why = "from another checkpoint (no checkpoint here continues it)"
+    else:
+        return
+    raise UserError(f"{model}: an exported model made {why} is there; pass --force to replace it, or use "
+                    f"another --output-dir")
+
+
 def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     """Top-k predictions for the mask token in `text` (written as [MASK], or the model's own mask
     token such as RoBERTa's <mask>: the CLI's examples work whatever the model's family)."""

@@ -126,7 +126,9 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "```",
         "",
     ]
-    return "\n".join(lines)
+    from tpu_ray.redact import redact
+
+    return redact("\n".join(lines))  # the card people publish: no password of a corpus URL
 
 
 def _pytorch_differs(model_type: str) -> str:

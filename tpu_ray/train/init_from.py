@@ -542,8 +542,7 @@ def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
     from safetensors.numpy import load_file
     from transformers.modeling_tf_pytorch_utils import load_pytorch_state_dict_in_tf2_model
 
-    files = [path] if os.path.exists(path) else sorted({os.path.join(src.local, f) for f in
-                                                         json.loads(Path(index).read_text())["weight_map"].values()})
+    files = [path] if os.path.exists(path) else _index_files(index, src)
     state: dict[str, Any] = {}
     for f in files:
         try:
@@ -561,6 +560,29 @@ def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
     if info["missing_keys"]:
         raise UserError(f"{src.where}/model.safetensors: {len(info['missing_keys'])} weight(s) missing (e.g. "
                         f"{info['missing_keys'][0]}); the file does not hold this {model.config.model_type} model")
+
+
+def _index_files(index: str, src: Source) -> list[str]:
+    """The weight files a sharded-safetensors index names, each inside the model directory: an
+    absolute path or `../` in `weight_map` must never make us read a file elsewhere."""
+    from tpu_ray.prepare.shard_set import is_confined
+
+    where = f"{src.where}/{os.path.basename(index)}"
+    try:
+        weight_map = json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{where}: not a safetensors index (no weight_map of file names); download or export "
+                        f"it again") from None
+    root = os.path.realpath(src.local)
+    files = []
+    for name in names:
+        full = os.path.realpath(os.path.join(src.local, name)) if isinstance(name, str) else ""
+        if not isinstance(name, str) or not is_confined(name) or os.path.dirname(full) != root:
+            raise UserError(f"{where}: weight_map names {str(name)[:80]!r}, which is not a file of the model "
+                            f"directory; fix the index (file names only) or download the model again")
+        files.append(full)
+    return files
 
 
 def _fill_tied(state: dict[str, Any], model_type: str) -> None:

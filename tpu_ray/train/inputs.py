@@ -43,6 +43,21 @@ class MaskSpec:
     # (google-research/bert's create_pretraining_data); False: each token independently with
     # mask_prob (Hugging Face's data collator). Whole-word masking always draws per word.
     exact_count: bool = False
+    # A masking rate that changes with the step (train.mask_schedule=linear): mask_prob at step 0 to
+    # mask_prob_end at `schedule_steps`, linearly. The step comes from the batch index in the masking
+    # seed (`batches_per_step` of this input pipeline's batches make one step): a tensor, no recompile.
+    mask_prob_end: float | None = None
+    schedule_steps: int = 0
+    batches_per_step: int = 1
+
+    def rate(self, seed: tf.Tensor) -> float | tf.Tensor:
+        """The masking rate of the batch whose masking seed is `seed` (see _seed: [base, index + pipeline
+        stride]); a Python float when it is constant."""
+        if self.mask_prob_end is None or self.schedule_steps <= 0:
+            return self.mask_prob
+        step = tf.math.floordiv(tf.math.floormod(seed[1], _PIPELINE_SEED_STRIDE), self.batches_per_step)
+        done = tf.minimum(tf.cast(step, tf.float32) / float(self.schedule_steps), 1.0)
+        return self.mask_prob + (self.mask_prob_end - self.mask_prob) * done
 
     @property
     def never_masked(self) -> tuple[int, ...]:
@@ -77,16 +92,17 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     `seed` is a shape-[2] int tensor; the same seed gives the same masks.
     """
     shape = tf.shape(input_ids)
+    mask_prob = spec.rate(seed)  # constant, or train.mask_schedule's rate at this batch's step
     s_select, s_kind, s_random = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
     special = tf.reduce_any(input_ids[..., None] == tf.constant(spec.never_masked, input_ids.dtype), axis=-1)
     draw = tf.random.stateless_uniform(shape, s_select)
     if spec.continues_word is not None:  # one draw per word: every piece takes its word's first draw
         draw = word_draws(input_ids, draw, spec.continues_word)
-        selected = tf.logical_and(draw < spec.mask_prob, tf.logical_not(special))
+        selected = tf.logical_and(draw < mask_prob, tf.logical_not(special))
     elif spec.exact_count:
-        selected = exact_selection(draw, special, spec.mask_prob)
+        selected = exact_selection(draw, special, mask_prob)
     else:
-        selected = tf.logical_and(draw < spec.mask_prob, tf.logical_not(special))
+        selected = tf.logical_and(draw < mask_prob, tf.logical_not(special))
     kind = tf.random.stateless_uniform(shape, s_kind)
     mask_end, random_end = spec.mask_fraction, spec.mask_fraction + spec.random_fraction
     to_mask = tf.logical_and(selected, kind < mask_end)
@@ -98,7 +114,7 @@ def mask_tokens(input_ids: tf.Tensor, seed: tf.Tensor, spec: MaskSpec) -> tuple[
     return masked, labels
 
 
-def exact_selection(draw: tf.Tensor, special: tf.Tensor, mask_prob: float) -> tf.Tensor:
+def exact_selection(draw: tf.Tensor, special: tf.Tensor, mask_prob: float | tf.Tensor) -> tf.Tensor:
     """Per row, the round(mask_prob x n) maskable positions (at least one) with the smallest draws.
 
     Static shapes, no data-dependent branch: each position's rank among its row's draws (special
@@ -142,8 +158,9 @@ def predictions_per_sequence(seq_len: int, mask_prob: float, whole_word: bool = 
 
 def predictions_for(train: Any, seq_len: int) -> int:
     """predictions_per_sequence for a run's TrainConfig: the one bound the trainer, the doctor's
-    memory estimate and the FLOPs count share."""
-    return predictions_per_sequence(seq_len, train.mask_prob, train.whole_word_mask, train.mask_count == "exact")
+    memory estimate and the FLOPs count share (at the highest rate of a masking schedule)."""
+    highest = max(train.mask_prob, getattr(train, "mask_prob_end", None) or 0.0)  # a masking schedule's top
+    return predictions_per_sequence(seq_len, highest, train.whole_word_mask, train.mask_count == "exact")
 
 
 def mlm_targets(labels: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:

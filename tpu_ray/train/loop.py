@@ -23,7 +23,7 @@ import math
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,7 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
         optimizer._create_all_weights(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var,
-                                         schedule=lr_schedule.variable(cfg))
+                                         schedule=lr_schedule.variable(cfg), schedule_shape=lr_schedule.shape_variable(cfg))
     # Multi-worker: the same initial weights everywhere (above), but each worker its own dropout
     # stream, as the workers read different data (equal seeds would repeat worker 0's masks).
     worker = info.worker_index
@@ -207,7 +207,9 @@ def make_eval_step(s: TrainSetup, byte_table: tf.Tensor):
 
 
 def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
+    """The masking of training batches (train.mask_schedule=linear: the rate moves with the step)."""
     t = cfg.train
+    scheduled = t.mask_schedule == "linear" and t.mask_prob_end is not None
     words = None
     if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
         from tpu_ray.prepare.tokenizer import load_tokenizer_json
@@ -223,7 +225,13 @@ def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
         predictions = max(predictions, sampled_word_bound(cfg, words, tok))
     return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, specials, predictions,
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
-                    random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact")
+                    random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact",
+                    mask_prob_end=t.mask_prob_end if scheduled else None, schedule_steps=t.steps)
+
+
+def per_step(spec: MaskSpec, ctx: tf.distribute.InputContext) -> MaskSpec:
+    """`spec` for one input pipeline: how many of its batches make one step (a masking schedule's clock)."""
+    return replace(spec, batches_per_step=max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines))
 
 
 def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Tensor:
@@ -253,6 +261,10 @@ def open_shards(cfg: RunConfig, tok: TokenizerInfo) -> ShardSet:
 def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = None) -> dict[str, Any]:
     """Train to `cfg.train.steps`, evaluating, checkpointing and exporting; returns the summary."""
     t_start = time.monotonic()
+    if cfg.train.branch_from:  # a branch's source is checked first: its shards are the ones to read
+        from tpu_ray.train.branch import check_before_start
+
+        check_before_start(cfg)
     tok = tokenizer_info(cfg.tokenizer_dir)
     shards = open_shards(cfg, tok)
     with shards.naming_corrupt_files():  # tf.data's DataLossError names no file; this names the shard
@@ -332,10 +344,15 @@ def refuse_precision(cfg: RunConfig, precision: str) -> None:
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
                      resume: bool) -> int:
     """The step to start from: 0, or the latest checkpoint's with --resume (refused without it).
-    A fresh start with model.init_from loads the checkpoint's weights (optimizer and schedule fresh)."""
+    A fresh start with model.init_from loads the checkpoint's weights (optimizer and schedule fresh);
+    one with train.branch_from the stable run's checkpoint whole (train/branch.py)."""
     if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
         metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
     if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
+        if cfg.train.branch_from:  # a decay branched off a stable run: its checkpoint, this run's schedule
+            from tpu_ray.train.branch import restore as restore_branch
+
+            return restore_branch(cfg, s, metrics)
         if cfg.model.init_from:
             from tpu_ray.train.init_from import load_weights
 
@@ -349,8 +366,8 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     from tpu_ray.train import schedule as lr_schedule
 
     ckpts.restore(s.checkpoint)
-    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, cfg)
-    s.checkpoint.schedule.assign(lr_schedule.values(cfg))  # what the next checkpoint records
+    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, cfg, s.checkpoint.schedule_shape)
+    lr_schedule.adopt(s.checkpoint, cfg)  # what the next checkpoint records
     start = int(s.step_var.numpy())
     log.info("resumed from %s at step %d", ckpts.latest_url, start)
     return start  # the resume event is written by train_input, with the input position
@@ -376,7 +393,7 @@ def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckp
         def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
             records, mine = positions.records(ctx, start)
             files_read.extend(mine)
-            return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
+            return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
                                   start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx)
     else:
         positions = PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
@@ -385,7 +402,7 @@ def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckp
         parts = host_parts(files, positions.counts, ctx)  # an equal share of the records per pipeline
         files_read.extend(f if n == positions.counts[f] else f"{f}[{a}:{a + n}]" for f, a, n in parts)
         positions.bind(parts, ctx.num_input_pipelines)
-        return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), spec, cfg.seed,
+        return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
                              cfg.train.shuffle_buffer,
                              start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx,
                              counts=positions.counts)
@@ -505,8 +522,10 @@ def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
 def export(s: TrainSetup, last_eval: dict[str, Any] | None = None) -> str:
     """`<run_dir>/model`: weights + config + tokenizer, loadable by pipeline("fill-mask").
 
-    Written locally first; config.json is committed last, so a directory without it is incomplete.
+    Written locally first, then replaced whole (storage.commit_dir): never old and new files mixed.
     """
+    from tpu_ray.train.export import stamp_provenance
+
     out = rundir.path(s.cfg.run_dir, rundir.MODEL_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         s.model.save_pretrained(tmp)
@@ -514,7 +533,6 @@ def export(s: TrainSetup, last_eval: dict[str, Any] | None = None) -> str:
         for name in sorted(storage.listdir(s.cfg.tokenizer_dir)):
             base = name.rsplit("/", 1)[-1]
             (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.cfg.tokenizer_dir, base)))
-        storage.makedirs(out)
-        for name in sorted((p.name for p in Path(tmp).iterdir()), key=lambda n: n == "config.json"):
-            storage.atomic_copy_file(str(Path(tmp) / name), storage.join(out, name))
+        stamp_provenance(tmp, s.cfg, int(s.step_var.numpy()))
+        storage.commit_dir(tmp, out, last="config.json")  # written beside, renamed into place whole
     return out

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from tpu_ray import storage
+from tpu_ray.redact import redact
 from tpu_ray.rundir import METRICS_DIR, METRICS_FILE
 
 log = logging.getLogger("tpu_ray.train.metrics")
@@ -60,7 +61,7 @@ class MetricsWriter:
         record = {"kind": kind, "time": time.time(), **{k: _clean(v) for k, v in fields.items()}}
         if kind in ("train", "eval", "eval_source") and self.tensorboard:
             self._tensorboard().write(record)
-        line = json.dumps(record) + "\n"
+        line = redact(json.dumps(record)) + "\n"  # an error naming a URL keeps no password
         if self.remote:
             self._pending.append(line)
             if time.monotonic() - self._last_upload >= self._every or kind != "train":
@@ -70,8 +71,7 @@ class MetricsWriter:
                     log.warning("metrics upload failed, retried with the next records: %s", exc)
                     self._last_upload = time.monotonic()
         else:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line)
+            storage.append_text_local(self.path, line)  # never through a link planted in its place
         return record
 
     def flush(self) -> None:

@@ -1,4 +1,5 @@
-"""The trainer's optimizer: AdamW (transformers' AdamWeightDecay) with warmup + linear decay.
+"""The trainer's optimizer: AdamW (transformers' AdamWeightDecay) under the run's learning-rate
+schedule (train/schedule.py: linear, cosine, constant or wsd after a linear warm-up).
 
 Why not `transformers.create_optimizer`'s optimizer as is: at `weight_decay_rate=0` it returns
 another class (the new-style Keras `Adam`), which has no `_create_all_weights`, other slot names in
@@ -8,21 +9,30 @@ valid rate gives the same class; at rate 0 AdamWeightDecay decays nothing, so it
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from tpu_ray.config import TrainConfig
 
+log = logging.getLogger("tpu_ray.train.loop")  # the trainer's log lines keep the trainer's name
 ADAM = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-8}  # create_optimizer's defaults
 NO_DECAY = ["LayerNorm", "layer_norm", "bias"]
 
 
-def make_optimizer(t: TrainConfig, warmup: int) -> tuple[Any, Any]:
-    """(optimizer, learning-rate schedule) for `t`: one optimizer class for any weight decay."""
-    from transformers import AdamWeightDecay, create_optimizer
+def make_optimizer(t: TrainConfig, warmup: int | None = None) -> tuple[Any, Any]:
+    """(optimizer, learning-rate schedule) for `t`: one optimizer class for any weight decay (create_optimizer's
+    AdamWeightDecay with its arguments), the rate a pure function of the step. A schedule that will not do
+    what its options suggest (a warm-up as long as the run) is logged here, at every start."""
+    from transformers import AdamWeightDecay
 
-    optimizer, schedule = create_optimizer(init_lr=t.learning_rate, num_train_steps=t.steps,
-                                           num_warmup_steps=warmup, weight_decay_rate=t.weight_decay)
-    if not isinstance(optimizer, AdamWeightDecay):
-        optimizer = AdamWeightDecay(learning_rate=schedule, weight_decay_rate=float(t.weight_decay),
-                                    exclude_from_weight_decay=NO_DECAY, **ADAM)
+    from tpu_ray.train import curves
+    from tpu_ray.train.schedule import learning_rate
+
+    if warmup is not None:  # the warm-up the caller resolved (train.warmup_steps, else the ratio's)
+        t = t.model_copy(update={"warmup_steps": warmup})
+    for line in curves.warnings(t):
+        log.warning("learning-rate schedule: %s", line)
+    schedule = learning_rate(t)
+    optimizer = AdamWeightDecay(learning_rate=schedule, weight_decay_rate=float(t.weight_decay),
+                                exclude_from_weight_decay=NO_DECAY, **ADAM)
     return optimizer, schedule

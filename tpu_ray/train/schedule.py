@@ -1,28 +1,53 @@
-"""The learning-rate schedule's defining values, saved in every checkpoint and checked on --resume.
+"""The learning-rate schedule in the train step, and its defining values, saved in every checkpoint
+and checked on --resume.
 
-`transformers.create_optimizer` builds warmup + linear decay from (steps, warmup, learning rate); a
-resumed run that changes any of them silently follows another curve from the resumed step on (the
-rate can jump, or decay to zero before the new end). So the checkpoint carries the three values and
---resume refuses a change, unless `train.extend_schedule=true` says it is meant: then the run
+The rate is `curves.rate` of the optimizer's iteration counter, inside the traced step (a pure
+function of the step: no Python state, no retrace as it changes), so a resumed run continues the
+same curve from the restored counter. A resumed run that changes the curve's values would silently
+follow another curve from the resumed step on (the rate can jump, or decay to zero before the new
+end). So the checkpoint carries the numbers (steps, warm-up, learning rate) and the curve's shape,
+and --resume refuses a change, unless `train.extend_schedule=true` says it is meant: then the run
 continues under the new schedule from the checkpoint's step (the way to extend a finished run).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 import tensorflow as tf
 
-from tpu_ray.config import RunConfig
+from tpu_ray.config import RunConfig, TrainConfig
 from tpu_ray.errors import UserError
+from tpu_ray.train import curves
 
 log = logging.getLogger(__name__)
 NAMES = ("train.steps", "warmup steps", "train.learning_rate")
 
 
+def learning_rate(t: TrainConfig) -> Any:
+    """The Keras LearningRateSchedule of `t`."""
+    import tf_keras
+
+    c = curves.curve(t)
+
+    class LearningRate(tf_keras.optimizers.schedules.LearningRateSchedule):
+        """`curves.rate` of the iteration counter, in float32 (what the optimizer applies)."""
+
+        def __call__(self, step: Any) -> tf.Tensor:
+            import tensorflow.experimental.numpy as tnp
+
+            return tf.cast(curves.rate(c, tf.cast(step, tf.float32), tnp), tf.float32)
+
+        def get_config(self) -> dict[str, Any]:
+            return dataclasses.asdict(c)
+
+    return LearningRate()
+
+
 def warmup_steps(cfg: RunConfig) -> int:
-    t = cfg.train
-    return t.warmup_steps if t.warmup_steps is not None else int(t.steps * t.warmup_ratio)
+    return curves.warmup_steps(cfg.train)
 
 
 def values(cfg: RunConfig) -> list[float]:
@@ -34,13 +59,39 @@ def variable(cfg: RunConfig) -> tf.Variable:
     return tf.Variable(values(cfg), dtype=tf.float64, trainable=False, name="schedule")
 
 
-def check_resume(saved: tf.Variable, where: str, cfg: RunConfig) -> None:
+# The curve's shape, checkpointed as numbers beside `values` (a float64 vector as `variable`: no string
+# variable on an accelerator): its names, and for the coded ones the names of their codes.
+SHAPE_NAMES = ("train.schedule", "train.decay_steps", "train.decay_fraction", "train.decay_shape",
+               "train.min_lr_ratio", "train.mask_schedule", "train.mask_prob_end")
+_CODES = {0: curves.KINDS, 3: ("linear", "1-sqrt"), 5: ("constant", "linear")}
+
+
+def shape_values(cfg: RunConfig) -> list[float]:
+    """The options beyond `values` that shape the curves (the decay's only under wsd; 0 where unset)."""
+    t = cfg.train
+    wsd = t.schedule == "wsd"
+    return [float(curves.KINDS.index(t.schedule)), float(t.decay_steps or 0) if wsd else 0.0,
+            float(t.decay_fraction) if wsd and t.decay_steps is None else 0.0,
+            float(("linear", "1-sqrt").index(t.decay_shape)) if wsd else 0.0, float(t.min_lr_ratio),
+            float(t.mask_schedule == "linear"), float(t.mask_prob_end or 0.0)]
+
+
+def shape_variable(cfg: RunConfig) -> tf.Variable:
+    """The checkpointed shape of this run's curve (shape_values), beside `variable`."""
+    return tf.Variable(shape_values(cfg), dtype=tf.float64, trainable=False, name="schedule_shape")
+
+
+def check_resume(saved: tf.Variable, where: str, cfg: RunConfig, shape: tf.Variable | None = None) -> None:
     """Refuse resuming the checkpoint at `where` under a different schedule (one line naming what
-    changed). `saved` is the schedule variable after the restore: read from the restored state, not
-    from the file again, so a damaged or fallen-back checkpoint is reported by the restore itself. A
-    checkpoint from before schedules were saved leaves the variable at this run's values: nothing to compare."""
+    changed). `saved` (and `shape`) are the schedule variables after the restore: read from the
+    restored state, not from the file again, so a damaged or fallen-back checkpoint is reported by
+    the restore itself. A checkpoint from before schedules (or their shapes) were saved leaves the
+    variable at this run's values: nothing to compare."""
     changed = [f"{n} {_fmt(a)} -> {_fmt(b)}" for n, a, b in zip(NAMES, [float(x) for x in saved.numpy()], values(cfg))
                if a != b]
+    if shape is not None:
+        changed += [f"{n} {_named(i, a)} -> {_named(i, b)}" for i, (n, a, b) in
+                    enumerate(zip(SHAPE_NAMES, [float(x) for x in shape.numpy()], shape_values(cfg))) if a != b]
     if not changed:
         return
     if cfg.train.extend_schedule:
@@ -49,6 +100,17 @@ def check_resume(saved: tf.Variable, where: str, cfg: RunConfig) -> None:
     raise UserError(f"--resume: {where} was trained with another schedule ({', '.join(changed)}); "
                     f"resume with the original values, or set train.extend_schedule=true to continue under the "
                     f"new schedule from the checkpoint's step")
+
+
+def adopt(checkpoint: tf.train.Checkpoint, cfg: RunConfig) -> None:
+    """Record this run's schedule in the restored checkpoint object (what its next save holds)."""
+    checkpoint.schedule.assign(values(cfg))
+    checkpoint.schedule_shape.assign(shape_values(cfg))
+
+
+def _named(i: int, x: float) -> str:
+    codes = _CODES.get(i)
+    return codes[int(x)] if codes and 0 <= int(x) < len(codes) else _fmt(x)
 
 
 def _fmt(x: float) -> str:

@@ -1,0 +1,162 @@
+"""Decays branched off a stable run (`train.branch_from`, issue 32).
+
+A long run at a constant rate (train.schedule=constant, or wsd before its decay) is continued in a
+new run directory from one of its checkpoints, under the new run's schedule (typically wsd with the
+decay starting at the branch step): a finished model for that budget, without restarting, while the
+stable run goes on. The branch takes the checkpoint's weights, optimizer state (moments and the
+iteration counter the schedule reads) and step; its data position follows from the step, as on
+--resume, so the branch sees exactly the batches and masks the stable run would have seen next.
+That holds only for the same shards, tokenizer, model, seed, batch and shuffle buffer: checked here
+against the stable run's config.yaml before anything is restored. The stable run is only read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from tpu_ray import rundir, storage
+from tpu_ray.config import SCHEDULE_FIELDS, RunConfig
+from tpu_ray.errors import UserError
+
+log = logging.getLogger("tpu_ray.train.loop")
+_CKPT = re.compile(r"^ckpt-(\d+)$")
+# Train fields that decide which batch and which masks a step sees, beside the fingerprint's.
+_DATA_ORDER = ("shuffle_buffer",)
+
+
+@dataclass(frozen=True)
+class Branch:
+    run_dir: str  # the stable run
+    checkpoint: str  # its checkpoint prefix (.../checkpoints/ckpt-N)
+    step: int
+
+
+def resolve(cfg: RunConfig) -> Branch:
+    """The checkpoint `train.branch_from` names (a run: its last committed one), checked against this
+    run's config: one line naming what differs, or how to point at the stable run's data."""
+    where = str(cfg.train.branch_from).rstrip("/")
+    found = _CKPT.match(where.rsplit("/", 1)[-1])
+    if found:
+        run_dir = where.rsplit("/", 1)[0].rsplit("/", 1)[0]
+        checkpoint, step = where, int(found.group(1))
+        if not storage.exists(checkpoint + ".index"):
+            raise UserError(f"train.branch_from={where}: no such checkpoint ({checkpoint}.index is missing); "
+                            f"name one the run keeps (train.keep_checkpoints), or the run for its last one")
+    else:
+        from tpu_ray.resume import latest_checkpoint
+
+        run_dir = where
+        latest = latest_checkpoint(run_dir)
+        if latest is None or latest[1] is None:
+            raise UserError(f"train.branch_from={where}: no committed checkpoint there; point at a tpu-ray run "
+                            f"directory that has trained, or at one of its checkpoints (RUN/checkpoints/ckpt-N)")
+        checkpoint, step = latest
+    _check_compatible(cfg, run_dir, where)
+    if step >= cfg.train.steps:
+        raise UserError(f"train.branch_from={where}: its checkpoint is at step {step}, not before train.steps="
+                        f"{cfg.train.steps}; set train.steps beyond {step} (the branch's decay ends there)")
+    return Branch(run_dir, checkpoint, step)
+
+
+def check_before_start(cfg: RunConfig) -> None:
+    """The branch's refusals before any shard is opened or model built, unless this run has its own
+    checkpoints already (a resumed branch continues from them: the stable run is not read again)."""
+    from tpu_ray.resume import latest_checkpoint
+
+    if latest_checkpoint(cfg.run_dir) is None:
+        resolve(cfg)
+
+
+def _check_compatible(cfg: RunConfig, run_dir: str, where: str) -> None:
+    from tpu_ray.saved_config import first_difference, read_saved_config
+
+    source = read_saved_config(run_dir)
+    if source is None:
+        raise UserError(f"train.branch_from={where}: {run_dir} has no {rundir.CONFIG_FILE}; branch from a tpu-ray "
+                        f"run directory")
+    fix = f"branch with the stable run's config (its {rundir.CONFIG_FILE}), changing only the schedule"
+    diff = first_difference(_comparable(source), _comparable(cfg))
+    if diff:
+        raise UserError(f"train.branch_from={where}: the run was trained with another config ({diff}); {fix}")
+    if not storage.exists(_manifest_or_dir(cfg.shards_dir)):
+        raise UserError(f"train.branch_from={where}: this run has no shards at {cfg.shards_dir}; read the stable "
+                        f"run's: shard.dir={source.shards_dir} tokenizer.path={source.tokenizer_dir}")
+    if not _same_shards(source.shards_dir, cfg.shards_dir):
+        raise UserError(f"train.branch_from={where}: other shards ({cfg.shards_dir}, the run's are "
+                        f"{source.shards_dir}); set shard.dir={source.shards_dir}")
+    if _tokenizer_sha(source.tokenizer_dir) != _tokenizer_sha(cfg.tokenizer_dir):
+        raise UserError(f"train.branch_from={where}: another tokenizer ({cfg.tokenizer_dir}, the run's is "
+                        f"{source.tokenizer_dir}); set tokenizer.path={source.tokenizer_dir}")
+
+
+def _comparable(cfg: RunConfig) -> dict[str, Any]:
+    """The fingerprint less the schedule (the branch's own), the evaluation, and the corpus, the
+    tokenizer and where the shards lie (the shards and the tokenizer themselves are compared
+    instead), plus the data order's fields: the shuffle buffer and a mixture's weights."""
+    fp = cfg.fingerprint()
+    fp["train"] = {k: v for k, v in fp["train"].items() if k not in SCHEDULE_FIELDS}
+    fp["train"].update({k: getattr(cfg.train, k) for k in _DATA_ORDER})
+    fp["shard"] = {k: v for k, v in fp["shard"].items() if k != "dir"}
+    corpus = cfg.corpus.model_dump(mode="json")
+    fp["mixture"] = {"weights": {n: src["weight"] for n, src in (corpus.get("sources") or {}).items()},
+                     **{k: corpus.get(k) for k in ("weight_temperature", "weight_schedule")}}
+    return {k: v for k, v in fp.items() if k not in ("corpus", "tokenizer", "eval")}
+
+
+def _manifest_or_dir(shards_dir: str) -> str:
+    from tpu_ray.prepare.shard_set import manifest_path
+
+    manifest = manifest_path(shards_dir)
+    return manifest if storage.exists(manifest) else shards_dir
+
+
+def _same_shards(a: str, b: str) -> bool:
+    """The same directory, or manifests with the same contents (a copy of the shards)."""
+    if not storage.is_remote(a) and not storage.is_remote(b) and os.path.realpath(a) == os.path.realpath(b):
+        return True
+    ma, mb = _manifest_or_dir(a), _manifest_or_dir(b)
+    return ma != a and mb != b and storage.read_text(ma) == storage.read_text(mb)
+
+
+def _tokenizer_sha(tokenizer_dir: str) -> str | None:
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+
+    try:
+        return tokenizer_info(tokenizer_dir).sha256
+    except UserError:
+        return None
+
+
+def restore(cfg: RunConfig, s: Any, metrics: Any) -> int:
+    """Load the branch checkpoint into this run's objects (`s`: loop.TrainSetup), record this run's
+    schedule in it, and return its step, where the branch starts."""
+    from tpu_ray.train import schedule as lr_schedule
+
+    branch = resolve(cfg)
+    with tempfile.TemporaryDirectory(prefix="tpu-ray-branch-") as tmp:
+        prefix = _local_copy(branch.checkpoint, tmp)
+        status = s.checkpoint.restore(prefix)
+        status.assert_existing_objects_matched()
+        status.expect_partial()  # schedule_shape: absent from checkpoints older than issue 32
+    lr_schedule.adopt(s.checkpoint, cfg)
+    step = int(s.step_var.numpy())
+    log.info("branched from %s at step %d (%s)", branch.checkpoint, step, branch.run_dir)
+    metrics.event("branch", stage="train", step=step, checkpoint=branch.checkpoint, source=branch.run_dir)
+    return step
+
+
+def _local_copy(prefix: str, tmp: str) -> str:
+    """A gs:// checkpoint's files staged under `tmp` (TF reads local files); a local one as it is."""
+    if not storage.is_remote(prefix):
+        return prefix
+    directory, name = prefix.rsplit("/", 1)
+    for path in storage.listdir(directory):
+        base = path.rsplit("/", 1)[-1]
+        if base.startswith(name + "."):
+            storage.download_file(path, os.path.join(tmp, base))
+    return os.path.join(tmp, name)
