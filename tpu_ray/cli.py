@@ -312,8 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("metrics", cmd_metrics, "print a run's metrics (a table or CSV)", common=False)
     p.add_argument("run_dir", metavar="RUN", type=nonempty("the run directory"),
                    help="the run directory (local path or gs://)")
-    p.add_argument("--kind", choices=["train", "eval", "eval_rerun", "event"], default=None,
-                   help="only these records (default: train and eval)")
+    p.add_argument("--kind", choices=["train", "eval", "eval_source", "eval_rerun", "event"], default=None,
+                   help="only these records (default: train, eval and eval_source)")
     p.add_argument("--tail", type=whole_number(0, " (0: all rows)"), default=20, help="the last N rows (default: 20; 0: all)")
     p.add_argument("--all", action="store_true", help="every column, not only the ones that matter")
     p.add_argument("--csv", action="store_true", help="all rows and columns as CSV (time in UTC)")
