@@ -209,3 +209,11 @@ def test_a_mixture_manifest_keeps_the_sources_in_unit_order_and_refuses_gaps(tmp
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match="sources.alpha is not a source entry"):
         ShardSet.load(str(tmp_path))
+
+
+def test_the_reserved_source_names_cover_the_splits():
+    from tpu_ray.config import RESERVED_SOURCE_NAMES
+    from tpu_ray.prepare.shard_set import SPLITS
+    from tpu_ray.prepare.sources import ONE_SOURCE
+
+    assert set(SPLITS) | {ONE_SOURCE} <= set(RESERVED_SOURCE_NAMES)

@@ -15,7 +15,7 @@ from tpu_ray.config import CorpusConfig, ShardConfig
 from tpu_ray.prepare import readers
 from tpu_ray.prepare.actor_pool import describe_unit
 from tpu_ray.prepare.corpus import READERS, plan_units, read_unit_text
-from tpu_ray.prepare.formats import detect
+from tpu_ray.prepare.readers import detect
 from tpu_ray.prepare.readers.base import CorpusFile, PlanContext, Reader, WorkUnit
 from tpu_ray.prepare.streams import Chunk, Counts, lines_of
 

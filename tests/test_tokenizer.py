@@ -43,7 +43,7 @@ def test_the_hash_names_the_content(tmp_path, lines):
 
 
 def test_builtin_corpus_is_real_python_documentation_and_deterministic(tmp_path):
-    from tpu_ray.prepare.corpus import builtin_python_docs, materialize_builtin
+    from tpu_ray.prepare.readers.builtin import builtin_python_docs, materialize_builtin
 
     text = builtin_python_docs()
     assert len(text) > 500_000

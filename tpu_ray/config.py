@@ -87,6 +87,11 @@ class _SourceFields(_Section):
     max_bad_fraction: float = Field(0.001, ge=0.0, le=1.0)
 
 
+# The shard splits (prepare/shard_set.SPLITS; importing it here would make an import cycle), the
+# pooled evaluation and the one-source corpus's own name: no source may be called so.
+RESERVED_SOURCE_NAMES = ("train", "validation", "all", "corpus")
+
+
 class SourceConfig(_SourceFields):
     """One named source of a mixture (`corpus.sources.<name>`): what `corpus` takes for one source,
     plus its sampling weight. A field left out takes the value `corpus` sets for it (or the default)."""
@@ -131,8 +136,6 @@ class CorpusConfig(_SourceFields):
 
     @model_validator(mode="after")
     def _valid_mixture(self) -> CorpusConfig:
-        from tpu_ray.prepare.shard_set import SPLITS
-
         if self.sources is None:
             if self.weight_schedule or self.weight_temperature is not None:
                 raise ValueError("corpus.weight_schedule and corpus.weight_temperature need corpus.sources "
@@ -147,9 +150,9 @@ class CorpusConfig(_SourceFields):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
                 raise ValueError(f"corpus.sources.{name}: a source name is letters, digits, '_', '-', '.' (at most "
                                  f"64, first a letter or digit); rename it")
-            if name in SPLITS or name in ("all", "corpus"):
+            if name in RESERVED_SOURCE_NAMES:
                 raise ValueError(f"corpus.sources.{name}: the name clashes with a split or a reserved name "
-                                 f"({', '.join((*SPLITS, 'all', 'corpus'))}); rename it")
+                                 f"({', '.join(RESERVED_SOURCE_NAMES)}); rename it")
             if src.weight == 0 and "validation_fraction" in src.model_fields_set and not src.validation_fraction \
                     and not src.validation_source:
                 raise ValueError(f"corpus.sources.{name}: weight 0 (evaluation only) with validation_fraction=0 "

@@ -28,11 +28,10 @@ from typing import Literal
 from tpu_ray import storage
 from tpu_ray.config import BUILTIN_CORPUS, CorpusConfig, ShardConfig
 from tpu_ray.errors import UserError
-from tpu_ray.prepare.formats import detect, is_saved_dataset
+from tpu_ray.prepare.formats import is_saved_dataset
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
-from tpu_ray.prepare.readers import formats, reader, source_reader
+from tpu_ray.prepare.readers import detect, formats, reader, source_reader
 from tpu_ray.prepare.readers.base import CorpusFile, PlanContext, WorkUnit, decode_text  # noqa: F401 (importers)
-from tpu_ray.prepare.readers.builtin import builtin_python_docs, materialize_builtin  # noqa: F401 (importers)
 from tpu_ray.prepare.readers.hub import PACKAGED_BUILDERS  # noqa: F401 (importers)
 from tpu_ray.prepare.streams import Chunk, Counts, require_field
 from tpu_ray.prepare import tabular

@@ -1,9 +1,9 @@
-"""Which reader a corpus path needs, and opening compressed files as decompressed streams.
+"""The corpus formats' names and compressions, and opening compressed files as decompressed streams.
 
-Why here: the format of a file is decided once (by its name, as fsspec and Hugging Face do), and
-both planning and the readers need the answer. Compression is inferred from the suffix with
-fsspec's table (`fsspec.utils.compressions`: .gz .bz2 .xz .zst ...); a suffix that names a
-compression this installation cannot read is refused in one line instead of read as text.
+Compression is inferred from the suffix with fsspec's table (`fsspec.utils.compressions`: .gz
+.bz2 .xz .zst ...); a suffix that names a compression this installation cannot read is refused in
+one line instead of read as text. Which format a file is (`detect`) is the readers' to say: it
+lives in tpu_ray/prepare/readers/, whose classes name their suffixes.
 """
 
 from __future__ import annotations
@@ -19,40 +19,6 @@ Format = Literal["txt", "jsonl", "parquet", "csv", "tsv", "hf", "hf_disk"]
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd", ".lzma": "lzma"}
 # Suffixes of compressions/archives we cannot stream: named in the error rather than read as text.
 UNSUPPORTED = (".zip", ".lz4", ".br", ".snappy", ".sz", ".7z", ".tar", ".tgz", ".z", ".lzo", ".rar")
-
-
-def detect(path: str, strict: bool = True) -> tuple[Format, str | None] | None:
-    """(format, compression) of a file by its name; None (strict=False) for files that are not corpus.
-
-    With strict=True an unknown suffix is plain text (binary content is caught when read). The
-    suffixes are the readers' own (tpu_ray/prepare/readers/: each format's class names them).
-    """
-    from tpu_ray.prepare.readers import compressible, suffix_table
-
-    name = path.lower().rsplit("/", 1)[-1]
-    compression = None
-    for suffix, comp in COMPRESSIONS.items():
-        if name.endswith(suffix):
-            compression, name = comp, name[: -len(suffix)]
-            break
-    else:
-        bad = next((s for s in UNSUPPORTED if name.endswith(s)), None)
-        if bad:
-            if not strict:
-                return None
-            raise UserError(f"{path}: compression/archive {bad!r} is not supported; decompress it, or recompress "
-                            f"with gzip (.gz), zstd (.zst), bzip2 (.bz2) or xz (.xz)")
-    for suffix, fmt in suffix_table().items():
-        if name.endswith(suffix):
-            if compression and fmt not in compressible():
-                if not strict:
-                    return None
-                raise UserError(f"{path}: a compressed {suffix} file cannot be read in row groups; decompress it "
-                                f"(parquet compresses its pages itself)")
-            return fmt, compression  # type: ignore[return-value]
-    if compression or strict:
-        return "txt", compression  # e.g. `notes.gz`: compressed text
-    return None
 
 
 def open_decompressed(path: str, compression: str | None, whole: bool = False) -> IO[bytes]:

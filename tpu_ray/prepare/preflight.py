@@ -25,7 +25,7 @@ def preflight_corpus(cfg) -> list[str]:
     """
     from tpu_ray.config import BUILTIN_CORPUS
     from tpu_ray.prepare.corpus import resolve_files
-    from tpu_ray.prepare.formats import detect
+    from tpu_ray.prepare.readers import detect
     from tpu_ray.prepare.readers import reader
 
     checked: list[str] = []

@@ -11,6 +11,9 @@ import importlib
 import pkgutil
 from typing import TypeVar
 
+from tpu_ray.errors import UserError
+from tpu_ray.prepare.formats import COMPRESSIONS, UNSUPPORTED, Format
+
 from tpu_ray.prepare.readers.base import (CorpusFile, PlanContext, Reader, SourceReader, WorkUnit,  # noqa: F401
                                           decode_text)
 
@@ -78,10 +81,42 @@ def _tables() -> tuple[dict[str, str], frozenset[str]]:
 
 
 def suffix_table() -> dict[str, str]:
-    """File suffix -> format, from every reader's `suffixes` (formats.detect)."""
+    """File suffix -> format, from every reader's `suffixes` (detect, below)."""
     return _tables()[0]
 
 
 def compressible() -> frozenset[str]:
     """Formats whose files may be compressed (streamed whole)."""
     return _tables()[1]
+
+
+def detect(path: str, strict: bool = True) -> tuple[Format, str | None] | None:
+    """(format, compression) of a file by its name; None (strict=False) for files that are not corpus.
+
+    With strict=True an unknown suffix is plain text (binary content is caught when read). The
+    suffixes are the readers' own (tpu_ray/prepare/readers/: each format's class names them).
+    """
+    name = path.lower().rsplit("/", 1)[-1]
+    compression = None
+    for suffix, comp in COMPRESSIONS.items():
+        if name.endswith(suffix):
+            compression, name = comp, name[: -len(suffix)]
+            break
+    else:
+        bad = next((s for s in UNSUPPORTED if name.endswith(s)), None)
+        if bad:
+            if not strict:
+                return None
+            raise UserError(f"{path}: compression/archive {bad!r} is not supported; decompress it, or recompress "
+                            f"with gzip (.gz), zstd (.zst), bzip2 (.bz2) or xz (.xz)")
+    for suffix, fmt in suffix_table().items():
+        if name.endswith(suffix):
+            if compression and fmt not in compressible():
+                if not strict:
+                    return None
+                raise UserError(f"{path}: a compressed {suffix} file cannot be read in row groups; decompress it "
+                                f"(parquet compresses its pages itself)")
+            return fmt, compression  # type: ignore[return-value]
+    if compression or strict:
+        return "txt", compression  # e.g. `notes.gz`: compressed text
+    return None

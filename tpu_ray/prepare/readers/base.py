@@ -123,7 +123,7 @@ class Reader:
     """One corpus format: plans units from a listed file, reads one unit's text, describes itself.
 
     Subclasses set `fmt` (the WorkUnit.fmt they read), `description` (what a unit of it is) and
-    `suffixes` (file names they read; formats.detect), and register with `@register`.
+    `suffixes` (file names they read; readers.detect), and register with `@register`.
     """
 
     fmt: ClassVar[str]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpu_ray.prepare import tabular
-from tpu_ray.prepare.formats import detect
+from tpu_ray.prepare.readers import detect
 from tpu_ray.prepare.readers import register
 from tpu_ray.prepare.readers.base import CorpusFile, PlanContext, SourceReader, WorkUnit
 from tpu_ray.prepare.readers.saved import SavedDatasetReader

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from tpu_ray import storage
-from tpu_ray.prepare.formats import detect
+from tpu_ray.prepare.readers import detect
 from tpu_ray.prepare.readers import register
 from tpu_ray.prepare.readers.base import CorpusFile, PlanContext, Reader, WorkUnit, decode_text
 from tpu_ray.prepare.streams import Chunk, Counts, lines_of, packed_text_chunks, split_items, stream_text_chunks
