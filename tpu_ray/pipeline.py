@@ -314,9 +314,6 @@ class Pipeline:
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if stage in ("run", "train"):
             refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
-            from tpu_ray.train.export import refuse_replacing_export
-
-            refuse_replacing_export(cfg, getattr(self, "_force_export", False))
         from tpu_ray.prepare.preflight import preflight_corpus
 
         if corpus and not self._given:
@@ -333,7 +330,11 @@ class Pipeline:
                 # The shard directory has its own lock, default (RUN/shards) or explicit: another run
                 # reading these shards (shard.dir=RUN/shards) is one writer too (issue 36).
                 held.enter_context(self._lock(stage, cfg.shards_dir))
-            saved_config.check_config(cfg)
+            saved_config.check_config(cfg)  # another config is named as such, before the export's own guard
+            if stage in ("run", "train"):
+                from tpu_ray.train.export import refuse_replacing_export
+
+                refuse_replacing_export(cfg, getattr(self, "_force_export", False))
             if cfg.model.init_from:  # the run's own copy of its checkpoint, made once (train/init_from.py)
                 self.cfg = cfg = _own_init_copy(cfg)
             if ray and start_ray:
