@@ -217,31 +217,31 @@ def plot_compare(df: pd.DataFrame, runs: Sequence[str], out: dict[str, str]) -> 
     finish(fig, ax, out["compare_eval_sources.png"], drew, "upper right")
 
     fig, ax = new_figure("Learning rate schedule", "step", "learning rate")
-    drew = False
-    for run, label, color in zip(runs, labels, colors):
-        train = by_step(parts[run][parts[run]["kind"] == "train"])
-        lr = column_values(train, "learning_rate")
-        if lr.notna().any():
-            ax.plot(train["step"], lr, color=color, lw=1.2, label=label, **dots(lr))
-            drew = True
+    drew = _overlay_train(ax, "learning_rate", runs, labels, colors, parts)
     if drew:
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
         ax.set_ylim(bottom=0)
     finish(fig, ax, out["compare_learning_rate.png"], drew, "upper right")
 
     fig, ax = new_figure("Throughput", "step", "tokens / s")
-    drew = False
-    for run, label, color in zip(runs, labels, colors):
-        train = by_step(parts[run][parts[run]["kind"] == "train"])
-        tok = column_values(train, "tokens_per_s")
-        if tok.notna().any():
-            ax.plot(train["step"], tok, color=color, lw=1.2, label=label, **dots(tok))
-            drew = True
+    drew = _overlay_train(ax, "tokens_per_s", runs, labels, colors, parts)
     if drew:
         ax.yaxis.set_major_formatter(thousands())
         top = column_values(df[df["kind"] == "train"], "tokens_per_s").max()
         ax.set_ylim(0, top * 1.15)  # headroom above the curves
     finish(fig, ax, out["compare_throughput.png"], drew, "lower right")
+
+
+def _overlay_train(ax, column: str, runs, labels, colors, parts) -> bool:
+    """One line per run of a train-record column (learning rate, throughput); whether any was drawn."""
+    drew = False
+    for run, label, color in zip(runs, labels, colors):
+        train = by_step(parts[run][parts[run]["kind"] == "train"])
+        values = column_values(train, column)
+        if values.notna().any():
+            ax.plot(train["step"], values, color=color, lw=1.2, label=label, **dots(values))
+            drew = True
+    return drew
 
 
 def _frame_table(table: pd.DataFrame, labels: Sequence[str]) -> str:
