@@ -113,7 +113,7 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
         if cfg.model.init_from:  # a tokenizer given beside a checkpoint must still fit its embedding
             from tpu_ray.train.init_from import check_tokenizer
 
-            check_tokenizer(cfg, info, cfg.tokenizer_dir)
+            check_tokenizer(cfg, info, cfg.tokenizer_dir, directory=cfg.tokenizer_dir)
         log.info("tokenizer: using %s (vocab %d, sha256 %s)", cfg.tokenizer_dir, info.vocab_size, info.sha256[:12])
         return info
     from tpu_ray.families import family, training_order
@@ -249,8 +249,11 @@ class Pipeline:
     def _tokenizer(self, rec: _Recorder, force: bool = False):
         with _stage(rec, "tokenizer"):
             info = run_tokenizer(self.cfg, force=force)
+        from tpu_ray.prepare.vocabulary import summary_fields
+
         rec.update(tokenizer={"dir": self.cfg.tokenizer_dir, "kind": self.cfg.tokenizer.kind,
-                              "vocab_size": info.vocab_size, "sha256": info.sha256})
+                              "vocab_size": info.vocab_size, "sha256": info.sha256,
+                              **summary_fields(self.cfg.tokenizer_dir)})
         return info
 
     def _shard(self, rec: _Recorder):
