@@ -236,12 +236,16 @@ def install(data: dict[str, Any], sp: Speller, tokens: list[tuple[str, list[str]
     intermediate strings must be tokens too: they are added (and returned) before it."""
     model = data["model"]
     ids: dict[str, int] = {}
+    added = {t["id"]: t["content"] for t in data.get("added_tokens", [])}
+    # An added token past the model's own vocabulary (a <mask> added after training) is given its
+    # id again when the file is loaded: the model's size at that moment, which would be a new
+    # token's. So it joins the model's vocabulary at its id first (never produced from text: the
+    # added tokens are matched before the model runs; a Unigram piece scored far below any other).
     if sp.kind == "Unigram":
         vocab = model["vocab"]
         scores = {p: s for p, s in vocab}
         low = min((s for _, s in vocab), default=0.0) - 100.0
-        added = {t["id"]: t["content"] for t in data.get("added_tokens", [])}
-        while len(vocab) < first_id:  # the added tokens after the pieces (<mask>) keep their ids
+        while len(vocab) < first_id:
             if len(vocab) not in added:
                 raise UserError(f"the checkpoint's tokenizer has no token with id {len(vocab)} below its size "
                                 f"{first_id}; its vocabulary cannot be extended")
@@ -255,6 +259,13 @@ def install(data: dict[str, Any], sp: Speller, tokens: list[tuple[str, list[str]
             vocab.append([token, scores[token]])
         return ids
     vocab = model["vocab"]
+    held = set(vocab.values())
+    for i in range(first_id):
+        if i not in held:
+            if i not in added:
+                raise UserError(f"the checkpoint's tokenizer has no token with id {i} below its size {first_id}; "
+                                f"its vocabulary cannot be extended")
+            vocab[added[i]] = i
     next_id = first_id
     if sp.kind == "WordPiece":
         for token, _ in tokens:

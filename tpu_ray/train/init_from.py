@@ -429,7 +429,12 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         raise UserError(f"shard.seq_len={cfg.shard.seq_len}: the checkpoint {src.where} has {positions} position "
                         f"embeddings ({model_type} positions start at {fam.position_offset}); use shard.seq_len <= "
                         f"{positions - fam.position_offset}")
-    return cfg.override(overrides)
+    cfg = cfg.override(overrides)
+    if cfg.tokenizer.add_tokens_file and not storage.exists(storage.join(cfg.tokenizer_dir, "tokenizer.json")):
+        from tpu_ray.prepare.vocabulary import Speller, file_tokens
+
+        file_tokens(cfg.tokenizer.add_tokens_file, Speller(base_tokenizer_json(cfg)))  # bad input: before any write
+    return cfg
 
 
 # --- the checkpoint's tokenizer -------------------------------------------------------------------
