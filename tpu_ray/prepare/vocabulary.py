@@ -29,7 +29,7 @@ import json
 import logging
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -290,7 +290,7 @@ def install(data: dict[str, Any], sp: Speller, tokens: list[tuple[str, list[str]
     return ids
 
 
-def extend(tokenizer_dir: str, cfg: Any, batches_fn) -> dict[str, Any]:
+def extend(tokenizer_dir: str, cfg: Any, batches_fn: Callable[[], Iterable[list[str]]]) -> dict[str, Any]:
     """Extend the checkpoint's tokenizer in the local directory `tokenizer_dir` (its copy, not yet
     committed) as `cfg.tokenizer` asks; `batches_fn()` gives the corpus sample (called twice: for
     the words, then for the tokens per word after). Writes tokenizer.json and the record; returns it."""

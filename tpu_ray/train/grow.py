@@ -47,14 +47,14 @@ def _scopeless(name: str) -> str:
     return name.split("/", 1)[-1]
 
 
-def load_grown(model: Any, cfg: RunConfig, rows: int, load: Callable[[Any, RunConfig], str]) -> str:
-    """Load the checkpoint (`load`, into a model of its own `rows`) and grow it into `model`."""
+def load_grown(model: Any, cfg: RunConfig, old_config: Any, load: Callable[[Any, RunConfig], str]) -> str:
+    """Load the checkpoint (`load`, into a model of its own config `old_config`) and grow it into `model`."""
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
 
     from tpu_ray.prepare.vocabulary import read_record
-    from tpu_ray.train.init_from import checkpoint_hf_config
 
+    rows = int(old_config.vocab_size)
     record = read_record(cfg.tokenizer_dir)
     if record is None or record["vocab_size"] != int(model.config.vocab_size):
         raise UserError(f"{cfg.tokenizer_dir}: the model has {model.config.vocab_size} vocabulary rows and the "
@@ -62,7 +62,7 @@ def load_grown(model: Any, cfg: RunConfig, rows: int, load: Callable[[Any, RunCo
                         f"`tpu-ray tokenizer --force`")
     pieces = [t["pieces"] for t in sorted(record["tokens"], key=lambda t: t["id"])]
     with tf.device("/cpu:0"):
-        old = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg))
+        old = TFAutoModelForMaskedLM.from_config(old_config)
         old(old.dummy_inputs, training=False)
         loaded = load(old, cfg)
     mine, theirs = model.weights, old.weights

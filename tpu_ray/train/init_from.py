@@ -571,11 +571,11 @@ def check_tokenizer(cfg: RunConfig, info: Any, where: str, directory: str | None
 def load_weights(model: Any, cfg: RunConfig) -> str:
     """Load the checkpoint's weights into the built `model`; every model weight must be found.
     Returns a description of what was read."""
-    rows = _rows(cfg)
-    if int(model.config.vocab_size) != rows:  # an extended vocabulary: load, then grow (train/grow.py)
+    config = checkpoint_hf_config(cfg)
+    if int(model.config.vocab_size) != int(config.vocab_size):  # an extended vocabulary: load, then grow
         from tpu_ray.train.grow import load_grown
 
-        return load_grown(model, cfg, rows, _load_source)
+        return load_grown(model, cfg, config, _load_source)
     return _load_source(model, cfg)
 
 
