@@ -6,7 +6,7 @@ Ray binds its servers to the node's IP address, and it takes 127.0.0.1 as that a
 multi-node clusters are switched off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, ray_constants.py;
 `_node_ip_address="127.0.0.1"` is rewritten to the routable address by
 `services.resolve_ip_for_localhost`). A cluster we connect to (an address, RAY_ADDRESS, or one a
-`ray start` left running) is left as it is. The same for `ray start`: see README, "single machine".
+`ray start` left running) is left as it is. The same for `ray start`: see docs/jobs.md (the head listens on loopback only).
 """
 
 from __future__ import annotations
