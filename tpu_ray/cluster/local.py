@@ -71,7 +71,7 @@ def cluster_choice(address: str | None) -> str:
     if starts_local_cluster(address):
         why = "ray.address=local" if address == "local" else "no ray.address, no RAY_ADDRESS, no head running here"
         return (f"ray: starting a new local Ray cluster for this run ({why}); it listens on {LOOPBACK} only "
-                f"and stops when the run ends")
+                f"and stops when this process ends")
     try:
         from ray._private.services import canonicalize_bootstrap_address
 
