@@ -10,7 +10,7 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-INTEROP ?= .venv-interop
+INTEROP ?= $(or $(TPU_RAY_INTEROP_VENVS),.venv-interop)  # where the interop tests look
 PY := $(VENV)/bin/python
 
 .PHONY: test test-fast setup extras browser interop
