@@ -10,7 +10,8 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-INTEROP ?= $(or $(TPU_RAY_INTEROP_VENVS),.venv-interop)  # where the interop tests look
+# The interop venvs go where the tests look for them (TPU_RAY_INTEROP_VENVS, else .venv-interop).
+INTEROP ?= $(or $(TPU_RAY_INTEROP_VENVS),.venv-interop)
 PY := $(VENV)/bin/python
 
 .PHONY: test test-fast setup extras browser interop

@@ -324,6 +324,7 @@ def test_make_test_sets_up_everything_and_runs_both_suites():
              "tests/interop/setup_venvs.sh", ".venv/bin/python -m pytest\n", ".venv/bin/python -m pytest -m slow"]
     at = [plan.find(s) for s in steps]
     assert -1 not in at and at == sorted(at), plan
+    assert re.search(r"setup_venvs\.sh (\S+); then touch \1/\.built", plan), plan  # built once, where tests look
 
 
 def test_readme_and_jobs_docs_start_a_local_head_the_same_way():
