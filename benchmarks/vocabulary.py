@@ -108,12 +108,22 @@ def main() -> None:
     print(f"  wall time (whole run: tokenizer, shards, training, export): base {base['seconds']:.0f} s, "
           f"extended {ext['seconds']:.0f} s; training alone {base['train_seconds']:.0f} s / "
           f"{ext['train_seconds']:.0f} s")
+    # At equal wall time: the extended side's training seconds at each evaluation (steps take equal
+    # time: seconds x step / steps), and the first evaluation where it is at or below base's final.
+    reach = next((s for s in steps if ext["bpb"][s] <= base["bpb"][last]), None)
+    reach_seconds = None if reach is None else ext["train_seconds"] * reach / last
+    if reach is None:
+        print(f"  extended never reaches base's final {base['bpb'][last]:.4f} bits per byte")
+    else:
+        print(f"  extended reaches base's final {base['bpb'][last]:.4f} bits per byte at step {reach} "
+              f"(~{reach_seconds:.0f} s of training; base took {base['train_seconds']:.0f} s)")
     print(json.dumps({
         "tokens_per_word_ratio": round(tpw["extended"] / tpw["base"], 4),
         "bpb_ratio": round(ext["bpb"][last] / base["bpb"][last], 4),
         "tokens_per_word": {k: round(v, 4) for k, v in tpw.items()},
         "bpb_final": {"base": round(base["bpb"][last], 4), "extended": round(ext["bpb"][last], 4)},
         "wall_ratio": round(ext["seconds"] / base["seconds"], 3),
+        "seconds_to_base_final_ratio": None if reach is None else round(reach_seconds / base["train_seconds"], 3),
         "seconds": {"base": round(base["seconds"], 1), "extended": round(ext["seconds"], 1)},
         "steps": last, "extend_tokens": args.extend}))
 
