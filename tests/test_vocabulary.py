@@ -103,6 +103,26 @@ def test_a_users_words_get_the_word_start_spelling_of_each_kind(lines):
     assert word_spelling(wp, "##globin") == "##globin" and word_spelling(wp, "two words") is None
 
 
+@pytest.mark.parametrize("kind", ["unigram", "bpe", "bytelevel", "wordpiece"])
+def test_a_users_word_encodes_as_one_new_token_in_text(lines, kind):
+    """A word of many pieces from add_tokens_file: BPE gets the merges (and intermediates) that
+    build it, WordPiece and Unigram one entry; in a sentence the word is then one token."""
+    from tokenizers import Tokenizer
+
+    from tpu_ray.prepare.vocabulary import Speller, install, word_spelling
+
+    base = _base_tokenizer(kind, lines)
+    sp = Speller(base.to_str())
+    spelled = word_spelling(sp, "hemoglobin")
+    assert len(sp.pieces(spelled)) > 2
+    data = json.loads(base.to_str())
+    first = base.get_vocab_size(with_added_tokens=True)
+    ids = install(data, sp, [(spelled, [p for p, _ in sp.pieces(spelled)])], first)
+    extended = Tokenizer.from_str(json.dumps(data))
+    assert spelled in extended.encode("the hemoglobin of blood", add_special_tokens=False).tokens
+    assert ids[spelled] == max(ids.values()) and (kind in ("bpe", "bytelevel")) == (len(ids) > 1)
+
+
 # --- a continued run, end to end ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def source(tmp_path_factory, small_corpus, ray_local) -> Path:

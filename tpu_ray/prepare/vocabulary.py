@@ -278,16 +278,46 @@ def install(data: dict[str, Any], sp: Speller, tokens: list[tuple[str, list[str]
     merges = model["merges"]
     as_text = bool(merges) and isinstance(merges[0], str)
     for token, parts in tokens:
-        left = parts[0]
-        for right in parts[1:]:
+        joined = parts[0]
+        for left, right in merge_plan(sp, parts, vocab):  # children before parents: each merge finds its pieces
             joined = sp.join(left, right)
             if joined not in vocab:
                 vocab[joined] = ids[joined] = next_id
                 next_id += 1
             merges.append(f"{left} {right}" if as_text else [left, right])
-            left = joined
-        assert left == token
+        assert joined == token, (joined, token)
     return ids
+
+
+def merge_plan(sp: Speller, parts: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The BPE merges that join `parts` into one token, children first, through as few strings the
+    vocabulary lacks as a split allows (a span already a token costs nothing; every other span
+    but the whole is an intermediate token to add)."""
+    n = len(parts)
+    spans = {(i, i + 1): parts[i] for i in range(n)}
+    for width in range(2, n + 1):
+        for i in range(n - width + 1):
+            spans[(i, i + width)] = sp.join(spans[(i, i + 1)], spans[(i + 1, i + width)]) if width == 2 else \
+                sp.join(spans[(i, i + width - 1)], parts[i + width - 1])
+    best: dict[tuple[int, int], tuple[int, int | None]] = {(i, i + 1): (0, None) for i in range(n)}
+    for width in range(2, n + 1):
+        for i in range(n - width + 1):
+            k = i + width
+            own = 0 if (spans[(i, k)] in vocab or width == n) else 1
+            cost, j = min((best[(i, j)][0] + best[(j, k)][0], j) for j in range(i + 1, k))
+            best[(i, k)] = (cost + own, j)
+    plan: list[tuple[str, str]] = []
+
+    def walk(i: int, k: int) -> None:
+        j = best[(i, k)][1]
+        if j is None:
+            return
+        walk(i, j)
+        walk(j, k)
+        plan.append((spans[(i, j)], spans[(j, k)]))
+
+    walk(0, n)
+    return plan
 
 
 def extend(tokenizer_dir: str, cfg: Any, batches_fn: Callable[[], Iterable[list[str]]]) -> dict[str, Any]:
