@@ -243,3 +243,28 @@ def test_a_duplicate_in_the_tokens_file_exits_2_on_the_cli(source, tmp_path, sma
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "line 3: 'enzyme' duplicates line 1" in lines[0], proc.stderr
+
+
+def test_a_tokens_file_with_a_bom_and_crlf_gives_the_words_as_written(lines, tmp_path):
+    """Notepad's UTF-8 (a BOM, CRLF): the first word is `hemoglobin`, not a BOM-prefixed token no text holds."""
+    from tpu_ray.prepare.vocabulary import Speller, file_tokens
+
+    path = tmp_path / "tokens.txt"
+    path.write_bytes("\ufeffhemoglobin\r\n \r\nphotosynthesis\r\n".encode())
+    sp = Speller(_base_tokenizer("unigram", lines).to_str())
+    assert file_tokens(str(path), sp) == [("hemoglobin", "\u2581hemoglobin"), ("photosynthesis", "\u2581photosynthesis")]
+
+
+def test_a_changed_tokens_file_is_refused_not_silently_reused(source, tmp_path, small_corpus):
+    """The run's tokenizer was extended from the file as it was; other words in it later are a change."""
+    from tpu_ray.pipeline import Pipeline
+
+    words = tmp_path / "words.txt"
+    words.write_text("hemoglobin\n")
+    cfg = _extended_cfg(tmp_path, small_corpus, source, **{"tokenizer.add_tokens_file": str(words)})
+    assert Pipeline(cfg).tokenizer().vocab_size == 801
+    assert Pipeline(cfg).tokenizer().vocab_size == 801  # the same file: the tokenizer is reused
+    words.write_text("hemoglobin\nchlorophyll\n")
+    with pytest.raises(UserError, match=r"add_tokens_file=.*the file has changed since") as err:
+        Pipeline(cfg).tokenizer()
+    assert "\n" not in str(err.value)

@@ -112,7 +112,8 @@ def word_spelling(sp: Speller, text: str) -> str | None:
 def file_tokens(path: str, sp: Speller) -> list[tuple[str, str]]:
     """(as written, model spelling) of each line of `path`; one line for what is wrong with it."""
     try:
-        lines = storage.read_text(path).splitlines()
+        # A BOM (Notepad's UTF-8) would be part of the first token: a token no text ever holds.
+        lines = storage.read_text(path).removeprefix("\ufeff").splitlines()
     except FileNotFoundError:
         raise UserError(f"tokenizer.add_tokens_file={path}: no such file; give a text file of tokens, one a "
                         f"line") from None
@@ -449,6 +450,18 @@ def check_growth(record: dict[str, Any], tokenizer_json: str, base_json: str, ro
         what = f"token {moved[0]!r} moved" if moved else \
             f"{len(set(extra) ^ set(want))} token(s) differ from {EXTENSION_FILE}"
         raise UserError(f"{where}: not the checkpoint's vocabulary plus the recorded tokens ({what}); {fix}")
+
+
+def tokens_file_changed(record: dict[str, Any], path: str | None) -> bool:
+    """Whether the tokens file the record was made from now holds other text (a missing file is
+    not a change: the tokenizer made from it stands on its own)."""
+    want = record.get("add_tokens_sha256")
+    if not path or not want or not storage.exists(path):
+        return False
+    try:
+        return _sha(storage.read_text(path)) != want
+    except (OSError, UnicodeDecodeError):
+        return True
 
 
 def summary_fields(tokenizer_dir: str) -> dict[str, Any]:

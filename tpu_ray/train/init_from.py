@@ -537,7 +537,7 @@ def check_tokenizer(cfg: RunConfig, info: Any, where: str, directory: str | None
     or exactly the checkpoint's vocabulary plus the tokens its extension record (in `directory`)
     names; the special tokens are the family's convention. `base`: the checkpoint's own tokenizer,
     before any extension the run asks for."""
-    from tpu_ray.prepare.vocabulary import EXTENSION_FILE, check_growth, read_record
+    from tpu_ray.prepare.vocabulary import EXTENSION_FILE, check_growth, read_record, tokens_file_changed
 
     rows = _rows(cfg)
     record = read_record(directory) if directory else None
@@ -551,6 +551,10 @@ def check_tokenizer(cfg: RunConfig, info: Any, where: str, directory: str | None
             raise UserError(f"{where}: extended with tokenizer.extend_tokens={record.get('extend_tokens')} "
                             f"add_tokens_file={record.get('add_tokens_file')} ({EXTENSION_FILE}), not as this run "
                             f"asks; make it again with `tpu-ray tokenizer --force`")
+        if tokens_file_changed(record, tk.add_tokens_file):
+            raise UserError(f"{where}: extended from tokenizer.add_tokens_file={tk.add_tokens_file} as it was "
+                            f"(sha256 {record['add_tokens_sha256'][:12]}, {EXTENSION_FILE}); the file has changed "
+                            f"since; restore it, or use a new --output-dir for the new tokens")
     elif extends(cfg) and not base:
         raise UserError(f"{where}: the checkpoint's tokenizer, not extended as tokenizer.extend_tokens / "
                         f"add_tokens_file ask; make it with `tpu-ray tokenizer --force`")
