@@ -53,6 +53,8 @@ def test_fill_mask_with_the_models_own_mask_token_is_accepted_up_front():
     check_fill_mask_text("a [MASK] b", own="<mask>")  # [MASK] stands for any model's mask token
     with pytest.raises(Exception, match="contains 2 <mask>"):
         check_fill_mask_text("<mask> <mask>", own="<mask>")
+    with pytest.raises(Exception, match="contains \\[MASK\\] and <mask>, two mask tokens"):
+        check_fill_mask_text("The <mask> and [MASK] here.", own="<mask>")  # not one filled, one left as text
 
 
 def test_a_runs_first_lines_name_the_ray_cluster_and_a_warm_up_longer_than_the_run(tmp_path):
