@@ -245,6 +245,82 @@ def test_every_shipped_config_loads(path: Path):
     load_run_config(str(path))
 
 
+# ------------------------------------------------------------- options in prose and YAML snippets
+def _run_config_snippets() -> list[tuple[str, str]]:
+    """(doc, body) of each ```yaml block shaped like a run config (every top key a RunConfig section)."""
+    import yaml
+
+    from tpu_ray.config import RunConfig
+
+    out = []
+    for path in DOCS:
+        for body in re.findall(r"^```ya?ml\n(.*?)^```", path.read_text(), flags=re.S | re.M):
+            try:
+                data = yaml.safe_load(body)
+            except yaml.YAMLError:  # cluster.yaml fragments (aliases defined elsewhere): not a run config
+                continue
+            if isinstance(data, dict) and data and set(data) <= set(RunConfig.model_fields):
+                out.append((str(path.relative_to(REPO)), body))
+    return out
+
+
+def _prose_overrides() -> list[tuple[str, str]]:
+    """(doc, key) of each `section.key=value` written in prose code spans (an option the reader copies)."""
+    from tpu_ray.config import RunConfig
+
+    out = []
+    for path in DOCS:
+        prose = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+        for span in re.findall(r"`([^`\n]+)`", prose):
+            for word in span.split():
+                if OVERRIDE.match(word) and word.split(".", 1)[0] in RunConfig.model_fields:
+                    out.append((str(path.relative_to(REPO)), word.split("=", 1)[0]))
+    return sorted(set(out))
+
+
+SNIPPETS, PROSE_KEYS = _run_config_snippets(), _prose_overrides()
+
+
+@pytest.mark.parametrize("doc, body", SNIPPETS, ids=[f"{d}:{b.split()[0]}" for d, b in SNIPPETS])
+def test_every_run_config_snippet_loads(doc: str, body: str):
+    """A YAML snippet of a run config names only options that exist (a typo would be ignored by no one)."""
+    import yaml
+
+    from tpu_ray.config import RunConfig
+
+    data = yaml.safe_load(body)
+    data.setdefault("output_dir", "runs/x")
+    corpus = data.setdefault("corpus", {})
+    if "sources" not in corpus:  # a snippet of other sections: any corpus will do
+        corpus.setdefault("source", "my.txt")
+    try:
+        RunConfig.from_dict(data)
+    except UserError as exc:
+        pytest.fail(f"{doc}: the YAML snippet starting {body.split(chr(10))[0]!r} does not load: {exc}")
+
+
+@pytest.mark.parametrize("doc, key", PROSE_KEYS, ids=[f"{d}:{k}" for d, k in PROSE_KEYS])
+def test_every_option_written_in_prose_exists(doc: str, key: str):
+    from tpu_ray.config import RunConfig, _set_dotted
+
+    fields = RunConfig.from_dict({"output_dir": "x", "corpus": {"source": "x"}}).model_dump()
+    try:
+        _set_dotted(fields, key, None)
+    except UserError as exc:
+        pytest.fail(f"{doc}: `{key}=...`: {exc}")
+
+
+def test_the_option_checks_catch_a_made_up_option():
+    from tpu_ray.config import RunConfig, _set_dotted
+
+    with pytest.raises(UserError, match="no key 'extend_tokenz'"):
+        _set_dotted(RunConfig.from_dict({"output_dir": "x", "corpus": {"source": "x"}}).model_dump(),
+                    "tokenizer.extend_tokenz", None)
+    with pytest.raises(UserError, match="extend_tokenz"):
+        RunConfig.from_dict({"output_dir": "x", "corpus": {"source": "x"}, "tokenizer": {"extend_tokenz": 5}})
+    assert len(SNIPPETS) >= 4 and len(PROSE_KEYS) > 20
+
+
 # ----------------------------------------------------------------------------------------- links
 def _slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
