@@ -62,9 +62,18 @@ def check_ray_address(cfg: RunConfig, timeout_s: float = 5.0) -> None:
     """Fail in seconds, not after Ray's ten-minute reconnect loop, when the configured Ray address
     (ray.address, else RAY_ADDRESS) has nothing listening: a TCP connect to its host:port."""
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    if not address or address in ("auto", "local"):
-        return
     field = "ray.address" if cfg.ray.address else "RAY_ADDRESS"
+    if address == "auto":  # any head running here; none: Ray's ConnectionError would end the run as a bug
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            canonicalize_bootstrap_address(cfg.ray.address)
+        except ConnectionError:
+            raise UserError(f"{field}=auto: no Ray cluster is running on this machine; start one (ray start "
+                            f"--head), or set ray.address=local for a new cluster of this run's own") from None
+        return
+    if not address or address == "local":
+        return
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
