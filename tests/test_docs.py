@@ -403,6 +403,21 @@ def test_make_test_sets_up_everything_and_runs_both_suites():
     assert re.search(r"setup_venvs\.sh (\S+); then touch \1/\.built", plan), plan  # built once, where tests look
 
 
+def test_a_failed_interop_build_removes_only_its_own_venvs(tmp_path):
+    """TPU_RAY_INTEROP_VENVS may name a directory holding other things: a build that fails (here a
+    Python that cannot make a venv) removes its t4/t5, not the directory."""
+    import os
+
+    shared = tmp_path / "venvs"
+    (shared / "t5").mkdir(parents=True)
+    (shared / "mine.txt").write_text("keep")
+    env = {k: v for k, v in os.environ.items() if k != "TPU_RAY_REQUIRE_EXTRAS"}
+    proc = subprocess.run(["make", "interop", f"INTEROP={shared}", "PYTHON=false"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0 and "could not be built" in proc.stdout, proc.stdout + proc.stderr
+    assert (shared / "mine.txt").read_text() == "keep" and not (shared / "t5").exists()
+
+
 def test_readme_and_jobs_docs_start_a_local_head_the_same_way():
     raw = {doc: [line for line in (REPO / doc).read_text().splitlines()
                  if "ray start --head" in line and line.lstrip().startswith(("ray", "RAY_"))]
