@@ -554,7 +554,8 @@ def check_tokenizer(cfg: RunConfig, info: Any, where: str, directory: str | None
         if tokens_file_changed(record, tk.add_tokens_file):
             raise UserError(f"{where}: extended from tokenizer.add_tokens_file={tk.add_tokens_file} as it was "
                             f"(sha256 {record['add_tokens_sha256'][:12]}, {EXTENSION_FILE}); the file has changed "
-                            f"since; restore it, or use a new --output-dir for the new tokens")
+                            f"since; restore it, or make the tokenizer again (`tpu-ray tokenizer --force`, before shards) or "
+                            f"use a new --output-dir")
     elif extends(cfg) and not base:
         raise UserError(f"{where}: the checkpoint's tokenizer, not extended as tokenizer.extend_tokens / "
                         f"add_tokens_file ask; make it with `tpu-ray tokenizer --force`")
