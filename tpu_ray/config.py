@@ -622,6 +622,11 @@ class RunConfig(_Section):
         data = self.model_dump()
         for dotted, value in overrides.items():
             _set_dotted(data, dotted, value)
+        if overrides.get("train.phases"):  # new phases decide the steps and the length unless those are given too
+            for dotted in ("train.steps", "shard.seq_len"):
+                if dotted not in overrides:
+                    section, key = dotted.split(".")
+                    data[section].pop(key, None)
         return type(self).from_dict(data, origin="override")
 
     def to_yaml(self) -> str:

@@ -58,12 +58,14 @@ def span_at(all_spans: list[Span], step: int) -> Span:
 
 
 def view(cfg: RunConfig, span: Span) -> RunConfig:
-    """`cfg` as phase `span` sees it: its seq_len, batch size and masking rate (unvalidated copy)."""
+    """`cfg` as phase `span` sees it: its seq_len, batch size, masking rate and shards (an
+    unvalidated copy, for reading only)."""
     t = cfg.train
     if not t.phases:
         return cfg
     train = t.model_copy(update={"batch_size": span.batch_size, "mask_prob": span.mask_prob})
-    return cfg.model_copy(update={"shard": cfg.shard.model_copy(update={"seq_len": span.seq_len}), "train": train})
+    shard = cfg.shard.model_copy(update={"seq_len": span.seq_len, "dir": shards_dir(cfg, span.seq_len)})
+    return cfg.model_copy(update={"shard": shard, "train": train})
 
 
 def subdir(seq_len: int) -> str:
@@ -91,3 +93,42 @@ def describe(cfg: RunConfig) -> str:
         extra += "" if s.mask_prob == cfg.train.mask_prob else f" mask {s.mask_prob:g}"
         parts.append(f"{s.steps:,} steps at {s.seq_len}{extra}")
     return " -> ".join(parts)
+
+
+class PhasePositions:
+    """The input position of a phases run: each phase reads its own stream from its first sample,
+    so the position at global step `s` is the phase's tracker at `s - span.start`, stamped with the
+    global step and the phase. At a phase's end (a checkpoint there) it is the next phase's start:
+    what a resume at that step reads next."""
+
+    def __init__(self, all_spans: list[Span], trackers: list):
+        self.spans, self.trackers = all_spans, trackers
+
+    def at(self, step: int):
+        from dataclasses import replace
+
+        span = span_at(self.spans, step)
+        tracker = self.trackers[span.index]
+        position = tracker.at(step - span.start)
+        if not getattr(tracker, "_bound", True) and span.index:  # not read yet: the phase before's hosts
+            position = replace(position, pipelines=self.trackers[span.index - 1].pipelines)
+        return replace(position, step=step, phase=span.index)
+
+    def check_resume(self, stored: str | None, step: int, where: str, accept_new_order: bool = False):
+        """The phase's own check (train/input_position.py) on the position within the phase."""
+        from dataclasses import replace
+
+        from tpu_ray.errors import UserError
+        from tpu_ray.train.input_position import InputPosition
+
+        span = span_at(self.spans, step)
+        tracker = self.trackers[span.index]
+        if stored is None:
+            return replace(tracker.at(step - span.start), step=step, phase=span.index)
+        saved = InputPosition.from_json(stored)
+        if saved.phase != span.index:
+            raise UserError(f"{where}: the checkpoint's input position is in phase {saved.phase}, but step {step} is in "
+                            f"phase {span.index} of train.phases; resume with the phases it was trained with")
+        local = replace(saved, step=saved.step - span.start, phase=None).to_json()
+        return replace(tracker.check_resume(local, step - span.start, where, accept_new_order), step=step,
+                       phase=span.index)

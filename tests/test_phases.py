@@ -1,0 +1,125 @@
+"""Issue 32: sequence-length phases (`train.phases`): the shard stage cuts every phase's length from
+one tokenization, training compiles once per phase, carries the optimizer and step across the
+change and resumes inside a phase; bad phases are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import tiny_config
+from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
+
+PHASES = [{"steps": 6, "seq_len": 32}, {"steps": 4, "seq_len": 64, "batch_size": 8}]
+
+
+def _shard(run_dir, corpus, tok_dir, **over):
+    """The shard stage's own unit function and manifest writer, in this process (no Ray)."""
+    from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.prepare.shards import process_unit, text_tokenizer, write_sets
+    from tpu_ray.prepare.tokenizer import load_tokenizer_json, tokenizer_info
+    from tpu_ray.train.phases import extra_lengths
+
+    cfg = tiny_config(run_dir, corpus, **{"tokenizer.path": tok_dir, **over})
+    tok, info = text_tokenizer(load_tokenizer_json(tok_dir)), tokenizer_info(tok_dir)
+    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
+    results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir,
+                                     extra_lengths=extra_lengths(cfg)) for u in units}
+    write_sets(cfg, info, units, results, complete=True)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def phased(tmp_path_factory, small_corpus, tiny_tokenizer_dir):
+    run = tmp_path_factory.mktemp("phased") / "run"
+    return _shard(run, small_corpus, tiny_tokenizer_dir, **{"train.phases": PHASES, "train.steps": 10,
+                                                             "model.dropout": 0.0})
+
+
+def test_one_reading_cuts_each_phase_length_and_leaves_the_full_length_shards_as_they_were(
+        phased, tmp_path, small_corpus, tiny_tokenizer_dir):
+    from tests.helpers import manifest_json
+
+    assert (phased.train.steps, phased.shard.seq_len) == (10, 64)  # the phases' sum and longest length
+    plain = _shard(tmp_path / "plain", small_corpus, tiny_tokenizer_dir)
+    ours, theirs = manifest_json(phased.shards_dir), manifest_json(plain.shards_dir)
+    assert ours == theirs  # no phases: the same shards, the same manifest
+    short = manifest_json(f"{phased.shards_dir}/seq-32")
+    assert short["seq_len"] == 32 and short["complete"] and short["plan_sha256"] == ours["plan_sha256"]
+    assert short["splits"]["validation"]["shards"] == []  # evaluation runs at shard.seq_len
+    # The same train tokens, cut at 32: every token of the long cut is in the short one's tokens count.
+    long_tokens = sum(s["tokens"] for s in ours["unit_stats"])
+    assert sum(s["tokens"] for s in short["unit_stats"]) < long_tokens  # train only, no validation lines
+    assert short["splits"]["train"]["samples"] > 2 * ours["splits"]["train"]["samples"] - len(ours["unit_stats"]) * 2
+
+
+def _records(run, kind):
+    return [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phased, tmp_path):
+    from tpu_ray.train.loop import train
+
+    run = tmp_path / "run"
+    cfg = phased.override({"output_dir": str(run), "shard.dir": phased.shards_dir, "train.log_every": 1,
+                           "train.checkpoint_every": 4, "train.eval_every": 10, "train.placement": "local"})
+    summary = train(cfg)
+    first = {r["step"]: r for r in _records(run, "train")}
+    assert sorted(first) == list(range(1, 11)) and summary["steps"] == 10
+    assert [first[s]["seq_len"] for s in range(1, 11)] == [32] * 6 + [64] * 4
+    # One compile per phase: the trace count is 1 through phase 1 and 2 through phase 2.
+    assert [first[s]["train_traces"] for s in range(1, 11)] == [1] * 6 + [2] * 4
+    assert summary["train_traces"] == 2
+    # The throughput follows the phase: samples/s x seq_len (batch 16, then the phase's own 8).
+    for s, (batch, length) in {3: (16, 32), 9: (8, 64)}.items():
+        assert first[s]["tokens_per_s"] == pytest.approx(first[s]["samples_per_s"] * length)
+        assert first[s]["samples_per_s"] == pytest.approx(batch / first[s]["step_time_s"])
+    # Cut back to the step-8 checkpoint (inside phase 2) and resume: the same losses as uninterrupted.
+    ckpts = run / "checkpoints"
+    for p in ckpts.glob("ckpt-10.*"):
+        p.unlink()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\nall_model_checkpoint_paths: "ckpt-8"\n')
+    (run / "metrics.jsonl").unlink()
+    assert train(cfg, resume=True)["resumed_from"] == 8
+    again = {r["step"]: r for r in _records(run, "train")}
+    assert sorted(again) == [9, 10] and again[10]["train_traces"] == 1  # only phase 2 compiled
+    for step in again:
+        assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
+    (resume,) = [r for r in _records(run, "event") if r["event"] == "resume"]
+    assert resume["step"] == 8
+    stored = json.loads((ckpts / "ckpt-8.position.json").read_text()) if (ckpts / "ckpt-8.position.json").exists() \
+        else None
+    if stored is not None:
+        assert stored["phase"] == 1
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"train.phases": [{"steps": 10, "seq_len": 1024}]},
+     "train.phases[0].seq_len=1024 needs model.max_position_embeddings >= 1026, got 514"),
+    ({"train.phases": [{"steps": 0, "seq_len": 64}]}, "train.phases.0.steps=0"),
+    ({"train.phases": [{"steps": 10, "seq_len": 4}]}, "train.phases.0.seq_len=4"),
+    ({"train.steps": 50, "train.phases": PHASES}, "train.steps=50 conflicts with train.phases, whose steps sum to 10"),
+    ({"train.phases": PHASES, "train.steps": 10, "train.schedule": "wsd", "train.decay_steps": 20},
+     "train.decay_steps=20 is longer than the run (train.steps=10)"),
+    ({"train.phases": PHASES, "train.steps": 10, "shard.seq_len": 128}, "must be the longest phase's seq_len (64)"),
+])
+def test_bad_phases_are_one_line_and_exit_2(over, needle, tmp_path, capsys):
+    from tpu_ray.cli import main
+
+    args = [f"{k}={json.dumps(v)}" for k, v in over.items()]
+    assert main(["train", "--output-dir", str(tmp_path / "r"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1], err
+
+
+def test_phases_from_yaml_fill_in_steps_and_the_longest_length(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  phases:\n    - {steps: 90, seq_len: 128}\n    - {steps: 10, seq_len: 512}\n")
+    cfg = RunConfig.from_yaml(path)
+    assert (cfg.train.steps, cfg.shard.seq_len) == (100, 512)
+    assert RunConfig().fingerprint() == RunConfig.from_dict({}).fingerprint()
+    assert "phases" not in RunConfig().fingerprint()["train"]  # runs without phases keep their fingerprint
+    with pytest.raises(UserError, match="train.phases with corpus.sources"):
+        RunConfig.from_dict({"train": {"phases": PHASES}, "corpus": {"sources": {"a": {"source": "x.txt"}}}})
