@@ -89,10 +89,8 @@ def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phas
         assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
     (resume,) = [r for r in _records(run, "event") if r["event"] == "resume"]
     assert resume["step"] == 8
-    stored = json.loads((ckpts / "ckpt-8.position.json").read_text()) if (ckpts / "ckpt-8.position.json").exists() \
-        else None
-    if stored is not None:
-        assert stored["phase"] == 1
+    stored = json.loads((ckpts / "ckpt-10.position.json").read_text())  # phase 2's own stream: 4 steps x 8
+    assert (stored["phase"], stored["step"], stored["samples"]) == (1, 10, 32)
 
 
 @pytest.mark.parametrize("over, needle", [
@@ -123,3 +121,24 @@ def test_phases_from_yaml_fill_in_steps_and_the_longest_length(tmp_path):
     assert "phases" not in RunConfig().fingerprint()["train"]  # runs without phases keep their fingerprint
     with pytest.raises(UserError, match="train.phases with corpus.sources"):
         RunConfig.from_dict({"train": {"phases": PHASES}, "corpus": {"sources": {"a": {"source": "x.txt"}}}})
+
+
+def test_doctor_plans_each_phase_and_names_missing_phase_shards(phased, tmp_path):
+    import io
+    import shutil
+
+    from tpu_ray.doctor.checks import FAIL, PASS, run_doctor
+
+    def rows(cfg):
+        out = io.StringIO()
+        run_doctor(cfg, target="cpu", out=out, xla=False)
+        return {r[6:21].strip(): r for r in out.getvalue().splitlines() if r[:6].strip() in (PASS, FAIL, "WARN")}
+
+    got = rows(phased)
+    assert got["phases"].startswith(PASS) and "6 steps at 32 -> 4 steps at 64 batch 8" in got["phases"]
+    assert "x 6 steps at [16, 32]" in got["capacity plan"] and "x 4 steps at [8, 64]" in got["capacity plan"]
+    copy = tmp_path / "shards"
+    shutil.copytree(phased.shards_dir, copy)
+    shutil.rmtree(copy / "seq-32")
+    got = rows(phased.override({"shard.dir": str(copy)}))
+    assert got["phases"].startswith(FAIL) and "no complete shards at seq_len 32" in got["phases"], got["phases"]

@@ -250,7 +250,7 @@ def open_shards(cfg: RunConfig, tok: TokenizerInfo) -> ShardSet:
     """The run's shards, checked before a step is paid for: complete, made with this tokenizer and
     seq_len, present with the manifest's sizes (contents too, when small), all from one listing.
     With train.phases, each shorter phase's set (train/phases.py) is checked the same way."""
-    from tpu_ray.train.phases import extra_lengths, shards_dir
+    from tpu_ray.train.phases import extra_lengths
 
     shards = ShardSet.open(cfg.shards_dir)
     shards.require_complete()
