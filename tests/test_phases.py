@@ -142,3 +142,24 @@ def test_doctor_plans_each_phase_and_names_missing_phase_shards(phased, tmp_path
     shutil.rmtree(copy / "seq-32")
     got = rows(phased.override({"shard.dir": str(copy)}))
     assert got["phases"].startswith(FAIL) and "no complete shards at seq_len 32" in got["phases"], got["phases"]
+
+
+def test_the_shard_stage_on_ray_writes_and_resumes_every_phase_length(phased, tmp_path, small_corpus,
+                                                                      tiny_tokenizer_dir, ray_local):
+    import hashlib
+    from pathlib import Path
+
+    from tpu_ray.prepare.shards import make_shards
+
+    def digest(d):
+        return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(d).rglob("*"))
+                if p.is_file()}
+
+    cfg = tiny_config(tmp_path / "run", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir, "train.phases": PHASES})
+    first = make_shards(cfg, actors=2)
+    expected = digest(phased.shards_dir)  # the in-process cut of the same corpus: the same bytes on Ray
+    assert digest(cfg.shards_dir) == expected and "seq-32/manifest.json" in expected
+    assert make_shards(cfg, actors=2).skipped_units == first.units  # all committed, at every length
+    (Path(cfg.shards_dir) / "seq-32" / "manifest.json").unlink()  # a phase length's set lost: its units redone
+    assert make_shards(cfg, actors=2).skipped_units == 0
+    assert digest(cfg.shards_dir) == expected
