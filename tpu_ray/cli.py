@@ -20,7 +20,10 @@ to an exported model, on a TPU slice, GPUs or a CPU, orchestrated by Ray.
   tpu-ray run --config jobs/configs/quickstart.yaml --output-dir runs/quickstart
   tpu-ray report runs/quickstart        tpu-ray metrics runs/quickstart
 
-Each command takes --help. A run is named by its directory (local path or gs://)."""
+Each command takes --help. A run is named by its directory (local path or gs://).
+Every option and config field, with what it accepts: docs/options.md (the options reference)."""
+OPTIONS_EPILOG = ("Every option and config field (section.key=value), with its default and what it accepts: "
+                  "docs/options.md, the options reference. The guide: README.md.")
 
 
 def load_config(args: argparse.Namespace):
@@ -83,7 +86,8 @@ def cmd_run(args) -> int:
 
     if args.fill_mask:
         check_fill_mask_text(args.fill_mask)  # before the run: a typo must not cost the whole run
-    result = Pipeline(load_config(args)).run(resume=args.resume, force=args.force)
+    # The mask token itself is checked as soon as the tokenizer is known, before any training.
+    result = Pipeline(load_config(args)).run(resume=args.resume, force=args.force, fill_mask=args.fill_mask)
     _print_summary(result.run_dir)
     if args.fill_mask:
         _fill_mask(result.model_dir, args.fill_mask, 5)
@@ -249,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, fn: Callable, help: str, corpus: bool = False, common: bool = True):
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, epilog=OPTIONS_EPILOG)
         p.add_argument("-v", "--verbose", action="store_true",
                        help="also show library start-up messages (TensorFlow, Transformers, Ray)")
         if common:
@@ -260,7 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("run", cmd_run, "the whole pipeline: tokenizer, shards, training, export", corpus=True)
     p.add_argument("--resume", action="store_true", help="continue a run directory from its last checkpoint")
     p.add_argument("--fill-mask", metavar="TEXT", type=nonempty("a sentence with one [MASK]"),
-                   help="after training, fill the [MASK] in TEXT (checked before the run starts)")
+                   help="after training, fill the [MASK] in TEXT. Checked before any training: an empty text or "
+                        "two masks at once before anything runs, a text without the model's mask token "
+                        "([MASK], or its own, e.g. <mask>) before anything runs when this run trains its "
+                        "tokenizer, else right after the tokenizer stage (tokenizer.path, model.init_from, "
+                        "a resumed run), before Ray and the shards")
     p.add_argument("--force", action="store_true", help=_FORCE_EXPORT)
     p = add("tokenizer", cmd_tokenizer, "train the tokenizer on the corpus", corpus=True)
     p.add_argument("--force", action="store_true", help="retrain even if the run has a tokenizer")

@@ -444,7 +444,9 @@ class TrainConfig(_Section):
 
 
 class RayConfig(_Section):
-    address: str | None = None  # the Ray cluster (None: RAY_ADDRESS, a running local head, or a new one)
+    # The Ray cluster. None: RAY_ADDRESS, else a head running on this machine, else a new one; "local": always a
+    # new one of the run's own (on a shared machine); HOST:PORT or ray://HOST:PORT: that one. The run says which.
+    address: str | None = None
     num_cpus: int | None = Field(None, gt=0, le=4096)  # CPUs of a local cluster started here
     # Local paths (output_dir, shard.dir) are one mount every node shares (NFS, Filestore): allows
     # them on a multi-node cluster, where they are otherwise refused for sharding and TPU/GPU runs.

@@ -92,6 +92,28 @@ def ensure_ray(cfg: RunConfig) -> None:
 
         with loopback_only(kwargs) as kwargs:  # a cluster started here listens on 127.0.0.1 only
             ray.init(**kwargs)
+        from tpu_ray.cluster.local import connected_line
+
+        log.info(connected_line())
+
+
+def announce(cfg: RunConfig, stage: str, ray: bool) -> None:
+    """A run's first lines: which Ray cluster it will use (started here or joined, and why), and any
+    schedule that will not do what its options suggest (a warm-up longer than a shortened run), so
+    that neither is found out after the run. The trainer logs the schedule again when it starts."""
+    if stage in ("run", "train"):
+        from tpu_ray.train.curves import warnings
+
+        for line in warnings(cfg.train):
+            log.warning("learning-rate schedule: %s", line)
+    if not ray:
+        return
+    import ray as ray_module
+
+    if not ray_module.is_initialized():
+        from tpu_ray.cluster.local import cluster_choice
+
+        log.info(cluster_choice(cfg.ray.address))
 
 
 def training_needs_ray(cfg: RunConfig) -> bool:
@@ -226,15 +248,29 @@ class Pipeline:
             check_eval_config(self.cfg)
             return evaluate_run(self.cfg)
 
-    def run(self, resume: bool = False, force: bool = False) -> RunResult:
-        """Tokenizer, shards, training and export in one go (`force`: as for train)."""
+    def run(self, resume: bool = False, force: bool = False, fill_mask: str | None = None) -> RunResult:
+        """Tokenizer, shards, training and export in one go (`force`: as for train). `fill_mask`: a
+        sentence to predict after training, checked as early as its mask token is known: before
+        anything for a tokenizer this run trains (its family's mask token), right after the
+        tokenizer stage for a given one (tokenizer.path, model.init_from, a resumed run's), and
+        always before Ray, the shards and the first training step."""
         self._force_export = force
         cfg = self.cfg
         t0 = time.monotonic()
+        early = fill_mask is not None and _trains_own_tokenizer(cfg)
+        if early:
+            from tpu_ray.families import family
+            from tpu_ray.train.export import check_fill_mask_text
+
+            check_fill_mask_text(fill_mask, own=family(cfg.model.model_type).tokens.mask)
         with (self._open("run", resume=resume, corpus=True, ray=True, start_ray=False),
               self._recorded(announce=True) as rec):
             result = RunResult(cfg.run_dir)
-            self._tokenizer(rec)
+            info = self._tokenizer(rec)
+            if fill_mask is not None:  # the tokenizer's own mask token, before Ray and the shards
+                from tpu_ray.train.export import check_fill_mask_text
+
+                check_fill_mask_text(fill_mask, own=info.special_tokens[4])
             ensure_ray(cfg)
             self._shard(rec)
             result.shard_summary = rec.summary["shards"]
@@ -320,6 +356,7 @@ class Pipeline:
             preflight_corpus(cfg)  # a bad corpus fails before the run directory is written
         if ray or self._given:
             check_ray_address(cfg)
+        announce(cfg, stage, ray or bool(self._given))
         with ExitStack() as held:
             held.enter_context(self._lock(stage, cfg.run_dir))
             if self._given:  # data in memory: written (or checked unchanged) under the run's lock
@@ -341,6 +378,13 @@ class Pipeline:
                 ensure_ray(cfg)
             saved_config.save_config(cfg, resume, versions(), command_line())
             yield
+
+
+def _trains_own_tokenizer(cfg: RunConfig) -> bool:
+    """Whether this run will train its tokenizer (so its mask token is its family's, known now)."""
+    if cfg.tokenizer.path or cfg.model.init_from:
+        return False
+    return not storage.exists(rundir.path(cfg.tokenizer_dir, rundir.TOKENIZER_FILE))
 
 
 def _same_dir(a: str, b: str) -> bool:

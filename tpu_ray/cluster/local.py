@@ -6,7 +6,7 @@ Ray binds its servers to the node's IP address, and it takes 127.0.0.1 as that a
 multi-node clusters are switched off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, ray_constants.py;
 `_node_ip_address="127.0.0.1"` is rewritten to the routable address by
 `services.resolve_ip_for_localhost`). A cluster we connect to (an address, RAY_ADDRESS, or one a
-`ray start` left running) is left as it is. The same for `ray start`: see README, "single machine".
+`ray start` left running) is left as it is. The same for `ray start`: see docs/jobs.md (the head listens on loopback only).
 """
 
 from __future__ import annotations
@@ -58,3 +58,43 @@ def loopback_only(init_kwargs: dict) -> Iterator[dict]:
             os.environ.pop(SINGLE_MACHINE_ENV, None)
         else:
             os.environ[SINGLE_MACHINE_ENV] = saved_env
+
+
+def cluster_choice(address: str | None) -> str:
+    """One line saying which Ray cluster `ray.init(address=address)` will use, and why, for a run's
+    first lines. Why: by Ray's convention a run with no address joins any head already running on
+    this machine (a `ray start` someone left), which silently shares its CPUs and its object store;
+    the user must see that and know `ray.address=local` (always a fresh cluster of its own)."""
+    if address and address.startswith("ray://"):
+        return f"ray: joining the Ray cluster at {address} through Ray Client (ray.address)"
+    env = os.environ.get("RAY_ADDRESS")
+    if starts_local_cluster(address):
+        why = "ray.address=local" if address == "local" else "no ray.address, no RAY_ADDRESS, no head running here"
+        return (f"ray: starting a new local Ray cluster for this run ({why}); it listens on {LOOPBACK} only "
+                f"and stops when this process ends")
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        found = canonicalize_bootstrap_address(address) or address
+    except Exception:  # the connect itself reports a bad address in its own words
+        found = address
+    if address == "auto":
+        return f"ray: joining the Ray cluster running on this machine at {found} (ray.address=auto)"
+    if address:
+        return f"ray: joining the Ray cluster at {found} (ray.address)"
+    if env and env not in ("auto", "local"):
+        return f"ray: joining the Ray cluster at {found} (RAY_ADDRESS)"
+    return (f"ray: joining the Ray cluster already running on this machine at {found} (Ray's default when "
+            f"no ray.address is set); set ray.address=local for a new cluster of this run's own")
+
+
+def connected_line() -> str:
+    """After `ray.init`: where the driver is connected and how many CPUs the cluster offers."""
+    import ray
+
+    try:
+        where = ray.get_runtime_context().gcs_address
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+    except Exception:  # Ray Client or a Ray that moved these: the line before said where
+        return "ray: connected"
+    return f"ray: connected to {where} ({cpus} CPUs)"

@@ -107,11 +107,20 @@ def load_unmasker(model_dir: str) -> Callable[[str, int], list[dict]]:
     return predict
 
 
-def check_fill_mask_text(text: str, mask: str = MASK) -> None:
-    """Refuse a fill-mask sentence that cannot be answered (empty, or more than one mask)."""
+def check_fill_mask_text(text: str, mask: str = MASK, own: str | None = None) -> None:
+    """Refuse a fill-mask sentence that cannot be answered (empty, or more than one mask); with
+    `own`, the model's own mask token once it is known, also one with no mask at all ([MASK] stands
+    for any model's mask token)."""
     if not text.strip():
         raise UserError(f"fill-mask text {text!r}: is empty; give a sentence with one {mask}")
     _one_mask(text, mask)
+    if own is None:
+        return
+    if own != mask:
+        _one_mask(text, own)
+    if mask not in text and own not in text:
+        spelled = mask if own == mask else f"{mask} (or the model's own {own})"
+        raise UserError(f"fill-mask text {text!r}: contains no mask token; put {spelled} where a word is missing")
 
 
 def _one_mask(text: str, mask: str) -> None:

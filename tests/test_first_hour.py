@@ -1,0 +1,120 @@
+"""What a new user meets in the first hour (issue 38): a fill-mask sentence without a mask fails
+before any training, a run's first lines say which Ray cluster it uses and warn of a warm-up longer
+than a shortened run, `--help` points to the options reference, and the learning benchmark's
+default is the recipe jobs/configs ship."""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.helpers import REPO
+from tpu_ray.cli import EXIT_USAGE, main
+
+QUICKSTART = str(REPO / "jobs" / "configs" / "quickstart.yaml")
+
+
+def test_fill_mask_without_a_mask_fails_before_the_run_when_it_trains_its_tokenizer(tmp_path, capsys):
+    """A from-scratch run's mask token is its family's (RoBERTa: <mask>), known before anything runs:
+    the refusal comes before the tokenizer, Ray and the run directory."""
+    run = tmp_path / "run"
+    code = main(["run", "--config", QUICKSTART, "--output-dir", str(run), "--fill-mask", "no mask here",
+                 "train.steps=30"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_USAGE
+    assert len(err) == 1 and "contains no mask token" in err[0] and "<mask>" in err[0], err
+    assert not run.exists()
+
+
+def test_fill_mask_without_a_mask_fails_after_a_given_tokenizer_and_before_the_shards(
+        tmp_path, small_corpus, tiny_tokenizer_dir, capsys):
+    """A given tokenizer's mask token is known once the tokenizer stage has read it: the refusal
+    comes then, before Ray, the shards and any training step."""
+    run = tmp_path / "run"
+    code = main(["run", "--config", QUICKSTART, "--corpus", str(small_corpus), "--output-dir", str(run),
+                 "--fill-mask", "no mask here", f"tokenizer.path={tiny_tokenizer_dir}", "ray.address=local"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert "contains no mask token" in err.strip().splitlines()[-1], err
+    assert not (run / "shards").exists() and not (run / "checkpoints").exists()
+
+
+def test_fill_mask_with_the_models_own_mask_token_is_accepted_up_front():
+    from tpu_ray.train.export import check_fill_mask_text
+
+    check_fill_mask_text("a <mask> b", own="<mask>")
+    check_fill_mask_text("a [MASK] b", own="<mask>")  # [MASK] stands for any model's mask token
+    with pytest.raises(Exception, match="contains 2 <mask>"):
+        check_fill_mask_text("<mask> <mask>", own="<mask>")
+
+
+def test_a_runs_first_lines_name_the_ray_cluster_and_a_warm_up_longer_than_the_run(tmp_path):
+    """`train.steps=30` with the quickstart's warm-up of 100: the learning rate never reaches its peak.
+    Both that and the cluster the run will use are said before the first stage starts; the run is
+    stopped there (nothing trains)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpu_ray.cli", "run", "--config", QUICKSTART, "--output-dir", str(tmp_path / "r"),
+         "train.steps=30", "ray.address=local"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line.rstrip())
+            if "stage tokenizer: start" in line or time.monotonic() > deadline:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    first = "\n".join(lines)
+    assert "stage tokenizer: start" in first, first
+    assert "warm-up (100 steps) is not shorter than the run (train.steps=30)" in first, first
+    assert "never reaches train.learning_rate" in first
+    assert "ray: starting a new local Ray cluster for this run (ray.address=local)" in first, first
+
+
+def test_the_cluster_line_says_joined_or_started_and_why(monkeypatch):
+    from tpu_ray.cluster.local import cluster_choice
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert "starting a new local Ray cluster" in cluster_choice("local")
+    assert "joining the Ray cluster at" in cluster_choice("10.1.2.3:6379")
+    assert cluster_choice("10.1.2.3:6379").endswith("(ray.address)")
+    assert "through Ray Client" in cluster_choice("ray://10.1.2.3:10001")
+    monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
+    assert cluster_choice(None).endswith("(RAY_ADDRESS)")
+    assert "starting a new local Ray cluster" in cluster_choice("local")  # local wins over RAY_ADDRESS
+
+
+def test_run_help_points_to_the_options_reference(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "docs/options.md" in out
+    assert "before any training" in out  # what --fill-mask checks, and when
+
+
+def _argument_default(path, flag: str):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == flag):
+            return next(ast.literal_eval(k.value) for k in node.keywords if k.arg == "default")
+    raise AssertionError(f"{path}: no {flag}")
+
+
+def test_the_learning_benchmarks_default_is_the_recipe_jobs_configs_ship():
+    """A benchmark's default is what ships: `python benchmarks/learning.py` masks as jobs/configs do."""
+    bench = REPO / "benchmarks" / "learning.py"
+    count, prob = _argument_default(bench, "--mask-count"), _argument_default(bench, "--mask-prob")
+    for path in sorted((REPO / "jobs" / "configs").glob("*.yaml")):
+        train = yaml.safe_load(path.read_text()).get("train", {})
+        if "mask_count" in train:
+            assert (train["mask_count"], train["mask_prob"]) == (count, prob), path.name
