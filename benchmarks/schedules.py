@@ -75,7 +75,9 @@ def branch_curve(cfg, batch, work: Path, branch_at: list[int], fraction: float) 
     from tpu_ray.pipeline import Pipeline
 
     cfg = cfg.override({"train.placement": "local"})
-    stable = cfg.override({"output_dir": str(work / "run-stable"), "train.schedule": "constant"})
+    # The stable run goes as far as the last branch: a constant rate does not depend on train.steps.
+    stable = cfg.override({"output_dir": str(work / "run-stable"), "train.schedule": "constant",
+                           "train.steps": max(branch_at)})
     if not (Path(stable.run_dir) / "model").exists():
         Pipeline(stable).train()  # through the pipeline: config.yaml, which a branch is checked against
     from transformers import TFAutoModelForMaskedLM
