@@ -543,6 +543,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
                    calls_before: int, owned: bool = True) -> ShardSummary:
     from tpu_ray.prepare.progress import Progress
+    from tpu_ray.train.phases import extra_lengths
 
     out_dir = cfg.shards_dir
     units = all_units(planned)
@@ -588,7 +589,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     if owned:
-        _cleanup_temp(out_dir)
+        _cleanup_temp(out_dir, extra_lengths(cfg))
         try:  # the corpus-wide record rules, per source: a text field no record has; too many bad records
             bad = check_sources(results, record_groups(cfg, planned), out_dir)
         except UserError:
@@ -661,15 +662,14 @@ def _require_validation_of_evaluation_sources(shards: ShardSet) -> None:
                             f"sample of shard.seq_len-2 tokens; give it more text or a weight")
 
 
-def _cleanup_temp(out_dir: str) -> None:
+def _cleanup_temp(out_dir: str, lengths: tuple[int, ...] = ()) -> None:
     """Remove temp files of actors that died mid-write (never read: they are not in the manifest).
 
     Safe because the stage holds the shard directory's own lock (see pipeline.py) and only runs
     for shards this run owns: every temp file here is this run's or a dead writer's, never
     another live run's in-flight file."""
-    subs = [] if storage.is_remote(out_dir) else [d for d in storage.listdir(out_dir)
-                                                  if d.rstrip("/").rsplit("/", 1)[-1].startswith("seq-")]
-    for folder in (out_dir, *(storage.join(out_dir, split) for split in SPLITS), *(storage.join(d, "train") for d in subs)):
+    subs = [storage.join(out_dir, f"seq-{n}", "train") for n in lengths]  # train.phases' shorter cuts
+    for folder in (out_dir, *(storage.join(out_dir, split) for split in SPLITS), *subs):
         for path in storage.glob(storage.join(folder, ".tmp-*")):
             storage.remove(path)
 
