@@ -4,6 +4,7 @@
 #      skips, saying why (with TPU_RAY_REQUIRE_EXTRAS=1, as CI sets, a missing Chromium fails here);
 #   3. the PyTorch interop venvs (.venv-interop/, tests/interop/setup_venvs.sh, 2.3 GB), once: where
 #      they cannot be built (no network) their tests skip, saying why (with TPU_RAY_REQUIRE_EXTRAS=1: fail);
+#      a failed build removes only the venvs it makes (t4, t5), never the rest of a directory given it;
 #   4. the default suite (python -m pytest), then the slow set (python -m pytest -m slow).
 # Any failing step or test fails the command, "no tests collected" (pytest's exit 5) included.
 # Parts: make setup (1), make extras (2, 3), make test-fast (setup + the default suite only).
@@ -51,6 +52,6 @@ $(INTEROP)/.built: tests/interop/setup_venvs.sh
 	elif [ -n "$$TPU_RAY_REQUIRE_EXTRAS" ]; then \
 		echo "make: tests/interop/setup_venvs.sh failed and TPU_RAY_REQUIRE_EXTRAS is set" >&2; exit 1; \
 	else \
-		rm -rf $(INTEROP); \
+		rm -rf $(INTEROP)/t4 $(INTEROP)/t5; \
 		echo "make: the interop venvs could not be built (network?): the PyTorch interop tests will skip"; \
 	fi

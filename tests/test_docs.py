@@ -245,6 +245,82 @@ def test_every_shipped_config_loads(path: Path):
     load_run_config(str(path))
 
 
+# ------------------------------------------------------------- options in prose and YAML snippets
+def _run_config_snippets() -> list[tuple[str, str]]:
+    """(doc, body) of each ```yaml block shaped like a run config (every top key a RunConfig section)."""
+    import yaml
+
+    from tpu_ray.config import RunConfig
+
+    out = []
+    for path in DOCS:
+        for body in re.findall(r"^```ya?ml\n(.*?)^```", path.read_text(), flags=re.S | re.M):
+            try:
+                data = yaml.safe_load(body)
+            except yaml.YAMLError:  # cluster.yaml fragments (aliases defined elsewhere): not a run config
+                continue
+            if isinstance(data, dict) and data and set(data) <= set(RunConfig.model_fields):
+                out.append((str(path.relative_to(REPO)), body))
+    return out
+
+
+def _prose_overrides() -> list[tuple[str, str]]:
+    """(doc, key) of each `section.key=value` written in prose code spans (an option the reader copies)."""
+    from tpu_ray.config import RunConfig
+
+    out = []
+    for path in DOCS:
+        prose = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+        for span in re.findall(r"`([^`\n]+)`", prose):
+            for word in span.split():
+                if OVERRIDE.match(word) and word.split(".", 1)[0] in RunConfig.model_fields:
+                    out.append((str(path.relative_to(REPO)), word.split("=", 1)[0]))
+    return sorted(set(out))
+
+
+SNIPPETS, PROSE_KEYS = _run_config_snippets(), _prose_overrides()
+
+
+@pytest.mark.parametrize("doc, body", SNIPPETS, ids=[f"{d}:{b.split()[0]}" for d, b in SNIPPETS])
+def test_every_run_config_snippet_loads(doc: str, body: str):
+    """A YAML snippet of a run config names only options that exist (a typo would be ignored by no one)."""
+    import yaml
+
+    from tpu_ray.config import RunConfig
+
+    data = yaml.safe_load(body)
+    data.setdefault("output_dir", "runs/x")
+    corpus = data.setdefault("corpus", {})
+    if "sources" not in corpus:  # a snippet of other sections: any corpus will do
+        corpus.setdefault("source", "my.txt")
+    try:
+        RunConfig.from_dict(data)
+    except UserError as exc:
+        pytest.fail(f"{doc}: the YAML snippet starting {body.split(chr(10))[0]!r} does not load: {exc}")
+
+
+@pytest.mark.parametrize("doc, key", PROSE_KEYS, ids=[f"{d}:{k}" for d, k in PROSE_KEYS])
+def test_every_option_written_in_prose_exists(doc: str, key: str):
+    from tpu_ray.config import RunConfig, _set_dotted
+
+    fields = RunConfig.from_dict({"output_dir": "x", "corpus": {"source": "x"}}).model_dump()
+    try:
+        _set_dotted(fields, key, None)
+    except UserError as exc:
+        pytest.fail(f"{doc}: `{key}=...`: {exc}")
+
+
+def test_the_option_checks_catch_a_made_up_option():
+    from tpu_ray.config import RunConfig, _set_dotted
+
+    with pytest.raises(UserError, match="no key 'extend_tokenz'"):
+        _set_dotted(RunConfig.from_dict({"output_dir": "x", "corpus": {"source": "x"}}).model_dump(),
+                    "tokenizer.extend_tokenz", None)
+    with pytest.raises(UserError, match="extend_tokenz"):
+        RunConfig.from_dict({"output_dir": "x", "corpus": {"source": "x"}, "tokenizer": {"extend_tokenz": 5}})
+    assert len(SNIPPETS) >= 4 and len(PROSE_KEYS) > 20
+
+
 # ----------------------------------------------------------------------------------------- links
 def _slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
@@ -325,6 +401,21 @@ def test_make_test_sets_up_everything_and_runs_both_suites():
     at = [plan.find(s) for s in steps]
     assert -1 not in at and at == sorted(at), plan
     assert re.search(r"setup_venvs\.sh (\S+); then touch \1/\.built", plan), plan  # built once, where tests look
+
+
+def test_a_failed_interop_build_removes_only_its_own_venvs(tmp_path):
+    """TPU_RAY_INTEROP_VENVS may name a directory holding other things: a build that fails (here a
+    Python that cannot make a venv) removes its t4/t5, not the directory."""
+    import os
+
+    shared = tmp_path / "venvs"
+    (shared / "t5").mkdir(parents=True)
+    (shared / "mine.txt").write_text("keep")
+    env = {k: v for k, v in os.environ.items() if k != "TPU_RAY_REQUIRE_EXTRAS"}
+    proc = subprocess.run(["make", "interop", f"INTEROP={shared}", "PYTHON=false"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0 and "could not be built" in proc.stdout, proc.stdout + proc.stderr
+    assert (shared / "mine.txt").read_text() == "keep" and not (shared / "t5").exists()
 
 
 def test_readme_and_jobs_docs_start_a_local_head_the_same_way():

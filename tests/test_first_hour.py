@@ -17,6 +17,7 @@ import yaml
 
 from tests.helpers import REPO
 from tpu_ray.cli import EXIT_USAGE, main
+from tpu_ray.errors import UserError
 
 QUICKSTART = str(REPO / "jobs" / "configs" / "quickstart.yaml")
 
@@ -53,6 +54,8 @@ def test_fill_mask_with_the_models_own_mask_token_is_accepted_up_front():
     check_fill_mask_text("a [MASK] b", own="<mask>")  # [MASK] stands for any model's mask token
     with pytest.raises(Exception, match="contains 2 <mask>"):
         check_fill_mask_text("<mask> <mask>", own="<mask>")
+    with pytest.raises(Exception, match="contains \\[MASK\\] and <mask>, two mask tokens"):
+        check_fill_mask_text("The <mask> and [MASK] here.", own="<mask>")  # not one filled, one left as text
 
 
 def test_a_runs_first_lines_name_the_ray_cluster_and_a_warm_up_longer_than_the_run(tmp_path):
@@ -92,6 +95,30 @@ def test_the_cluster_line_says_joined_or_started_and_why(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
     assert cluster_choice(None).endswith("(RAY_ADDRESS)")
     assert "starting a new local Ray cluster" in cluster_choice("local")  # local wins over RAY_ADDRESS
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert "(RAY_ADDRESS=local)" in cluster_choice(None)  # not "no RAY_ADDRESS"
+
+
+def test_auto_with_no_cluster_running_is_one_line(monkeypatch):
+    """RAY_ADDRESS=auto (or ray.address=auto) and no head here: refused before the run, not Ray's
+    ConnectionError as a bug. The machine's processes are not this test's: Ray finds none here."""
+    from ray._private import services
+
+    from tests.helpers import tiny_config
+    from tpu_ray.cluster.local import cluster_choice
+    from tpu_ray.pipeline import check_ray_address
+
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: [])
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    assert cluster_choice(None) == "ray: RAY_ADDRESS=auto asks for a Ray cluster running on this machine; none is"
+    cfg = tiny_config(REPO / "runs" / "never-made", REPO / "README.md")
+    with pytest.raises(UserError, match=r"^RAY_ADDRESS=auto: no Ray cluster is running on this machine;"):
+        check_ray_address(cfg)
+    monkeypatch.delenv("RAY_ADDRESS")
+    with pytest.raises(UserError, match=r"^ray.address=auto: no Ray cluster is running"):
+        check_ray_address(cfg.override({"ray.address": "auto"}))
+    check_ray_address(cfg.override({"ray.address": "local"}))  # local: nothing to find
 
 
 def test_run_help_points_to_the_options_reference(capsys):

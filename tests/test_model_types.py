@@ -274,3 +274,83 @@ def test_export_loads_in_pytorch_transformers_5_with_equal_logits(scratch_runs, 
         assert "Caveat" in (model_dir / "README.md").read_text()
         return
     assert out["max_abs_diff"] < 1e-4
+
+
+def _torch_logits(model_dir: Path, texts: list[str], tmp: Path) -> dict:
+    """TF logits of `texts` on the export, then the PyTorch Transformers 5 side's report on them."""
+    from transformers import AutoTokenizer, TFAutoModelForMaskedLM
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    batch = tok(texts, padding=True, return_tensors="np")
+    model = TFAutoModelForMaskedLM.from_pretrained(str(model_dir), use_safetensors=False)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits
+    np.savez(tmp / "ref.npz", input_ids=batch["input_ids"].astype(np.int64),
+             attention_mask=batch["attention_mask"].astype(np.int64), logits=logits.numpy())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([str(VENVS / "t5" / "bin" / "python"), str(TORCH_SIDE), str(model_dir), str(tmp / "ref.npz"),
+                           texts[0]], capture_output=True, text=True, timeout=600, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "input_ids": batch["input_ids"]}
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_an_extended_vocabulary_grows_the_model(scratch_runs, lines, tmp_path, model_type):
+    """Issue 33: tokenizer.extend_tokens on a checkpoint of every family. After one step at lr 1e-9
+    the old ids' rows (embedding, output bias, an untied decoder) are the checkpoint's, each new
+    row the mean of the rows of its pieces under the checkpoint's tokenizer; every other weight is
+    the checkpoint's; the export loads in PyTorch Transformers 5 to TF's logits on text of new tokens."""
+    import shutil
+
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.prepare.vocabulary import read_record
+
+    tok_dir, shards, run1, _ = scratch_runs(model_type)
+    source = tmp_path / "source"
+    shutil.copytree(run1 / "model", source)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{
+        "model.init_from": str(source), "tokenizer.path": None, "tokenizer.extend_tokens": 24,
+        "corpus.source": str(corpus), "train.steps": 1, "train.warmup_steps": 0, "train.learning_rate": 1e-9,
+        "train.checkpoint_every": 1, "train.eval_every": 1})
+    p = Pipeline(cfg)
+    p.tokenizer()
+    p.train()
+    record = read_record(p.cfg.tokenizer_dir)
+    base, new = record["base_vocab_size"], record["tokens"]
+    assert len(new) == 24 and [t["id"] for t in new] == list(range(base, base + 24))
+    before, after = checkpoint_weights(run1), checkpoint_weights(tmp_path / "cont")
+    before = {k: v for k, v in before.items() if "OPTIMIZER_SLOT" not in k and v.size}
+    after = {k: v for k, v in after.items() if "OPTIMIZER_SLOT" not in k and v.size}
+    assert before.keys() == after.keys()
+    grown = 0
+    for name, old in before.items():
+        got = after[name]
+        if old.shape == got.shape:
+            assert np.max(np.abs(got - old)) < 1e-5, name
+            continue
+        axis = next(i for i, (a, b) in enumerate(zip(old.shape, got.shape)) if a != b)
+        assert (old.shape[axis], got.shape[axis]) == (base, base + 24), name
+        assert np.max(np.abs(np.take(got, range(base), axis=axis) - old)) < 1e-5, name  # old ids: their rows
+        for t in new:
+            want = np.take(old, t["pieces"], axis=axis).mean(axis=axis)
+            assert np.max(np.abs(np.take(got, t["id"], axis=axis) - want)) < 1e-5, (name, t["token"])
+        grown += 1
+    assert grown >= 1  # at least the word embeddings (and the bias, the decoder where untied)
+    if not (VENVS / "t5" / "bin" / "python").exists():
+        if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
+            pytest.fail(f"PyTorch interop venv {VENVS / 't5'} absent: build it with tests/interop/setup_venvs.sh")
+        return
+    words = [t["text"] for t in new if t["text"].isalpha()][:6]
+    from transformers import AutoTokenizer
+
+    mask = AutoTokenizer.from_pretrained(str(tmp_path / "cont" / "model")).mask_token
+    texts = [f"The {mask} " + " ".join(words) + " .", " ".join(reversed(words))]
+    out = _torch_logits(tmp_path / "cont" / "model", texts, tmp_path)
+    assert (out["input_ids"] >= base).any()  # the text really uses new tokens
+    assert not any(out["loading_info"].get(k) for k in ("missing_keys", "mismatched_keys")), out["loading_info"]
+    if family(model_type).pytorch_differs:  # funnel: known, stated in the model card
+        return
+    print(f"{model_type}: {len(new)} tokens, {grown} weights grown, max|dlogits|={out['max_abs_diff']:.2e}")
+    assert out["max_abs_diff"] < 1e-4, out["max_abs_diff"]

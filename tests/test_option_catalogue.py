@@ -309,6 +309,8 @@ CONFIG_ROWS: dict[str, object] = {
     "tokenizer.path": Str("dir"),
     "tokenizer.train_bytes": gt0("huge: the tokenizer trains on the whole corpus"),
     "tokenizer.lowercase": Bool(),
+    "tokenizer.extend_tokens": Num(1, 1_000_000),
+    "tokenizer.add_tokens_file": Str(),
     # At most the model's positions less its offset (RoBERTa's default: 514 - 2).
     "shard.seq_len": Num(8, 512),
     "shard.unit_bytes": Num(1024, meaning="huge: one work unit per file"),

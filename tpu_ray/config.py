@@ -240,6 +240,11 @@ class TokenizerConfig(_Section):
     # across every file by `seed` (corpus.sample_order), a streamed file giving its first chunk first.
     train_bytes: int = Field(200_000_000, gt=0)
     lowercase: bool = False  # lowercase the text before tokenizing (training and sharding)
+    # With model.init_from: learn this many new tokens on the corpus (those that save the most
+    # pieces under the checkpoint's tokenizer) and grow the model's embedding and head to them.
+    extend_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    # With model.init_from: a file of tokens to add to the checkpoint's vocabulary, one a line.
+    add_tokens_file: str | None = None
 
 
 class ShardConfig(_Section):
@@ -700,6 +705,15 @@ def _schedule_refusal(cfg: RunConfig) -> str | None:
     if t.mask_schedule == "constant" and t.mask_prob_end is not None:
         return (f"train.mask_prob_end={t.mask_prob_end} does nothing with train.mask_schedule=constant; set "
                 f"train.mask_schedule=linear or remove it")
+    tk = cfg.tokenizer
+    for name in ("extend_tokens", "add_tokens_file"):
+        value = getattr(tk, name)
+        if value is not None and not cfg.model.init_from:
+            return (f"tokenizer.{name}={value} extends a checkpoint's vocabulary: set model.init_from (a "
+                    f"tokenizer trained from scratch learns the corpus's tokens itself: tokenizer.vocab_size)")
+        if value is not None and tk.path:
+            return (f"tokenizer.{name}={value} and tokenizer.path={tk.path} both say what the tokenizer is; "
+                    f"keep one (tokenizer.path: an extended tokenizer made earlier)")
     if t.branch_from and cfg.model.init_from:
         return (f"train.branch_from={t.branch_from} and model.init_from={cfg.model.init_from} both say where to "
                 f"start; keep one (branch_from: the checkpoint's optimizer and step too)")

@@ -62,9 +62,18 @@ def check_ray_address(cfg: RunConfig, timeout_s: float = 5.0) -> None:
     """Fail in seconds, not after Ray's ten-minute reconnect loop, when the configured Ray address
     (ray.address, else RAY_ADDRESS) has nothing listening: a TCP connect to its host:port."""
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    if not address or address in ("auto", "local"):
-        return
     field = "ray.address" if cfg.ray.address else "RAY_ADDRESS"
+    if address == "auto":  # any head running here; none: Ray's ConnectionError would end the run as a bug
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            canonicalize_bootstrap_address(cfg.ray.address)
+        except ConnectionError:
+            raise UserError(f"{field}=auto: no Ray cluster is running on this machine; start one (ray start "
+                            f"--head), or set ray.address=local for a new cluster of this run's own") from None
+        return
+    if not address or address == "local":
+        return
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
@@ -135,7 +144,7 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
         if cfg.model.init_from:  # a tokenizer given beside a checkpoint must still fit its embedding
             from tpu_ray.train.init_from import check_tokenizer
 
-            check_tokenizer(cfg, info, cfg.tokenizer_dir)
+            check_tokenizer(cfg, info, cfg.tokenizer_dir, directory=cfg.tokenizer_dir)
         log.info("tokenizer: using %s (vocab %d, sha256 %s)", cfg.tokenizer_dir, info.vocab_size, info.sha256[:12])
         return info
     from tpu_ray.families import family, training_order
@@ -285,8 +294,11 @@ class Pipeline:
     def _tokenizer(self, rec: _Recorder, force: bool = False):
         with _stage(rec, "tokenizer"):
             info = run_tokenizer(self.cfg, force=force)
+        from tpu_ray.prepare.vocabulary import summary_fields
+
         rec.update(tokenizer={"dir": self.cfg.tokenizer_dir, "kind": self.cfg.tokenizer.kind,
-                              "vocab_size": info.vocab_size, "sha256": info.sha256})
+                              "vocab_size": info.vocab_size, "sha256": info.sha256,
+                              **summary_fields(self.cfg.tokenizer_dir)})
         return info
 
     def _shard(self, rec: _Recorder):

@@ -69,13 +69,17 @@ def cluster_choice(address: str | None) -> str:
         return f"ray: joining the Ray cluster at {address} through Ray Client (ray.address)"
     env = os.environ.get("RAY_ADDRESS")
     if starts_local_cluster(address):
-        why = "ray.address=local" if address == "local" else "no ray.address, no RAY_ADDRESS, no head running here"
+        why = "ray.address=local" if address == "local" else "RAY_ADDRESS=local" if env == "local" else \
+            "no ray.address, no RAY_ADDRESS, no head running here"
         return (f"ray: starting a new local Ray cluster for this run ({why}); it listens on {LOOPBACK} only "
                 f"and stops when this process ends")
     try:
         from ray._private.services import canonicalize_bootstrap_address
 
         found = canonicalize_bootstrap_address(address) or address
+    except ConnectionError:  # auto (here or in RAY_ADDRESS) and no head running: the run refuses next
+        field = "ray.address" if address else "RAY_ADDRESS"
+        return f"ray: {field}=auto asks for a Ray cluster running on this machine; none is"
     except Exception:  # the connect itself reports a bad address in its own words
         found = address
     if address == "auto":

@@ -92,7 +92,7 @@ def load_unmasker(model_dir: str) -> Callable[[str, int], list[dict]]:
     mask = unmasker.tokenizer.mask_token
 
     def predict(text: str, top_k: int = 5) -> list[dict]:
-        check_fill_mask_text(text)
+        check_fill_mask_text(text, own=mask)
         if mask != MASK and MASK in text and mask not in text:  # [MASK] is the placeholder for any model's mask
             text = text.replace(MASK, mask)
         if mask not in text:
@@ -118,6 +118,9 @@ def check_fill_mask_text(text: str, mask: str = MASK, own: str | None = None) ->
         return
     if own != mask:
         _one_mask(text, own)
+        if mask in text and own in text:  # [MASK] stands for `own`: the two together are two masks
+            raise UserError(f"fill-mask text {text!r}: contains {mask} and {own}, two mask tokens for this model; "
+                            f"give exactly one (predict one missing word at a time)")
     if mask not in text and own not in text:
         spelled = mask if own == mask else f"{mask} (or the model's own {own})"
         raise UserError(f"fill-mask text {text!r}: contains no mask token; put {spelled} where a word is missing")

@@ -98,6 +98,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "",
         f"- corpus: {corpus_line(cfg)}",
         f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `{mask}`)",
+        *([line] if (line := _vocabulary_line(cfg)) else []),
         f"- model: {model_type}, preset `{cfg.model.preset}`, sequence length {cfg.shard.seq_len}",
         f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
         f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
@@ -129,6 +130,13 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
     from tpu_ray.redact import redact
 
     return redact("\n".join(lines))  # the card people publish: no password of a corpus URL
+
+
+def _vocabulary_line(cfg: Any) -> str | None:
+    """The added tokens of an extended vocabulary (prepare/vocabulary.py), if any."""
+    from tpu_ray.prepare.vocabulary import card_line
+
+    return card_line(cfg.tokenizer_dir)
 
 
 def _pytorch_differs(model_type: str) -> str:

@@ -364,7 +364,12 @@ def source_hf_config(src: Source):
 
         run_cfg = _run_config(src)
         if run_cfg.model.init_from:  # that run's own copy of its checkpoint (or its source, before one)
-            return source_hf_config(source_for(run_cfg))
+            from tpu_ray.prepare.vocabulary import read_record
+
+            config = source_hf_config(source_for(run_cfg))
+            if (record := read_record(run_cfg.tokenizer_dir)) is not None:  # its vocabulary grew
+                config.vocab_size = record["vocab_size"]
+            return config
         return scratch_hf_config(run_cfg, tokenizer_info(run_cfg.tokenizer_dir))
     data = _read_config_json(src)
     model_type = data.get("model_type")
@@ -424,7 +429,12 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         raise UserError(f"shard.seq_len={cfg.shard.seq_len}: the checkpoint {src.where} has {positions} position "
                         f"embeddings ({model_type} positions start at {fam.position_offset}); use shard.seq_len <= "
                         f"{positions - fam.position_offset}")
-    return cfg.override(overrides)
+    cfg = cfg.override(overrides)
+    if cfg.tokenizer.add_tokens_file and not storage.exists(storage.join(cfg.tokenizer_dir, "tokenizer.json")):
+        from tpu_ray.prepare.vocabulary import Speller, file_tokens
+
+        file_tokens(cfg.tokenizer.add_tokens_file, Speller(base_tokenizer_json(cfg)))  # bad input: before any write
+    return cfg
 
 
 # --- the checkpoint's tokenizer -------------------------------------------------------------------
@@ -443,14 +453,18 @@ def copy_tokenizer(cfg: RunConfig, force: bool = False):
     out = cfg.tokenizer_dir
     if not force and storage.exists(storage.join(out, TOKENIZER_FILE)):
         info = tokenizer_info(out)
-        check_tokenizer(cfg, info, out)
+        check_tokenizer(cfg, info, out, directory=out)
         return info
     src = source_for(cfg)
     tok_dir = _tokenizer_dir(src)
     with tempfile.TemporaryDirectory(prefix="tpu-ray-tok-") as tmp:
         _gather_tokenizer(src, tok_dir, tmp)
         info = tokenizer_info(tmp)
-        check_tokenizer(cfg, info, f"{src.where} tokenizer")
+        check_tokenizer(cfg, info, f"{src.where} tokenizer", base=True)
+        if extends(cfg):
+            _extend(cfg, info, tmp)
+            info = tokenizer_info(tmp)
+            check_tokenizer(cfg, info, out, directory=tmp)
         storage.makedirs(out)
         names = sorted(os.listdir(tmp), key=lambda n: n == TOKENIZER_FILE)  # tokenizer.json last: complete
         for name in names:
@@ -458,6 +472,36 @@ def copy_tokenizer(cfg: RunConfig, force: bool = False):
     log.info("tokenizer: the checkpoint's (%s), vocab %d, sha256 %s -> %s", src.where, info.vocab_size,
              info.sha256[:12], out)
     return tokenizer_info(out)
+
+
+def extends(cfg: RunConfig) -> bool:
+    """Whether the run adds tokens to its checkpoint's vocabulary (prepare/vocabulary.py)."""
+    return bool(cfg.tokenizer.extend_tokens or cfg.tokenizer.add_tokens_file)
+
+
+def _extend(cfg: RunConfig, info: Any, tmp: str) -> None:
+    """The checkpoint's tokenizer in `tmp`, extended with the tokens the run asks for."""
+    from tpu_ray.prepare.sources import plan_sources, tokenizer_text
+    from tpu_ray.prepare.vocabulary import extend
+
+    rows = _rows(cfg)
+    if info.vocab_size != rows:
+        raise UserError(f"model.init_from={cfg.model.init_from}: its embedding has {rows} rows for a vocabulary of "
+                        f"{info.vocab_size} (padded); tokenizer.extend_tokens / add_tokens_file need them equal")
+    planned = plan_sources(cfg)
+    extend(tmp, cfg, lambda: tokenizer_text(cfg, planned))
+
+
+def base_tokenizer_json(cfg: RunConfig) -> str:
+    """The checkpoint's own tokenizer.json (what an extended tokenizer grew from)."""
+    src = source_for(cfg)
+    tok_dir = _tokenizer_dir(src)
+    path = storage.join(tok_dir, "tokenizer.json")
+    if storage.exists(path):
+        return storage.read_text(path)
+    with tempfile.TemporaryDirectory(prefix="tpu-ray-tok-") as tmp:  # slow files only: converted as copied
+        _gather_tokenizer(src, tok_dir, tmp)
+        return Path(tmp, "tokenizer.json").read_text(encoding="utf-8")
 
 
 def _gather_tokenizer(src: Source, tok_dir: str, tmp: str) -> None:
@@ -488,10 +532,33 @@ def _rows(cfg: RunConfig) -> int:
     return int(checkpoint_hf_config(cfg).vocab_size)
 
 
-def check_tokenizer(cfg: RunConfig, info: Any, where: str) -> None:
-    """Vocabulary == embedding rows (or padded up to a multiple of 8..128 as some checkpoints are);
-    the special tokens are the family's convention."""
+def check_tokenizer(cfg: RunConfig, info: Any, where: str, directory: str | None = None, base: bool = False) -> None:
+    """Vocabulary == embedding rows (or padded up to a multiple of 8..128 as some checkpoints are),
+    or exactly the checkpoint's vocabulary plus the tokens its extension record (in `directory`)
+    names; the special tokens are the family's convention. `base`: the checkpoint's own tokenizer,
+    before any extension the run asks for."""
+    from tpu_ray.prepare.vocabulary import EXTENSION_FILE, check_growth, read_record, tokens_file_changed
+
     rows = _rows(cfg)
+    record = read_record(directory) if directory else None
+    if record is not None:
+        check_growth(record, storage.read_text(storage.join(directory, "tokenizer.json")), base_tokenizer_json(cfg),
+                     rows, where)
+        rows = record["vocab_size"]
+        tk = cfg.tokenizer
+        asked = (tk.extend_tokens, tk.add_tokens_file)
+        if extends(cfg) and asked != (record.get("extend_tokens"), record.get("add_tokens_file")):
+            raise UserError(f"{where}: extended with tokenizer.extend_tokens={record.get('extend_tokens')} "
+                            f"add_tokens_file={record.get('add_tokens_file')} ({EXTENSION_FILE}), not as this run "
+                            f"asks; make it again with `tpu-ray tokenizer --force`")
+        if tokens_file_changed(record, tk.add_tokens_file):
+            raise UserError(f"{where}: extended from tokenizer.add_tokens_file={tk.add_tokens_file} as it was "
+                            f"(sha256 {record['add_tokens_sha256'][:12]}, {EXTENSION_FILE}); the file has changed "
+                            f"since; restore it, or make the tokenizer again (`tpu-ray tokenizer --force`, before shards) or "
+                            f"use a new --output-dir")
+    elif extends(cfg) and not base:
+        raise UserError(f"{where}: the checkpoint's tokenizer, not extended as tokenizer.extend_tokens / "
+                        f"add_tokens_file ask; make it with `tpu-ray tokenizer --force`")
     padded = info.vocab_size < rows and any(rows % m == 0 and rows - info.vocab_size < m for m in (8, 16, 32, 64, 128))
     if info.vocab_size != rows and not padded:
         raise UserError(f"{where}: vocabulary of {info.vocab_size} tokens, but the checkpoint's embedding has "
@@ -509,6 +576,15 @@ def check_tokenizer(cfg: RunConfig, info: Any, where: str) -> None:
 def load_weights(model: Any, cfg: RunConfig) -> str:
     """Load the checkpoint's weights into the built `model`; every model weight must be found.
     Returns a description of what was read."""
+    config = checkpoint_hf_config(cfg)
+    if int(model.config.vocab_size) != int(config.vocab_size):  # an extended vocabulary: load, then grow
+        from tpu_ray.train.grow import load_grown
+
+        return load_grown(model, cfg, config, _load_source)
+    return _load_source(model, cfg)
+
+
+def _load_source(model: Any, cfg: RunConfig) -> str:
     src = source_for(cfg)
     if src.kind == "run" or (src.kind == "copy" and os.path.isdir(os.path.join(src.local, rundir.CHECKPOINTS_DIR))):
         return _load_run_checkpoint(model, src)

@@ -27,6 +27,11 @@ def hf_config(cfg: RunConfig, tok: TokenizerInfo):
 
     check_pad_id(cfg, tok)
     config = checkpoint_hf_config(cfg)
+    if tok.vocab_size > config.vocab_size:  # an extended vocabulary: exactly its recorded growth
+        from tpu_ray.train.init_from import check_tokenizer
+
+        check_tokenizer(cfg, tok, cfg.tokenizer_dir, directory=cfg.tokenizer_dir)
+        config.vocab_size = tok.vocab_size
     for name in family(cfg.model.model_type).dropout_fields:
         setattr(config, name, cfg.model.dropout)
     return config
