@@ -49,13 +49,15 @@ def general_model(work: Path, steps: int) -> Path:
     return run
 
 
-def continued(work: Path, general: Path, replay: float, args) -> dict[str, dict[int, float]]:
-    """Continue `general` on the domain with `replay` of WikiText; per source, loss at each evaluation."""
+def continued(work: Path, general: Path, replay: float, args, schedule: dict | None = None,
+              tag: str = "") -> dict[str, dict[int, float]]:
+    """Continue `general` on the domain with `replay` of WikiText; per source, loss at each evaluation.
+    `schedule`: train.* schedule fields of this continued run (`--schedules`), its run named `tag`."""
     from tpu_ray.config import RunConfig
     from tpu_ray.pipeline import Pipeline
     from tpu_ray.report import load_metrics
 
-    run = work / f"replay-{int(replay * 100):02d}"
+    run = work / f"replay-{int(replay * 100):02d}{tag}"
     sources = {"domain": {"source": "builtin:python-docs", "weight": 1.0 - replay, "validation_fraction": 0.05},
                "general_test": {"source": str(WIKITEXT / "test.txt"), "weight": 0}}
     if replay:
@@ -68,7 +70,7 @@ def continued(work: Path, general: Path, replay: float, args) -> dict[str, dict[
         "train": {**base.train.model_dump(exclude={"eval_every", "checkpoint_every", "log_every", "warmup_steps"}),
                   "steps": args.steps, "learning_rate": args.lr, "warmup_steps": args.warmup,
                   "eval_every": args.eval_every, "checkpoint_every": args.steps, "log_every": args.eval_every,
-                  "placement": "local"},
+                  "placement": "local", **(schedule or {})},
         "eval": {"samples": args.eval_samples},
         "ray": {"address": "local", "num_cpus": 2}})
     if not (run / "model" / "config.json").exists():
@@ -107,7 +109,11 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--work", help="keep runs here (default: a temp dir)")
     p.add_argument("--plot", help="also draw both losses against steps, per replay rate, into this PNG")
+    p.add_argument("--schedules", help="compare these learning-rate schedules (comma-separated: linear, cosine, wsd, "
+                   "constant) of the continued run at 10%% replay instead of the replay rates (docs/schedules.md)")
     args = p.parse_args()
+    if args.schedules:
+        return compare_schedules(args)
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="domain-bench-") as tmp:
         work = Path(args.work or tmp)
@@ -134,6 +140,39 @@ def main() -> None:
                       "general_rise": {f"{r:.0%}": round(v, 4) for r, v in rise.items()},
                       "domain_end": {f"{r:.0%}": round(rows[r][1], 4) for r in rows},
                       "steps": args.steps, "seconds": round(seconds, 1)}))
+
+
+SCHEDULES = {"linear": {}, "cosine": {"schedule": "cosine"}, "constant": {"schedule": "constant"},
+             "wsd": {"schedule": "wsd", "decay_fraction": 0.2, "decay_shape": "1-sqrt"}}
+
+
+def compare_schedules(args) -> None:
+    """The continued run (10% replay) under each schedule: domain loss gained, general loss lost."""
+    names = args.schedules.split(",")
+    unknown = [n for n in names if n not in SCHEDULES]
+    if unknown:
+        sys.exit(f"--schedules: unknown {unknown}; pick from {', '.join(SCHEDULES)}")
+    with tempfile.TemporaryDirectory(prefix="domain-bench-") as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        general = general_model(work, args.general_steps)
+        curves = {}
+        for name in names:
+            t = time.perf_counter()
+            curves[name] = continued(work, general, 0.10, args, SCHEDULES[name], "" if name == "linear" else f"-{name}")
+            print(f"  {name}: {time.perf_counter() - t:.0f} s", flush=True)
+    print(f"continued {args.steps} steps on the Python docs from the general model, 10% WikiText replay, peak lr "
+          f"{args.lr}, warm-up {args.warmup}; eval loss (nats, 15% masked, fixed sets)")
+    print("| schedule | domain start | domain end | general start | general end | general rise |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    out = {}
+    for name, c in curves.items():
+        dom, gen = c["domain"], c["general_test"]
+        first, last = min(dom), max(dom)
+        out[name] = {"domain_end": round(dom[last], 4), "general_rise": round(gen[last] - gen[first], 4)}
+        print(f"| {name} | {dom[first]:.3f} | {dom[last]:.3f} | {gen[first]:.3f} | {gen[last]:.3f} | "
+              f"{gen[last] - gen[first]:+.3f} |")
+    print(json.dumps({"schedules": out, "steps": args.steps, "replay": 0.10}))
 
 
 if __name__ == "__main__":

@@ -63,13 +63,15 @@ EVAL_SEED = 1234
 EVAL_MASK_PROB = 0.15
 
 
-def prepare(work: Path, args) -> object:
-    """Tokenizer and shards from WikiText-2's valid split only (in-process, no Ray needed)."""
+def prepare(work: Path, args, extra_lengths: tuple[int, ...] = ()) -> object:
+    """Tokenizer and shards from WikiText-2's valid split only (in-process, no Ray needed).
+    `extra_lengths`: also cut the train tokens at these lengths (train.phases' shorter phases, in
+    `<shards>/seq-L`), from the same tokenization; the full-length shards are the same either way."""
     from tokenizers import Tokenizer
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
-    from tpu_ray.prepare.shards import process_unit, shard_set
+    from tpu_ray.prepare.shards import length_sets, process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe, save_tokenizer, train_tokenizer
 
     corpus = work / "train.txt"
@@ -95,8 +97,13 @@ def prepare(work: Path, args) -> object:
     tok = Tokenizer.from_file(str(work / "tokenizer" / "tokenizer.json"))
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     os.makedirs(cfg.shards_dir, exist_ok=True)
-    results = {u.index: process_unit(u, tok, info, args.seq_len, cfg.shards_dir) for u in units}
+    results = {u.index: process_unit(u, tok, info, args.seq_len, cfg.shards_dir, extra_lengths=extra_lengths)
+               for u in units}
     shard_set(cfg, describe(tok.to_str(), "bench"), units, results, complete=True).write()
+    for length in extra_lengths:  # train.phases' shorter lengths: their own manifests (train/phases.py)
+        phased = cfg.override({"train.phases": [{"steps": 1, "seq_len": length}, {"steps": 1, "seq_len": args.seq_len}]})
+        for sub in length_sets(phased, describe(tok.to_str(), "bench"), units, results, complete=True):
+            sub.write()
     return cfg
 
 
@@ -256,7 +263,8 @@ def plot(path: str, curves: dict[str, list], target: float | None) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's setting (benchmarks/schedules.py reads the same)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -286,7 +294,11 @@ def main() -> None:
     p.add_argument("--skip-tpu-ray", action="store_true",
                    help="train the reference only (with --work of a tpu-ray run: same tokenizer and shards)")
     p.add_argument("--work", help="keep the tokenizer, shards and runs here (default: a temp dir)")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     with tempfile.TemporaryDirectory(prefix="learning-bench-") as tmp:

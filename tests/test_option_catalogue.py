@@ -345,6 +345,7 @@ CONFIG_ROWS: dict[str, object] = {
     "train.branch_from": Str("dir"),
     "train.mask_schedule": Enum(),
     "train.mask_prob_end": fraction(lo_open=True),
+    "train.phases": Structured(),  # tests/test_phases.py probes its bad values
     "train.weight_decay": fraction(hi_open=False),  # 0: no weight decay
     "train.mask_prob": fraction(lo_open=True),
     "train.whole_word_mask": Bool(),

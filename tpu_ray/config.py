@@ -335,6 +335,15 @@ class ModelConfig(_Section):
         return out
 
 
+class PhaseConfig(_Section):
+    """One sequence-length phase (train.phases): `steps` steps at `seq_len` tokens per sample."""
+
+    steps: int = Field(gt=0)
+    seq_len: int = Field(ge=8)
+    batch_size: int | None = Field(None, gt=0, le=1 << 20)  # None: train.batch_size
+    mask_prob: float | None = Field(None, gt=0, lt=1)  # None: train.mask_prob
+
+
 class TrainConfig(_Section):
     steps: int = Field(1000, gt=0)  # optimizer steps of the whole run
     # At most 2^20 sequences per step (LAMB-scale batches are 64k): beyond, one batch no longer fits.
@@ -362,6 +371,10 @@ class TrainConfig(_Section):
     # step 0 to train.mask_prob_end at train.steps (a tensor in the input pipeline: no recompile).
     mask_schedule: Literal["constant", "linear"] = "constant"
     mask_prob_end: float | None = Field(None, gt=0, lt=1)  # the masking rate at train.steps (mask_schedule=linear)
+    # Sequence-length phases, in order: [{steps: 900, seq_len: 128}, {steps: 100, seq_len: 512}]
+    # (each may set batch_size and mask_prob). train.steps is their sum and shard.seq_len the longest
+    # (both filled in when left out); one compile per phase (docs/schedules.md). None: one phase.
+    phases: list[PhaseConfig] | None = Field(None, min_length=1, max_length=16)
     # Decoupled weight decay (0 = none, 0.01 published): a rate over 1 flips the weights' sign.
     weight_decay: float = Field(0.01, ge=0, le=1)
     # Fraction of tokens masked: 0.15 is BERT's; up to 0.4 is published (Wettig et al. 2023: 40% beats
@@ -459,6 +472,30 @@ class RunConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
+    def _phases_fill(cls, data: Any) -> Any:
+        """train.phases decide train.steps (their sum) and shard.seq_len (the longest) when those are
+        left out; given, they must agree (checked after validation, in one line)."""
+        train = data.get("train") if isinstance(data, dict) else None
+        phases = train.get("phases") if isinstance(train, dict) else None
+        if not isinstance(phases, list) or not phases or not all(isinstance(p, dict) for p in phases):
+            return data
+        try:
+            steps = sum(int(p["steps"]) for p in phases)
+            longest = max(int(p["seq_len"]) for p in phases)
+        except (KeyError, TypeError, ValueError):
+            return data  # the phase's own validation names what is wrong
+        if any(not isinstance(p[k], int) or p[k] < low for p in phases for k, low in (("steps", 1), ("seq_len", 8))):
+            return data  # likewise: train.phases[i].steps is named, not the sum
+        data = dict(data)
+        if "steps" not in train:
+            data["train"] = {**train, "steps": steps}
+        shard = data.get("shard")
+        if shard is None or isinstance(shard, dict) and "seq_len" not in shard:
+            data["shard"] = {**(shard or {}), "seq_len": longest}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _eval_batches_moved(cls, data: Any) -> Any:
         """train.eval_batches (batches of the training batch size) became eval.samples (issue 35: the
         evaluation set must not depend on the batch size); configs that still name it load as
@@ -493,6 +530,8 @@ class RunConfig(_Section):
 
             if why := mixed_precision_refusal(self.model.model_type, t.mixed_precision):
                 raise ValueError(why)
+        if why := _phases_refusal(self):
+            raise ValueError(why)
         if why := _schedule_refusal(self):
             raise ValueError(why)
         positions = self.max_positions()
@@ -590,6 +629,11 @@ class RunConfig(_Section):
         data = self.model_dump()
         for dotted, value in overrides.items():
             _set_dotted(data, dotted, value)
+        if overrides.get("train.phases"):  # new phases decide the steps and the length unless those are given too
+            for dotted in ("train.steps", "shard.seq_len"):
+                if dotted not in overrides:
+                    section, key = dotted.split(".")
+                    data[section].pop(key, None)
         return type(self).from_dict(data, origin="override")
 
     def to_yaml(self) -> str:
@@ -609,6 +653,8 @@ class RunConfig(_Section):
             mode="json", include={"batch_size", "weight_decay", "whole_word_mask", "mask_token_fraction",
                                     "random_token_fraction", "mask_count", *SCHEDULE_FIELDS}
         )
+        if self.train.phases is not None:  # only then: a run without phases keeps its fingerprint's bytes
+            keep["train"]["phases"] = [p.model_dump(mode="json") for p in self.train.phases]
         return keep
 
 
@@ -616,6 +662,35 @@ class RunConfig(_Section):
 # unless train.extend_schedule says the run continues under a new schedule.
 SCHEDULE_FIELDS = ("learning_rate", "warmup_steps", "warmup_ratio", "schedule", "decay_steps", "decay_fraction", "decay_shape",
                    "min_lr_ratio", "mask_prob", "mask_schedule", "mask_prob_end")
+
+
+def _phases_refusal(cfg: RunConfig) -> str | None:
+    """One line for train.phases that cannot run (issue 32), else None."""
+    t = cfg.train
+    if not t.phases:
+        return None
+    total, longest = sum(p.steps for p in t.phases), max(p.seq_len for p in t.phases)
+    if t.steps != total:
+        return (f"train.steps={t.steps} conflicts with train.phases, whose steps sum to {total}; set "
+                f"train.steps={total} or leave it out (the phases decide it)")
+    if cfg.shard.seq_len != longest:
+        return (f"shard.seq_len={cfg.shard.seq_len} must be the longest phase's seq_len ({longest}) with train.phases "
+                f"(the model's positions and the evaluation are at that length); set shard.seq_len={longest} or "
+                f"leave it out")
+    offset, positions = int(cfg.model.published("position_offset")), cfg.max_positions()
+    for i, p in enumerate(t.phases):
+        if p.seq_len + offset > positions and not cfg.model.init_from:
+            return (f"train.phases[{i}].seq_len={p.seq_len} needs model.max_position_embeddings >= {p.seq_len + offset}, "
+                    f"got {positions}; shorten the phase or raise model.max_position_embeddings")
+        if p.mask_prob is not None and t.mask_schedule == "linear":
+            return (f"train.phases[{i}].mask_prob={p.mask_prob} and train.mask_schedule=linear both set the masking "
+                    f"rate; keep one")
+    if cfg.corpus.sources is not None:
+        return "train.phases with corpus.sources (a mixture) is not supported yet; train one or the other"
+    if t.branch_from:
+        return (f"train.phases with train.branch_from={t.branch_from} is not supported yet; branch without phases "
+                f"(the decay at the stable run's length)")
+    return None
 
 
 def _schedule_refusal(cfg: RunConfig) -> str | None:

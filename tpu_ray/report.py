@@ -34,7 +34,7 @@ REPORT_FILE = "report.html"
 BASE_COLUMNS = ["kind", "step", "time"]
 KIND_COLUMNS = {
     "train": ["elapsed_s", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
-              "tokens_per_s", "mfu", "train_traces", "input_wait_s"],
+              "tokens_per_s", "mfu", "train_traces", "input_wait_s", "seq_len"],
     "eval": ["eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens", "eval_set", "eval_mask_prob"],
     "eval_source": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
                     "eval_samples", "eval_set", "eval_mask_prob"],

@@ -362,6 +362,34 @@ class Doctor:
             self.add("schedule", PASS, f"{shape} ({ends})")
         if t.branch_from:
             self.check_branch()
+        if t.phases:
+            self.check_phases()
+
+    def check_phases(self) -> None:
+        """train.phases: the phases, their batches on this target, and each shorter phase's shards."""
+        from tpu_ray.prepare.shard_set import ShardSet
+        from tpu_ray.train.phases import describe, extra_lengths, shards_dir, spans
+
+        n = self.target.replicas
+        for sp in spans(self.cfg):
+            if sp.batch_size % n:
+                self.add("phases", FAIL, f"train.phases[{sp.index}]: batch {sp.batch_size} does not split over {n} "
+                         f"replicas of {self.target.name}", f"use a multiple of {n}")
+                return
+        if self.shards is not None:  # the run's shards are made: so must every phase's be
+            for length in extra_lengths(self.cfg):
+                where = shards_dir(self.cfg, length)
+                try:
+                    sub = _call_with_timeout(lambda d=where: ShardSet.load(d), STORAGE_TIMEOUT_S)
+                except (UserError, TimeoutError) as exc:
+                    self.add("phases", FAIL, str(exc), "rerun `tpu-ray shard` with this config")
+                    return
+                if sub is None or not sub.complete or sub.seq_len != length:
+                    self.add("phases", FAIL, f"{shards_dir(self.cfg, length)}: no complete shards at seq_len {length}",
+                             "rerun `tpu-ray shard` with this config (it cuts every phase's length in one pass)")
+                    return
+        self.add("phases", PASS, f"{describe(self.cfg)}: one compile per phase; evaluation at seq_len "
+                 f"{self.cfg.shard.seq_len}")
 
     def check_branch(self) -> None:
         """train.branch_from: the checkpoint it names, and whether this config may continue it."""
@@ -555,12 +583,18 @@ class Doctor:
 
     def check_memory_and_plan(self) -> None:
         from tpu_ray.train.model import train_flops_per_token
+        from tpu_ray.train.phases import spans, view
 
-        cfg, tgt = self.cfg, self.target
+        tgt = self.target
         tok, _ = self.vocab_and_spec()
+        act_bytes = 2 if tgt.kind in ("tpu", "gpu") else 4
+        # train.phases: the memory of the most demanding phase; the plan sums the phases' own steps.
+        views = [view(self.cfg, sp) for sp in spans(self.cfg)]
+        cfg = max(views, key=lambda v: sum(memory_per_replica(v, tok.vocab_size, max(1, v.train.batch_size
+                                                                                        // tgt.replicas),
+                                                              act_bytes).values()))
         gb, seq = cfg.train.batch_size, cfg.shard.seq_len
         per_replica = max(1, gb // tgt.replicas)
-        act_bytes = 2 if tgt.kind in ("tpu", "gpu") else 4
         mem = memory_per_replica(cfg, tok.vocab_size, per_replica, act_bytes)
         total = sum(mem.values())
         fixed = mem["weights"] + mem["gradients"] + mem["adam"]
@@ -587,14 +621,18 @@ class Doctor:
         from tpu_ray.train.model import measure_cpu_peak
 
         peak = tgt.peak or measure_cpu_peak()
-        flops_step = train_flops_per_token(cfg, tok.vocab_size) * gb * seq
-        step_s = flops_step / (tgt.replicas * peak * ASSUMED_UTILIZATION)
-        hours = cfg.train.steps * step_s / 3600
         unit = "chip-hours" if tgt.kind == "tpu" else ("GPU-hours" if tgt.kind == "gpu" else "machine-hours")
         chips = tgt.chips if tgt.kind != "cpu" else 1
+        parts, hours = [], 0.0
+        for sp, v in zip(spans(self.cfg), views):  # each phase at its own length, batch and FLOPs per token
+            b, length = v.train.batch_size, v.shard.seq_len
+            step_s = train_flops_per_token(v, tok.vocab_size) * b * length / (tgt.replicas * peak * ASSUMED_UTILIZATION)
+            hours += sp.steps * step_s / 3600
+            parts.append(f"~{fmt_duration(step_s)}/step, {fmt_count(b * length / step_s)} tokens/s"
+                         + (f" x {sp.steps:,} steps at [{b}, {length}]" if len(views) > 1 else ""))
         self.add("capacity plan", PASS,
-                 f"~{fmt_duration(step_s)}/step, {fmt_count(gb * seq / step_s)} tokens/s at {ASSUMED_UTILIZATION:.0%} "
-                 f"of {tgt.replicas}x{peak / 1e12:.1f} TFLOP/s; {cfg.train.steps:,} steps = {hours:,.3g} h = "
+                 f"{'; '.join(parts)} at {ASSUMED_UTILIZATION:.0%} of {tgt.replicas}x{peak / 1e12:.1f} TFLOP/s; "
+                 f"{self.cfg.train.steps:,} steps = {hours:,.3g} h = "
                  f"{hours * chips:,.3g} {unit} ({chips:g} {'chips' if tgt.kind == 'tpu' else 'devices'})")
 
     # -- all ---------------------------------------------------------------------------------

@@ -173,12 +173,20 @@ def _batches(lines: list[str]):
 
 
 def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, out_dir: str,
-                 max_line_bytes: int | None = None, live: dict | None = None) -> dict:
+                 max_line_bytes: int | None = None, live: dict | None = None,
+                 extra_lengths: tuple[int, ...] = ()) -> dict:
     """Tokenize, chunk and write one unit's shards (atomically); returns its manifest entries
     (and `split_lines`: lines over `max_line_bytes` that were cut, for the driver's warning;
-    `skipped_records`: records whose text field was null or missing, records.py's rule)."""
+    `skipped_records`: records whose text field was null or missing, records.py's rule).
+
+    `extra_lengths` (train.phases' shorter lengths): the same train tokens are also cut at each
+    length L into `<out_dir>/seq-L/train/` (one tokenization for every length); their entries are
+    under `by_length[L]` (train/phases.py)."""
     result: dict[str, Any] = {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0, "split_lines": 0,
                               "skipped_records": 0}
+    if extra_lengths:
+        result["by_length"] = {n: {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0}
+                               for n in extra_lengths}
     counts = Counts()
     for part, chunk in enumerate(iter_chunks(unit, counts)):
         for split in SPLITS:
@@ -193,6 +201,10 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
                 live.update(lines=live["lines"] + len(lines), chars=live["chars"] + sum(map(len, lines)),
                             tokens=live["tokens"] + len(flat))
             del lines
+            if split == "train":
+                for length in extra_lengths:
+                    _write_rows(flat, length, info, split, unit, part, storage.join(out_dir, f"seq-{length}"),
+                                result["by_length"][length])
             rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
             del flat
             result["tokens"] += tokens
@@ -209,6 +221,22 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
     result["skipped_records"] = counts.skipped
     result.update(unit_stats(unit.index, counts, out_dir))  # record counts; bad records listed (issue 34)
     return result
+
+
+def _write_rows(flat: np.ndarray, seq_len: int, info: TokenizerInfo, split: str, unit: WorkUnit, part: int,
+               out_dir: str, into: dict) -> None:
+    """Cut `flat` at `seq_len` and commit the rows as one shard under `out_dir`, recorded in `into`."""
+    rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
+    into["tokens"] += tokens
+    into["dropped_tokens"] += dropped
+    if len(rows) == 0:
+        return
+    name = shard_path(split, unit.index, len(rows), part if unit.streamed else None)
+    if not storage.is_remote(out_dir):
+        storage.makedirs(storage.join(out_dir, split))
+    digest, nbytes = _commit_shard(rows, storage.join(out_dir, name))
+    into["shards"].append({"split": split, "path": name, "unit": unit.index, "samples": len(rows),
+                           "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
 
 
 def _commit_shard(rows: np.ndarray, final_path: str) -> tuple[str, int]:
@@ -248,7 +276,7 @@ class ShardWorker:
     """One Ray actor: loads the tokenizer once, then processes units."""
 
     def __init__(self, tokenizer_json: str, info: TokenizerInfo, seq_len: int, out_dir: str, env: dict[str, str],
-                 max_line_bytes: int | None = None):
+                 max_line_bytes: int | None = None, extra_lengths: tuple[int, ...] = ()):
         # The environment (thread budget, storage endpoint) is set here, before the tokenizer or
         # storage first run, rather than through a runtime_env: env_vars in a runtime_env need
         # freshly started workers (~1 s each on 2 cores); this way the actor starts in one of
@@ -261,13 +289,14 @@ class ShardWorker:
         self.seq_len = seq_len
         self.out_dir = out_dir
         self.max_line_bytes = max_line_bytes
+        self.extra_lengths = tuple(extra_lengths)
 
     def process(self, unit: dict) -> dict:
         self.live = {"unit": unit["index"], "lines": 0, "chars": 0, "tokens": 0}
         _warm_imports(unit)
         before, calls = _read_bytes(), storage.requests_made()
         result = process_unit(WorkUnit.from_dict(unit), self.tok, self.info, self.seq_len, self.out_dir,
-                              self.max_line_bytes, self.live)
+                              self.max_line_bytes, self.live, self.extra_lengths)
         self.read_total += _read_bytes() - before
         self.requests_total += storage.requests_made() - calls
         self.live = None
@@ -377,6 +406,53 @@ def shard_set(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource] 
                                  complete=complete, sources=sources, owner=cfg.run_dir if cfg.shard.dir else None)
 
 
+def length_sets(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
+                results: dict[int, dict], complete: bool) -> list[ShardSet]:
+    """The shard sets of train.phases' shorter lengths (`<shards>/seq-L`, train split only), from
+    the same units' results (`by_length`); [] without phases."""
+    from tpu_ray.train.phases import extra_lengths, shards_dir
+
+    lengths = extra_lengths(cfg)
+    if not lengths:
+        return []
+    main = shard_set(cfg, info, planned, {}, complete)  # the header fields they share
+    out = []
+    for length in lengths:
+        sub = {u: r["by_length"][length] for u, r in results.items()}
+        out.append(ShardSet.from_results(shards_dir(cfg, length), seq_len=length, tok=info, source=main.source,
+                                         plan_sha256=main.plan_sha256, units=main.units, results=sub,
+                                         complete=complete, sources=main.sources, owner=main.owner))
+    return out
+
+
+def write_sets(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
+               results: dict[int, dict], complete: bool) -> ShardSet:
+    """Commit the manifests: the phases' sets first, the main one last (the one training checks
+    for `complete`); returns the main set."""
+    for sub in length_sets(cfg, info, planned, results, complete):
+        sub.write()
+    main = shard_set(cfg, info, planned, results, complete)
+    main.write()
+    return main
+
+
+def committed_lengths(cfg: RunConfig, results: dict[int, dict], digest: str, tok_sha256: str,
+                      owned: bool) -> dict[int, dict]:
+    """`results` (the main set's committed units) narrowed to the units every phase length's set
+    committed too, each with its `by_length` entries; unchanged without phases."""
+    from tpu_ray.train.phases import extra_lengths, shards_dir
+
+    for length in extra_lengths(cfg):
+        sub = ShardSet.load(shards_dir(cfg, length))
+        if sub is None and not owned and results:
+            raise UserError(f"{shards_dir(cfg, length)}: train.phases needs shards at seq_len {length}, and the "
+                            f"shards in {cfg.shards_dir} belong to another run; shard into a shard.dir of this run")
+        done = sub.committed_units(digest, tok_sha256, length, owned) if sub is not None else {}
+        results = {u: {**r, "by_length": {**r.get("by_length", {}), length: done[u]}}
+                   for u, r in results.items() if u in done}
+    return results
+
+
 def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) -> ShardSummary:
     """Run the sharding stage on the Ray cluster `ray.init()` connected to; resumable.
 
@@ -393,6 +469,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
         raise UserError(f"shard.seq_len={cfg.shard.seq_len}: needs {cfg.positions_needed()} model positions, "
                         f"model.max_position_embeddings is {cfg.max_positions()}")
     from tpu_ray.cluster.shared_dir import require_shared
+    from tpu_ray.train.phases import extra_lengths
 
     require_shared(out_dir, "shard.dir" if cfg.shard.dir else "output_dir", "sharding", cfg.ray.shared_filesystem)
     planned = plan_sources(cfg)
@@ -402,6 +479,7 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     digest = _plan_digest(units, sources_meta(cfg, planned))
     owned = owns(cfg, previous)
     results = previous.committed_units(digest, info.sha256, cfg.shard.seq_len, owned) if previous else {}
+    results = committed_lengths(cfg, results, digest, info.sha256, owned)
     todo = [u for u in units if u.index not in results]
 
     from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
@@ -417,7 +495,8 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     env = actor_env(cfg.shard.tokenizer_threads)
 
     def new_actor():
-        return Worker.remote(tok_ref, info, cfg.shard.seq_len, out_dir, env, cfg.corpus.max_line_bytes)
+        return Worker.remote(tok_ref, info, cfg.shard.seq_len, out_dir, env, cfg.corpus.max_line_bytes,
+                             extra_lengths(cfg))
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
@@ -464,6 +543,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
                    calls_before: int, owned: bool = True) -> ShardSummary:
     from tpu_ray.prepare.progress import Progress
+    from tpu_ray.train.phases import extra_lengths
 
     out_dir = cfg.shards_dir
     units = all_units(planned)
@@ -487,7 +567,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         stats["samples"] += sum(s["samples"] for s in res["shards"])
         stats["tokens"] += res["tokens"]
         if (len(results) - skipped) % every == 0:
-            shard_set(cfg, info, planned, results, complete=False).write()
+            write_sets(cfg, info, planned, results, complete=False)
         progress.advance(1, samples=stats["samples"], tokens=stats["tokens"])
         if on_unit_done:
             on_unit_done(len(results), pool)
@@ -496,7 +576,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
     except KeyboardInterrupt:
         # Ctrl-C: record every committed unit (the next run skips them) and say how to continue.
-        shard_set(cfg, info, planned, results, complete=False).write()
+        write_sets(cfg, info, planned, results, complete=False)
         progress.close()
         log.warning("shard: interrupted; %d of %d units are committed and kept in %s; run the same command "
                     "to continue from them", len(results), len(units), manifest_path(out_dir))
@@ -504,20 +584,19 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
     except UserError:
         # Bad input in a unit: keep what is committed (incomplete: nothing trains on it) for the rerun.
         if len(results) > skipped:
-            shard_set(cfg, info, planned, results, complete=False).write()
+            write_sets(cfg, info, planned, results, complete=False)
         progress.close()
         raise
     warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
     if owned:
-        _cleanup_temp(out_dir)
+        _cleanup_temp(out_dir, extra_lengths(cfg))
         try:  # the corpus-wide record rules, per source: a text field no record has; too many bad records
             bad = check_sources(results, record_groups(cfg, planned), out_dir)
         except UserError:
-            shard_set(cfg, info, planned, results, complete=False).write()  # every unit kept for the rerun
+            write_sets(cfg, info, planned, results, complete=False)  # every unit kept for the rerun
             progress.close()
             raise
-        shards = shard_set(cfg, info, planned, results, complete=True)
-        shards.write()
+        shards = write_sets(cfg, info, planned, results, complete=True)
     else:  # another run's finished shards, read as they are: nothing here is ours to clean or rewrite
         shards = ShardSet.load(out_dir) or shard_set(cfg, info, planned, results, complete=True)
         bad = getattr(shards, "bad_records", None) or 0
@@ -583,13 +662,14 @@ def _require_validation_of_evaluation_sources(shards: ShardSet) -> None:
                             f"sample of shard.seq_len-2 tokens; give it more text or a weight")
 
 
-def _cleanup_temp(out_dir: str) -> None:
+def _cleanup_temp(out_dir: str, lengths: tuple[int, ...] = ()) -> None:
     """Remove temp files of actors that died mid-write (never read: they are not in the manifest).
 
     Safe because the stage holds the shard directory's own lock (see pipeline.py) and only runs
     for shards this run owns: every temp file here is this run's or a dead writer's, never
     another live run's in-flight file."""
-    for folder in (out_dir, *(storage.join(out_dir, split) for split in SPLITS)):
+    subs = [storage.join(out_dir, f"seq-{n}", "train") for n in lengths]  # train.phases' shorter cuts
+    for folder in (out_dir, *(storage.join(out_dir, split) for split in SPLITS), *subs):
         for path in storage.glob(storage.join(folder, ".tmp-*")):
             storage.remove(path)
 

@@ -70,15 +70,18 @@ def run_hooks(hooks: list[Hook], info: StepInfo) -> None:
 
 
 def executions(start: int, total: int, steps_per_execution: int, hooks: list[Hook],
-               execute: Callable[[int], tuple[Any, float, float]]) -> Iterator[StepInfo]:
-    """Run executions from `start` to `total`; yield each one's StepInfo after its hooks ran.
+               execute: Callable[[int], tuple[Any, float, float]], stop: int | None = None) -> Iterator[StepInfo]:
+    """Run executions from `start` to `stop` (default: `total`, the run's last step); yield each
+    one's StepInfo after its hooks ran. A phase (train.phases) stops at its end: no execution
+    crosses it.
 
     `execute(n)` runs n steps and returns (sums, seconds, input_wait).
     """
     step = start
+    end = total if stop is None else min(stop, total)
     everies = [h.every for h in hooks]
-    while step < total:
-        n = next_length(step, total, steps_per_execution, everies)
+    while step < end:
+        n = next_length(step, end, steps_per_execution, everies)
         sums, seconds, input_wait = execute(n)
         info = StepInfo(step + n, step, total, sums, seconds, input_wait)
         step = info.step

@@ -58,9 +58,14 @@ class InputPosition:
     # How pipelines share the records: "records" (equal ranges, inputs.host_parts); None: positions
     # stored before, when several pipelines took whole files round-robin.
     split: str | None = None
+    # train.phases: the phase this position is in (its own shards and stream); absent without phases.
+    phase: int | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True) + "\n"
+        fields = asdict(self)
+        if fields["phase"] is None:  # positions of runs without phases keep their bytes
+            del fields["phase"]
+        return json.dumps(fields, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> InputPosition:

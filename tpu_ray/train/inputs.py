@@ -268,7 +268,7 @@ def host_parts(files: Sequence[str], counts: Mapping[str, int],
 def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
                   shuffle_buffer: int, start_batch: int = 0,
                   ctx: tf.distribute.InputContext | None = None,
-                  counts: Mapping[str, int] | None = None) -> tf.data.Dataset:
+                  counts: Mapping[str, int] | None = None, start_sample: int | None = None) -> tf.data.Dataset:
     """Endless, shuffled, masked batches of `batch_size` (the per-replica batch under a strategy).
 
     `start_batch` starts at that batch (resume) in time that does not grow with it: the record
@@ -276,6 +276,8 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
     records shuffled by seed), so reaching a batch skips whole files by their record `counts`
     (the manifest's; read from the files when not given) instead of re-reading every record.
     Under several input pipelines each reads an equal share of the records (host_parts).
+    `start_sample` (train.phases): the stream starts there while the masks stay seeded by
+    `start_batch` (the global step's); None: at `start_batch * batch_size`.
     """
     from tpu_ray.train.input_position import count_records, seekable_records
 
@@ -283,7 +285,8 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
         counts = dict(zip(sorted(files), count_records(sorted(files))))
     mine = host_parts(files, counts, ctx)
     ds = seekable_records([f for f, _, _ in mine], [n for _, _, n in mine], seed, shuffle_buffer,
-                          start_sample=start_batch * batch_size, firsts=[a for _, a, _ in mine])
+                          start_sample=start_batch * batch_size if start_sample is None else start_sample,
+                          firsts=[a for _, a, _ in mine])
     return masked_batches(ds, seq_len, batch_size, spec, seed, start_batch, ctx)
 
 

@@ -248,13 +248,35 @@ def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Te
 
 def open_shards(cfg: RunConfig, tok: TokenizerInfo) -> ShardSet:
     """The run's shards, checked before a step is paid for: complete, made with this tokenizer and
-    seq_len, present with the manifest's sizes (contents too, when small), all from one listing."""
+    seq_len, present with the manifest's sizes (contents too, when small), all from one listing.
+    With train.phases, each shorter phase's set (train/phases.py) is checked the same way."""
+    from tpu_ray.train.phases import extra_lengths
+
     shards = ShardSet.open(cfg.shards_dir)
     shards.require_complete()
     shards.require_made_with(tok, cfg.shard.seq_len, cfg.tokenizer_dir)
     if not shards.files("train"):
         raise UserError(f"{cfg.shards_dir}: no train shards; run `tpu-ray shard` first")
     shards.verify()
+    for length in extra_lengths(cfg):
+        phase_shards(cfg, tok, length)
+    return shards
+
+
+def phase_shards(cfg: RunConfig, tok: TokenizerInfo, seq_len: int) -> ShardSet:
+    """The checked shard set a phase at `seq_len` trains on (the run's own at shard.seq_len)."""
+    from tpu_ray.train.phases import shards_dir
+
+    where = shards_dir(cfg, seq_len)
+    shards = ShardSet.load(where)
+    if shards is None:
+        raise UserError(f"{where}: no shards at seq_len {seq_len} for train.phases; rerun `tpu-ray shard` with "
+                        f"this config (it cuts every phase's length in one pass)")
+    shards.require_complete()
+    shards.require_made_with(tok, seq_len, cfg.tokenizer_dir)
+    if not shards.files("train"):
+        raise UserError(f"{where}: no train shards at seq_len {seq_len}; give more text or shorter phases")
+    shards.verify(splits=("train",))
     return shards
 
 
@@ -302,6 +324,8 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     from tpu_ray.train.mixture import mixture_of
 
     info = s.info
+    if cfg.train.phases:
+        return _phases_loop(cfg, s, ckpts, metrics, resume, shards, t_start)
     mixture = mixture_of(cfg, shards)
     start = restore_or_start(cfg, s, ckpts, metrics, resume)
     iterator, files_read, positions = train_input(cfg, s, shards, start, ckpts, metrics, mixture)
@@ -330,6 +354,65 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     if source_samples is not None:
         summary["training"] = {"source_samples": source_samples(step)}  # what the batches drew, per source
     return summary
+
+
+def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
+                 shards: ShardSet, t_start: float) -> dict[str, Any]:
+    """train.phases: the loop above once per phase, each with its own input (the phase's shards,
+    batch and masking) and its own step functions (one compile per phase: static shapes within
+    it), the model, optimizer, step and hooks carried across (train/phases.py)."""
+    from tpu_ray.train.input_position import PositionTracker
+    from tpu_ray.train.phases import PhasePositions, span_at, spans, view
+
+    info, all_spans = s.info, spans(cfg)
+    for span in all_spans:
+        if span.batch_size % info.replicas:
+            raise UserError(f"train.phases[{span.index}].batch_size={span.batch_size} is not divisible by the "
+                            f"{info.replicas} replicas; use a multiple of {info.replicas}")
+    sets = {sp.seq_len: shards if sp.seq_len == cfg.shard.seq_len else phase_shards(cfg, s.tok, sp.seq_len)
+            for sp in all_spans}
+    trackers = [PositionTracker(sets[sp.seq_len].files("train"), sp.batch_size, cfg.train.shuffle_buffer)
+                for sp in all_spans]
+    positions = PhasePositions(all_spans, trackers)
+    start = restore_or_start(cfg, s, ckpts, metrics, resume)
+    state = LoopState()
+    timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
+    traced: list[Any] = []
+    hooks = default_hooks(cfg, s, ckpts, metrics, state, evaluator(s, shards, cfg.train.batch_size // info.replicas),
+                          lambda: sum(f.experimental_get_tracing_count() for f in traced),
+                          position=lambda step: positions.at(step).to_json(), timer=timer)
+    log_hook = next(h for h in hooks if h.name == "log")
+    metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
+                  device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
+                  per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
+                  jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution,
+                  phases=[{"steps": sp.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
+                           "mask_prob": sp.mask_prob} for sp in all_spans])
+    if start == 0 and cfg.model.init_from:
+        for hook in (h for h in hooks if h.name == "eval"):
+            hook.fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
+    step, files_read = start, []
+    for span in all_spans[span_at(all_spans, start).index:]:
+        if step >= cfg.train.steps:
+            break
+        pcfg = view(cfg, span)
+        state.view = pcfg  # the train records' seq_len, batch and FLOPs follow the phase
+        iterator, mine, _ = train_input(pcfg, s, sets[span.seq_len], step, ckpts, metrics,
+                                        tracker=trackers[span.index], span_start=span.start,
+                                        resumed_check=positions if step == start else None)
+        files_read.extend(mine)
+        train_step, train_steps = make_train_step(s)
+        traced.extend((train_step, train_steps))
+        log.info("phase %d of %d: steps %d-%d at seq_len %d, batch %d", span.index + 1, len(all_spans), span.start + 1,
+                 span.end, span.seq_len, span.batch_size)
+        metrics.event("phase_start", stage="train", step=step, phase=span.index, seq_len=span.seq_len,
+                      batch_size=span.batch_size, mask_prob=span.mask_prob, end=span.end)
+        for done in executions(step, cfg.train.steps, info.steps_per_execution, hooks,
+                               make_execute(s, iterator, train_step, train_steps), stop=span.end):
+            step = done.step
+        if state.interval.steps:  # a train record per phase: none mixes two phases' figures
+            log_hook.fn(StepInfo(step, step, cfg.train.steps, None, 0.0, math.nan))
+    return finish(cfg, s, metrics, state, start, step, files_read, t_start)
 
 
 def refuse_precision(cfg: RunConfig, precision: str) -> None:
@@ -374,11 +457,14 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
 
 
 def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckpts: CheckpointStore,
-                metrics: MetricsWriter, mixture: Any = None):
+                metrics: MetricsWriter, mixture: Any = None, tracker: Any = None, span_start: int = 0,
+                resumed_check: Any = "self"):
     """The distributed iterator over training batches, positioned after `start` steps, the list
     of files this process reads (filled as the strategy builds each input pipeline), and the
     position tracker; on resume the position is checked against the one stored with the checkpoint.
-    With a mixture (named sources), batches draw from the sources by weight (train/mixture.py)."""
+    With a mixture (named sources), batches draw from the sources by weight (train/mixture.py).
+    A phase (train.phases) passes its `tracker`, the step its stream starts at (`span_start`) and
+    what checks a resumed position (`resumed_check`: the phases' positions, None after a phase change)."""
     gb, seq_len = cfg.train.batch_size, cfg.shard.seq_len
     spec = mask_spec(cfg, s.tok)
     train_files = shards.files("train")
@@ -396,21 +482,24 @@ def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckp
             return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
                                   start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx)
     else:
-        positions = PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
+        positions = tracker or PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
 
     def plain_dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         parts = host_parts(files, positions.counts, ctx)  # an equal share of the records per pipeline
         files_read.extend(f if n == positions.counts[f] else f"{f}[{a}:{a + n}]" for f, a, n in parts)
         positions.bind(parts, ctx.num_input_pipelines)
+        per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
-                             cfg.train.shuffle_buffer,
-                             start_batch=start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx=ctx,
-                             counts=positions.counts)
+                             cfg.train.shuffle_buffer, start_batch=start * per_pipeline, ctx=ctx,
+                             counts=positions.counts,
+                             start_sample=((start - span_start) * per_pipeline * ctx.get_per_replica_batch_size(gb)
+                                           if tracker is not None else None))
 
     dist = s.info.strategy.distribute_datasets_from_function(dataset_fn if mixture is not None else plain_dataset_fn)
-    if ckpts.latest:  # resumed: the position is checked against the stored one before the first step
-        at = positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
-                                    cfg.train.accept_new_data_order)
+    checker = positions if resumed_check == "self" else resumed_check
+    if ckpts.latest and checker is not None:  # resumed: the stored position is checked before the first step
+        at = checker.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
+                                  cfg.train.accept_new_data_order)
         metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
                       sample_in_epoch=at.sample_in_epoch, samples=at.samples)
     return iter(dist), files_read, positions

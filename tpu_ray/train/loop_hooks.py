@@ -64,6 +64,8 @@ class LoopState:
     last_finite: dict[str, Any] | None = None
     diverged_at: int | None = None
     warned_unscored: bool = False
+    # train.phases: the current phase's view of the config (its seq_len, batch, masking); None: the run's.
+    view: Any = None
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
@@ -75,6 +77,7 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     t, info = cfg.train, s.info
     level = logging.INFO if info.is_chief else logging.DEBUG
     flops_token = train_flops_per_token(cfg, s.tok.vocab_size, s.model.config)
+    flops_by_view: dict[int, float] = {}
     peak = peak_flops(info.device, t.peak_flops)
     state.interval = Interval()
 
@@ -90,7 +93,12 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     def log_train(step: StepInfo) -> None:
         if not state.interval.steps:  # already logged at this step (a non-finite one): no empty record
             return
-        record = state.interval.record(s, t.batch_size, cfg.shard.seq_len, flops_token, peak, info.replicas)
+        v = state.view or cfg  # a phase's own seq_len, batch and FLOPs per token (train.phases)
+        if state.view is not None and id(v) not in flops_by_view:
+            flops_by_view[id(v)] = train_flops_per_token(v, s.tok.vocab_size, s.model.config)
+        record = state.interval.record(s, v.train.batch_size, v.shard.seq_len,
+                                       flops_by_view.get(id(v), flops_token), peak, info.replicas)
+        record["seq_len"] = v.shard.seq_len
         finite = math.isfinite(record["loss"])
         if not finite:  # the JSON stores NaN as null: say why it is missing
             record["nonfinite"] = True

@@ -1,0 +1,180 @@
+"""Issue 32: sequence-length phases (`train.phases`): the shard stage cuts every phase's length from
+one tokenization, training compiles once per phase, carries the optimizer and step across the
+change and resumes inside a phase; bad phases are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import tiny_config
+from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
+
+PHASES = [{"steps": 6, "seq_len": 32}, {"steps": 4, "seq_len": 64, "batch_size": 8}]
+
+
+def _shard(run_dir, corpus, tok_dir, **over):
+    """The shard stage's own unit function and manifest writer, in this process (no Ray)."""
+    from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.prepare.shards import process_unit, text_tokenizer, write_sets
+    from tpu_ray.prepare.tokenizer import load_tokenizer_json, tokenizer_info
+    from tpu_ray.train.phases import extra_lengths
+
+    cfg = tiny_config(run_dir, corpus, **{"tokenizer.path": tok_dir, **over})
+    tok, info = text_tokenizer(load_tokenizer_json(tok_dir)), tokenizer_info(tok_dir)
+    units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
+    results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir,
+                                     extra_lengths=extra_lengths(cfg)) for u in units}
+    write_sets(cfg, info, units, results, complete=True)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def phased(tmp_path_factory, small_corpus, tiny_tokenizer_dir):
+    run = tmp_path_factory.mktemp("phased") / "run"
+    return _shard(run, small_corpus, tiny_tokenizer_dir, **{"train.phases": PHASES, "train.steps": 10,
+                                                             "model.dropout": 0.0})
+
+
+def test_one_reading_cuts_each_phase_length_and_leaves_the_full_length_shards_as_they_were(
+        phased, tmp_path, small_corpus, tiny_tokenizer_dir):
+    from tests.helpers import manifest_json
+
+    assert (phased.train.steps, phased.shard.seq_len) == (10, 64)  # the phases' sum and longest length
+    plain = _shard(tmp_path / "plain", small_corpus, tiny_tokenizer_dir)
+    ours, theirs = manifest_json(phased.shards_dir), manifest_json(plain.shards_dir)
+    assert ours == theirs  # no phases: the same shards, the same manifest
+    short = manifest_json(f"{phased.shards_dir}/seq-32")
+    assert short["seq_len"] == 32 and short["complete"] and short["plan_sha256"] == ours["plan_sha256"]
+    assert short["splits"]["validation"]["shards"] == []  # evaluation runs at shard.seq_len
+    # The same train tokens, cut at 32: every token of the long cut is in the short one's tokens count.
+    long_tokens = sum(s["tokens"] for s in ours["unit_stats"])
+    assert sum(s["tokens"] for s in short["unit_stats"]) < long_tokens  # train only, no validation lines
+    assert short["splits"]["train"]["samples"] > 2 * ours["splits"]["train"]["samples"] - len(ours["unit_stats"]) * 2
+
+
+def _records(run, kind):
+    return [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phased, tmp_path):
+    from tpu_ray.train.loop import train
+
+    run = tmp_path / "run"
+    cfg = phased.override({"output_dir": str(run), "shard.dir": phased.shards_dir, "train.log_every": 1,
+                           "train.checkpoint_every": 4, "train.eval_every": 10, "train.placement": "local"})
+    summary = train(cfg)
+    first = {r["step"]: r for r in _records(run, "train")}
+    assert sorted(first) == list(range(1, 11)) and summary["steps"] == 10
+    assert [first[s]["seq_len"] for s in range(1, 11)] == [32] * 6 + [64] * 4
+    # One compile per phase: the trace count is 1 through phase 1 and 2 through phase 2.
+    assert [first[s]["train_traces"] for s in range(1, 11)] == [1] * 6 + [2] * 4
+    assert summary["train_traces"] == 2
+    # The throughput follows the phase: samples/s x seq_len (batch 16, then the phase's own 8).
+    for s, (batch, length) in {3: (16, 32), 9: (8, 64)}.items():
+        assert first[s]["tokens_per_s"] == pytest.approx(first[s]["samples_per_s"] * length)
+        assert first[s]["samples_per_s"] == pytest.approx(batch / first[s]["step_time_s"])
+    # Cut back to the step-8 checkpoint (inside phase 2) and resume: the same losses as uninterrupted.
+    ckpts = run / "checkpoints"
+    for p in ckpts.glob("ckpt-10.*"):
+        p.unlink()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\nall_model_checkpoint_paths: "ckpt-8"\n')
+    (run / "metrics.jsonl").unlink()
+    assert train(cfg, resume=True)["resumed_from"] == 8
+    again = {r["step"]: r for r in _records(run, "train")}
+    assert sorted(again) == [9, 10] and again[10]["train_traces"] == 1  # only phase 2 compiled
+    for step in again:
+        assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
+    (resume,) = [r for r in _records(run, "event") if r["event"] == "resume"]
+    assert resume["step"] == 8
+    stored = json.loads((ckpts / "ckpt-10.position.json").read_text())  # phase 2's own stream: 4 steps x 8
+    assert (stored["phase"], stored["step"], stored["samples"]) == (1, 10, 32)
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"train.phases": [{"steps": 10, "seq_len": 1024}]},
+     "train.phases[0].seq_len=1024 needs model.max_position_embeddings >= 1026, got 514"),
+    ({"train.phases": [{"steps": 0, "seq_len": 64}]}, "train.phases.0.steps=0"),
+    ({"train.phases": [{"steps": 10, "seq_len": 4}]}, "train.phases.0.seq_len=4"),
+    ({"train.steps": 50, "train.phases": PHASES}, "train.steps=50 conflicts with train.phases, whose steps sum to 10"),
+    ({"train.phases": PHASES, "train.steps": 10, "train.schedule": "wsd", "train.decay_steps": 20},
+     "train.decay_steps=20 is longer than the run (train.steps=10)"),
+    ({"train.phases": PHASES, "train.steps": 10, "shard.seq_len": 128}, "must be the longest phase's seq_len (64)"),
+])
+def test_bad_phases_are_one_line_and_exit_2(over, needle, tmp_path, capsys):
+    from tpu_ray.cli import main
+
+    args = [f"{k}={json.dumps(v)}" for k, v in over.items()]
+    assert main(["train", "--output-dir", str(tmp_path / "r"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1], err
+
+
+def test_phases_from_yaml_fill_in_steps_and_the_longest_length(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  phases:\n    - {steps: 90, seq_len: 128}\n    - {steps: 10, seq_len: 512}\n")
+    cfg = RunConfig.from_yaml(path)
+    assert (cfg.train.steps, cfg.shard.seq_len) == (100, 512)
+    assert RunConfig().fingerprint() == RunConfig.from_dict({}).fingerprint()
+    assert "phases" not in RunConfig().fingerprint()["train"]  # runs without phases keep their fingerprint
+    with pytest.raises(UserError, match="train.phases with corpus.sources"):
+        RunConfig.from_dict({"train": {"phases": PHASES}, "corpus": {"sources": {"a": {"source": "x.txt"}}}})
+
+
+def test_doctor_plans_each_phase_and_names_missing_phase_shards(phased, tmp_path):
+    import io
+    import shutil
+
+    from tpu_ray.doctor.checks import FAIL, PASS, run_doctor
+
+    def rows(cfg):
+        out = io.StringIO()
+        run_doctor(cfg, target="cpu", out=out, xla=False)
+        return {r[6:21].strip(): r for r in out.getvalue().splitlines() if r[:6].strip() in (PASS, FAIL, "WARN")}
+
+    got = rows(phased)
+    assert got["phases"].startswith(PASS) and "6 steps at 32 -> 4 steps at 64 batch 8" in got["phases"]
+    assert "x 6 steps at [16, 32]" in got["capacity plan"] and "x 4 steps at [8, 64]" in got["capacity plan"]
+    copy = tmp_path / "shards"
+    shutil.copytree(phased.shards_dir, copy)
+    shutil.rmtree(copy / "seq-32")
+    got = rows(phased.override({"shard.dir": str(copy)}))
+    assert got["phases"].startswith(FAIL) and "no complete shards at seq_len 32" in got["phases"], got["phases"]
+
+
+def test_the_shard_stage_on_ray_writes_and_resumes_every_phase_length(phased, tmp_path, small_corpus,
+                                                                      tiny_tokenizer_dir, ray_local):
+    import hashlib
+    from pathlib import Path
+
+    from tpu_ray.prepare.shards import make_shards
+
+    def digest(d):
+        return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(d).rglob("*"))
+                if p.is_file()}
+
+    cfg = tiny_config(tmp_path / "run", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir, "train.phases": PHASES})
+    first = make_shards(cfg, actors=2)
+    expected = digest(phased.shards_dir)  # the in-process cut of the same corpus: the same bytes on Ray
+    assert digest(cfg.shards_dir) == expected and "seq-32/manifest.json" in expected
+    assert make_shards(cfg, actors=2).skipped_units == first.units  # all committed, at every length
+    (Path(cfg.shards_dir) / "seq-32" / "manifest.json").unlink()  # a phase length's set lost: its units redone
+    assert make_shards(cfg, actors=2).skipped_units == 0
+    assert digest(cfg.shards_dir) == expected
+
+
+def test_each_phase_masks_at_its_own_rate_with_its_own_static_bound(tiny_tokenizer_dir):
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.loop import mask_spec
+    from tpu_ray.train.phases import spans, view
+
+    cfg = RunConfig.from_dict({"train": {"mask_count": "exact", "mask_prob": 0.15, "batch_size": 32,
+                                         "phases": [{"steps": 90, "seq_len": 32, "mask_prob": 0.4, "batch_size": 64},
+                                                    {"steps": 10, "seq_len": 64}]}})
+    tok = tokenizer_info(tiny_tokenizer_dir)
+    got = [(v.shard.seq_len, v.train.batch_size, mask_spec(v, tok).mask_prob, mask_spec(v, tok).predictions)
+           for v in (view(cfg, s) for s in spans(cfg))]
+    assert got == [(32, 64, 0.4, 13), (64, 32, 0.15, 10)]
+    assert view(cfg, spans(cfg)[0]).shards_dir.endswith("/seq-32") and view(cfg, spans(cfg)[1]).shards_dir == cfg.shards_dir

@@ -1,0 +1,134 @@
+"""Sequence-length phases (`train.phases`, issue 32): most steps at a short length, the rest at the
+full one (BERT's 90% at 128 then 10% at 512), each phase with its own static shapes.
+
+Why spans and views: everything that depends on the shapes (the input pipeline, the masking bound,
+the FLOPs per token, the doctor's plan) already reads `cfg.shard.seq_len`, `cfg.train.batch_size`
+and `cfg.train.mask_prob`. A phase's *view* is the run's config with those three set to the phase's
+values (an unvalidated copy: the view is never saved nor loaded), so those functions serve each
+phase unchanged. A run without phases has one span, whose view is the config itself.
+
+Where a phase's samples live: the shard stage cuts the same tokens at every phase's length in one
+reading of the corpus; the longest length (`shard.seq_len`) is the shard set as always, every other
+length `L` is a shard set of its own in `<shards>/seq-L/` (train split only: evaluation runs at
+`shard.seq_len` throughout, so its figures compare across phases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_ray.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Span:
+    """One phase: steps [start, end) at `seq_len`, `batch_size` (global) and `mask_prob`."""
+
+    index: int
+    start: int
+    end: int
+    seq_len: int
+    batch_size: int
+    mask_prob: float
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+
+def spans(cfg: RunConfig) -> list[Span]:
+    """The run's phases in order; one span over the whole run when `train.phases` is unset."""
+    t = cfg.train
+    if not t.phases:
+        return [Span(0, 0, t.steps, cfg.shard.seq_len, t.batch_size, t.mask_prob)]
+    out, start = [], 0
+    for i, p in enumerate(t.phases):
+        out.append(Span(i, start, start + p.steps, p.seq_len, p.batch_size or t.batch_size,
+                        p.mask_prob if p.mask_prob is not None else t.mask_prob))
+        start += p.steps
+    return out
+
+
+def span_at(all_spans: list[Span], step: int) -> Span:
+    """The phase that runs step `step + 1` (the one after `step` steps); the last one at the run's end."""
+    for s in all_spans:
+        if step < s.end:
+            return s
+    return all_spans[-1]
+
+
+def view(cfg: RunConfig, span: Span) -> RunConfig:
+    """`cfg` as phase `span` sees it: its seq_len, batch size, masking rate and shards (an
+    unvalidated copy, for reading only)."""
+    t = cfg.train
+    if not t.phases:
+        return cfg
+    train = t.model_copy(update={"batch_size": span.batch_size, "mask_prob": span.mask_prob})
+    shard = cfg.shard.model_copy(update={"seq_len": span.seq_len, "dir": shards_dir(cfg, span.seq_len)})
+    return cfg.model_copy(update={"shard": shard, "train": train})
+
+
+def subdir(seq_len: int) -> str:
+    """The folder (inside the shard directory) of the shards cut at a phase's shorter length."""
+    return f"seq-{seq_len}"
+
+
+def extra_lengths(cfg: RunConfig) -> tuple[int, ...]:
+    """The phase lengths other than `shard.seq_len`: each a shard set of its own, `subdir(L)`."""
+    return tuple(sorted({p.seq_len for p in cfg.train.phases or []} - {cfg.shard.seq_len}))
+
+
+def shards_dir(cfg: RunConfig, seq_len: int) -> str:
+    """Where the shards a phase at `seq_len` trains on are."""
+    from tpu_ray import storage
+
+    return cfg.shards_dir if seq_len == cfg.shard.seq_len else storage.join(cfg.shards_dir, subdir(seq_len))
+
+
+def describe(cfg: RunConfig) -> str:
+    """One line for people: `900 steps at 128 -> 100 steps at 512 (batch 64)`."""
+    parts = []
+    for s in spans(cfg):
+        extra = "" if s.batch_size == cfg.train.batch_size else f" batch {s.batch_size}"
+        extra += "" if s.mask_prob == cfg.train.mask_prob else f" mask {s.mask_prob:g}"
+        parts.append(f"{s.steps:,} steps at {s.seq_len}{extra}")
+    return " -> ".join(parts)
+
+
+class PhasePositions:
+    """The input position of a phases run: each phase reads its own stream from its first sample,
+    so the position at global step `s` is the phase's tracker at `s - span.start`, stamped with the
+    global step and the phase. At a phase's end (a checkpoint there) it is the next phase's start:
+    what a resume at that step reads next."""
+
+    def __init__(self, all_spans: list[Span], trackers: list):
+        self.spans, self.trackers = all_spans, trackers
+
+    def at(self, step: int):
+        from dataclasses import replace
+
+        span = span_at(self.spans, step)
+        tracker = self.trackers[span.index]
+        position = tracker.at(step - span.start)
+        if not getattr(tracker, "_bound", True) and span.index:  # not read yet: the phase before's hosts
+            position = replace(position, pipelines=self.trackers[span.index - 1].pipelines)
+        return replace(position, step=step, phase=span.index)
+
+    def check_resume(self, stored: str | None, step: int, where: str, accept_new_order: bool = False):
+        """The phase's own check (train/input_position.py) on the position within the phase."""
+        from dataclasses import replace
+
+        from tpu_ray.errors import UserError
+        from tpu_ray.train.input_position import InputPosition
+
+        span = span_at(self.spans, step)
+        tracker = self.trackers[span.index]
+        if stored is None:
+            return replace(tracker.at(step - span.start), step=step, phase=span.index)
+        saved = InputPosition.from_json(stored)
+        if saved.phase != span.index:
+            raise UserError(f"{where}: the checkpoint's input position is in phase {saved.phase}, but step {step} is in "
+                            f"phase {span.index} of train.phases; resume with the phases it was trained with")
+        local = replace(saved, step=saved.step - span.start, phase=None).to_json()
+        return replace(tracker.check_resume(local, step - span.start, where, accept_new_order), step=step,
+                       phase=span.index)
