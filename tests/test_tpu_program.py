@@ -69,6 +69,9 @@ def test_mixed_bfloat16_trains_the_tiny_model_on_cpu(tmp_path, shards_dir, tiny_
         assert math.isfinite(summary["eval_loss"])
         start = [e for e in _records(tmp_path / "run", "event") if e["event"] == "train_start"][-1]
         assert start["precision"] == "mixed_bfloat16"
+        # The caller's process (the Python API's, a notebook's) gets its own policy back: else the
+        # next model built there comes out in bfloat16.
+        assert tf_keras.mixed_precision.global_policy().name == "float32"
 
         info = select(cfg.train)
         assert tf_keras.mixed_precision.global_policy().name == "mixed_bfloat16"
@@ -180,3 +183,4 @@ def test_the_trainers_step_compiled_with_xla_equals_the_uncompiled_step(tmp_path
         # (whole-model L2: in bfloat16, Adam's ~lr*sign(g) update flips on a few near-zero gradients).
         moved, differ = norm(plain, start), norm(compiled, plain)
         assert moved > 1e-2 and differ <= tolerance * moved, (precision, spe, moved, differ)
+

@@ -9,6 +9,13 @@ RERUN_KIND = "eval_rerun"  # `tpu-ray eval` records: never mixed with the traini
 
 
 def evaluate_run(cfg: RunConfig) -> dict:
+    from tpu_ray.train.strategy import keeps_global_policy
+
+    with keeps_global_policy():  # the caller's process keeps its precision
+        return _evaluate_run(cfg)
+
+
+def _evaluate_run(cfg: RunConfig) -> dict:
     from tpu_ray.train.metrics import MetricsWriter
     from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.train.strategy import select

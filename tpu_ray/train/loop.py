@@ -43,7 +43,7 @@ from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
 from tpu_ray.train.export_safetensors import write_pytorch_files
 from tpu_ray.prepare.shard_set import ShardSet
-from tpu_ray.train.strategy import StrategyInfo, select
+from tpu_ray.train.strategy import StrategyInfo, keeps_global_policy, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,8 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
         check_before_start(cfg)
     tok = tokenizer_info(cfg.tokenizer_dir)
     shards = open_shards(cfg, tok)
-    with shards.naming_corrupt_files():  # tf.data's DataLossError names no file; this names the shard
+    # tf.data's DataLossError names no file: naming_corrupt_files names the shard.
+    with keeps_global_policy(), shards.naming_corrupt_files():
         return _train(cfg, tok, shards, resume, metrics, t_start)
 
 

@@ -11,6 +11,8 @@ import glob
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,6 +195,20 @@ def select(cfg: TrainConfig) -> StrategyInfo:
         jit = cfg.jit_compile if cfg.jit_compile is not None else kind == "gpu"
     spe = cfg.steps_per_execution or (64 if kind == "tpu" else 1)
     return StrategyInfo(strategy, kind, strategy.num_replicas_in_sync, device, precision, jit, spe)
+
+
+@contextmanager
+def keeps_global_policy() -> Iterator[None]:
+    """Restore Keras's global mixed-precision policy on the way out. `select` sets it for training;
+    without this a TPU or GPU run left bfloat16/float16 behind in the caller's process (the Python
+    API, a notebook, the test suite), and the next model built there came out in that precision."""
+    import tf_keras
+
+    previous = tf_keras.mixed_precision.global_policy()
+    try:
+        yield
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
 
 
 def use_logical_cpus(n: int) -> None:
