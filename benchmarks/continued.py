@@ -116,8 +116,8 @@ def run(work: Path, name: str, prep, source: Path, args) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def continuation_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of a benchmark that continues the quickstart's model (this one, vocabulary.py)."""
     p.add_argument("--source", help="an existing quickstart run directory (default: train one here)")
     p.add_argument("--source-steps", type=int, default=2000, help="steps of the quickstart run trained here")
     p.add_argument("--steps", type=int, default=600)
@@ -125,7 +125,11 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--work", help="keep runs here (default: a temp dir)")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = continuation_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0])).parse_args()
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="continued-bench-") as tmp:
         work = Path(args.work or tmp)

@@ -74,18 +74,12 @@ def wikitext_test_tokens_per_word(tokenizer_dir: str) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--source", help="an existing quickstart run directory (default: train one here)")
-    p.add_argument("--source-steps", type=int, default=2000, help="steps of the quickstart run trained here")
+    from continued import continuation_arguments, train_source
+
+    p = continuation_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     p.add_argument("--extend", type=int, default=500, help="tokenizer.extend_tokens of the extended side")
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--work", help="keep runs here (default: a temp dir)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from continued import train_source
 
     with tempfile.TemporaryDirectory(prefix="vocabulary-bench-") as tmp:
         work = Path(args.work or tmp)
