@@ -146,8 +146,13 @@ def _check_tpu_ray(cmd: Command, words: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------------- python
 def _script_flags(path: Path) -> set[str]:
-    """The options a script's argparse declares (jobs/*.py: their shared jobs/_entry.py)."""
+    """The options a script's argparse declares, its own and those of the modules beside it that it
+    imports (jobs/*.py: their shared jobs/_entry.py; benchmarks/vocabulary.py: continued.py's)."""
     sources = [path] + ([REPO / "jobs" / "_entry.py"] if path.parent.name == "jobs" else [])
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        sources += [path.parent / f"{n}.py" for n in names if (path.parent / f"{n}.py").is_file()]
     flags: set[str] = set()
     for src in sources:
         for node in ast.walk(ast.parse(src.read_text())):
