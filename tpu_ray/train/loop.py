@@ -340,13 +340,7 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
                           + train_steps.experimental_get_tracing_count(),
                           position=lambda step: positions.at(step).to_json(), timer=timer,
                           source_samples=source_samples)
-    metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
-                  device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
-                  per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
-                  jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution)
-    if start == 0 and cfg.model.init_from:  # the checkpoint's own figures: where a continued run's curves start
-        for hook in (h for h in hooks if h.name == "eval"):
-            hook.fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
+    _start_training(cfg, info, metrics, hooks, start)
     step = start
     for done in executions(start, cfg.train.steps, info.steps_per_execution, hooks,
                            make_execute(s, iterator, train_step, train_steps)):
@@ -355,6 +349,19 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     if source_samples is not None:
         summary["training"] = {"source_samples": source_samples(step)}  # what the batches drew, per source
     return summary
+
+
+def _start_training(cfg: RunConfig, info: StrategyInfo, metrics: MetricsWriter, hooks: list[Any], start: int,
+                    **extra: Any) -> None:
+    """The train_start event (with `extra` fields: a phased run's phases), then, for a continued run
+    starting at step 0, the checkpoint's own evaluation: where its curves start."""
+    metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
+                  device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
+                  per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
+                  jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution, **extra)
+    if start == 0 and cfg.model.init_from:
+        for hook in (h for h in hooks if h.name == "eval"):
+            hook.fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
 
 
 def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
@@ -383,15 +390,9 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
                           lambda: sum(f.experimental_get_tracing_count() for f in traced),
                           position=lambda step: positions.at(step).to_json(), timer=timer)
     log_hook = next(h for h in hooks if h.name == "log")
-    metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
-                  device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
-                  per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
-                  jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution,
-                  phases=[{"steps": sp.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
-                           "mask_prob": sp.mask_prob} for sp in all_spans])
-    if start == 0 and cfg.model.init_from:
-        for hook in (h for h in hooks if h.name == "eval"):
-            hook.fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
+    _start_training(cfg, info, metrics, hooks, start,
+                    phases=[{"steps": sp.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
+                             "mask_prob": sp.mask_prob} for sp in all_spans])
     step, files_read = start, []
     for span in all_spans[span_at(all_spans, start).index:]:
         if step >= cfg.train.steps:
