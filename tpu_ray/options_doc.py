@@ -40,6 +40,21 @@ def _bounds(field: Any) -> str:
     return ", ".join(parts)
 
 
+def _is_model(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
+
+
+def _shape(model: type[BaseModel]) -> str:
+    """`{steps, seq_len, batch_size?}`: an item's fields, `?` on those it may leave out."""
+    return "{" + ", ".join(n + ("" if f.is_required() else "?") for n, f in model.model_fields.items()) + "}"
+
+
+def _length_bounds(field: Any) -> str:
+    low = next((m.min_length for m in field.metadata if getattr(m, "min_length", None) is not None), None)
+    high = next((m.max_length for m in field.metadata if getattr(m, "max_length", None) is not None), None)
+    return f" ({low} to {high} items)" if low is not None and high is not None else ""
+
+
 def _accepts(field: Any) -> str:
     ann = field.annotation
     literal = typing.get_origin(ann) is typing.Literal
@@ -54,6 +69,11 @@ def _accepts(field: Any) -> str:
         text = "whole number " + (_bounds(field) or "(any)")
     elif base is float:
         text = "number " + (_bounds(field) or "(any)")
+    elif typing.get_origin(base) is list and _is_model(typing.get_args(base)[0]):
+        count = _length_bounds(field)
+        text = f"a list{count} of `{_shape(typing.get_args(base)[0])}`"
+    elif typing.get_origin(base) is dict and _is_model(typing.get_args(base)[1]):
+        text = f"a mapping of names to `{_shape(typing.get_args(base)[1])}`"
     else:
         text = "non-empty text" + (f", {_bounds(field)}" if _bounds(field) else "")
     return text + (" (or null: unset)" if nullable else "")
