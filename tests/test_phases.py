@@ -1,6 +1,7 @@
 """Issue 32: sequence-length phases (`train.phases`): the shard stage cuts every phase's length from
 one tokenization, training compiles once per phase, carries the optimizer and step across the
-change and resumes inside a phase; bad phases are one line."""
+change and resumes inside a phase; with a mixture each phase draws by the weights; a decay branches
+off a phased stable run; bad phases are one line."""
 
 from __future__ import annotations
 
@@ -119,8 +120,6 @@ def test_phases_from_yaml_fill_in_steps_and_the_longest_length(tmp_path):
     assert (cfg.train.steps, cfg.shard.seq_len) == (100, 512)
     assert RunConfig().fingerprint() == RunConfig.from_dict({}).fingerprint()
     assert "phases" not in RunConfig().fingerprint()["train"]  # runs without phases keep their fingerprint
-    with pytest.raises(UserError, match="train.phases with corpus.sources"):
-        RunConfig.from_dict({"train": {"phases": PHASES}, "corpus": {"sources": {"a": {"source": "x.txt"}}}})
 
 
 def test_doctor_plans_each_phase_and_names_missing_phase_shards(phased, tmp_path):
@@ -178,3 +177,153 @@ def test_each_phase_masks_at_its_own_rate_with_its_own_static_bound(tiny_tokeniz
            for v in (view(cfg, s) for s in spans(cfg))]
     assert got == [(32, 64, 0.4, 13), (64, 32, 0.15, 10)]
     assert view(cfg, spans(cfg)[0]).shards_dir.endswith("/seq-32") and view(cfg, spans(cfg)[1]).shards_dir == cfg.shards_dir
+
+
+# ------------------------------------------------------------------ phases with a mixture (corpus.sources)
+MIX_PHASES = [{"steps": 16, "seq_len": 32, "batch_size": 64}, {"steps": 16, "seq_len": 64, "batch_size": 64}]
+
+
+def _shard_sources(run_dir, sources, tok_dir, **over):
+    """_shard for a mixture: every source's units (plan_sources), cut at every phase length."""
+    from tpu_ray.prepare.shards import process_unit, text_tokenizer, write_sets
+    from tpu_ray.prepare.sources import all_units, plan_sources
+    from tpu_ray.prepare.tokenizer import load_tokenizer_json, tokenizer_info
+    from tpu_ray.train.phases import extra_lengths
+
+    cfg = tiny_config(run_dir, run_dir, **{"tokenizer.path": tok_dir, "corpus.source": None,
+                                           "corpus.sources": sources, **over})
+    tok, info = text_tokenizer(load_tokenizer_json(tok_dir)), tokenizer_info(tok_dir)
+    planned = plan_sources(cfg)
+    results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir,
+                                     extra_lengths=extra_lengths(cfg)) for u in all_units(planned)}
+    write_sets(cfg, info, planned, results, complete=True)
+    return cfg
+
+
+def test_a_mixture_with_phases_draws_by_weight_in_each_phase_and_resumes_in_the_second(
+        tmp_path, small_corpus, tiny_tokenizer_dir):
+    from tpu_ray.prepare.shard_set import ShardSet
+    from tpu_ray.train.loop import train
+
+    lines = small_corpus.read_text().splitlines(keepends=True)
+    (tmp_path / "a.txt").write_text("".join(lines[: len(lines) // 2]))
+    (tmp_path / "b.txt").write_text("".join(lines[len(lines) // 2:]))
+    sources = {"a": {"source": str(tmp_path / "a.txt"), "weight": 3}, "b": {"source": str(tmp_path / "b.txt")}}
+    run = tmp_path / "run"
+    cfg = _shard_sources(run, sources, tiny_tokenizer_dir, **{
+        "train.phases": MIX_PHASES, "model.dropout": 0.0, "train.log_every": 1, "train.checkpoint_every": 8,
+        "train.eval_every": 32, "train.placement": "local"})
+    short = ShardSet.open(f"{cfg.shards_dir}/seq-32")  # per-source files in the phase's set, as in the main one
+    assert short.source_names() == ["a", "b"] and short.files("train", "a") and short.files("train", "b")
+    summary = train(cfg)
+    first = {r["step"]: r for r in _records(run, "train")}
+    assert [first[s]["seq_len"] for s in range(1, 33)] == [32] * 16 + [64] * 16
+    # 0.75 / 0.25 in each phase: each phase is one block of 1,024 samples, where the shares are exact.
+    assert (first[16]["samples/a"], first[16]["samples/b"]) == (768, 256)
+    assert (first[32]["samples/a"], first[32]["samples/b"]) == (1536, 512)
+    assert summary["training"] == {"source_samples": {"a": 1536, "b": 512},
+                                   "phase_source_samples": [{"a": 768, "b": 256}, {"a": 768, "b": 256}]}
+    per_source = [r for r in _records(run, "eval_source")]  # evaluation per source, at shard.seq_len
+    assert {r["source"] for r in per_source} == {"a", "b"}
+    # Cut back to the step-24 checkpoint (inside phase 2) and resume: the same losses as uninterrupted.
+    ckpts = run / "checkpoints"
+    for p in ckpts.glob("ckpt-32.*"):
+        p.unlink()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-24"\nall_model_checkpoint_paths: "ckpt-24"\n')
+    (run / "metrics.jsonl").unlink()
+    assert train(cfg, resume=True)["resumed_from"] == 24
+    again = {r["step"]: r for r in _records(run, "train")}
+    assert sorted(again) == list(range(25, 33))
+    for step in again:
+        assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
+        assert (again[step]["samples/a"], again[step]["samples/b"]) == (first[step]["samples/a"],
+                                                                       first[step]["samples/b"])
+    stored = json.loads((ckpts / "ckpt-32.position.json").read_text())  # phase 2's own sources' counts
+    assert (stored["phase"], stored["sources"]) == (1, {"a": 768, "b": 256})
+
+
+def test_a_weight_stage_takes_effect_at_its_global_step_whichever_phase_holds_it():
+    from tpu_ray.train.mixture import Mixture
+
+    m = Mixture(("a", "b"), ((0, (0.5, 0.5)), (100, (1.0, 0.0)), (300, (0.2, 0.8))), seed=3)
+    assert m.between(0, 60).stages == ((0, (0.5, 0.5)),)
+    assert m.between(60, 200).stages == ((0, (0.5, 0.5)), (40, (1.0, 0.0)))
+    assert m.between(100, 300).stages == ((0, (1.0, 0.0)),)
+    assert m.between(150, 400).stages == ((0, (1.0, 0.0)), (150, (0.2, 0.8)))
+    assert m.between(0, 1000) == m
+
+
+# ------------------------------------------------------------------ a decay branched off a phased stable run
+STABLE = [{"steps": 6, "seq_len": 32}, {"steps": 6, "seq_len": 64, "batch_size": 8}]
+BRANCH = [{"steps": 6, "seq_len": 32}, {"steps": 4, "seq_len": 64, "batch_size": 8}]  # the last phase shorter
+
+
+def test_a_decay_branched_inside_the_second_phase_ends_where_the_direct_run_ends(phased, tmp_path):
+    from tpu_ray.pipeline import Pipeline
+
+    def run_cfg(name, phases, **over):
+        return phased.override({"output_dir": str(tmp_path / name), "shard.dir": phased.shards_dir,
+                                "train.phases": phases, "train.log_every": 1, "train.checkpoint_every": 4,
+                                "train.eval_every": 100, "train.placement": "local", "train.warmup_steps": 2,
+                                **over})
+
+    decay = {"train.schedule": "wsd", "train.decay_steps": 2}
+    Pipeline(run_cfg("stable", STABLE, **{"train.schedule": "constant"})).train()
+    Pipeline(run_cfg("direct", BRANCH, **decay)).train()
+    branch = run_cfg("branch", BRANCH, **decay, **{
+        "train.branch_from": str(tmp_path / "stable" / "checkpoints" / "ckpt-8")})
+    summary = Pipeline(branch).train()
+    assert summary["resumed_from"] == 8 and summary["steps"] == 10
+    got = {r["step"]: r for r in _records(tmp_path / "branch", "train")}
+    ref = {r["step"]: r for r in _records(tmp_path / "direct", "train")}
+    assert sorted(got) == [9, 10] and got[10]["seq_len"] == 64
+    for step in got:  # phase 2's stream from the branch step, the same masks, the same updates
+        assert got[step]["learning_rate"] == pytest.approx(ref[step]["learning_rate"], rel=1e-6), step
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-5), step
+    stored = json.loads((tmp_path / "branch" / "checkpoints" / "ckpt-10.position.json").read_text())
+    assert (stored["phase"], stored["step"], stored["samples"]) == (1, 10, 32)
+
+
+@pytest.mark.parametrize("phases, step, needle", [
+    (STABLE, 8, ""),
+    (BRANCH, 8, ""),  # the phase holding the branch step ends elsewhere
+    ([{"steps": 8, "seq_len": 32}, {"steps": 2, "seq_len": 64}], 6, ""),  # branch at phase 1's end: it goes on
+    ([{"steps": 4, "seq_len": 32}, {"steps": 6, "seq_len": 64, "batch_size": 8}], 8,
+     "train.phases[0].steps: saved 6, now 4"),
+    ([{"steps": 6, "seq_len": 32}, {"steps": 4, "seq_len": 64}], 8, "train.phases[1].batch_size: saved 8, now 32"),
+    ([{"steps": 6, "seq_len": 32}, {"steps": 1, "seq_len": 64, "batch_size": 8}, {"steps": 3, "seq_len": 32}], 8,
+     "train.phases[1].steps: saved 6, now 1, which ends before step 8"),
+    (None, 4, "train.phases[0].seq_len: saved 32, now 64"),
+])
+def test_which_phases_a_branch_may_have(phases, step, needle):
+    from tpu_ray.train.phases import trained_difference
+
+    stable = RunConfig.from_dict({"train": {"phases": STABLE}})
+    branch = RunConfig.from_dict({"train": {"phases": phases, **({} if phases else {"steps": 10})},
+                                  "shard": {"seq_len": 64}})
+    assert trained_difference(stable, branch, step) == needle
+
+
+def test_a_branch_with_other_phases_before_its_step_is_one_line_exit_2(phased, tmp_path, capsys):
+    from tpu_ray.cli import main
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.saved_config import save_config
+
+    stable = phased.override({"output_dir": str(tmp_path / "stable"), "shard.dir": phased.shards_dir,
+                              "train.phases": STABLE, "train.schedule": "constant"})
+    save_config(stable, False, {})
+    ckpts = tmp_path / "stable" / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\n')
+    (ckpts / "ckpt-8.index").write_bytes(b"")
+    branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "stable"),
+                              "train.schedule": "wsd", "train.decay_steps": 2,
+                              "train.phases": [{"steps": 4, "seq_len": 32}, {"steps": 6, "seq_len": 64}]})
+    yaml_path = tmp_path / "branch.yaml"
+    yaml_path.write_text(branch.to_yaml())
+    assert main(["train", "--config", str(yaml_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "train.phases differ from the stable run's over the 8 steps it trained (train.phases[0].steps: " \
+           "saved 6, now 4)" in err[-1], err
+    with pytest.raises(UserError, match=r"train.phases\[0\].steps: saved 6, now 4"):
+        Pipeline(branch).train()

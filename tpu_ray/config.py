@@ -685,11 +685,6 @@ def _phases_refusal(cfg: RunConfig) -> str | None:
         if p.mask_prob is not None and t.mask_schedule == "linear":
             return (f"train.phases[{i}].mask_prob={p.mask_prob} and train.mask_schedule=linear both set the masking "
                     f"rate; keep one")
-    if cfg.corpus.sources is not None:
-        return "train.phases with corpus.sources (a mixture) is not supported yet; train one or the other"
-    if t.branch_from:
-        return (f"train.phases with train.branch_from={t.branch_from} is not supported yet; branch without phases "
-                f"(the decay at the stable run's length)")
     return None
 
 

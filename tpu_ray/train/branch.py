@@ -8,6 +8,9 @@ iteration counter the schedule reads) and step; its data position follows from t
 --resume, so the branch sees exactly the batches and masks the stable run would have seen next.
 That holds only for the same shards, tokenizer, model, seed, batch and shuffle buffer: checked here
 against the stable run's config.yaml before anything is restored. The stable run is only read.
+With train.phases the branch continues in the phase its step falls in: the phases must agree with
+the stable run's over the steps it trained (phases.trained_difference); the phase holding the
+branch step may end elsewhere (a shorter or longer last phase is the branch's budget).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def resolve(cfg: RunConfig) -> Branch:
             raise UserError(f"train.branch_from={where}: no committed checkpoint there; point at a tpu-ray run "
                             f"directory that has trained, or at one of its checkpoints (RUN/checkpoints/ckpt-N)")
         checkpoint, step = latest
-    _check_compatible(cfg, run_dir, where)
+    _check_compatible(cfg, run_dir, where, step)
     if step >= cfg.train.steps:
         raise UserError(f"train.branch_from={where}: its checkpoint is at step {step}, not before train.steps="
                         f"{cfg.train.steps}; set train.steps beyond {step} (the branch's decay ends there)")
@@ -72,8 +75,9 @@ def check_before_start(cfg: RunConfig) -> None:
         resolve(cfg)
 
 
-def _check_compatible(cfg: RunConfig, run_dir: str, where: str) -> None:
+def _check_compatible(cfg: RunConfig, run_dir: str, where: str, step: int) -> None:
     from tpu_ray.saved_config import first_difference, read_saved_config
+    from tpu_ray.train.phases import trained_difference
 
     source = read_saved_config(run_dir)
     if source is None:
@@ -83,6 +87,11 @@ def _check_compatible(cfg: RunConfig, run_dir: str, where: str) -> None:
     diff = first_difference(_comparable(source), _comparable(cfg))
     if diff:
         raise UserError(f"train.branch_from={where}: the run was trained with another config ({diff}); {fix}")
+    diff = trained_difference(source, cfg, step)  # train.phases: the same over the steps trained
+    if diff:
+        raise UserError(f"train.branch_from={where}: train.phases differ from the stable run's over the {step:,} "
+                        f"steps it trained ({diff}); keep its phases up to step {step} (the phase holding that "
+                        f"step may end elsewhere, the phases after it are the branch's own)")
     if not storage.exists(_manifest_or_dir(cfg.shards_dir)):
         raise UserError(f"train.branch_from={where}: this run has no shards at {cfg.shards_dir}; read the stable "
                         f"run's: shard.dir={source.shards_dir} tokenizer.path={source.tokenizer_dir}")
@@ -99,7 +108,7 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     tokenizer and where the shards lie (the shards and the tokenizer themselves are compared
     instead), plus the data order's fields: the shuffle buffer and a mixture's weights."""
     fp = cfg.fingerprint()
-    fp["train"] = {k: v for k, v in fp["train"].items() if k not in SCHEDULE_FIELDS}
+    fp["train"] = {k: v for k, v in fp["train"].items() if k not in (*SCHEDULE_FIELDS, "phases")}  # phases: below
     fp["train"].update({k: getattr(cfg.train, k) for k in _DATA_ORDER})
     fp["shard"] = {k: v for k, v in fp["shard"].items() if k != "dir"}
     corpus = cfg.corpus.model_dump(mode="json")

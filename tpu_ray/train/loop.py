@@ -369,7 +369,7 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
     """train.phases: the loop above once per phase, each with its own input (the phase's shards,
     batch and masking) and its own step functions (one compile per phase: static shapes within
     it), the model, optimizer, step and hooks carried across (train/phases.py)."""
-    from tpu_ray.train.input_position import PositionTracker
+    from tpu_ray.train.mixture import mixture_of
     from tpu_ray.train.phases import PhasePositions, span_at, spans, view
 
     info, all_spans = s.info, spans(cfg)
@@ -379,16 +379,18 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
                             f"{info.replicas} replicas; use a multiple of {info.replicas}")
     sets = {sp.seq_len: shards if sp.seq_len == cfg.shard.seq_len else phase_shards(cfg, s.tok, sp.seq_len)
             for sp in all_spans}
-    trackers = [PositionTracker(sets[sp.seq_len].files("train"), sp.batch_size, cfg.train.shuffle_buffer)
-                for sp in all_spans]
+    mixture = mixture_of(cfg, shards)  # the weights from the main set's sample counts, in every phase
+    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], mixture) for sp in all_spans]
     positions = PhasePositions(all_spans, trackers)
+    source_samples = positions.source_samples if mixture is not None else None
     start = restore_or_start(cfg, s, ckpts, metrics, resume)
     state = LoopState()
     timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
     traced: list[Any] = []
     hooks = default_hooks(cfg, s, ckpts, metrics, state, evaluator(s, shards, cfg.train.batch_size // info.replicas),
                           lambda: sum(f.experimental_get_tracing_count() for f in traced),
-                          position=lambda step: positions.at(step).to_json(), timer=timer)
+                          position=lambda step: positions.at(step).to_json(), timer=timer,
+                          source_samples=source_samples)
     log_hook = next(h for h in hooks if h.name == "log")
     _start_training(cfg, info, metrics, hooks, start,
                     phases=[{"steps": sp.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
@@ -400,6 +402,7 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
         pcfg = view(cfg, span)
         state.view = pcfg  # the train records' seq_len, batch and FLOPs follow the phase
         iterator, mine, _ = train_input(pcfg, s, sets[span.seq_len], step, ckpts, metrics,
+                                        getattr(trackers[span.index], "mixture", None),
                                         tracker=trackers[span.index], span_start=span.start,
                                         resumed_check=positions if step == start else None)
         files_read.extend(mine)
@@ -414,7 +417,27 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
             step = done.step
         if state.interval.steps:  # a train record per phase: none mixes two phases' figures
             log_hook.fn(StepInfo(step, step, cfg.train.steps, None, 0.0, math.nan))
-    return finish(cfg, s, metrics, state, start, step, files_read, t_start)
+    summary = finish(cfg, s, metrics, state, start, step, files_read, t_start)
+    if source_samples is not None:  # summed over the phases, and each phase's own
+        summary["training"] = {"source_samples": source_samples(step),
+                               "phase_source_samples": positions.phase_source_samples(step)}
+    return summary
+
+
+def phase_tracker(cfg: RunConfig, span: Any, shards: ShardSet, mixture: Any) -> Any:
+    """The position tracker of one phase's stream: its shard set, batch, and with a mixture the
+    stages in force over its steps (the same weights in every phase, a weight stage at its global step)."""
+    from tpu_ray.train.input_position import PositionTracker
+    from tpu_ray.train.mixture import MixtureTracker
+
+    if mixture is None:
+        return PositionTracker(shards.files("train"), span.batch_size, cfg.train.shuffle_buffer)
+    by_source = {n: shards.files("train", n) for n in mixture.names}
+    if empty := [n for n, files in by_source.items() if not files]:
+        raise UserError(f"{shards.directory}: no train samples of corpus.sources.{empty[0]} at seq_len "
+                        f"{span.seq_len} (train.phases[{span.index}]); rerun `tpu-ray shard` with this config")
+    return MixtureTracker(shards.files("train"), span.batch_size, cfg.train.shuffle_buffer,
+                          mixture.between(span.start, span.end), by_source)
 
 
 def refuse_precision(cfg: RunConfig, precision: str) -> None:
@@ -475,11 +498,11 @@ def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckp
     if mixture is not None:
         from tpu_ray.train.mixture import MixtureTracker
 
-        positions = MixtureTracker(train_files, gb, cfg.train.shuffle_buffer, mixture,
-                                   {n: shards.files("train", n) for n in mixture.names})
+        positions = tracker or MixtureTracker(train_files, gb, cfg.train.shuffle_buffer, mixture,
+                                              {n: shards.files("train", n) for n in mixture.names})
 
         def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-            records, mine = positions.records(ctx, start)
+            records, mine = positions.records(ctx, start - span_start)  # a phase's stream starts at its start
             files_read.extend(mine)
             return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
                                   start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx)

@@ -54,6 +54,20 @@ class Mixture:
         return "; ".join(f"from step {s}: " + ", ".join(f"{n} {p:.3f}" for n, p in zip(self.names, probs))
                          for s, probs in self.stages)
 
+    def between(self, start: int, end: int) -> Mixture:
+        """The mixture of the steps [start, end) (a train.phases phase, whose stream starts at its own
+        step 0): the stages in force there, their steps counted from `start`. The stages stay global
+        steps: a stage at step 900 takes effect at step 900 whichever phase holds it."""
+        stages = []
+        for i, (first, probs) in enumerate(self.stages):
+            nxt = self.stages[i + 1][0] if i + 1 < len(self.stages) else None
+            if nxt is not None and nxt <= start:
+                continue  # over before the phase starts
+            if first >= end:
+                break
+            stages.append((max(0, first - start), probs))
+        return Mixture(self.names, tuple(stages), self.seed)
+
 
 def mixture_for(corpus, train_samples: Mapping[str, int], seed: int) -> Mixture | None:
     """The mixture of a corpus config (None for one source): per stage, weight x samples^temperature
@@ -223,10 +237,12 @@ class MixtureTracker(PositionTracker):
     def seed(self) -> int:
         return self.mixture.seed
 
-    def source_samples(self, step: int) -> dict[str, int]:
-        """Samples drawn from each source in the first `step` steps, over all input pipelines."""
-        per_step = self.global_batch // self.pipelines
-        counts = counts_before(self.mixture, per_step, step * per_step) * self.pipelines
+    def source_samples(self, step: int, pipelines: int | None = None) -> dict[str, int]:
+        """Samples drawn from each source in the first `step` steps, over all input pipelines
+        (`pipelines`: their number for a tracker not bound yet, a phase this process did not read)."""
+        pipelines = self.pipelines if self._bound or pipelines is None else pipelines
+        per_step = self.global_batch // pipelines
+        counts = counts_before(self.mixture, per_step, step * per_step) * pipelines
         return {n: int(c) for n, c in zip(self.mixture.names, counts)}
 
     def at(self, step: int) -> InputPosition:

@@ -10,7 +10,9 @@ phase unchanged. A run without phases has one span, whose view is the config its
 Where a phase's samples live: the shard stage cuts the same tokens at every phase's length in one
 reading of the corpus; the longest length (`shard.seq_len`) is the shard set as always, every other
 length `L` is a shard set of its own in `<shards>/seq-L/` (train split only: evaluation runs at
-`shard.seq_len` throughout, so its figures compare across phases).
+`shard.seq_len` throughout, so its figures compare across phases). A mixture (corpus.sources) keeps
+its per-source files there too; each phase draws by the run's weights (from the main set's sample
+counts) over its own stream, a weight stage taking effect at its global step (Mixture.between).
 """
 
 from __future__ import annotations
@@ -85,6 +87,29 @@ def shards_dir(cfg: RunConfig, seq_len: int) -> str:
     return cfg.shards_dir if seq_len == cfg.shard.seq_len else storage.join(cfg.shards_dir, subdir(seq_len))
 
 
+def trained_difference(before: RunConfig, now: RunConfig, step: int) -> str:
+    """The first difference between two runs' phases over steps [0, step) ("" if none), as
+    `train.phases[i].field: saved X, now Y`: what a branch at `step` (train.branch_from) must keep.
+    The phase holding the branch step may end elsewhere (the branch's own budget); the phases after
+    it are the branch's own; a phase's mask_prob is schedule, the branch's own like train.mask_prob."""
+    old, new = spans(before), spans(now)
+    for a in old:
+        if a.start >= step:
+            break
+        name = f"train.phases[{a.index}]"
+        if a.index >= len(new):
+            return f"{name}: saved {a.steps} steps at {a.seq_len}, now none"
+        b = new[a.index]
+        for field in ("seq_len", "batch_size"):
+            if getattr(a, field) != getattr(b, field):
+                return f"{name}.{field}: saved {getattr(a, field)}, now {getattr(b, field)}"
+        if a.end < step and b.end != a.end:
+            return f"{name}.steps: saved {a.steps}, now {b.steps}"
+        if a.end >= step > b.end:
+            return f"{name}.steps: saved {a.steps}, now {b.steps}, which ends before step {step}"
+    return ""
+
+
 def describe(cfg: RunConfig) -> str:
     """One line for people: `900 steps at 128 -> 100 steps at 512 (batch 64)`."""
     parts = []
@@ -113,6 +138,21 @@ class PhasePositions:
         if not getattr(tracker, "_bound", True) and span.index:  # not read yet: the phase before's hosts
             position = replace(position, pipelines=self.trackers[span.index - 1].pipelines)
         return replace(position, step=step, phase=span.index)
+
+    def source_samples(self, step: int) -> dict[str, int]:
+        """A mixture's samples drawn from each source in the first `step` steps: the phases' own
+        counts summed (what the train records' `samples/<source>` and summary.json report)."""
+        total: dict[str, int] = {}
+        for counts in self.phase_source_samples(step):
+            for name, n in counts.items():
+                total[name] = total.get(name, 0) + n
+        return total
+
+    def phase_source_samples(self, step: int) -> list[dict[str, int]]:
+        """Each phase's draws per source in the first `step` steps (a phase not reached: zeros)."""
+        pipelines = next((t.pipelines for t in self.trackers if t._bound), 1)  # one strategy for every phase
+        return [t.source_samples(min(max(step - sp.start, 0), sp.steps), pipelines)
+                for sp, t in zip(self.spans, self.trackers)]
 
     def check_resume(self, stored: str | None, step: int, where: str, accept_new_order: bool = False):
         """The phase's own check (train/input_position.py) on the position within the phase."""
