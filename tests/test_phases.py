@@ -180,7 +180,7 @@ def test_each_phase_masks_at_its_own_rate_with_its_own_static_bound(tiny_tokeniz
 
 
 # ------------------------------------------------------------------ phases with a mixture (corpus.sources)
-MIX_PHASES = [{"steps": 16, "seq_len": 32, "batch_size": 64}, {"steps": 16, "seq_len": 64, "batch_size": 64}]
+MIX_PHASES = [{"steps": 8, "seq_len": 16, "batch_size": 128}, {"steps": 8, "seq_len": 32, "batch_size": 128}]
 
 
 def _shard_sources(run_dir, sources, tok_dir, **over):
@@ -190,8 +190,9 @@ def _shard_sources(run_dir, sources, tok_dir, **over):
     from tpu_ray.prepare.tokenizer import load_tokenizer_json, tokenizer_info
     from tpu_ray.train.phases import extra_lengths
 
-    cfg = tiny_config(run_dir, run_dir, **{"tokenizer.path": tok_dir, "corpus.source": None,
-                                           "corpus.sources": sources, **over})
+    base = tiny_config(run_dir, run_dir).model_dump(mode="json", exclude={"corpus"})
+    cfg = RunConfig.from_dict({**base, "corpus": {"sources": sources, "validation_fraction": 0.1}}).override(
+        {"tokenizer.path": tok_dir, **over})
     tok, info = text_tokenizer(load_tokenizer_json(tok_dir)), tokenizer_info(tok_dir)
     planned = plan_sources(cfg)
     results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir,
@@ -211,34 +212,34 @@ def test_a_mixture_with_phases_draws_by_weight_in_each_phase_and_resumes_in_the_
     sources = {"a": {"source": str(tmp_path / "a.txt"), "weight": 3}, "b": {"source": str(tmp_path / "b.txt")}}
     run = tmp_path / "run"
     cfg = _shard_sources(run, sources, tiny_tokenizer_dir, **{
-        "train.phases": MIX_PHASES, "model.dropout": 0.0, "train.log_every": 1, "train.checkpoint_every": 8,
-        "train.eval_every": 32, "train.placement": "local"})
-    short = ShardSet.open(f"{cfg.shards_dir}/seq-32")  # per-source files in the phase's set, as in the main one
+        "train.phases": MIX_PHASES, "model.dropout": 0.0, "train.log_every": 1, "train.checkpoint_every": 4,
+        "train.eval_every": 16, "train.placement": "local"})
+    short = ShardSet.open(f"{cfg.shards_dir}/seq-16")  # per-source files in the phase's set, as in the main one
     assert short.source_names() == ["a", "b"] and short.files("train", "a") and short.files("train", "b")
     summary = train(cfg)
     first = {r["step"]: r for r in _records(run, "train")}
-    assert [first[s]["seq_len"] for s in range(1, 33)] == [32] * 16 + [64] * 16
+    assert [first[s]["seq_len"] for s in range(1, 17)] == [16] * 8 + [32] * 8
     # 0.75 / 0.25 in each phase: each phase is one block of 1,024 samples, where the shares are exact.
-    assert (first[16]["samples/a"], first[16]["samples/b"]) == (768, 256)
-    assert (first[32]["samples/a"], first[32]["samples/b"]) == (1536, 512)
+    assert (first[8]["samples/a"], first[8]["samples/b"]) == (768, 256)
+    assert (first[16]["samples/a"], first[16]["samples/b"]) == (1536, 512)
     assert summary["training"] == {"source_samples": {"a": 1536, "b": 512},
                                    "phase_source_samples": [{"a": 768, "b": 256}, {"a": 768, "b": 256}]}
     per_source = [r for r in _records(run, "eval_source")]  # evaluation per source, at shard.seq_len
     assert {r["source"] for r in per_source} == {"a", "b"}
-    # Cut back to the step-24 checkpoint (inside phase 2) and resume: the same losses as uninterrupted.
+    # Cut back to the step-12 checkpoint (inside phase 2) and resume: the same losses as uninterrupted.
     ckpts = run / "checkpoints"
-    for p in ckpts.glob("ckpt-32.*"):
+    for p in ckpts.glob("ckpt-16.*"):
         p.unlink()
-    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-24"\nall_model_checkpoint_paths: "ckpt-24"\n')
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-12"\nall_model_checkpoint_paths: "ckpt-12"\n')
     (run / "metrics.jsonl").unlink()
-    assert train(cfg, resume=True)["resumed_from"] == 24
+    assert train(cfg, resume=True)["resumed_from"] == 12
     again = {r["step"]: r for r in _records(run, "train")}
-    assert sorted(again) == list(range(25, 33))
+    assert sorted(again) == list(range(13, 17))
     for step in again:
         assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
         assert (again[step]["samples/a"], again[step]["samples/b"]) == (first[step]["samples/a"],
                                                                        first[step]["samples/b"])
-    stored = json.loads((ckpts / "ckpt-32.position.json").read_text())  # phase 2's own sources' counts
+    stored = json.loads((ckpts / "ckpt-16.position.json").read_text())  # phase 2's own sources' counts
     assert (stored["phase"], stored["sources"]) == (1, {"a": 768, "b": 256})
 
 
