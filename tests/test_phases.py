@@ -311,7 +311,7 @@ def test_a_branch_with_other_phases_before_its_step_is_one_line_exit_2(phased, t
     from tpu_ray.saved_config import save_config
 
     stable = phased.override({"output_dir": str(tmp_path / "stable"), "shard.dir": phased.shards_dir,
-                              "train.phases": STABLE, "train.schedule": "constant"})
+                              "train.phases": STABLE, "train.schedule": "constant", "train.placement": "local"})
     save_config(stable, False, {})
     ckpts = tmp_path / "stable" / "checkpoints"
     ckpts.mkdir()
