@@ -264,7 +264,7 @@ def test_a_decay_branched_inside_the_second_phase_ends_where_the_direct_run_ends
 
     def run_cfg(name, phases, **over):
         return phased.override({"output_dir": str(tmp_path / name), "shard.dir": phased.shards_dir,
-                                "train.phases": phases, "train.log_every": 1, "train.checkpoint_every": 4,
+                                "train.phases": phases, "train.log_every": 1, "train.checkpoint_every": 8,
                                 "train.eval_every": 100, "train.placement": "local", "train.warmup_steps": 2,
                                 **over})
 
