@@ -243,8 +243,9 @@ def test_a_mixture_with_phases_draws_by_weight_in_each_phase_and_resumes_in_the_
     assert (stored["phase"], stored["sources"]) == (1, {"a": 768, "b": 256})
 
 
-def test_a_weight_stage_takes_effect_at_its_global_step_whichever_phase_holds_it():
-    from tpu_ray.train.mixture import Mixture
+def test_a_weight_stage_takes_effect_at_its_global_step_whichever_phase_holds_it(tmp_path):
+    from tests.test_mixture import _drawn, _shards
+    from tpu_ray.train.mixture import Mixture, MixtureTracker
 
     m = Mixture(("a", "b"), ((0, (0.5, 0.5)), (100, (1.0, 0.0)), (300, (0.2, 0.8))), seed=3)
     assert m.between(0, 60).stages == ((0, (0.5, 0.5)),)
@@ -252,6 +253,12 @@ def test_a_weight_stage_takes_effect_at_its_global_step_whichever_phase_holds_it
     assert m.between(100, 300).stages == ((0, (1.0, 0.0)),)
     assert m.between(150, 400).stages == ((0, (1.0, 0.0)), (150, (0.2, 0.8)))
     assert m.between(0, 1000) == m
+    # Phase 2 (steps 60-200) of a run whose weights drop b at step 100: b until its step 40, then none.
+    files = _shards(tmp_path, {"a": 1, "b": 1})
+    tracker = MixtureTracker([f for fs in files.values() for f in fs], 8, 16, m.between(60, 200), files)
+    drawn = _drawn(tracker, 0, 140, 8)
+    assert 1 in drawn[: 40 * 8] and set(drawn[40 * 8:]) == {0}
+    assert tracker.source_samples(140)["b"] == drawn.count(1)
 
 
 # ------------------------------------------------------------------ a decay branched off a phased stable run
