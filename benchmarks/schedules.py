@@ -24,7 +24,7 @@ branched with `train.branch_from`; each branch's final test loss is a point of a
 curve that one training run gave. Written to `--branch-plot` (PNG) beside the wsd and linear runs'
 curves when they ran.
 
-    python benchmarks/schedules.py --work runs/sched            # the table (~1 h on 2 cores)
+    python benchmarks/schedules.py --work runs/sched            # the table (~45 min on 2 idle cores)
     python benchmarks/schedules.py --work runs/sched --branches --only none
     python benchmarks/schedules.py --only wsd,phases+wsd --reference-curve LAST_LINE.json
 """
