@@ -59,6 +59,15 @@ def test_one_reading_cuts_each_phase_length_and_leaves_the_full_length_shards_as
 def _records(run, kind):
     return [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
+def _cut_back(run, to: int, dropped: int) -> None:
+    """Leave the run as if it had stopped after checkpoint `to`: checkpoint `dropped` and the
+    metrics gone, the checkpoint index pointing at `to` (what a lost slice leaves)."""
+    ckpts = run / "checkpoints"
+    for p in ckpts.glob(f"ckpt-{dropped}.*"):
+        p.unlink()
+    (ckpts / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{to}"\nall_model_checkpoint_paths: "ckpt-{to}"\n')
+    (run / "metrics.jsonl").unlink()
+
 
 def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phased, tmp_path):
     from tpu_ray.train.loop import train
@@ -78,11 +87,7 @@ def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phas
         assert first[s]["tokens_per_s"] == pytest.approx(first[s]["samples_per_s"] * length)
         assert first[s]["samples_per_s"] == pytest.approx(batch / first[s]["step_time_s"])
     # Cut back to the step-8 checkpoint (inside phase 2) and resume: the same losses as uninterrupted.
-    ckpts = run / "checkpoints"
-    for p in ckpts.glob("ckpt-10.*"):
-        p.unlink()
-    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-8"\nall_model_checkpoint_paths: "ckpt-8"\n')
-    (run / "metrics.jsonl").unlink()
+    _cut_back(run, to=8, dropped=10)
     assert train(cfg, resume=True)["resumed_from"] == 8
     again = {r["step"]: r for r in _records(run, "train")}
     assert sorted(again) == [9, 10] and again[10]["train_traces"] == 1  # only phase 2 compiled
@@ -90,7 +95,7 @@ def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phas
         assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
     (resume,) = [r for r in _records(run, "event") if r["event"] == "resume"]
     assert resume["step"] == 8
-    stored = json.loads((ckpts / "ckpt-10.position.json").read_text())  # phase 2's own stream: 4 steps x 8
+    stored = json.loads((run / "checkpoints" / "ckpt-10.position.json").read_text())  # phase 2's own stream: 4 steps x 8
     assert (stored["phase"], stored["step"], stored["samples"]) == (1, 10, 32)
 
 
@@ -227,11 +232,7 @@ def test_a_mixture_with_phases_draws_by_weight_in_each_phase_and_resumes_in_the_
     per_source = [r for r in _records(run, "eval_source")]  # evaluation per source, at shard.seq_len
     assert {r["source"] for r in per_source} == {"a", "b"}
     # Cut back to the step-12 checkpoint (inside phase 2) and resume: the same losses as uninterrupted.
-    ckpts = run / "checkpoints"
-    for p in ckpts.glob("ckpt-16.*"):
-        p.unlink()
-    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-12"\nall_model_checkpoint_paths: "ckpt-12"\n')
-    (run / "metrics.jsonl").unlink()
+    _cut_back(run, to=12, dropped=16)
     assert train(cfg, resume=True)["resumed_from"] == 12
     again = {r["step"]: r for r in _records(run, "train")}
     assert sorted(again) == list(range(13, 17))
@@ -239,7 +240,7 @@ def test_a_mixture_with_phases_draws_by_weight_in_each_phase_and_resumes_in_the_
         assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
         assert (again[step]["samples/a"], again[step]["samples/b"]) == (first[step]["samples/a"],
                                                                        first[step]["samples/b"])
-    stored = json.loads((ckpts / "ckpt-16.position.json").read_text())  # phase 2's own sources' counts
+    stored = json.loads((run / "checkpoints" / "ckpt-16.position.json").read_text())  # phase 2's own sources' counts
     assert (stored["phase"], stored["sources"]) == (1, {"a": 768, "b": 256})
 
 
