@@ -1,34 +1,54 @@
 # One command sets up and runs the tests on a fresh machine: `make test` (what .ci/run calls).
-#   1. .venv with tpu-ray and its test extra (pip install -e ".[test]"), once (again when pyproject.toml changes);
+#   1. .venv with tpu-ray and its test extra, once (again when pyproject.toml changes): `python3 -m venv`,
+#      then uv (from PyPI, into the venv) installs -e ".[test]": the same packages pip would, in seconds;
 #   2. Chromium for the browser test: apt-get where it can (root and apt-get present), else the test
 #      skips, saying why (with TPU_RAY_REQUIRE_EXTRAS=1, as CI sets, a missing Chromium fails here);
-#   3. the PyTorch interop venvs (.venv-interop/, tests/interop/setup_venvs.sh, 2.3 GB), once: where
-#      they cannot be built (no network) their tests skip, saying why (with TPU_RAY_REQUIRE_EXTRAS=1: fail);
-#      a failed build removes only the venvs it makes (t4, t5), never the rest of a directory given it;
-#   4. the default suite (python -m pytest), then the slow set (python -m pytest -m slow).
+#   3. the PyTorch interop venvs (.venv-interop/, tests/interop/setup_venvs.sh, ~1 GB linked from uv's
+#      cache), once: where they cannot be built (no network) their tests skip, saying why (with
+#      TPU_RAY_REQUIRE_EXTRAS=1: fail); a failed build removes only the venvs it makes (t4, t5);
+#   4. every test, the default suite and the slow set, in one pytest run on $(JOBS) workers
+#      (pytest-xdist: a file's tests stay on one worker, so its module fixtures are made once;
+#      tests/timing.py groups them and starts the longest first).
 # Any failing step or test fails the command, "no tests collected" (pytest's exit 5) included.
-# Parts: make setup (1), make extras (2, 3), make test-fast (setup + the default suite only).
+# Tiers: make test-quick (no training, no Ray: ~1 min), make test-fast (the default suite, no slow
+# tests), make test (everything: what CI runs). make durations: make test, measured into
+# docs/testing.md's table. Parts: make setup (1), make extras (2, 3).
 
 PYTHON ?= python3
 VENV ?= .venv
 # The interop venvs go where the tests look for them (TPU_RAY_INTEROP_VENVS, else .venv-interop).
 INTEROP ?= $(or $(TPU_RAY_INTEROP_VENVS),.venv-interop)
 PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+# Two workers: this project's machines (and CI's) have 2 cores. JOBS=1 runs in one process.
+JOBS ?= 2
+XDIST := $(if $(filter 1,$(JOBS)),-p no:xdist,-n $(JOBS) --dist loadgroup)
+ALL := -m "slow or not slow"
 
-.PHONY: test test-fast setup extras browser interop
+.PHONY: test test-fast test-quick durations setup extras browser interop
 
 test: setup extras
-	$(PY) -m pytest
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest $(XDIST) $(ALL)
 
 test-fast: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
+
+test-quick: setup
+	$(PY) -m pytest -p no:xdist -m quick
+
+durations: setup extras
+	mkdir -p build
+	start=$$(date +%s); $(PY) -m pytest $(XDIST) $(ALL) --durations-json build/durations.json; \
+	rc=$$?; secs=$$(( $$(date +%s) - start )); \
+	$(PY) tests/durations_table.py build/durations.json --wall "make test's pytest run took $$((secs / 60)) min $$((secs % 60)) s"; \
+	exit $$rc
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e ".[test]"
+	test -x $(UV) || $(PY) -m pip install -q "uv>=0.9"
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -e ".[test]"
 	touch $@
 
 extras: browser interop
@@ -47,8 +67,9 @@ browser:
 
 interop: $(INTEROP)/.built
 
-$(INTEROP)/.built: tests/interop/setup_venvs.sh
-	@if PYTHON=$(PYTHON) tests/interop/setup_venvs.sh $(INTEROP); then touch $@; \
+# uv comes from the project venv (step 1).
+$(INTEROP)/.built: tests/interop/setup_venvs.sh $(VENV)/.installed
+	@if PYTHON=$(PYTHON) UV=$(UV) tests/interop/setup_venvs.sh $(INTEROP); then touch $@; \
 	elif [ -n "$$TPU_RAY_REQUIRE_EXTRAS" ]; then \
 		echo "make: tests/interop/setup_venvs.sh failed and TPU_RAY_REQUIRE_EXTRAS is set" >&2; exit 1; \
 	else \

@@ -16,7 +16,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from tests.helpers import REPO, WIKITEXT, start_local_ray, tiny_config, wikitext_slice  # noqa: F401
 
-pytest_plugins = ["tests.gcs_emulator"] if (Path(__file__).parent / "gcs_emulator.py").exists() else []
+pytest_plugins = ["tests.timing", "tests.gcs_emulator"]
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from tpu_ray.families import EXCLUDED, FAMILIES, family, training_order
 SEQ = 32
 DEFAULT = ("roberta", "bert")  # the two families every other type follows; the rest: -m slow
 TYPES = [t if t in DEFAULT else pytest.param(t, marks=pytest.mark.slow) for t in sorted(FAMILIES)]
+XDIST_SPLIT_BY = "model_type"  # tests/timing.py: each type's column of tests is a unit for a worker
 VENVS = Path(os.environ.get("TPU_RAY_INTEROP_VENVS", REPO / ".venv-interop"))
 TORCH_SIDE = REPO / "tests" / "interop" / "torch_side.py"
 

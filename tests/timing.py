@@ -1,0 +1,134 @@
+"""Where the suite's time goes, printed at the end of every run and kept for the next one.
+
+A pytest plugin (conftest.py loads it):
+- the ten slowest tests of the run, each with its seconds (setup + call + teardown), so a new slow
+  test is seen the day it lands; a test outside the slow set over the budget (20 s) is named apart;
+- `--durations-json PATH` writes every test's seconds and markers (tests/durations_table.py turns it
+  into docs/testing.md's table and tests/durations.json);
+- the unit of work pytest-xdist hands a worker (`--dist loadgroup`, group_of): a test file, or one
+  model type of the model-type matrix; the units run longest first, by tests/durations.json, so the
+  long ones start at once instead of leaving one worker busy at the end while the other idles.
+
+pytest's own `--durations` prints phases, not tests, and has no budget or file order: hence this.
+Timings are printed, never asserted: a test must not depend on how fast the machine is today.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+BUDGET_S = 20.0  # a default-suite test over this on its own is marked slow or made cheaper
+KNOWN = Path(__file__).with_name("durations.json")
+QUICK_ENV = "TPU_RAY_QUICK_TIER"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--durations-json", default=None, metavar="PATH",
+                     help="write each test's seconds and markers to PATH (tests/durations_table.py reads it)")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.markers: dict[str, list[str]] = {}
+        self.outcome: dict[str, str] = {}
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] += report.duration
+        if report.when == "call" or report.outcome != "passed":
+            self.outcome[report.nodeid] = report.outcome
+        self.markers.setdefault(report.nodeid, sorted(k for k in ("slow", "quick") if k in report.keywords))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
+        if not self.seconds:
+            return
+        ranked = sorted(self.seconds.items(), key=lambda kv: -kv[1])
+        write = terminalreporter.write_line
+        terminalreporter.section("the ten slowest tests (setup + call + teardown)")
+        for nodeid, s in ranked[:10]:
+            mark = " [slow]" if "slow" in self.markers.get(nodeid, ()) else ""
+            write(f"{s:8.1f} s  {nodeid}{mark}")
+        over = [(n, s) for n, s in ranked if s > BUDGET_S and "slow" not in self.markers.get(n, ())]
+        if over:
+            write(f"over the {BUDGET_S:.0f} s budget outside the slow set (mark them slow or make them cheaper):")
+            for nodeid, s in over:
+                write(f"{s:8.1f} s  {nodeid}")
+        write(f"{len(self.seconds)} tests, {sum(self.seconds.values()):.0f} s of test time in all")
+        out = config.getoption("--durations-json")
+        if out:
+            Path(out).write_text(json.dumps(
+                {n: {"seconds": round(s, 2), "markers": self.markers.get(n, []), "outcome": self.outcome.get(n)}
+                 for n, s in ranked}, indent=1) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # group_of's marks; xdist registers the marker too, but not when it is off (-p no:xdist).
+    config.addinivalue_line("markers", "xdist_group(name): the unit of work one xdist worker takes (timing.py)")
+    # Under xdist the workers' reports reach the controller, which prints; workers stay quiet.
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Clock(), "tpu_ray_clock")
+    if _selects_quick_only(config):
+        os.environ[QUICK_ENV] = "1"
+
+
+def _selects_quick_only(config: pytest.Config) -> bool:
+    expr = (config.getoption("-m") or "").strip()
+    return expr == "quick"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`-m quick` does not even import a test file that marks nothing quick (importing every file
+    costs the quick tier more than its tests)."""
+    if (_selects_quick_only(config) and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and "mark.quick" not in collection_path.read_text()):
+        return True
+    return None
+
+
+def group_of(item: pytest.Item) -> str:
+    """The unit pytest-xdist hands one worker (`--dist loadgroup`): a test file, so its module
+    fixtures are made once; a module that sets XDIST_SPLIT_BY = "<parameter>" (the model-type
+    matrix) is split by that parameter's value, so its long columns spread over the workers."""
+    path = item.nodeid.split("::", 1)[0]
+    split = getattr(getattr(item, "module", None), "XDIST_SPLIT_BY", None)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return f"{path}[{params[split]}]" if split and split in params else path
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    """Each test in its group (group_of); the groups longest first by the last measured run
+    (tests/durations.json), a group's tests in their collected order."""
+    try:
+        known = {k: v["seconds"] for k, v in json.loads(KNOWN.read_text()).items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        known = {}
+    groups = [group_of(item) for item in items]
+    seconds: dict[str, float] = defaultdict(float)
+    first: dict[str, int] = {}
+    for i, (item, group) in enumerate(zip(items, groups)):
+        seconds[group] += known.get(item.nodeid, 0.0)
+        first.setdefault(group, i)
+        item.add_marker(pytest.mark.xdist_group(group))
+    order = sorted(range(len(items)), key=lambda i: (-seconds[groups[i]], first[groups[i]], i))
+    items[:] = [items[i] for i in order]
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_starts_no_ray(request):
+    """In `make test-quick` (-m quick) a test that leaves a Ray cluster running is not quick: fail it."""
+    yield
+    if os.environ.get(QUICK_ENV) and "quick" in request.keywords:
+        import sys
+
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            pytest.fail(f"{request.node.nodeid} is marked quick but started a Ray cluster: "
+                        "the quick tier runs no Ray; remove @pytest.mark.quick")
