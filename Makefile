@@ -67,9 +67,10 @@ browser:
 
 interop: $(INTEROP)/.built
 
-# uv comes from the project venv (step 1).
-$(INTEROP)/.built: tests/interop/setup_venvs.sh $(VENV)/.installed
-	@if PYTHON=$(PYTHON) UV=$(UV) tests/interop/setup_venvs.sh $(INTEROP); then touch $@; \
+# uv: the project venv's (step 1 installs it), else one on PATH.
+$(INTEROP)/.built: tests/interop/setup_venvs.sh
+	@uv=$(UV); test -x $$uv || uv=uv; \
+	if PYTHON=$(PYTHON) UV=$$uv tests/interop/setup_venvs.sh $(INTEROP); then touch $@; \
 	elif [ -n "$$TPU_RAY_REQUIRE_EXTRAS" ]; then \
 		echo "make: tests/interop/setup_venvs.sh failed and TPU_RAY_REQUIRE_EXTRAS is set" >&2; exit 1; \
 	else \

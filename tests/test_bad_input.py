@@ -106,6 +106,7 @@ STAGES: list[tuple[str, Callable[[Path], object], str]] = [
 
 
 @pytest.mark.parametrize("name,call,needle", STAGES, ids=[s[0] for s in STAGES])
+@pytest.mark.quick
 def test_stage_refuses_with_one_line(name, call, needle, tmp_path):
     with pytest.raises(UserError) as err:
         call(tmp_path)
@@ -114,6 +115,7 @@ def test_stage_refuses_with_one_line(name, call, needle, tmp_path):
     assert "\n" not in message
 
 
+@pytest.mark.quick
 def test_missing_bucket_is_one_line(gcs_emulator, tmp_path):
     from tpu_ray import storage
 
@@ -122,6 +124,7 @@ def test_missing_bucket_is_one_line(gcs_emulator, tmp_path):
     assert "bucket 'no-such-bucket-xyz' does not exist" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.quick
 def test_safe_loader_executes_nothing(tmp_path):
     marker = tmp_path / "PWNED"
     with pytest.raises(UserError, match="malformed YAML"):
@@ -358,6 +361,7 @@ def _one_error_line(capsys, argv: list[str]) -> str:
     return lines[-1]
 
 
+@pytest.mark.quick
 def test_read_only_output_dir_is_one_line(tmpfs, small_corpus, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     ro = tmpfs("64k", readonly=True)
@@ -366,6 +370,7 @@ def test_read_only_output_dir_is_one_line(tmpfs, small_corpus, capsys, monkeypat
     assert f"{ro / 'run'}: read-only file system; the filesystem is read-only; choose a writable --output-dir" in line
 
 
+@pytest.mark.quick
 def test_full_disk_is_one_line_naming_the_file(tmpfs, small_corpus, capsys, monkeypatch, tmp_path):
     """Four pages: the run's lock, config.yaml, run_info.json and metrics.jsonl (the stage's start)
     fit, the tokenizer's files do not."""

@@ -38,6 +38,7 @@ def _env(**extra: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- help
 
+@pytest.mark.quick
 def test_help_describes_the_tool_and_every_option_has_help(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -57,6 +58,7 @@ def test_help_describes_the_tool_and_every_option_has_help(capsys):
 
 # ------------------------------------------------------------------------------------- naming a run
 
+@pytest.mark.quick
 def test_eval_takes_the_run_like_report_and_metrics(tmp_path, capsys):
     missing = tmp_path / "no-such-run"
     for argv in (["eval", str(missing)], ["eval", "--output-dir", str(missing)],
@@ -66,6 +68,7 @@ def test_eval_takes_the_run_like_report_and_metrics(tmp_path, capsys):
         assert f"run directory not found: {missing}" in err and err.count("\n") == 1, argv
 
 
+@pytest.mark.quick
 def test_eval_reads_the_runs_saved_config(tmp_path, capsys):
     """`eval RUN` uses RUN/config.yaml; a run without checkpoints says so (not "no tokenizer")."""
     run = tmp_path / "run"
@@ -81,6 +84,7 @@ def test_eval_reads_the_runs_saved_config(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------- metrics table
 
+@pytest.mark.quick
 def test_metrics_default_table_is_readable(tmp_path, capsys):
     run = make_run(tmp_path / "run")
     assert main(["metrics", str(run)]) == 0
@@ -124,6 +128,7 @@ def test_metrics_csv_into_a_closed_pipe_ends_quietly(tmp_path):
 
 # ------------------------------------------------------------------------------ resume and Ctrl-C
 
+@pytest.mark.quick
 def test_an_existing_run_is_refused_before_anything_starts(tmp_path):
     """Checkpoints there and no --resume: exit 2 before Ray or TensorFlow are even imported."""
     run = tmp_path / "run"
@@ -255,6 +260,7 @@ def _bash_blocks(path: Path) -> list[str]:
     return [b.split("\n", 1)[1] for b in text.split("```")[1::2] if b.startswith(("bash", "python"))]
 
 
+@pytest.mark.quick
 def test_documented_local_job_commands_set_up_token_auth_before_the_head_starts():
     """Ray 2.60: `ray job submit` to a token-auth head fails without RAY_AUTH_MODE=token, and a head
     started with it needs a token: every copied block that starts a local head does both first."""
@@ -267,11 +273,13 @@ def test_documented_local_job_commands_set_up_token_auth_before_the_head_starts(
         assert -1 not in order and order == sorted(order), block
 
 
+@pytest.mark.quick
 def test_readme_api_snippet_keeps_the_job_run_dir_out_of_the_in_process_run():
     api = next(b for b in _bash_blocks(REPO / "README.md") if "Pipeline(" in b and "submit(" in b)
     assert '"output_dir": "runs/api-run"' in api and '"output_dir": "runs/api-job"' in api
 
 
+@pytest.mark.quick
 def test_cluster_docs_offline_check_installs_what_it_runs():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -284,6 +292,7 @@ def test_cluster_docs_offline_check_installs_what_it_runs():
 
 # ------------------------------------------------------------------------------------ the Python API
 
+@pytest.mark.quick
 def test_api_logging_shows_our_lines_and_respects_a_programs_own_logging():
     """Pipeline.run() sets this up: our INFO lines on stderr in a bare notebook; a program that set
     up logging itself gets them through its own handlers, with no second copy from us."""
@@ -305,6 +314,7 @@ print(len(logging.getLogger().handlers))
     assert "stage tokenizer" not in own.stderr
 
 
+@pytest.mark.quick
 def test_run_result_repr_is_short_and_summary_has_the_numbers():
     from tpu_ray.pipeline import RunResult
 

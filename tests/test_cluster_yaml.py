@@ -24,6 +24,8 @@ from ray._private.accelerators import tpu as ray_tpu
 from ray._private.label_utils import validate_node_label_syntax
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = REPO / "cluster.yaml"
 

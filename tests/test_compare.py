@@ -15,6 +15,8 @@ from tests.test_report import PNG_MAGIC, make_run
 from tpu_ray.cli import main
 from tpu_ray.comparison import PAGE, PLOTS, write_comparison
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 
 def _run(path: Path, config: str, eval_set: str, tokenizer: str = "aaaa", scale: float = 1.0) -> str:
     """A run whose evaluations name `eval_set`, with two sources' evaluations and `config`."""

@@ -5,6 +5,8 @@ import pytest
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 
 def test_quickstart_loads_and_overrides():
     cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({"train.steps": 7})

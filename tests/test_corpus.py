@@ -10,6 +10,8 @@ from tpu_ray.config import CorpusConfig, ShardConfig
 from tpu_ray.prepare.corpus import iter_train_text, plan_units, read_unit_text
 from tpu_ray.errors import UserError
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 
 @pytest.fixture(scope="module")
 def lines(small_corpus) -> list[str]:

@@ -11,6 +11,8 @@ import pytest
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 
 def _cfg(**train) -> RunConfig:
     return RunConfig.from_dict({"train": train})

@@ -21,6 +21,8 @@ import pytest
 from tests.helpers import REPO
 from tpu_ray.errors import UserError
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SEPARATORS = {"&&", "||", "|", ";"}
 OVERRIDE = re.compile(r"^[a-z_]+(\.[A-Za-z0-9_]+)+=")

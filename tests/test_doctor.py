@@ -91,6 +91,7 @@ def test_clean_tiny_run_passes_with_xla(run):
     assert "chip-hours" in checks["capacity plan"][1]
 
 
+@pytest.mark.quick
 def test_unprepared_run_warns_not_prepared(tmp_path, small_corpus):
     cfg = tiny_config(tmp_path / "empty", small_corpus)
     code, checks = doctor(cfg)
@@ -100,6 +101,7 @@ def test_unprepared_run_warns_not_prepared(tmp_path, small_corpus):
     assert checks["static shapes"][0] == PASS  # built on synthetic shards
 
 
+@pytest.mark.quick
 def test_seq_len_beyond_positions_fails(tmp_path, small_corpus):
     # The config validator refuses it; the doctor reports that as a FAIL instead of dying.
     code, checks = doctor(lambda: tiny_config(tmp_path, small_corpus, **{"model.max_position_embeddings": 40}))
@@ -114,6 +116,7 @@ def test_seq_len_beyond_positions_fails(tmp_path, small_corpus):
     assert "needs 66 position embeddings" in checks["positions"][1] and "fix:" in checks["positions"][1]
 
 
+@pytest.mark.quick
 def test_quickstart_with_huge_seq_len_fails_on_memory():
     cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({"shard.seq_len": 100000,
                                                                         "model.max_position_embeddings": 100002,
@@ -204,6 +207,7 @@ def test_shards_with_ids_beyond_the_vocab(run):
     assert ">= vocab_size 800" in checks["vocab"][1]
 
 
+@pytest.mark.quick
 def test_op_xla_cannot_compile_is_named():
     import tensorflow as tf
 
@@ -218,6 +222,7 @@ def test_op_xla_cannot_compile_is_named():
     assert status == FAIL and "AsString" in evidence and "test_doctor.py" in evidence and fix
 
 
+@pytest.mark.quick
 def test_retracing_step_is_reported():
     import tensorflow as tf
 
@@ -229,6 +234,7 @@ def test_retracing_step_is_reported():
     assert status == FAIL and "traced 2 times" in evidence
 
 
+@pytest.mark.quick
 def test_op_name_extraction_from_xla_messages():
     msg = ("Detected unsupported operations when trying to compile graph __inference_step_7 on XLA_CPU_JIT: "
            "EagerPyFunc (No registered 'EagerPyFunc' OpKernel for XLA_CPU_JIT devices compatible with node "
@@ -241,17 +247,20 @@ def test_op_name_extraction_from_xla_messages():
     ("v4-32", 16, "tpu-vm", 16), ("v5e-8", 8, "tpu-vm", 8), ("v5litepod-8", 8, "tpu-vm", 8),
     ("v5p-8", 4, "tpu-vm", 4), ("a100", 1, "gpu", 1), ("h100-8", 8, "gpu", 8),
 ])
+@pytest.mark.quick
 def test_target_table(name, replicas, style, chips):
     t = parse_target(name, RunConfig())
     assert (t.replicas, t.style, t.chips) == (replicas, style, chips) and t.peak and t.hbm_bytes > 0
 
 
 @pytest.mark.parametrize("name", ["v9-8", "v4-8-node", "v4-12"])
+@pytest.mark.quick
 def test_unknown_or_impossible_targets_are_usage_errors(name):
     with pytest.raises(UserError, match=f"--target {name}"):
         parse_target(name, RunConfig())
 
 
+@pytest.mark.quick
 def test_binary_corpus_fails_before_sharding(tmp_path, small_corpus):
     blob = tmp_path / "weights.txt"
     blob.write_bytes(b"\x00\x01" * 4096)
@@ -259,6 +268,7 @@ def test_binary_corpus_fails_before_sharding(tmp_path, small_corpus):
     assert code == 1 and checks["corpus"][0] == FAIL and "weights.txt: byte 0: NUL byte" in checks["corpus"][1]
 
 
+@pytest.mark.quick
 def test_cli_doctor_exit_codes(tmp_path, capsys):
     from tpu_ray.cli import main
 

@@ -18,6 +18,7 @@ from tpu_ray.train.eval_set import eval_dataset, eval_set, pick_samples
 from tpu_ray.train.inputs import MaskSpec
 
 
+@pytest.mark.quick
 def test_the_set_spreads_over_the_whole_split_whatever_its_number_of_files():
     val = [(f"validation-{i:05d}-10", 10) for i in range(1000)]  # 1,000 units' validation shards
     picked = pick_samples(val, 640)
@@ -46,6 +47,7 @@ def _rows(ds) -> list[tuple]:
             for ids, labels in zip(batch["input_ids"], batch["labels"])]
 
 
+@pytest.mark.quick
 def test_the_samples_and_masks_do_not_depend_on_the_batch_or_the_replicas(tmp_path):
     files = _files(tmp_path)
     es = eval_set("corpus", files, 50, {}, "tok", 0.15, 16)

@@ -12,6 +12,8 @@ from tpu_ray.config import RunConfig
 from tpu_ray.errors import (EXIT_USAGE, DamagedRunDir, Failure, FailureKind, LostCapacity, NoCapacity,
                             RefusingEnvironment, Superseded, UserError, classify, failure_line, guarded)
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 RETRYABLE = {FailureKind.LOST_CAPACITY}
 
 

@@ -13,6 +13,7 @@ from tpu_ray.errors import UserError
     ("roberta", ("<s>", "<pad>", "</s>", "<unk>", "<mask>"), (0, 1, 2, 3, 4)),  # pad = 1, as TF RoBERTa needs
     ("bert", ("[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"), (2, 0, 3, 1, 4)),  # bert-base: [PAD] = 0
 ])
+@pytest.mark.quick
 def test_the_tokenizer_stage_gives_the_family_its_own_special_tokens(tmp_path, small_corpus, model_type, tokens, ids):
     from transformers import AutoTokenizer
 
@@ -43,6 +44,7 @@ def test_a_tokenizer_with_the_old_mixed_set_still_describes_and_configures(tiny_
 
 @pytest.mark.parametrize("value, why", [("tapas", "table structure"), ("layoutlm", "bounding boxes"),
                                         ("gpt2", "not a TensorFlow masked-LM type")])
+@pytest.mark.quick
 def test_an_unsupported_model_type_is_one_line_naming_why(value, why):
     from tpu_ray.config import RunConfig
 
@@ -52,6 +54,7 @@ def test_an_unsupported_model_type_is_one_line_naming_why(value, why):
     assert msg.startswith(f'override: model.model_type="{value}"') and why in msg and "\n" not in msg
 
 
+@pytest.mark.quick
 def test_flops_per_token_follow_the_family(tmp_path):
     """Issue 35.6: xlm and flaubert project every position onto the vocabulary (their FFN is 4 x
     hidden, their head the projection alone); funnel halves the sequence after each block and runs
@@ -82,6 +85,7 @@ def test_flops_per_token_follow_the_family(tmp_path):
     assert train_flops_per_token(cfg("funnel"), vocab) == pytest.approx(funnel)
 
 
+@pytest.mark.quick
 def test_xlm_special_tokens_are_never_random_replacements(tmp_path, small_corpus):
     """XLM's <special0>..<special9> (added special tokens) are never drawn by the 10% random
     replacement, nor masked: the trainer's MaskSpec counts them as special."""

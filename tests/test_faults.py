@@ -151,6 +151,7 @@ def test_diverged_loss_continues_when_configured(tmp_path, small_corpus, tiny_to
 
 
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+@pytest.mark.quick
 def test_config_floats_refuse_inf_and_nan(value, tmp_path):
     line = error_line(tpu_ray("tokenizer", "--output-dir", str(tmp_path / "out"), f"train.learning_rate={value}",
                               cwd=tmp_path, timeout=120))
@@ -269,6 +270,7 @@ def test_two_runs_into_one_directory_second_is_refused_naming_the_holder(tmp_pat
     assert _holder(run) == {}  # released
 
 
+@pytest.mark.quick
 def test_lock_is_released_by_a_killed_holder(tmp_path):
     """Local lock: the kernel drops a flock with its process, so a SIGKILLed run blocks nobody."""
     from tpu_ray.runlock import RunLock
@@ -313,6 +315,7 @@ def test_gcs_lock_create_if_absent_names_the_holder_and_takes_over_a_dead_one(gc
         assert json.loads(storage.read_text(f"{run}/.lock"))["command"] == "tpu-ray next"
 
 
+@pytest.mark.quick
 def test_pick_latest_decides_from_the_state_file_and_the_files_present():
     """The pure decision behind the checkpoint cases above, one row per kind of damage."""
     from tpu_ray.errors import UserError
@@ -337,6 +340,7 @@ def test_pick_latest_decides_from_the_state_file_and_the_files_present():
     assert chosen is None and "no checkpoint was ever completed (ckpt-10 was interrupted" in warning
 
 
+@pytest.mark.quick
 def test_every_entry_point_checks_the_corpus_before_writing_the_run_dir(tmp_path, capsys):
     """One stage layer: the `prepare` Ray job refuses a missing corpus as `tpu-ray shard` does,
     before the run directory exists (the job used to skip that check)."""
@@ -350,6 +354,7 @@ def test_every_entry_point_checks_the_corpus_before_writing_the_run_dir(tmp_path
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.quick
 def test_create_if_absent_creates_once(tmp_path):
     """The lock's primitive: the second create of one path reports that it exists and keeps the
     first content. (On gs:// it is `ifGenerationMatch=0`; the emulator ignores preconditions, so

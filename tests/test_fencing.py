@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 
 def _store(directory: str, value: float, keep: int = 1):
     import tensorflow as tf

@@ -22,6 +22,7 @@ from tpu_ray.errors import UserError
 QUICKSTART = str(REPO / "jobs" / "configs" / "quickstart.yaml")
 
 
+@pytest.mark.quick
 def test_fill_mask_without_a_mask_fails_before_the_run_when_it_trains_its_tokenizer(tmp_path, capsys):
     """A from-scratch run's mask token is its family's (RoBERTa: <mask>), known before anything runs:
     the refusal comes before the tokenizer, Ray and the run directory."""
@@ -47,6 +48,7 @@ def test_fill_mask_without_a_mask_fails_after_a_given_tokenizer_and_before_the_s
     assert not (run / "shards").exists() and not (run / "checkpoints").exists()
 
 
+@pytest.mark.quick
 def test_fill_mask_with_the_models_own_mask_token_is_accepted_up_front():
     from tpu_ray.train.export import check_fill_mask_text
 
@@ -84,6 +86,7 @@ def test_a_runs_first_lines_name_the_ray_cluster_and_a_warm_up_longer_than_the_r
     assert "ray: starting a new local Ray cluster for this run (ray.address=local)" in first, first
 
 
+@pytest.mark.quick
 def test_the_cluster_line_says_joined_or_started_and_why(monkeypatch):
     from tpu_ray.cluster.local import cluster_choice
 
@@ -99,6 +102,7 @@ def test_the_cluster_line_says_joined_or_started_and_why(monkeypatch):
     assert "(RAY_ADDRESS=local)" in cluster_choice(None)  # not "no RAY_ADDRESS"
 
 
+@pytest.mark.quick
 def test_auto_with_no_cluster_running_is_one_line(monkeypatch):
     """RAY_ADDRESS=auto (or ray.address=auto) and no head here: refused before the run, not Ray's
     ConnectionError as a bug. The machine's processes are not this test's: Ray finds none here."""
@@ -121,6 +125,7 @@ def test_auto_with_no_cluster_running_is_one_line(monkeypatch):
     check_ray_address(cfg.override({"ray.address": "local"}))  # local: nothing to find
 
 
+@pytest.mark.quick
 def test_run_help_points_to_the_options_reference(capsys):
     with pytest.raises(SystemExit) as done:
         main(["run", "--help"])
@@ -137,6 +142,7 @@ def _argument_default(path, flag: str):
     raise AssertionError(f"{path}: no {flag}")
 
 
+@pytest.mark.quick
 def test_the_learning_benchmarks_default_is_the_recipe_jobs_configs_ship():
     """A benchmark's default is what ships: `python benchmarks/learning.py` masks as jobs/configs do."""
     bench = REPO / "benchmarks" / "learning.py"

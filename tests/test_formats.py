@@ -153,6 +153,7 @@ def test_a_directory_of_small_compressed_files_packs_and_shards_like_plain_text(
     assert got == want and len(want) >= 2 * len(units)  # a train + a validation shard for every chunk
 
 
+@pytest.mark.quick
 def test_a_packed_unit_holds_one_chunk_of_text_not_its_files_decompressed(tmp_path, small_corpus):
     """Packing judges a compressed file that records no text size (bz2, xz, a streamed zstd frame)
     by its stored size; a pack that decompresses to many times a unit comes out as many chunks of
@@ -288,6 +289,7 @@ def test_compressed_and_parquet_corpora_on_gs_shard_like_local_ones(gcs_emulator
                                             frac=0.1) == local, name
 
 
+@pytest.mark.quick
 def test_max_bytes_is_honoured_by_every_reader(tmp_path, docs):
     """corpus.max_bytes caps what each source file gives: decompressed bytes (compressed text),
     text bytes (CSV, datasets), whole row groups (parquet)."""
@@ -315,6 +317,7 @@ def test_max_bytes_is_honoured_by_every_reader(tmp_path, docs):
     assert len(units) == 1 and len(units[0].members) == 3 and 3 * cap * 0.9 <= read <= 3 * cap * 1.6, read
 
 
+@pytest.mark.quick
 def test_max_rows_is_honoured_by_every_reader(tmp_path, docs):
     """corpus.max_rows gives each source file's first N records, whatever its format: lines of
     .txt (plain too: then streamed from its start), records of JSON lines and CSV, rows of parquet
@@ -358,6 +361,7 @@ def _read_all(source: str, tmp: Path, **corpus) -> list[str]:
     return [line for u in units for line in read_unit_text(u, "all")]
 
 
+@pytest.mark.quick
 def test_bad_input_in_each_format_is_one_line_naming_file_and_record(tmp_path, docs):
     import zstandard
 
@@ -389,6 +393,7 @@ def test_bad_input_in_each_format_is_one_line_naming_file_and_record(tmp_path, d
         assert "\n" not in str(info.value), name
 
 
+@pytest.mark.quick
 def test_a_hub_name_without_network_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError, match=r"corpus.source='hf:someone/no-such-corpus' \(hf_config=None\): cannot "
@@ -397,6 +402,7 @@ def test_a_hub_name_without_network_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.quick
 def test_the_cli_refuses_a_truncated_corpus_with_exit_2(tmp_path, docs, capsys, monkeypatch):
     from tpu_ray.cli import main
 

@@ -68,6 +68,7 @@ def test_each_kind_shards_to_the_tokens_of_the_same_text_as_a_file(kind, tmp_pat
     assert not [p for p in (tmp_path / "run" / "corpus").iterdir() if p.name.startswith(".tmp")]
 
 
+@pytest.mark.quick
 def test_a_ray_dataset_is_written_by_ray_workers_never_collected_on_the_driver(tmp_path, docs, monkeypatch):  # noqa: F811
     """Every Dataset method that brings rows to the driver raises here (the workers are other
     processes and are unaffected): the write must still succeed, by Ray Data's own execution.
@@ -97,6 +98,7 @@ def _forbidden(method: str):
     return raise_
 
 
+@pytest.mark.quick
 def test_an_iterable_ten_times_the_memory_budget_streams_within_it(tmp_path, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -127,6 +129,7 @@ def test_an_iterable_ten_times_the_memory_budget_streams_within_it(tmp_path, mon
 
 
 @pytest.mark.parametrize("kind", ["pandas.DataFrame", "pyarrow.Table", "datasets.Dataset", "ray.data.Dataset"])
+@pytest.mark.quick
 def test_no_text_column_is_one_line_naming_the_columns_found(kind, tmp_path, docs):  # noqa: F811
     with pytest.raises(UserError) as err:
         _written(tmp_path, _as(kind, docs[:20], column="body"))
@@ -135,6 +138,7 @@ def test_no_text_column_is_one_line_naming_the_columns_found(kind, tmp_path, doc
     assert not list((tmp_path / "run").rglob("*.parquet"))  # nothing half-written
 
 
+@pytest.mark.quick
 def test_a_column_of_numbers_an_empty_frame_and_non_strings_are_one_line(tmp_path):
     import pandas as pd
 
@@ -149,6 +153,7 @@ def test_a_column_of_numbers_an_empty_frame_and_non_strings_are_one_line(tmp_pat
         assert not list((tmp_path / f"r{i}").rglob("*.parquet"))
 
 
+@pytest.mark.quick
 def test_a_ray_dataset_of_numbers_is_one_line_from_the_worker(tmp_path):
     start_local_ray()
     import ray
@@ -158,6 +163,7 @@ def test_a_ray_dataset_of_numbers_is_one_line_from_the_worker(tmp_path):
     assert "\n" not in str(err.value) and "column 'text' has type int64, not text (string) (columns: text, id); set" in str(err.value)
 
 
+@pytest.mark.quick
 def test_named_sources_take_data_and_paths_and_a_resume_with_other_data_is_refused(tmp_path, docs, small_corpus):  # noqa: F811
     import pandas as pd
 
@@ -182,6 +188,7 @@ def test_named_sources_take_data_and_paths_and_a_resume_with_other_data_is_refus
         Pipeline(cfg, corpus=df)
 
 
+@pytest.mark.quick
 def test_a_dict_without_sources_in_the_config_names_the_sources(tmp_path, docs):  # noqa: F811
     import pandas as pd
 

@@ -42,6 +42,7 @@ def _ids(ds, n: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("start", [0, 1, 16, 17, 129, 130, 131, 260 + 45])
+@pytest.mark.quick
 def test_a_stream_started_anywhere_continues_the_uninterrupted_one(files, start):
     from tpu_ray.train.input_position import seekable_records
 
@@ -56,6 +57,7 @@ def test_a_stream_started_anywhere_continues_the_uninterrupted_one(files, start)
     assert whole[:n] != sorted(whole[:n])  # and a shuffled one
 
 
+@pytest.mark.quick
 def test_the_position_names_epoch_window_and_offset(files):
     from tpu_ray.train.input_position import position_at, shards_digest
 
@@ -63,6 +65,7 @@ def test_the_position_names_epoch_window_and_offset(files):
     assert (pos.epoch, pos.sample_in_epoch, pos.window, pos.offset) == (1, 40, 2, 8)
 
 
+@pytest.mark.quick
 def test_resume_refuses_a_changed_data_order_unless_accepted(files):
     """Issue 23.5: the hosts (input pipelines) and train.shuffle_buffer decide the order as much as
     the shards do. A v4-8 run (1 pipeline) resumed on a v4-16 (2), or with another shuffle buffer,
@@ -190,12 +193,14 @@ def test_every_sample_is_seen_equally_often_on_4_pipelines_of_5_shards(five_file
     assert set(seen.values()) == {10}, sorted(Counter(seen.values()).items())
 
 
+@pytest.mark.quick
 def test_a_pipeline_share_that_starts_inside_a_file_resumes_exactly(five_files):
     """Pipeline 1's share starts inside the second file: resuming at batch 13 continues the stream."""
     whole = _pipeline_samples(five_files, 1, 30)
     assert _pipeline_samples(five_files, 1, 17, start_batch=13) == whole[13 * 5:]
 
 
+@pytest.mark.quick
 def test_a_position_stored_under_round_robin_files_is_another_order(files):
     """A multi-host run resumed from a position stored before hosts shared records (no `split`) is
     in another data order: refused unless accepted, as for any changed order."""

@@ -3,6 +3,8 @@ side never imports TensorFlow."""
 
 from __future__ import annotations
 
+import pytest
+
 import ast
 import subprocess
 import sys
@@ -66,11 +68,13 @@ def test_no_import_cycle_in_the_package():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+@pytest.mark.quick
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.quick
 def test_nothing_imports_the_command_line():
     importers = [name for name, deps in import_graph().items() if "tpu_ray.cli" in deps]
     jobs = Path(__file__).resolve().parents[1] / "jobs"
@@ -78,6 +82,7 @@ def test_nothing_imports_the_command_line():
     assert importers == []
 
 
+@pytest.mark.quick
 def test_subpackage_inits_import_nothing():
     """`import tpu_ray.prepare.shards` in a sharding actor must not pull in training code."""
     for init in PACKAGE.glob("*/__init__.py"):

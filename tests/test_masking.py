@@ -20,6 +20,7 @@ def _batch(seed=0, shape=(256, 128)):
     return tf.constant(ids, tf.int32)
 
 
+@pytest.mark.quick
 def test_mask_statistics_on_a_large_batch():
     ids = _batch()
     masked, labels = (t.numpy() for t in mask_tokens(ids, tf.constant([1, 2], tf.int64), SPEC))
@@ -43,6 +44,7 @@ def test_mask_statistics_on_a_large_batch():
     assert not np.isin(masked[random], SPEC.special_ids).any(), "random replacements never draw special tokens"
 
 
+@pytest.mark.quick
 def test_random_replacements_avoid_specials_at_the_end_of_the_vocabulary():
     """Specials at the END (ids 995..999, [MASK] last), as some tokenizers order them: the 10% random
     draws never produce one of them, yet still cover the whole rest of the vocabulary, id 0 included."""
@@ -59,12 +61,14 @@ def test_random_replacements_avoid_specials_at_the_end_of_the_vocabulary():
     assert not np.isin(masked[random], specials).any(), "a random replacement drew a special token"
 
 
+@pytest.mark.quick
 def test_random_replacements_skip_specials_scattered_through_the_vocabulary():
     spec = MaskSpec(mask_prob=0.15, mask_id=7, vocab_size=12, special_ids=(0, 3, 7, 11))
     draws = spec.random_ids(tf.constant([4096]), tf.constant([9, 9], tf.int64), tf.int32).numpy()
     assert sorted(np.unique(draws)) == [1, 2, 4, 5, 6, 8, 9, 10]
 
 
+@pytest.mark.quick
 def test_same_seed_same_masks_other_seed_other_masks():
     ids = _batch(shape=(8, 64))
     a = mask_tokens(ids, tf.constant([5, 9], tf.int64), SPEC)[0].numpy()
@@ -83,6 +87,7 @@ def test_masking_keeps_static_shapes_under_xla():
     assert all(o.shape.is_fully_defined() for o in concrete.outputs)
 
 
+@pytest.mark.quick
 def test_mlm_targets_gather_every_masked_position_with_static_shape():
     from tpu_ray.train.inputs import mlm_targets, predictions_per_sequence
 
@@ -102,6 +107,7 @@ def test_mlm_targets_gather_every_masked_position_with_static_shape():
         assert (got[row, n:] == IGNORE).all()  # the rest are padding slots that the loss ignores
 
 
+@pytest.mark.quick
 def test_unk_is_an_ordinary_masking_target_and_other_specials_never_are():
     """16: <unk> (3.3% of WikiText tokens) is masked and predicted like any token, as the reference's
     collator does; [CLS] <pad> [SEP] [MASK] never are. The trainer's spec says so."""
@@ -134,6 +140,7 @@ def test_unk_is_an_ordinary_masking_target_and_other_specials_never_are():
     assert abs(len(became_other) / n - 0.10) < 0.03 and not np.isin(became_other, (0, 1, 2, 3, 4)).any()
 
 
+@pytest.mark.quick
 def test_exact_count_masks_round_p_times_the_maskable_tokens_of_each_row():
     """train.mask_count=exact: every row masks round(p x its maskable tokens), at least one, none
     special, within the head's static bound; 80/10/10 of them; the same seed, the same masks."""

@@ -88,6 +88,7 @@ def test_a_weight_schedule_changes_the_draw_at_its_step(tmp_path):
     assert _drawn(tracker, 150, 10, 16) == drawn[150 * 16: 160 * 16]
 
 
+@pytest.mark.quick
 def test_temperature_weighs_sources_by_their_size():
     cfg = RunConfig.from_dict({"corpus": {"sources": {"big": {"source": "/b"}, "small": {"source": "/s"}},
                                           "weight_temperature": 0.5}})
@@ -96,6 +97,7 @@ def test_temperature_weighs_sources_by_their_size():
     assert probs == pytest.approx((10 / 11, 1 / 11))  # sqrt(10000) : sqrt(100)
 
 
+@pytest.mark.quick
 def test_blocks_are_whole_steps_and_the_shares_exact_over_a_block():
     assert block_size(48) % 48 == 0 and block_size(48) >= 1024
     counts = counts_before(_mixture({"a": 0.9, "b": 0.1}), 8, 10 * block_size(8))
@@ -118,6 +120,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
+@pytest.mark.quick
 def test_a_bad_mixture_is_one_line_and_exit_2(case, tmp_path, capsys):
     from tpu_ray.cli import main
 
@@ -130,6 +133,7 @@ def test_a_bad_mixture_is_one_line_and_exit_2(case, tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
+@pytest.mark.quick
 def test_a_weight_schedule_whose_steps_go_backwards_is_refused():
     with pytest.raises(UserError, match=r"corpus.weight_schedule\[1\].step=50: steps must increase"):
         RunConfig.from_dict({"corpus": {"sources": {"a": {"source": "/a"}, "b": {"source": "/b"}},
@@ -137,6 +141,7 @@ def test_a_weight_schedule_whose_steps_go_backwards_is_refused():
                                                             {"step": 50, "weights": {"b": 1}}]}})
 
 
+@pytest.mark.quick
 def test_a_source_inherits_what_corpus_sets_and_the_one_source_form_stays():
     cfg = RunConfig.from_dict({"corpus": {"text_field": "body", "sources": {
         "a": {"source": "/a.jsonl"}, "b": {"source": "/b.jsonl", "text_field": "content"}}}})
@@ -187,6 +192,7 @@ def test_changing_the_weights_on_resume_is_a_change_of_data_order(mixed_run):
         Pipeline(more).train(resume=True)
 
 
+@pytest.mark.quick
 def test_a_mixture_manifest_keeps_the_sources_in_unit_order_and_refuses_gaps(tmp_path):
     """The manifest is written with sorted keys: 'zeta' before 'alpha' in the config stays so."""
     from tpu_ray.prepare.shard_set import ShardSet
@@ -211,6 +217,7 @@ def test_a_mixture_manifest_keeps_the_sources_in_unit_order_and_refuses_gaps(tmp
         ShardSet.load(str(tmp_path))
 
 
+@pytest.mark.quick
 def test_the_reserved_source_names_cover_the_splits():
     from tpu_ray.config import RESERVED_SOURCE_NAMES
     from tpu_ray.prepare.shard_set import SPLITS

@@ -30,6 +30,55 @@ VENVS = Path(os.environ.get("TPU_RAY_INTEROP_VENVS", REPO / ".venv-interop"))
 TORCH_SIDE = REPO / "tests" / "interop" / "torch_side.py"
 
 
+class TorchSide:
+    """tests/interop/torch_side.py --serve in the Transformers 5 venv, started once per worker: each
+    question is a line in and a line out, so torch and transformers are imported once, not per call."""
+
+    def __init__(self, python: Path):
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        self.proc = subprocess.Popen([str(python), str(TORCH_SIDE), "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd="/")
+
+    def ask(self, fn: str, *args: str):
+        assert self.proc.poll() is None, f"the PyTorch side exited ({self.proc.returncode})"
+        self.proc.stdin.write(json.dumps({"fn": fn, "args": [str(a) for a in args]}) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:  # a library's own print to stdout is not an answer
+            if line.startswith(('{"ok"', '{"error"')):
+                answer = json.loads(line)
+                assert "error" not in answer, answer.get("error", "")[-3000:]
+                return answer["ok"]
+        raise AssertionError(f"the PyTorch side exited ({self.proc.wait(timeout=30)}) without answering {fn}")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def torch_side():
+    """The PyTorch Transformers 5 side (None where the interop venv is not built)."""
+    python = VENVS / "t5" / "bin" / "python"
+    if not python.exists():
+        yield None
+        return
+    side = TorchSide(python)
+    yield side
+    side.close()
+
+
+def require_torch_side(side: TorchSide | None) -> TorchSide:
+    """The side, or a skip naming how to build it (a failure under TPU_RAY_REQUIRE_EXTRAS=1)."""
+    if side is None:
+        why = f"PyTorch interop venv {VENVS / 't5'} absent: build it with tests/interop/setup_venvs.sh"
+        if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return side
+
+
+@pytest.mark.quick
 def test_the_registry_covers_every_tf_masked_lm_type_of_transformers():
     from transformers.models.auto.modeling_tf_auto import TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
@@ -175,7 +224,7 @@ def test_continued_from_its_export_starts_from_its_weights(scratch_runs, tmp_pat
     assert weight_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "cont")) < 1e-5
 
 
-def pytorch_written(model_dir: Path, out: Path, model_type: str) -> tuple[Path, str]:
+def pytorch_written(side: TorchSide | None, model_dir: Path, out: Path, model_type: str) -> tuple[Path, str]:
     """A model of `model_dir`'s config as PyTorch Transformers' save_pretrained writes it
     (model.safetensors only): made and saved by PyTorch itself in the interop venv
     (tests/interop/save_fresh.py) when it is built; else emulated from the export, less the tied
@@ -183,13 +232,8 @@ def pytorch_written(model_dir: Path, out: Path, model_type: str) -> tuple[Path, 
     transformers 4.57 and 5.24). Returns the directory and "torch" or "emulated"."""
     import shutil
 
-    python = VENVS / "t5" / "bin" / "python"
-    if python.exists():
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        proc = subprocess.run([str(python), str(REPO / "tests" / "interop" / "save_fresh.py"), str(model_dir),
-                               str(out)], capture_output=True, text=True, timeout=600, env=env, cwd="/")
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    if side is not None:
+        side.ask("save_fresh", model_dir, out)
         assert not (out / "tf_model.h5").exists()
         return out, "torch"
     if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
@@ -204,7 +248,8 @@ def pytorch_written(model_dir: Path, out: Path, model_type: str) -> tuple[Path, 
 
 
 @pytest.mark.parametrize("model_type", TYPES)
-def test_continued_from_a_pytorch_written_safetensors_loads_every_weight(scratch_runs, tmp_path, model_type):
+def test_continued_from_a_pytorch_written_safetensors_loads_every_weight(scratch_runs, torch_side, tmp_path,
+                                                                         model_type):
     """Most checkpoints ship as PyTorch's save_pretrained writes them, which drops tied weights
     (ALBERT's decoder bias, MobileBERT's decoder) that TF keeps as variables of their own: init_from
     loads every weight the file holds, and each dropped one from the weight PyTorch ties it to."""
@@ -215,7 +260,7 @@ def test_continued_from_a_pytorch_written_safetensors_loads_every_weight(scratch
     from tpu_ray.train.init_from import checkpoint_hf_config, load_weights
 
     tok_dir, shards, run1, _ = scratch_runs(model_type)
-    src, how = pytorch_written(run1 / "model", tmp_path / "pt", model_type)
+    src, how = pytorch_written(torch_side, run1 / "model", tmp_path / "pt", model_type)
     cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{"model.init_from": str(src)})
     model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg))
     model(model.dummy_inputs)
@@ -243,19 +288,14 @@ def weight_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> flo
 
 
 @pytest.mark.parametrize("model_type", TYPES)
-def test_export_loads_in_pytorch_transformers_5_with_equal_logits(scratch_runs, tmp_path, model_type):
-    python = VENVS / "t5" / "bin" / "python"
-    if not python.exists():
-        why = f"PyTorch interop venv {VENVS / 't5'} absent: build it with tests/interop/setup_venvs.sh"
-        if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
-            pytest.fail(why)
-        pytest.skip(why)
+def test_export_loads_in_pytorch_transformers_5_with_equal_logits(scratch_runs, torch_side, tmp_path, model_type):
+    side = require_torch_side(torch_side)
     from transformers import AutoTokenizer
 
     *_, run1, _ = scratch_runs(model_type)
     model_dir = run1 / "model"
     mask = AutoTokenizer.from_pretrained(str(model_dir)).mask_token
-    out = _torch_logits(model_dir, [f"The {mask} of the river was built in the year.", "A short one."], tmp_path)
+    out = _torch_logits(side, model_dir, [f"The {mask} of the river was built in the year.", "A short one."], tmp_path)
     print(f"{model_type}: {out['model_class']} max|dlogits|={out['max_abs_diff']:.2e} {out['loading_info']}")
     assert out["transformers"].startswith("5.")
     assert not any(out["loading_info"].get(k) for k in ("missing_keys", "mismatched_keys")), out["loading_info"]
@@ -266,7 +306,7 @@ def test_export_loads_in_pytorch_transformers_5_with_equal_logits(scratch_runs, 
     assert out["max_abs_diff"] < 1e-4
 
 
-def _torch_logits(model_dir: Path, texts: list[str], tmp: Path) -> dict:
+def _torch_logits(side: TorchSide, model_dir: Path, texts: list[str], tmp: Path) -> dict:
     """TF logits of `texts` on the export, then the PyTorch Transformers 5 side's report on them."""
     from transformers import AutoTokenizer, TFAutoModelForMaskedLM
 
@@ -276,16 +316,11 @@ def _torch_logits(model_dir: Path, texts: list[str], tmp: Path) -> dict:
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits
     np.savez(tmp / "ref.npz", input_ids=batch["input_ids"].astype(np.int64),
              attention_mask=batch["attention_mask"].astype(np.int64), logits=logits.numpy())
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([str(VENVS / "t5" / "bin" / "python"), str(TORCH_SIDE), str(model_dir), str(tmp / "ref.npz"),
-                           texts[0]], capture_output=True, text=True, timeout=600, env=env, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "input_ids": batch["input_ids"]}
+    return {**side.ask("logits", model_dir, tmp / "ref.npz", texts[0]), "input_ids": batch["input_ids"]}
 
 
 @pytest.mark.parametrize("model_type", TYPES)
-def test_an_extended_vocabulary_grows_the_model(scratch_runs, lines, tmp_path, model_type):
+def test_an_extended_vocabulary_grows_the_model(scratch_runs, torch_side, lines, tmp_path, model_type):
     """Issue 33: tokenizer.extend_tokens on a checkpoint of every family. After one step at lr 1e-9
     the old ids' rows (embedding, output bias, an untied decoder) are the checkpoint's, each new
     row the mean of the rows of its pieces under the checkpoint's tokenizer; every other weight is
@@ -328,7 +363,7 @@ def test_an_extended_vocabulary_grows_the_model(scratch_runs, lines, tmp_path, m
             assert np.max(np.abs(np.take(got, t["id"], axis=axis) - want)) < 1e-5, (name, t["token"])
         grown += 1
     assert grown >= 1  # at least the word embeddings (and the bias, the decoder where untied)
-    if not (VENVS / "t5" / "bin" / "python").exists():
+    if torch_side is None:
         if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
             pytest.fail(f"PyTorch interop venv {VENVS / 't5'} absent: build it with tests/interop/setup_venvs.sh")
         return
@@ -337,7 +372,7 @@ def test_an_extended_vocabulary_grows_the_model(scratch_runs, lines, tmp_path, m
 
     mask = AutoTokenizer.from_pretrained(str(tmp_path / "cont" / "model")).mask_token
     texts = [f"The {mask} " + " ".join(words) + " .", " ".join(reversed(words))]
-    out = _torch_logits(tmp_path / "cont" / "model", texts, tmp_path)
+    out = _torch_logits(torch_side, tmp_path / "cont" / "model", texts, tmp_path)
     assert (out["input_ids"] >= base).any()  # the text really uses new tokens
     assert not any(out["loading_info"].get(k) for k in ("missing_keys", "mismatched_keys")), out["loading_info"]
     if family(model_type).pytorch_differs:  # funnel: known, stated in the model card

@@ -115,6 +115,7 @@ def _cli_options() -> dict[tuple[str, str], argparse.Action]:
             for name, p in sub.choices.items() for a in p._actions if not isinstance(a, argparse._HelpAction)}
 
 
+@pytest.mark.quick
 def test_cli_catalogue_covers_every_option_of_every_command():
     options = set(_cli_options())
     assert sorted(options - set(CLI_ROWS)) == [], "options without a row in CLI_ROWS"
@@ -209,6 +210,7 @@ def probe_ctx(tmp_path_factory, small_corpus) -> dict[str, str]:
 
 @pytest.mark.parametrize("cmd, option, label, value, needle", CLI_PROBES,
                          ids=[f"{c} {o} {lbl}" for c, o, lbl, _, _ in CLI_PROBES])
+@pytest.mark.quick
 def test_cli_bad_value_is_meaningful_or_one_line_exit_2(cmd, option, label, value, needle, probe_ctx, capsys,
                                                         monkeypatch):
     monkeypatch.chdir(probe_ctx["tmp"])  # a default runs/<name> would land here, not in the repository
@@ -228,6 +230,7 @@ def test_cli_bad_value_is_meaningful_or_one_line_exit_2(cmd, option, label, valu
     assert not (Path(probe_ctx["tmp"]) / "runs").exists(), "a refused command made a default run directory"
 
 
+@pytest.mark.quick
 def test_metrics_tail_zero_and_huge_both_show_every_row(probe_ctx, capsys):
     assert main(["metrics", probe_ctx["run"], "--tail", "0"]) == 0
     every = capsys.readouterr().out
@@ -394,6 +397,7 @@ def _config_fields(model=RunConfig, prefix: str = "") -> dict[str, type]:
     return out
 
 
+@pytest.mark.quick
 def test_config_catalogue_covers_every_field():
     fields = set(_config_fields())
     assert sorted(fields - set(CONFIG_ROWS)) == [], "config fields without a row in CONFIG_ROWS"
@@ -425,6 +429,7 @@ CONFIG_PROBES = _config_probes()
 
 @pytest.mark.parametrize("key, label, value, accepted", CONFIG_PROBES,
                          ids=[f"{k} {lbl}" for k, lbl, _, _ in CONFIG_PROBES])
+@pytest.mark.quick
 def test_config_value_is_accepted_or_refused_naming_the_field(key, label, value, accepted):
     if accepted:
         assert RunConfig().override({key: value}) is not None
@@ -436,6 +441,7 @@ def test_config_value_is_accepted_or_refused_naming_the_field(key, label, value,
 
 
 @pytest.mark.parametrize("word", ["output_dir=", "corpus.source=", "tokenizer.path= "])
+@pytest.mark.quick
 def test_an_empty_override_never_means_the_default(word, capsys, tmp_path, monkeypatch):
     """`output_dir=$OUT` with OUT unset: refused, not a run under runs/<name>."""
     monkeypatch.chdir(tmp_path)
@@ -449,6 +455,7 @@ PATH_PROBES = [("output_dir", "<file>", IN_THE_WAY), ("tokenizer.path", "<file>"
 
 
 @pytest.mark.parametrize("key, value, needle", PATH_PROBES, ids=[p[0] for p in PATH_PROBES])
+@pytest.mark.quick
 def test_a_file_where_a_config_directory_belongs_is_one_line(key, value, needle, probe_ctx, capsys, monkeypatch):
     monkeypatch.chdir(probe_ctx["tmp"])
     out = [] if key == "output_dir" else ["--output-dir", f"{probe_ctx['tmp']}/cfg-out"]
@@ -456,6 +463,7 @@ def test_a_file_where_a_config_directory_belongs_is_one_line(key, value, needle,
     assert needle.replace("<file>", probe_ctx["file"]) in line, line
 
 
+@pytest.mark.quick
 def test_docs_options_table_is_current():
     """docs/options.md documents every option and field with what it accepts; regenerate it with
     `python docs/make_options.py` when the parser or the schema changes."""

@@ -109,6 +109,7 @@ def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phas
      "train.decay_steps=20 is longer than the run (train.steps=10)"),
     ({"train.phases": PHASES, "train.steps": 10, "shard.seq_len": 128}, "must be the longest phase's seq_len (64)"),
 ])
+@pytest.mark.quick
 def test_bad_phases_are_one_line_and_exit_2(over, needle, tmp_path, capsys):
     from tpu_ray.cli import main
 
@@ -118,6 +119,7 @@ def test_bad_phases_are_one_line_and_exit_2(over, needle, tmp_path, capsys):
     assert needle in err[-1], err
 
 
+@pytest.mark.quick
 def test_phases_from_yaml_fill_in_steps_and_the_longest_length(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  phases:\n    - {steps: 90, seq_len: 128}\n    - {steps: 10, seq_len: 512}\n")
@@ -244,6 +246,7 @@ def test_a_mixture_with_phases_draws_by_weight_in_each_phase_and_resumes_in_the_
     assert (stored["phase"], stored["sources"]) == (1, {"a": 768, "b": 256})
 
 
+@pytest.mark.quick
 def test_a_weight_stage_takes_effect_at_its_global_step_whichever_phase_holds_it(tmp_path):
     from tests.test_mixture import _drawn, _shards
     from tpu_ray.train.mixture import Mixture, MixtureTracker
@@ -304,6 +307,7 @@ def test_a_decay_branched_inside_the_second_phase_ends_where_the_direct_run_ends
      "train.phases[1].steps: saved 6, now 1, which ends before step 8"),
     (None, 4, "train.phases[0].seq_len: saved 32, now 64"),
 ])
+@pytest.mark.quick
 def test_which_phases_a_branch_may_have(phases, step, needle):
     from tpu_ray.train.phases import trained_difference
 

@@ -161,18 +161,21 @@ def test_every_subcommand_has_help():
     (["shard", "--config", "/nonexistent.yaml"], "/nonexistent.yaml: config file not found"),
     (["train", "--config", QUICKSTART, "train.batch_size=-1"], "train.batch_size=-1"),
 ])
+@pytest.mark.quick
 def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
     assert main(argv) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
 
 
+@pytest.mark.quick
 def test_overrides_may_follow_options():
     args, extra = build_parser().parse_known_args(["train", "a.b=1", "--resume", "c.d=2"])
     assert extra == ["c.d=2"]  # what main() folds back into the overrides
     assert main(["train", "--config", QUICKSTART, "train.steps=5", "--resume", "train.stepz=3"]) == EXIT_USAGE
 
 
+@pytest.mark.quick
 def test_log_lines_follow_stderr_when_it_is_replaced(monkeypatch):
     """A handler bound to the first stderr would write into a closed stream once a notebook, job
     runner or test harness swaps stderr; ours always writes to the current one."""

@@ -76,6 +76,7 @@ def counting():
     CountingFileSystem.calls.clear()
 
 
+@pytest.mark.quick
 def test_planning_costs_o_files_requests_and_is_done_once(counting, tmp_path, small_corpus):
     text = small_corpus.read_bytes()[:300_000]
     text = text[: text.rfind(b"\n") + 1]
@@ -114,6 +115,7 @@ def test_planning_costs_o_files_requests_and_is_done_once(counting, tmp_path, sm
     assert counting["bytes"] <= 1.1 * total, counting
 
 
+@pytest.mark.quick
 def test_small_files_are_packed_into_units_planned_from_the_listing_alone(counting, tmp_path, small_corpus):
     """Issue 21 item 2: 300 files of ~3 KB become units of about shard.unit_bytes (not 300 units,
     shards and manifest entries); planning reads nothing but the listing; sharding opens each file
@@ -135,6 +137,7 @@ def test_small_files_are_packed_into_units_planned_from_the_listing_alone(counti
     assert all(c.validation for c in chunks)  # each packed unit keeps its validation tail
 
 
+@pytest.mark.quick
 def test_a_bad_record_in_a_packed_file_is_named_by_its_own_file(tmp_path):
     corpus_dir = tmp_path / "docs"
     corpus_dir.mkdir()
@@ -149,6 +152,7 @@ def test_a_bad_record_in_a_packed_file_is_named_by_its_own_file(tmp_path):
         list(iter_chunks(units[0]))
 
 
+@pytest.mark.quick
 def test_a_pack_holds_one_format_and_compression(tmp_path):
     """Each file is read by its own format: a .txt beside a .jsonl is not parsed as JSON (nor the
     .jsonl trained as JSON text), a .gz beside a plain file is not read as plain."""
@@ -175,6 +179,7 @@ def _jsonl_files(d: Path, lines: list[str], n: int, suffix: str = ".jsonl.gz") -
                                                   else zstandard.ZstdCompressor().compress(body))
 
 
+@pytest.mark.quick
 def test_small_compressed_files_are_packed_from_the_listing_and_read_once(counting, tmp_path, small_corpus):
     """C4's shape: 200 small .jsonl.gz files become a few streamed units of about unit_bytes of
     text, planned from the listing and each file's 4-byte gzip size trailer (one batch of tiny
@@ -202,6 +207,7 @@ def test_small_compressed_files_are_packed_from_the_listing_and_read_once(counti
 
 
 @pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+@pytest.mark.quick
 def test_errors_in_a_packed_compressed_file_name_that_file_and_its_record(suffix, tmp_path, small_corpus):
     """A cut stream, a bad JSON line, a field that is not text, a typo'd text field: each one line
     naming the member file (not the first of the pack) and its own line number."""
@@ -256,6 +262,7 @@ def _parquet_with_html(corpus: Path, path: Path) -> tuple[list[str], int]:
     return lines, sum(md.row_group(i).column(0).total_compressed_size for i in range(md.num_row_groups))
 
 
+@pytest.mark.quick
 def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp_path, small_corpus):
     """Issue 21 item 1: planning reads footers only; the units together read the text column once
     (not the other columns, not the whole file per unit); the compressed text column is counted."""
@@ -279,6 +286,7 @@ def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp
 
 
 @pytest.mark.parametrize("n_shards", [40, 400])
+@pytest.mark.quick
 def test_training_start_verifies_shards_from_one_listing(counting, tmp_path, monkeypatch, n_shards):
     """Issue 21 items 2 and 3: training start (and every recovery attempt) loads the ShardSet and
     verifies it with one manifest read and one listing of the shard directory, whatever the number
@@ -339,6 +347,7 @@ def http_calls(gcs_emulator, monkeypatch):
     return calls
 
 
+@pytest.mark.quick
 def test_a_gs_corpus_costs_o_files_requests_and_is_read_once(gcs_emulator, http_calls, tmp_path, small_corpus):
     """Issue 21 item 2 on a real object store (the emulator, HTTP requests counted): planning is one
     listing and a batch of small ranged reads per file; each unit is one GET of exactly its bytes
@@ -367,6 +376,7 @@ def test_a_gs_corpus_costs_o_files_requests_and_is_read_once(gcs_emulator, http_
     assert http_calls["GET"] == len(units) and http_calls["bytes"] == total, dict(http_calls)
 
 
+@pytest.mark.quick
 def test_a_gs_parquet_unit_gets_only_its_text_column(gcs_emulator, http_calls, tmp_path, small_corpus):
     """On the object store too: a parquet unit's GETs fetch its row groups' text column chunks
     (and the footer), not the other columns, not readahead."""
@@ -410,6 +420,7 @@ def test_a_gs_pack_of_small_compressed_files_is_one_get_per_file(gcs_emulator, h
 
 
 @pytest.mark.parametrize("suffix", [".txt.gz", ".txt.zst"])
+@pytest.mark.quick
 def test_small_files_that_hold_much_text_are_not_packed_together(tmp_path, suffix):
     """Files small as stored but holding many units of text each (repetitive text compresses 1,000x)
     are judged by the text size their own headers record (gzip ISIZE, zstd Frame_Content_Size):
@@ -432,6 +443,7 @@ def test_small_files_that_hold_much_text_are_not_packed_together(tmp_path, suffi
     assert _zstd_content_size((streamed.compress(body) + streamed.flush())[:18]) is None
 
 
+@pytest.mark.quick
 def test_a_gs_mixture_of_three_sources_costs_o_files_requests_and_is_read_once(gcs_emulator, http_calls, tmp_path,
                                                                               small_corpus):
     """Issue 30: planning three named sources (two weighted, one evaluation only) is each source's

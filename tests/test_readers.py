@@ -19,6 +19,8 @@ from tpu_ray.prepare.readers import detect
 from tpu_ray.prepare.readers.base import CorpusFile, PlanContext, Reader, WorkUnit
 from tpu_ray.prepare.streams import Chunk, Counts, lines_of
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 
 def test_every_format_is_a_registered_reader_that_describes_itself():
     found = readers.formats()

@@ -67,6 +67,7 @@ def test_records_without_the_field_are_skipped_and_counted_wherever_they_stand(w
     assert next(iter_train_text(units, 1 << 30))  # the tokenizer's sample reads it too
 
 
+@pytest.mark.quick
 def test_a_packed_file_whose_records_all_lack_the_field_is_skipped_not_refused(tmp_path, lines):
     d = tmp_path / "c4"
     d.mkdir()
@@ -98,6 +99,7 @@ def test_a_corpus_where_no_record_has_the_field_is_refused_once_naming_the_field
         iter_train_text(units, 1 << 30)
 
 
+@pytest.mark.quick
 def test_the_preflight_warns_of_a_typod_field_without_failing_a_valid_corpus(tmp_path, lines, caplog):
     """The typo'd-field help stays, as a warning before any stage: the corpus may still have the
     field further on (here it does), so nothing is refused."""
@@ -150,6 +152,7 @@ def test_a_cut_record_fails_the_pass_by_default_and_is_skipped_and_listed_under_
         check_corpus(results, "text", 0.001, str(out))
 
 
+@pytest.mark.quick
 def test_bad_records_in_compressed_streams_and_packs_name_their_file_and_line(tmp_path, lines):
     d = tmp_path / "c4"
     d.mkdir()
@@ -168,6 +171,7 @@ def test_bad_records_in_compressed_streams_and_packs_name_their_file_and_line(tm
 
 
 # ---- 3. multi-member gzip: a trailer that cannot describe its file is not believed ---------------
+@pytest.mark.quick
 def test_a_multi_member_gzip_is_never_packed_by_its_last_members_size(tmp_path, lines):
     """The issue's case: a small file holding much text in one member plus a tiny last member
     (`cat a.gz b.gz`) was sized by the tiny member's ISIZE and packed with others into one unit
@@ -192,6 +196,7 @@ def test_a_multi_member_gzip_is_never_packed_by_its_last_members_size(tmp_path, 
     assert len(got) == 8 * 100 + 4 * 1000 + 1
 
 
+@pytest.mark.quick
 def test_a_gzip_trailer_is_believed_only_where_it_can_describe_the_file():
     import os
 
@@ -207,6 +212,7 @@ def test_a_gzip_trailer_is_believed_only_where_it_can_describe_the_file():
     assert _gzip_text_size((7).to_bytes(4, "little"), 5_000_000) == UNTRUSTED  # may have wrapped past 4 GiB
 
 
+@pytest.mark.quick
 def test_a_zstd_files_first_frame_size_is_believed_only_where_it_can_be_the_files_text():
     import zstandard
 
@@ -221,6 +227,7 @@ def test_a_zstd_files_first_frame_size_is_believed_only_where_it_can_be_the_file
 
 
 # ---- 4. encodings: a byte-order mark is never text; UTF-16/32 refused in one line ---------------
+@pytest.mark.quick
 def test_a_utf8_byte_order_mark_is_never_text_in_any_format(tmp_path, lines):
     import csv
 
@@ -253,6 +260,7 @@ def test_a_utf8_byte_order_mark_is_never_text_in_any_format(tmp_path, lines):
 @pytest.mark.parametrize("encoding,name", [("utf-16", "UTF-16 (little-endian)"), ("utf-32", "UTF-32 (little-endian)"),
                                            ("utf-16-be", "UTF-16 (big-endian)")])
 @pytest.mark.parametrize("suffix", [".txt", ".jsonl", ".txt.gz", ".csv"])
+@pytest.mark.quick
 def test_a_utf16_or_utf32_file_is_refused_in_one_line_naming_file_and_encoding(encoding, name, suffix, tmp_path,
                                                                               lines):
     from tpu_ray.config import RunConfig

@@ -75,6 +75,7 @@ def _check_png(path: str | Path) -> None:
 
 # ------------------------------------------------------------------------------------ load_metrics
 
+@pytest.mark.quick
 def test_load_metrics_all_kinds(run_dir):
     df = load_metrics(str(run_dir))
     assert len(df) == N_TRAIN + N_EVAL + 2  # partial last line skipped
@@ -86,6 +87,7 @@ def test_load_metrics_all_kinds(run_dir):
     assert df.iloc[0]["event"] == "stage_start" and df.iloc[-1]["event"] == "stage_end"
 
 
+@pytest.mark.quick
 def test_load_metrics_train_filter(run_dir):
     df = load_metrics(str(run_dir), kind="train")
     assert len(df) == N_TRAIN
@@ -97,6 +99,7 @@ def test_load_metrics_train_filter(run_dir):
             "train_traces", "input_wait_s", "elapsed_s"} <= set(df.columns)
 
 
+@pytest.mark.quick
 def test_load_metrics_eval_filter(run_dir):
     df = load_metrics(str(run_dir), kind="eval")
     assert df["step"].tolist() == [100, 300, 500]
@@ -105,6 +108,7 @@ def test_load_metrics_eval_filter(run_dir):
     assert "loss" not in df.columns
 
 
+@pytest.mark.quick
 def test_load_metrics_sorted_by_time_even_if_file_is_not(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
@@ -113,6 +117,7 @@ def test_load_metrics_sorted_by_time_even_if_file_is_not(tmp_path):
     assert load_metrics(str(run))["step"].tolist() == [10, 20, 30, 40, 50]
 
 
+@pytest.mark.quick
 def test_load_metrics_partial_line_is_only_skipped_at_the_end(tmp_path, caplog):
     run = tmp_path / "r"
     run.mkdir()
@@ -122,6 +127,7 @@ def test_load_metrics_partial_line_is_only_skipped_at_the_end(tmp_path, caplog):
     assert "not JSON" in caplog.text  # a bad line in the middle is worth a warning
 
 
+@pytest.mark.quick
 def test_load_metrics_empty_run_dir(tmp_path):
     df = load_metrics(str(tmp_path))
     assert df.empty
@@ -131,6 +137,7 @@ def test_load_metrics_empty_run_dir(tmp_path):
     assert df.empty and {"kind", "step", "time", "loss"} <= set(df.columns)
 
 
+@pytest.mark.quick
 def test_load_metrics_missing_run_dir(tmp_path):
     """A job just submitted has no run directory yet: an empty frame with the documented columns
     and types (step an integer, time a datetime), not an error; missing_ok=False (the CLI) refuses."""
@@ -149,6 +156,7 @@ def test_load_metrics_missing_run_dir(tmp_path):
     assert str(missing) in msg and "\n" not in msg
 
 
+@pytest.mark.quick
 def test_load_metrics_types_and_stable_columns(run_dir):
     """The same columns whether or not a kind has records yet; step an integer, time a datetime."""
     df = load_metrics(str(run_dir), kind="train")
@@ -159,6 +167,7 @@ def test_load_metrics_types_and_stable_columns(run_dir):
     assert list(load_metrics(str(run_dir)).columns[:len(documented)]) == documented
 
 
+@pytest.mark.quick
 def test_load_metrics_keeps_the_latest_record_of_a_repeated_step(tmp_path):
     """After --resume the steps since the last checkpoint are logged again: one row per step, the
     resumed run's."""
@@ -226,6 +235,7 @@ def test_write_report_remote_destination(run_dir):
     fs.rm("/reports", recursive=True)
 
 
+@pytest.mark.quick
 def test_remote_run_dir(run_dir):
     """Reading goes through fsspec, so a URL run directory works like a local one."""
     fs = fsspec.filesystem("memory")
@@ -240,6 +250,7 @@ def test_remote_run_dir(run_dir):
         fs.rm("/runs", recursive=True)
 
 
+@pytest.mark.quick
 def test_text_summary(run_dir):
     """80 columns, each number once, a user's strategy name, no row cut short."""
     text = text_summary(str(run_dir))
@@ -254,6 +265,7 @@ def test_text_summary(run_dir):
     assert "\x1b[" not in text  # plain text, no ANSI codes
 
 
+@pytest.mark.quick
 def test_text_summary_names_the_cpu_strategy_and_gives_no_mfu_on_cpu(tmp_path):
     run = make_run(tmp_path / "run", mfu=False)
     (run / "summary.json").write_text(json.dumps({"strategy": "_DefaultDistributionStrategy", "kind": "cpu",
@@ -263,6 +275,7 @@ def test_text_summary_names_the_cpu_strategy_and_gives_no_mfu_on_cpu(tmp_path):
     assert "n/a on CPU" in text
 
 
+@pytest.mark.quick
 def test_text_summary_stays_one_screen_with_long_summary_values(tmp_path):
     """summary.json lists every shard file read: the text summary shows counts, not the list."""
     run = make_run(tmp_path / "run")
@@ -287,6 +300,7 @@ def test_cli_report(run_dir, capsys):
         assert f'src="{name}"' in page
 
 
+@pytest.mark.quick
 def test_cli_report_missing_run_dir(tmp_path, capsys):
     from tpu_ray.cli import main
 
@@ -295,6 +309,7 @@ def test_cli_report_missing_run_dir(tmp_path, capsys):
     assert err == f"tpu-ray: error: run directory not found: {tmp_path / 'nope'}"
 
 
+@pytest.mark.quick
 def test_metrics_writers_taking_turns_on_a_gs_run_keep_every_record(gcs_emulator):
     """The pipeline's writer, then the trainer's, then the pipeline's again, on one gs:// run: an
     upload adds to what is there, so no writer's records are lost to another's."""
@@ -315,6 +330,7 @@ def test_metrics_writers_taking_turns_on_a_gs_run_keep_every_record(gcs_emulator
     assert df["event"].tolist()[-1] == "stage_end" and df["step"].tolist()[1:3] == [5, 10]
 
 
+@pytest.mark.quick
 def test_concurrent_metrics_writers_on_gs_lose_no_record(gcs_emulator):
     """Four writers uploading at the same time (threads, each with its own uploads) on one gs:// run:
     a read-modify-write of one object would drop records of overlapping uploads; every record is kept.

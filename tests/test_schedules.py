@@ -32,6 +32,7 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.quick
 def test_each_schedule_takes_its_values_at_chosen_steps_in_python_and_in_tensorflow(name):
     from tpu_ray.train import curves
     from tpu_ray.train.schedule import learning_rate
@@ -44,6 +45,7 @@ def test_each_schedule_takes_its_values_at_chosen_steps_in_python_and_in_tensorf
         assert float(lr(step)) == pytest.approx(value * 1e-3, rel=1e-5, abs=1e-10), (name, step)
 
 
+@pytest.mark.quick
 def test_linear_is_todays_transformers_curve_value_for_value():
     from transformers import create_optimizer
 
@@ -55,6 +57,7 @@ def test_linear_is_todays_transformers_curve_value_for_value():
         assert float(ours(step)) == pytest.approx(float(reference(step)), rel=1e-6, abs=1e-12), step
 
 
+@pytest.mark.quick
 def test_the_rate_is_traced_once_for_every_step():
     """A pure function of the step tensor: one trace serves every step (the XLA rules)."""
     import tensorflow as tf
@@ -67,6 +70,7 @@ def test_the_rate_is_traced_once_for_every_step():
     assert f.experimental_get_tracing_count() == 1 and values[1] == pytest.approx(1e-3)
 
 
+@pytest.mark.quick
 def test_a_warm_up_as_long_as_the_run_is_warned_at_start_and_by_doctor(tmp_path, small_corpus, caplog):
     from tpu_ray.doctor.checks import WARN, run_doctor
     from tpu_ray.train import curves
@@ -91,12 +95,14 @@ def test_a_warm_up_as_long_as_the_run_is_warned_at_start_and_by_doctor(tmp_path,
     ({"train.mask_prob_end": 0.1}, "train.mask_prob_end=0.1 does nothing with train.mask_schedule=constant"),
     ({"train.branch_from": "runs/a", "model.init_from": "runs/b"}, "train.branch_from=runs/a and model.init_from"),
 ])
+@pytest.mark.quick
 def test_contradicting_schedule_options_are_one_line(over, needle):
     with pytest.raises(UserError) as err:
         RunConfig().override({"train.steps": 30, **over})
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.quick
 def test_a_decay_longer_than_the_run_exits_2_on_the_cli(tmp_path, capsys):
     from tpu_ray.cli import main
 
@@ -106,6 +112,7 @@ def test_a_decay_longer_than_the_run_exits_2_on_the_cli(tmp_path, capsys):
     assert "train.decay_steps=20 is longer than the run" in capsys.readouterr().err
 
 
+@pytest.mark.quick
 def test_schedule_fields_are_pinned_on_resume_unless_extending(tmp_path, small_corpus):
     from tpu_ray.rundir import CHECKPOINTS_DIR
     from tpu_ray.saved_config import check_config, save_config
@@ -218,6 +225,7 @@ def test_branching_from_another_model_or_other_data_is_one_line_exit_2(over, nee
 
 
 # ----------------------------------------------------------------------------- masking schedule
+@pytest.mark.quick
 def test_a_linear_masking_rate_falls_with_the_step_in_one_trace():
     """train.mask_schedule=linear: 30% at step 0 to 15% at train.steps, read from the batch index in the
     masking seed; exact counts show the rate; one traced function serves every step (no recompile)."""

@@ -17,6 +17,7 @@ from tpu_ray.errors import UserError
 
 
 # --- 1. locks and run files never follow links; run directories must be ours ------------------
+@pytest.mark.quick
 def test_lock_link_to_a_victim_file_is_refused_and_the_file_kept(tmp_path):
     """Another user's `RUN/.lock -> ~/.bashrc` used to be truncated and overwritten by the lock."""
     from tpu_ray.runlock import RunLock
@@ -31,6 +32,7 @@ def test_lock_link_to_a_victim_file_is_refused_and_the_file_kept(tmp_path):
     assert victim.read_text() == "export PATH=$HOME/bin:$PATH\n"
 
 
+@pytest.mark.quick
 def test_lock_hard_link_or_fifo_is_refused(tmp_path):
     from tpu_ray.runlock import RunLock
 
@@ -48,6 +50,7 @@ def test_lock_hard_link_or_fifo_is_refused(tmp_path):
         RunLock(str(run), "tpu-ray run").acquire()
 
 
+@pytest.mark.quick
 def test_world_writable_run_dir_is_refused_in_one_line(tmp_path):
     from tpu_ray.runlock import RunLock
 
@@ -66,6 +69,7 @@ def test_world_writable_run_dir_is_refused_in_one_line(tmp_path):
         pass
 
 
+@pytest.mark.quick
 def test_run_dir_of_another_user_is_refused():
     """A directory owned by someone else (here: a system directory owned by a non-root user, if
     the machine has one; else a directory we own but claim is not ours cannot be made)."""
@@ -84,6 +88,7 @@ def test_run_dir_of_another_user_is_refused():
         check_private_dir(others[0], others[0])
 
 
+@pytest.mark.quick
 def test_metrics_link_is_refused_not_followed(tmp_path):
     from tpu_ray import storage
     from tpu_ray.train.metrics import MetricsWriter
@@ -99,6 +104,7 @@ def test_metrics_link_is_refused_not_followed(tmp_path):
     assert victim.read_text() == "mine\n"
 
 
+@pytest.mark.quick
 def test_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
     from tpu_ray.report import write_report
     from tpu_ray.train.metrics import MetricsWriter
@@ -118,6 +124,7 @@ def test_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
     assert not (run / "loss.png").is_symlink()
 
 
+@pytest.mark.quick
 def test_docs_and_help_suggest_no_shared_tmp_output_dir():
     """`--output-dir /tmp/quickstart` on a shared machine is a directory anyone can create first."""
     pattern = re.compile(r"/tmp/[A-Za-z0-9_.-]+")
@@ -147,6 +154,7 @@ def _lock_content(run: str) -> dict:
     return json.loads(storage.read_text(f"{run}/.lock"))
 
 
+@pytest.mark.quick
 def test_gcs_lock_owner_is_a_token_and_a_dead_pid_on_this_host_is_not_taken_over(gcs_emulator):
     """Two containers sharing a host name see each other's pids as dead: the old takeover
     (same host, pid gone) handed a live lock to a second writer."""
@@ -197,6 +205,7 @@ def test_gcs_lock_of_a_killed_process_waits_for_its_lease(gcs_emulator):
         assert _lock_content(run)["command"] == "tpu-ray next"
 
 
+@pytest.mark.quick
 def test_gcs_conditional_writes_answer_412_as_one_clear_result(gcs_emulator):
     """The store's 412 (the object changed since it was read) is a False/None, not a StorageError
     from deep inside gcsfs; the lock turns it into its own one line."""
@@ -281,6 +290,7 @@ def test_another_runs_shards_are_never_cleaned_or_discarded(tmp_path, small_corp
 
 
 # --- 5. dependency floors that work ---------------------------------------------------------------
+@pytest.mark.quick
 def test_gcsfs_floor_is_checked_in_one_line_and_matches_pyproject():
     """gcsfs 2024.6-2024.10 have no pipe_file(mode=...): every gs:// lock failed with a TypeError."""
     import importlib.metadata as md
@@ -312,6 +322,7 @@ def _export_dir(path, weights: bytes, config: dict) -> None:
     (path / "config.json").write_text(json.dumps(config))
 
 
+@pytest.mark.quick
 def test_export_cut_mid_way_leaves_the_old_model_whole(tmp_path):
     """The old export was copied over file by file: a crash left tf_model.h5 of one model beside
     model.safetensors of another under an old config.json that said "complete"."""
@@ -335,6 +346,7 @@ def test_export_cut_mid_way_leaves_the_old_model_whole(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["model"]
 
 
+@pytest.mark.quick
 def test_export_on_gcs_is_marked_incomplete_while_it_is_replaced(gcs_emulator, tmp_path):
     from tpu_ray import storage
 
@@ -350,6 +362,7 @@ def test_export_on_gcs_is_marked_incomplete_while_it_is_replaced(gcs_emulator, t
     assert storage.read_bytes(f"{model}/tf_model.h5") == b"new"
 
 
+@pytest.mark.quick
 def test_replacing_an_export_of_another_config_or_checkpoint_needs_force(tmp_path, small_corpus, capsys):
     """A rerun with another config after deleting checkpoints/ replaced RUN/model silently."""
     from tests.helpers import tiny_config
@@ -394,6 +407,7 @@ def test_tokenizer_retrain_replaces_the_directory_whole(tmp_path, small_corpus):
 
 
 # --- 7. index paths inside the model directory; no password of a URL in a run's files ------------
+@pytest.mark.quick
 def test_safetensors_index_naming_a_file_outside_the_model_dir_is_refused(tmp_path):
     from safetensors.numpy import save_file
 
@@ -417,6 +431,7 @@ def test_safetensors_index_naming_a_file_outside_the_model_dir_is_refused(tmp_pa
         _load_safetensors(None, str(model / "model.safetensors"), str(index), Source("hf", str(model), str(model)))
 
 
+@pytest.mark.quick
 def test_redact_keeps_the_user_and_hides_the_password():
     from tpu_ray.redact import redact, redact_obj, unredact
 
@@ -428,6 +443,7 @@ def test_redact_keeps_the_user_and_hides_the_password():
     assert unredact("read http://u:***@h/x", ["http://u:p@h/x"]) == "read http://u:p@h/x"
 
 
+@pytest.mark.quick
 def test_model_card_never_shows_a_corpus_password(tmp_path):
     from tests.helpers import tiny_config
     from tpu_ray.train.export_safetensors import model_card

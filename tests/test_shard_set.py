@@ -104,12 +104,14 @@ def test_a_manifest_that_is_not_one_is_named(run, content, expected):
         ShardSet.open(run.shards_dir)
 
 
+@pytest.mark.quick
 def test_a_directory_in_the_manifests_place_is_named(tmp_path):
     (tmp_path / "manifest.json").mkdir()
     with pytest.raises(UserError, match="manifest.json: is a directory, not a manifest"):
         ShardSet.load(str(tmp_path))
 
 
+@pytest.mark.quick
 def test_no_manifest_means_counts_from_names(tmp_path):
     """The reference scripts' layout (no manifest): counts from `-<count>.tfrecord`, and nothing to verify."""
     from tpu_ray.prepare.tfrecord import serialize_examples, write_records
@@ -225,6 +227,7 @@ def test_the_report_shows_the_shard_set(run):
     assert f"<th>skipped records</th><td>{shards.skipped_records:,}</td>" in page
 
 
+@pytest.mark.quick
 def test_only_the_shard_set_reads_the_manifest_layout():
     """The manifest's JSON layout (its `splits` key) is read and written in prepare/shard_set.py alone;
     every other module goes through ShardSet (the issue's 'one owner')."""
@@ -280,6 +283,7 @@ def test_eval_checks_the_validation_shards_and_names_a_missing_one(run):
     shards.verify(splits=("train",))  # the train split is whole
 
 
+@pytest.mark.quick
 def test_shards_without_a_manifest_are_counted_against_their_names(tmp_path):
     """No manifest: the names' counts are all there is, so training checks them (a renamed file
     trained and resumed with wrong counts; a count of 0 divided by zero)."""

@@ -42,6 +42,7 @@ def reference_run(tmp_path_factory, mid_corpus, tiny_tokenizer_dir, ray_local):
     return cfg, summary, _digest_dir(Path(cfg.shards_dir))
 
 
+@pytest.mark.quick
 def test_chunking_loses_only_the_counted_remainder():
     lists = [[5, 6, 7], [], [8, 9], [10] * 20]
     rows, tokens, dropped = chunk_ids(lists, seq_len=8, cls_id=0, sep_id=2)
@@ -180,6 +181,7 @@ def test_tensorflow_reads_our_shards_like_the_reference_trainer(reference_run):
     assert n == sum(counts)
 
 
+@pytest.mark.quick
 def test_reference_format_shards_are_found_without_a_manifest(tmp_path):
     tf = pytest.importorskip("tensorflow")
     for i, count in enumerate((3, 5)):
@@ -295,6 +297,7 @@ def test_seq_len_out_of_range(tmp_path, small_corpus, tiny_tokenizer_dir, over, 
         _cfg(tmp_path, small_corpus, tiny_tokenizer_dir, **over)
 
 
+@pytest.mark.quick
 def test_units_do_not_depend_on_actor_count_and_split_lines_cleanly(mid_corpus, tmp_path):
     from tpu_ray.config import CorpusConfig, ShardConfig
     from tpu_ray.prepare.corpus import plan_units, read_unit_text
@@ -389,6 +392,7 @@ def test_a_local_shard_dir_on_two_nodes_is_refused_before_any_work(tmp_path, mid
     assert not Path(cfg.shards_dir).exists()
 
 
+@pytest.mark.quick
 def test_reference_format_shards_train_here(tmp_path):
     """Shards as the reference script writes them (TFRecordWriter, <split>/dataset-<i>-<count>, no
     manifest) are found by count and come out of our tf.data pipeline as correct masked batches."""
@@ -536,6 +540,7 @@ def test_old_one_folder_run_dirs_still_train_and_are_not_resharded_in_place(tmp_
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram", "wordpiece"])
+@pytest.mark.quick
 def test_no_corpus_text_becomes_a_special_id(kind, small_corpus):
     """Issue 23.7: special-token strings written in the corpus ("a <pad> b [SEP]") are text. With
     the old encoding they became ids 1 and 2 (padding to RoBERTa's position ids, never masked);
@@ -585,6 +590,7 @@ def test_progress_shows_units_in_progress_per_actor_and_counts_their_tokens(smal
     assert bar._rate() > 0  # in-flight tokens count in the rate
     bar.close()
 @pytest.mark.parametrize("model_type", ["roberta", "bert"])
+@pytest.mark.quick
 def test_no_corpus_text_becomes_a_family_special_id(model_type, small_corpus):
     """The same rule with a family's own tokens (issue 22 x 23.7): a RoBERTa tokenizer's `<s>` and
     `</s>` or a BERT one's `[CLS]` written in the corpus stay text; the family's unknown token stays

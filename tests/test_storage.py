@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # --------------------------------------------------------------------------------------------
 # Paths
 # --------------------------------------------------------------------------------------------
+@pytest.mark.quick
 def test_is_remote_goes_by_scheme_not_substring():
     assert storage.is_remote("gs://bucket/x")
     assert storage.is_remote("gcs://bucket/x")
@@ -30,6 +31,7 @@ def test_is_remote_goes_by_scheme_not_substring():
     assert not storage.is_remote("file:///tmp/x")
 
 
+@pytest.mark.quick
 def test_join_local_and_gs():
     assert storage.join("gs://b", "runs", "r1/", "/x.json") == "gs://b/runs/r1/x.json"
     assert storage.join("gs://b/", "x") == "gs://b/x"
@@ -40,6 +42,7 @@ def test_join_local_and_gs():
 # --------------------------------------------------------------------------------------------
 # Local
 # --------------------------------------------------------------------------------------------
+@pytest.mark.quick
 def test_local_atomic_write_round_trip_leaves_no_temp(tmp_path):
     path = str(tmp_path / "sub" / "manifest.json")
     storage.atomic_write_text(path, "one")
@@ -50,6 +53,7 @@ def test_local_atomic_write_round_trip_leaves_no_temp(tmp_path):
     assert os.listdir(tmp_path / "sub") == ["manifest.json"]
 
 
+@pytest.mark.quick
 def test_local_atomic_write_failure_keeps_old_file_and_cleans_up(tmp_path, monkeypatch):
     path = tmp_path / "manifest.json"
     storage.atomic_write_text(str(path), "old")
@@ -66,6 +70,7 @@ def test_local_atomic_write_failure_keeps_old_file_and_cleans_up(tmp_path, monke
     assert os.listdir(tmp_path) == ["manifest.json"]
 
 
+@pytest.mark.quick
 def test_local_writer_killed_mid_write_leaves_nothing_a_reader_trusts(tmp_path):
     """A process SIGKILLed after writing the data but before the rename: no file at the final
     path, and the leftover temp file does not match a glob for final names."""
@@ -85,6 +90,7 @@ def test_local_writer_killed_mid_write_leaves_nothing_a_reader_trusts(tmp_path):
     assert not storage.exists(str(final))
 
 
+@pytest.mark.quick
 def test_local_atomic_copy_file_same_and_cross_filesystem(tmp_path, monkeypatch):
     src = tmp_path / "src.bin"
     src.write_bytes(b"a" * 1000)
@@ -106,6 +112,7 @@ def test_local_atomic_copy_file_same_and_cross_filesystem(tmp_path, monkeypatch)
     assert sorted(os.listdir(tmp_path / "d")) == ["one.bin", "two.bin"]
 
 
+@pytest.mark.quick
 def test_local_glob_listdir_exists_remove(tmp_path):
     for name in ["b.txt", "a.txt", "c.json"]:
         storage.atomic_write_text(str(tmp_path / name), name)
@@ -126,6 +133,7 @@ def test_local_glob_listdir_exists_remove(tmp_path):
 # gs:// on the emulator
 # --------------------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
+@pytest.mark.quick
 def test_gcsfs_is_the_plain_json_api_client(gcs_emulator):
     fs, stripped = storage.filesystem("gs://bucket/a/b")
     assert stripped == "bucket/a/b"
@@ -137,6 +145,7 @@ def test_gcsfs_is_the_plain_json_api_client(gcs_emulator):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.quick
 def test_gs_round_trip(gcs_emulator, tmp_path):
     root = gcs_emulator.make_bucket()
     storage.makedirs(storage.join(root, "run"))  # no-op on an object store (bucket exists)
@@ -166,6 +175,7 @@ def test_gs_round_trip(gcs_emulator, tmp_path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.quick
 def test_gs_glob_is_sorted_and_keeps_the_scheme(gcs_emulator):
     root = gcs_emulator.make_bucket()
     names = ["train-00002-9.tfrecord", "train-00000-9.tfrecord", "valid-00000-3.tfrecord",
@@ -193,6 +203,7 @@ def test_gs_listings_see_objects_written_by_another_process(gcs_emulator):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("op", ["read_bytes", "atomic_write_bytes", "glob", "exists", "makedirs", "listdir"])
+@pytest.mark.quick
 def test_missing_bucket_is_a_one_line_user_error(gcs_emulator, op):
     path = "gs://no-such-bucket-tpu-ray/run/x.json"
     call = {
@@ -236,6 +247,7 @@ def test_unreachable_emulator_fails_fast_with_a_hint(gcs_emulator, monkeypatch):
     (OSError("Forbidden: https://storage.googleapis.com/storage/v1/b/bucket/o/x\nCaller does not have "
              "storage.objects.get access"), "access denied"),
 ])
+@pytest.mark.quick
 def test_access_denied_is_decided_by_status_code_not_digits_in_the_message(error, expected):
     from gcsfs.retry import HttpError
 
@@ -249,6 +261,7 @@ def test_access_denied_is_decided_by_status_code_not_digits_in_the_message(error
 
 
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+@pytest.mark.quick
 def test_atomic_writes_respect_the_umask(tmp_path, umask, mode):
     """Issue 15: shards, manifest.json and config.yaml were 0600 (mkstemp's mode) while the rest of a
     run is 0644, so another user sharing the run directory could not read them."""

@@ -82,12 +82,14 @@ TYPED: dict[str, Callable[[Path, list], tuple[str, dict]]] = {
 }
 
 
+@pytest.mark.quick
 def test_every_reader_has_a_row():
     """The catalogue: typed readers below; txt, csv and tsv hold only strings (their own tests)."""
     assert set(READERS) == set(TYPED) | {"txt", "csv", "tsv"}
 
 
 @pytest.mark.parametrize("fmt", sorted(TYPED))
+@pytest.mark.quick
 def test_strings_are_text_and_nulls_are_skipped_and_counted(fmt, tmp_path):
     source, extra = TYPED[fmt](tmp_path, GOOD)
     assert _read(source, tmp_path, **extra) == (["first text", "second text"], 1)
@@ -96,6 +98,7 @@ def test_strings_are_text_and_nulls_are_skipped_and_counted(fmt, tmp_path):
 @pytest.mark.parametrize("fmt", sorted(TYPED))
 @pytest.mark.parametrize("value,typename", [({"en": "Hello", "de": "Hallo"}, r"object \(dict\)|struct"),
                                             (7, "number|int64"), (True, "boolean|bool")])
+@pytest.mark.quick
 def test_other_types_are_one_line_naming_file_record_and_type(fmt, value, typename, tmp_path):
     source, extra = TYPED[fmt](tmp_path, [value, value])
     with pytest.raises(UserError) as info:
@@ -111,6 +114,7 @@ def test_other_types_are_one_line_naming_file_record_and_type(fmt, value, typena
 
 
 @pytest.mark.parametrize("fmt", sorted(TYPED))
+@pytest.mark.quick
 def test_a_list_of_strings_is_refused_or_joined_by_option(fmt, tmp_path):
     source, extra = TYPED[fmt](tmp_path, [["para one", "para two"], ["para three"]])
     with pytest.raises(UserError, match=r"lists? of strings.*set corpus.text_lists=join"):
@@ -118,6 +122,7 @@ def test_a_list_of_strings_is_refused_or_joined_by_option(fmt, tmp_path):
     assert _read(source, tmp_path, text_lists="join", **extra) == (["para one", "para two", "para three"], 0)
 
 
+@pytest.mark.quick
 def test_a_missing_field_is_skipped_and_counted_and_compressed_jsonl_obeys_the_same_rule(tmp_path):
     assert _read(_jsonl(tmp_path, ["a", _MISSING, None, "b"]), tmp_path) == (["a", "b"], 2)
     # Alone in a unit's validation tail, a record without the field is still skipped, not an error.
@@ -131,11 +136,13 @@ def test_a_missing_field_is_skipped_and_counted_and_compressed_jsonl_obeys_the_s
 
 
 @pytest.mark.parametrize("fmt,sep", [("csv", ","), ("tsv", "\t")])
+@pytest.mark.quick
 def test_csv_cells_are_strings_and_short_rows_are_skipped_and_counted(fmt, sep, tmp_path):
     source = _csv(tmp_path, [["id", "text"], ["1", "first text"], ["2"], ["3", "{'en': 'x'}"]], sep, f"r.{fmt}")
     assert _read(source, tmp_path) == (["first text", "{'en': 'x'}"], 1)
 
 
+@pytest.mark.quick
 def test_plain_text_lines_are_text_whatever_they_spell(tmp_path):
     (tmp_path / "r.txt").write_text('{"text": 1}\nnull\nTrue\n')
     assert _read(str(tmp_path / "r.txt"), tmp_path) == (['{"text": 1}', "null", "True"], 0)

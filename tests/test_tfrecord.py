@@ -7,6 +7,8 @@ import pytest
 
 from tpu_ray.prepare.tfrecord import _varints, examples_file, read_records, serialize_examples, write_records
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 
 def _decode_varints(buf: bytes) -> list[int]:
     out, cur, shift = [], 0, 0

@@ -30,6 +30,7 @@ def test_each_kind_saves_a_directory_transformers_loads(tmp_path, lines, kind):
     assert tok.model_max_length == 128
 
 
+@pytest.mark.quick
 def test_the_hash_names_the_content(tmp_path, lines):
     # BPE training is reproducible; `tokenizers`' Unigram and WordPiece trainers are not (hash-map
     # order), which is why a run trains its tokenizer once and records this hash in the manifest.
@@ -42,6 +43,7 @@ def test_the_hash_names_the_content(tmp_path, lines):
     assert not list(tmp_path.glob("a/.tmp-*"))  # committed atomically: no temp files left
 
 
+@pytest.mark.quick
 def test_builtin_corpus_is_real_python_documentation_and_deterministic(tmp_path):
     from tpu_ray.prepare.readers.builtin import builtin_python_docs, materialize_builtin
 
@@ -54,6 +56,7 @@ def test_builtin_corpus_is_real_python_documentation_and_deterministic(tmp_path)
     assert open(path, encoding="utf-8").read() == text
 
 
+@pytest.mark.quick
 def test_a_vocabulary_far_below_the_one_asked_warns_with_the_reason(caplog):
     """Issue 15, class 5: 800 asked, a few dozen learnt from one short line: a warning says why."""
     import logging
@@ -64,6 +67,7 @@ def test_a_vocabulary_far_below_the_one_asked_warns_with_the_reason(caplog):
     assert "far below tokenizer.vocab_size=800" in caplog.text and "(1 lines, 24 characters)" in caplog.text
 
 
+@pytest.mark.quick
 def test_whitespace_only_corpus_is_refused_before_training(tmp_path):
     from tpu_ray.config import CorpusConfig, ShardConfig
     from tpu_ray.errors import UserError
@@ -144,6 +148,7 @@ MPNET_ROLES = {"bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "sep
                "mask_token": {"content": "<mask>", "lstrip": True, "special": True}}
 
 
+@pytest.mark.quick
 def test_roles_come_from_the_checkpoints_tokenizer_files(tmp_path):
     """Not the first convention the vocabulary happens to hold ([MASK] of the mixed set): the
     mask the exported tokenizer uses, <mask>, is the one training masks with."""
@@ -156,6 +161,7 @@ def test_roles_come_from_the_checkpoints_tokenizer_files(tmp_path):
     assert info.mask_id == 14 and info.tokens.mask == "<mask>"
 
 
+@pytest.mark.quick
 def test_a_guess_that_finds_two_conventions_is_refused_in_one_line(tmp_path):
     from tpu_ray.errors import UserError
 
@@ -168,6 +174,7 @@ def test_a_guess_that_finds_two_conventions_is_refused_in_one_line(tmp_path):
     assert "tokenizer_config.json" in msg
 
 
+@pytest.mark.quick
 def test_a_role_file_naming_a_token_outside_the_vocabulary_or_lacking_a_role(tmp_path):
     from tpu_ray.errors import UserError
 

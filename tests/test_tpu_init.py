@@ -85,6 +85,7 @@ def test_chips_present_but_libtpu_missing(real):
                 "TPUClusterResolver constructor. Exception: <HttpError 404 \"Resource not found\">"),
      "this slice name does not resolve"),
 ])
+@pytest.mark.quick
 def test_tpu_errors_are_told_apart(exc, expected):
     import tensorflow as tf
 
@@ -113,6 +114,7 @@ class _Metadata(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.quick
 def test_accelerator_type_is_found_as_ray_finds_it(monkeypatch, caplog):
     from tpu_ray.accelerators import peak_flops_for, tpu_accelerator_type, tpu_generation
 
@@ -132,6 +134,7 @@ def test_accelerator_type_is_found_as_ray_finds_it(monkeypatch, caplog):
     assert "TPU accelerator type unknown" in caplog.text and "MFU will not be reported" in caplog.text
 
 
+@pytest.mark.quick
 def test_the_strategy_names_the_tpu_generation_from_the_accelerator_type(monkeypatch):
     from tpu_ray.train.model import peak_flops
     from tpu_ray.train.strategy import _tpu_generation

@@ -11,6 +11,7 @@ import pytest
 from tests.test_train import _cfg, _records, checkpoint_weights, max_abs_difference, shards_dir  # noqa: F401
 
 
+@pytest.mark.quick
 def test_hooks_grid_never_crosses_a_boundary():
     from tpu_ray.train.hooks import Hook, executions
 

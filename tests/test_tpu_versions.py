@@ -12,6 +12,8 @@ import yaml
 
 from tpu_ray.accelerators import TPU_TENSORFLOW, TPU_TF_KERAS, tpu_hosts, tpu_runtime_version
 
+pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
+
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = re.compile(r"tpu-vm-tf-(\d+\.\d+\.\d+)(-pod)?(-pjrt)?")
 FILES = ["cluster.yaml", "docs/cluster.md", "README.md", *sorted(

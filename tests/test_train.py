@@ -632,6 +632,7 @@ def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_
     ({"dev/vfio/96": "", "iommu/96/devices/0000:03:00.0/vendor": "0x15b3\n"}, 0),  # someone else's vfio device
     ({"dev/null": ""}, 0),
 ])
+@pytest.mark.quick
 def test_tpu_chips_are_found_as_ray_finds_them(tmp_path, layout, chips):
     from tpu_ray.train.strategy import local_tpu_chips
 

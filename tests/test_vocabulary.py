@@ -226,6 +226,7 @@ def test_a_bad_tokens_file_is_one_line(source, tmp_path, small_corpus, content, 
     (["tokenizer.extend_tokens=100"], "extends a checkpoint's vocabulary: set model.init_from"),
     (["tokenizer.add_tokens_file=words.txt"], "extends a checkpoint's vocabulary: set model.init_from"),
 ])
+@pytest.mark.quick
 def test_bad_extension_options_exit_2_in_one_line(tmp_path, small_corpus, args, why):
     proc = subprocess.run([sys.executable, "-m", "tpu_ray.cli", "tokenizer", "--output-dir", str(tmp_path / "r"),
                            "--corpus", str(small_corpus), *args], capture_output=True, text=True, timeout=300)
@@ -245,6 +246,7 @@ def test_a_duplicate_in_the_tokens_file_exits_2_on_the_cli(source, tmp_path, sma
     assert len(lines) == 1 and "line 3: 'enzyme' duplicates line 1" in lines[0], proc.stderr
 
 
+@pytest.mark.quick
 def test_a_tokens_file_with_a_bom_and_crlf_gives_the_words_as_written(lines, tmp_path):
     """Notepad's UTF-8 (a BOM, CRLF): the first word is `hemoglobin`, not a BOM-prefixed token no text holds."""
     from tpu_ray.prepare.vocabulary import Speller, file_tokens

@@ -28,6 +28,7 @@ def _tokenizer(lines, kind: str, model_type: str):
 
 
 @pytest.mark.parametrize("kind, model_type", [("bpe", "roberta"), ("unigram", "albert"), ("wordpiece", "bert")])
+@pytest.mark.quick
 def test_continuations_are_read_from_the_vocabulary(lines, kind, model_type):
     fam, tok = _tokenizer(lines, kind, model_type)
     table = continuation_table(tok.to_str())
@@ -58,6 +59,7 @@ def _spec(tok, fam, prob, words, mask_fraction=0.8, random_fraction=0.1):
 
 
 @pytest.mark.parametrize("kind, model_type", [("bpe", "roberta"), ("wordpiece", "bert")])
+@pytest.mark.quick
 def test_a_word_is_masked_whole_or_not_at_all(lines, kind, model_type):
     fam, tok = _tokenizer(lines, kind, model_type)
     table = continuation_table(tok.to_str())
@@ -77,6 +79,7 @@ def test_a_word_is_masked_whole_or_not_at_all(lines, kind, model_type):
 
 
 @pytest.mark.parametrize("prob", [0.15, 0.3, 0.4])
+@pytest.mark.quick
 def test_masking_rates_up_to_40_percent_with_a_configurable_split(lines, prob):
     fam, tok = _tokenizer(lines, "bpe", "roberta")
     ids = _batch(lines, tok, fam, rows=256)
@@ -93,6 +96,7 @@ def test_masking_rates_up_to_40_percent_with_a_configurable_split(lines, prob):
     assert abs(as_mask - 0.5) < 0.03 and abs(unchanged - 0.3) < 0.03  # 50% mask, 20% random, 30% kept
 
 
+@pytest.mark.quick
 def test_whole_word_training_input_keeps_static_shapes(tmp_path, lines):
     """The trainer's tf.data pipeline with whole words: every shape fully defined (one XLA program)."""
     from tpu_ray.prepare.tfrecord import serialize_examples, write_records

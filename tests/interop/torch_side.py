@@ -1,6 +1,6 @@
 """The PyTorch half of tests/test_interop_torch.py, run by an interop venv's python (no TensorFlow).
 
-Usage: python torch_side.py MODEL_DIR REFERENCE.npz TEXT
+Usage: python torch_side.py MODEL_DIR REFERENCE.npz TEXT, or python torch_side.py --serve
 Loads MODEL_DIR with AutoModelForMaskedLM and pipeline("fill-mask") exactly as a user would, runs
 the reference batch, and prints one JSON object: versions, loading info, the largest absolute
 logit difference to the TensorFlow reference, and the pipeline's predictions for TEXT.
@@ -40,5 +40,26 @@ def main(model_dir: str, reference: str, text: str) -> dict:
     }
 
 
+def serve() -> None:
+    """One request per stdin line, `{"fn": "logits" | "save_fresh", "args": [...]}`, one JSON answer
+    per stdout line (`{"ok": ...}` or `{"error": traceback}`): the model-type matrix asks ~80 times
+    in a run, and a process per question would import torch and transformers each time."""
+    import traceback
+
+    import save_fresh
+
+    functions = {"logits": main, "save_fresh": save_fresh.main}
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            answer = {"ok": functions[request["fn"]](*request["args"])}
+        except Exception:  # the asking test fails with it
+            answer = {"error": traceback.format_exc()}
+        print(json.dumps(answer), flush=True)
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:4])))
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        print(json.dumps(main(*sys.argv[1:4])))
