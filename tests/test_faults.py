@@ -242,6 +242,7 @@ def _holder(run: Path) -> dict:
         return {}
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_two_runs_into_one_directory_second_is_refused_naming_the_holder(tmp_path, small_corpus):
     run = tmp_path / "run"
     args = ["run", "--corpus", str(small_corpus), "--output-dir", str(run), "tokenizer.vocab_size=200",

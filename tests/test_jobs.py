@@ -185,6 +185,7 @@ def test_head_is_private(ray_head):
     assert ray_utils.read_ray_address() != ray_head.gcs_address  # /tmp/ray/ray_current_cluster
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_ray_job_submit_pretrain_succeeds_with_a_complete_run_dir(ray_head, job_corpus, tmp_path):
     run_dir = tmp_path / "run"
     proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", str(QUICKSTART_REL),
@@ -218,6 +219,7 @@ def test_failing_job_ends_failed_with_the_reason_last(ray_head, tmp_path, case):
     assert last.startswith("tpu-ray: error: ") and reason in last, last
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_python_api_submit_wait_and_metrics(ray_head, job_corpus, tmp_path):
     cfg = RunConfig.from_yaml(QUICKSTART).override(
         # 100 steps: seconds of RUNNING after the first rows, so the mid-run read below is not a race.
@@ -262,6 +264,7 @@ def test_python_api_submit_wait_and_metrics(ray_head, job_corpus, tmp_path):
     assert again.run_dir == job.run_dir and again.status() == "SUCCEEDED"
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, capsys, monkeypatch):
     from tpu_ray.cli import main
 
@@ -311,6 +314,7 @@ def test_following_a_running_job_stops_at_the_timeout(ray_head, capsys):
         job.stop()
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_submitter_uses_the_local_token(tmp_path):
     """A head with token auth (what `ray start` does once ~/.ray/auth_token exists): tpu-ray's client
     sends the token it finds; with RAY_AUTH_MODE=disabled it gets a one-line error naming the fix."""

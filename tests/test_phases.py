@@ -270,6 +270,7 @@ STABLE = [{"steps": 6, "seq_len": 32}, {"steps": 6, "seq_len": 64, "batch_size":
 BRANCH = [{"steps": 6, "seq_len": 32}, {"steps": 4, "seq_len": 64, "batch_size": 8}]  # the last phase shorter
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_a_decay_branched_inside_the_second_phase_ends_where_the_direct_run_ends(phased, tmp_path):
     from tpu_ray.pipeline import Pipeline
 

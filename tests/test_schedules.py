@@ -148,6 +148,7 @@ def _run_cfg(run_dir, shards_dir, tok, **over):
                                              "model.dropout": 0.0, **over})
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_a_decay_branched_off_a_constant_run_ends_where_the_direct_wsd_run_ends(tmp_path, shards_dir,
                                                                               tiny_tokenizer_dir):
     from tests.test_train import _records

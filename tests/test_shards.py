@@ -53,6 +53,7 @@ def test_chunking_loses_only_the_counted_remainder():
     assert rows[:, 1:-1].ravel().tolist() == flat[:24]
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_shards_are_identical_with_one_actor_or_three(tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir):
     cfg_ref, summary, expected = reference_run
     assert summary.units >= 10 and summary.shards >= 10
@@ -79,6 +80,7 @@ def test_manifest_describes_every_shard(reference_run):
     assert not list(Path(cfg.shards_dir).rglob(".tmp-*"))
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
         tmp_path, monkeypatch, reference_run, mid_corpus, tiny_tokenizer_dir, caplog):
     _, _, expected = reference_run
@@ -221,6 +223,7 @@ def test_missing_corpus_file(tmp_path, tiny_tokenizer_dir, ray_local):
     assert _no_shards(cfg)
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_non_utf8_fails_with_file_and_offset_or_is_replaced(tmp_path, small_corpus, tiny_tokenizer_dir, ray_local):
     data = small_corpus.read_bytes()
     bad = tmp_path / "latin1.txt"
@@ -236,6 +239,7 @@ def test_non_utf8_fails_with_file_and_offset_or_is_replaced(tmp_path, small_corp
     assert make_shards(ok).samples > 0
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_bad_bytes_in_a_late_unit_fail_the_one_read_and_the_fixed_rerun_gives_the_clean_bytes(
         tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir, caplog):
     """Issue 21: the corpus is read once (no check pass before sharding). Bad bytes in unit 13 of 16
@@ -327,6 +331,7 @@ def _manifest_without_paths(text: str | bytes) -> dict:
     return {k: v for k, v in json.loads(text).items() if k not in _PATH_DEPENDENT}
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_gs_corpus_to_gs_shards_gives_the_local_bytes(gcs_emulator, tmp_path, reference_run, mid_corpus,
                                                       tiny_tokenizer_dir):
     from tpu_ray import storage
@@ -350,10 +355,11 @@ def test_gs_corpus_to_gs_shards_gives_the_local_bytes(gcs_emulator, tmp_path, re
     assert found and all(path.startswith(f"{bucket}/shards/train/train-") for path, _ in found)
 
 
-@pytest.fixture
+@pytest.fixture(scope="class")
 def ray_two_nodes(ray_local):
     """A real 2-node cluster (ray.cluster_utils.Cluster, 1 CPU each) in place of the session's
-    single node, which is restarted afterwards for the tests that follow."""
+    single node, built once for the tests of TestOnTwoNodes; the single node is restarted afterwards
+    for the tests that follow."""
     from ray.cluster_utils import Cluster
 
     ray = ray_local
@@ -370,26 +376,29 @@ def ray_two_nodes(ray_local):
         start_local_ray()
 
 
-def test_two_nodes_write_the_same_bytes_as_one(tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir,
-                                               ray_two_nodes):
-    import ray
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
+class TestOnTwoNodes:
+    """Sharding on one 2-node cluster, shared by both tests (a cluster costs seconds to start)."""
 
-    _, _, expected = reference_run
-    assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
-    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir, **{"ray.shared_filesystem": True})  # one machine
-    make_shards(cfg, actors=2)
-    assert _digest_dir(Path(cfg.shards_dir)) == expected
+    def test_two_nodes_write_the_same_bytes_as_one(self, tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir,
+                                                   ray_two_nodes):
+        import ray
 
-
-def test_a_local_shard_dir_on_two_nodes_is_refused_before_any_work(tmp_path, mid_corpus, tiny_tokenizer_dir,
-                                                                    ray_two_nodes):
-    """Each node's actors would write to their own disk: refused in one line naming the field."""
-    cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
-    with pytest.raises(UserError, match=r"^output_dir='.*': sharding on a 2-node Ray cluster needs a directory "
-                                        r"every node can read; use gs://.*ray.shared_filesystem=true") as err:
+        _, _, expected = reference_run
+        assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
+        cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir, **{"ray.shared_filesystem": True})  # one machine
         make_shards(cfg, actors=2)
-    assert "\n" not in str(err.value)
-    assert not Path(cfg.shards_dir).exists()
+        assert _digest_dir(Path(cfg.shards_dir)) == expected
+
+    def test_a_local_shard_dir_on_two_nodes_is_refused_before_any_work(self, tmp_path, mid_corpus,
+                                                                        tiny_tokenizer_dir, ray_two_nodes):
+        """Each node's actors would write to their own disk: refused in one line naming the field."""
+        cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
+        with pytest.raises(UserError, match=r"^output_dir='.*': sharding on a 2-node Ray cluster needs a directory "
+                                            r"every node can read; use gs://.*ray.shared_filesystem=true") as err:
+            make_shards(cfg, actors=2)
+        assert "\n" not in str(err.value)
+        assert not Path(cfg.shards_dir).exists()
 
 
 @pytest.mark.quick

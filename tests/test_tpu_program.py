@@ -135,6 +135,7 @@ def test_float16_loss_scaling_takes_the_unscaled_float32_step(tmp_path, shards_d
 
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_the_trainers_step_compiled_with_xla_equals_the_uncompiled_step(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811
     """A TPU always compiles the step with XLA; the CPU defaults never did, so only doctor's probe
     was ever compiled. Here the trainer's own step (make_train_step), one step per call in float32

@@ -17,6 +17,7 @@ def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
         "ray.io/tpu-slice-name": slice_name, "ray.io/tpu-worker-id": str(worker), "ray.io/tpu-pod-type": pod_type})
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_worker_1_joining_after_worker_0_is_reserved_and_tpu_name_picks_the_slice():
     """Two v4-16 slices' worker 0 are up; train.tpu_name=slice-b must reserve slice-b (not whichever
     head Ray picks). Worker 1 of slice-b joins only after worker 0's head resource is placed: the

@@ -124,6 +124,7 @@ def _train_cmd(cfg_path: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "tpu_ray.cli", "train", "--config", str(cfg_path), *extra]
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shards_dir, tiny_tokenizer_dir):
     from tpu_ray.cli import main
 
@@ -351,6 +352,7 @@ def test_a_slow_checkpoint_upload_does_not_stop_training(gcs_emulator, tmp_path,
     assert not skipped & {Path(p).name for p in state.all_model_checkpoint_paths}  # saves during it: skipped
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_eight_cpu_replicas_take_the_same_step_as_one_device(tmp_path):
     """8 logical CPUs under MirroredStrategy stand in for a v3-8: same gradients, same update."""
     out = subprocess.run([sys.executable, "-c", EQUIVALENCE], cwd=REPO, capture_output=True, text=True,
@@ -370,6 +372,7 @@ def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
         "ray.io/accelerator-type": "TPU-" + pod_type.split("-")[0].upper()})
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp_path, shards_dir,
                                                                            tiny_tokenizer_dir, small_corpus):
     """Nodes that look like a v4-8 host and a two-host v4-16 slice: each run lands on its slice's
@@ -613,6 +616,7 @@ def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emul
     assert storage.exists(f"{run}/model/config.json")
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir, ray_local):
     from tpu_ray.errors import UserError
     from tpu_ray.cluster.placement import run_training
