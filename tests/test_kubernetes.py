@@ -179,7 +179,7 @@ def test_the_rayjob_runs_the_command_the_readme_documents_on_the_cluster():
     assert job["spec"]["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}
     assert job["metadata"]["namespace"] == cluster["metadata"]["namespace"]
     readme = (REPO / "README.md").read_text()
-    documented = re.findall(r"^\s*(python jobs/pretrain\.py --config \S+)", readme, re.M)
+    documented = re.findall(r"`(python jobs/pretrain\.py --config [^\s`]+)`", readme)
     assert job["spec"]["entrypoint"] in documented, (job["spec"]["entrypoint"], documented)
     config = job["spec"]["entrypoint"].split("--config ", 1)[1].split()[0]
     assert (REPO / config).exists(), config
