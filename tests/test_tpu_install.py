@@ -109,18 +109,19 @@ def test_doctor_names_two_tensorflows_and_fails(tmp_path, monkeypatch, small_cor
     assert done.returncode == 1 and "2 distributions write the tensorflow package" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("target, hosts", [("v5litepod-16", 4), ("v6e-8", 1)])
-def test_doctor_plans_the_v5e_and_v6e_slices_rented_today(tmp_path, small_corpus, target, hosts):
-    out = io.StringIO()
-    code = run_doctor(tiny_config(tmp_path / "run", small_corpus, **{"train.batch_size": 32}), target=target,
-                      out=out, xla=False)
-    text = out.getvalue()
-    chips = int(target.rsplit("-", 1)[1])  # v5e and v6e: one chip is one replica
-    assert code == 0, text
-    assert (f"target {target} (tpu-vm, {chips} replicas on {chips} chips, {hosts} host{'s' if hosts > 1 else ''}, "
-            "32 GB each" if target.startswith("v6e") else "16 GB each") in text or f"{hosts} host" in text, text
-    plan = [line for line in text.splitlines() if "capacity plan" in line]
-    assert plan and "chip-hours" in plan[0], text
-    # On this CPU host: planned for a TPU, the TensorFlow here is named, and is not the TPU's (WARN).
-    (line,) = [line for line in text.splitlines() if line[6:21].strip() == "tensorflow"]
-    assert line.startswith(WARN) and "tensorflow from tensorflow " in line, line
+@pytest.mark.slow  # the plan imports TensorFlow: ~20 s alone, over a minute on a busy machine
+def test_doctor_plans_the_v5e_and_v6e_slices_rented_today(tmp_path, small_corpus):
+    cfg = tiny_config(tmp_path / "run", small_corpus, **{"train.batch_size": 32})
+    for target, hosts, hbm in [("v5litepod-16", 4, 16), ("v6e-8", 1, 32)]:
+        out = io.StringIO()
+        code = run_doctor(cfg, target=target, out=out, xla=False)
+        text = out.getvalue()
+        chips = int(target.rsplit("-", 1)[1])  # v5e and v6e: one chip is one replica
+        assert code == 0, text
+        assert (f"target {target} (tpu-vm, {chips} replicas on {chips} chips, {hosts} host{'s' if hosts > 1 else ''}, "
+                f"{hbm} GB each") in text, text
+        plan = [line for line in text.splitlines() if "capacity plan" in line]
+        assert plan and "chip-hours" in plan[0], text
+        # On this CPU host: planned for a TPU, the TensorFlow here is named, and is not the TPU's (WARN).
+        (line,) = [line for line in text.splitlines() if line[6:21].strip() == "tensorflow"]
+        assert line.startswith(WARN) and "tensorflow from tensorflow " in line, line
