@@ -77,3 +77,9 @@ $(INTEROP)/.built: tests/interop/setup_venvs.sh
 		rm -rf $(INTEROP)/t4 $(INTEROP)/t5; \
 		echo "make: the interop venvs could not be built (network?): the PyTorch interop tests will skip"; \
 	fi
+
+# The TPU package set on CPU (issue 48): a venv with the [tpu] extra's TensorFlow as the CPU wheel, its
+# tf-keras and transformers, running the TPU-shaped tests (tests/tpu_set/run.sh; uv builds the venv).
+.PHONY: tpu-set
+tpu-set:
+	tests/tpu_set/run.sh

@@ -265,6 +265,20 @@ def test_setup_commands_install_tpu_ray_with_the_extra_matching_the_node_type(pr
     assert install_problems(prepared) == []
 
 
+def test_tpu_types_finish_with_one_tensorflow_after_the_extra(prepared):
+    """tf-keras comes from deploy/tpu-finish-install.sh, after the [tpu] extra: the extra alone has no
+    tf-keras, and tf-keras with its dependencies would install a second TensorFlow (issue 48)."""
+    assert (REPO / "deploy" / "tpu-finish-install.sh").exists()
+    for name, commands in effective_commands(prepared).items():
+        finish = [i for i, c in enumerate(commands) if "deploy/tpu-finish-install.sh" in c]
+        extra = [i for i, c in enumerate(commands) if INSTALL_RE.search(c) and "tpu-ray[tpu]" in c]
+        if is_tpu(prepared["available_node_types"][name]["node_config"]):
+            assert extra and finish and max(extra) < min(finish), (name, commands)
+        else:
+            assert not finish, name
+        assert not any("tf-keras" in c for c in commands), (name, "tf-keras only through the finish script")
+
+
 def test_setup_command_check_catches_a_swapped_extra(config):
     """The check above can fail: give the TPU type the CPU TensorFlow and the CPU types the TPU one."""
     broken = copy.deepcopy(config)
@@ -324,8 +338,7 @@ def test_the_v4_8_job_config_finds_its_slice_here(config):
 def v4_16_variant(config: dict, use_accelerator_config: bool) -> dict:
     """cluster.yaml edited the way its comments (and docs/cluster.md) say, for a v4-16 slice."""
     variant = copy.deepcopy(config)
-    (name,) = tpu_node_types(variant)
-    spec = variant["available_node_types"].pop(name)
+    spec = variant["available_node_types"].pop("tpu_v4_8")
     node = spec["node_config"]
     node.pop("acceleratorType", None)
     if use_accelerator_config:

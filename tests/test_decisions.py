@@ -129,7 +129,7 @@ def test_next_length(step, total, spe, everies, n):
 
 @pytest.mark.parametrize("pod_type, expected", [
     ("v4-16", {"TPU_NAME": "slice-b", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}),
-    ("v4-8", {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
+    ("v4-8", {"PJRT_DEVICE": "TPU", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
               "TPU_ACCELERATOR_TYPE": "v4-8"}),
 ])
 def test_tpu_client_env_comes_from_the_reserved_slice(monkeypatch, pod_type, expected):

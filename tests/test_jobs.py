@@ -334,7 +334,7 @@ def test_submitter_uses_the_local_token(tmp_path):
 
 def test_example_configs_load_and_target_what_their_names_say():
     configs = {p.stem: RunConfig.from_yaml(p) for p in (REPO / "jobs" / "configs").glob("*.yaml")}
-    assert {"quickstart", "roberta-base-v3-8", "roberta-base-v4-8", "roberta-base-v4-16", "gpu"} <= set(configs)
+    assert {"quickstart", "roberta-base-v3-8", "roberta-base-v4-8", "roberta-base-v6e-8", "roberta-base-v4-16", "gpu"} <= set(configs)
     for name, cfg in configs.items():
         if name.startswith("roberta-base-"):
             assert cfg.model.preset == "base" and cfg.train.strategy == "tpu", name

@@ -97,7 +97,9 @@ def test_tpu_errors_are_told_apart(exc, expected):
     error = classify_tpu_error(exc, "slice-x", chips=0, lockfile="/nonexistent")
     assert isinstance(error, UserError) and expected in str(error) and "\n" not in str(error)
     if "differ" in expected:
-        assert "tpu-vm-tf-2.16.1-pod-pjrt" in str(error)
+        from tpu_ray.accelerators import tpu_runtime_version
+
+        assert tpu_runtime_version(multi_host=True) in str(error)
 
 
 class _Metadata(http.server.BaseHTTPRequestHandler):

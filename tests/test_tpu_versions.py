@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tpu_ray.accelerators import TPU_TENSORFLOW, TPU_TF_KERAS, tpu_hosts, tpu_runtime_version
+from tpu_ray.accelerators import TPU_LIBTPU, TPU_TENSORFLOW, TPU_TF_KERAS, tpu_hosts, tpu_runtime_version
 
 pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
 
@@ -29,10 +29,15 @@ def test_every_tpu_runtime_named_is_the_one_tensorflow(name):
     assert all(TPU_TENSORFLOW.startswith(v.rstrip("*").rstrip(".")) for v in wheels), (name, wheels)
 
 
-def test_the_tpu_extra_installs_the_image_tensorflow():
+def test_the_tpu_extra_installs_the_image_tensorflow_with_its_libtpu():
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tpu"]
-    assert f"tensorflow-tpu=={TPU_TENSORFLOW}" in extra
-    assert f"tf-keras=={TPU_TF_KERAS}" in extra and TPU_TF_KERAS.startswith(TPU_TENSORFLOW.rsplit(".", 1)[0])
+    assert f"tensorflow-tpu=={TPU_TENSORFLOW}" in extra and f"libtpu=={TPU_LIBTPU}" in extra
+    # tf-keras is not in the extra (it would bring the distribution `tensorflow`, a second TensorFlow):
+    # deploy/tpu-finish-install.sh installs TPU_TF_KERAS without dependencies (issue 48).
+    assert not [r for r in extra if r.startswith("tf-keras")]
+    assert TPU_TF_KERAS.startswith(TPU_TENSORFLOW.rsplit(".", 1)[0])
+    tensorboard = [r for r in extra if r.startswith("tensorboard")]
+    assert tensorboard == [f"tensorboard~={TPU_TENSORFLOW.rsplit('.', 1)[0]}.0"], tensorboard  # what the wheel needs
 
 
 def test_cluster_yaml_boots_the_runtime_of_its_slice_shape():
@@ -56,6 +61,6 @@ def test_tpu_job_configs_name_the_runtime_their_topology_needs(path):
 
 
 @pytest.mark.parametrize("accel, hosts", [("v4-8", 1), ("v4-16", 2), ("v3-8", 1), ("v3-32", 4), ("v5litepod-8", 1),
-                                          ("v5litepod-16", 4), ("v5p-8", 1), ("v6e-8", 1)])
+                                          ("v5litepod-16", 4), ("v5p-8", 1), ("v6e-8", 1), ("v6e-16", 4)])
 def test_hosts_per_slice_as_ray_counts_them(accel, hosts):
     assert tpu_hosts(accel) == hosts

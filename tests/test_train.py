@@ -406,7 +406,7 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
                                   **common, **{"train.tpu_topology": "v4-8"}))
         assert small["node_id"] == v4_8.node_id and small["slice_nodes"] == [v4_8.node_id]
         # One host: TensorFlow's PJRT TPU client, set in the task's runtime_env (no login shell).
-        assert small["tpu_env"] == {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+        assert small["tpu_env"] == {"PJRT_DEVICE": "TPU", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
                                     "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so", "TPU_ACCELERATOR_TYPE": "v4-8"}
         # Two hosts, the slice named in the config: train.tpu_name picks the slice Ray reserves, and
         # TensorFlow's TPU_NAME is the reserved slice's name (issue 23.1), one client, no libtpu.

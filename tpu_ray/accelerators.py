@@ -17,14 +17,25 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-# Why 2.16.1: the newest TensorFlow for which both were confirmed: a TPU VM runtime image
-# (tpu-vm-tf-2.16.1-pjrt / -pod-pjrt in Google's "TPU software versions" list) and a
-# `tensorflow-tpu` wheel on PyPI (2.16.1, which pins libtpu==2.16.0rc0 from Google's
-# libtpu-tf-releases index). PyPI's tensorflow-tpu goes up to 2.20, but without an image of the same
-# version the pip wheel and the image's TPU runtime differ. Google's own samples also name
-# tpu-vm-tf-2.17.0-pjrt: to move, change these two lines and run tests/test_tpu_versions.py.
-TPU_TENSORFLOW = "2.16.1"
-TPU_TF_KERAS = "2.16.*"  # tf-keras is released per TensorFlow minor version
+# Why 2.19.1 (decided 2026-11, from these sources):
+# - PyPI's tensorflow-tpu goes 2.16.1 .. 2.20.0. 2.19.1 (August 2025) is the newest whose wheel pins
+#   its libtpu exactly (`Requires-Dist: libtpu ==0.0.10`, read with `pip install --dry-run --report`).
+#   2.20.0 asks for `libtpu~=0.0.14`, which pip resolves to the newest JAX-line libtpu (0.0.52 today),
+#   not the one TensorFlow was built against; Kaggle stopped preinstalling tensorflow-tpu when a newer
+#   libtpu hid the TPUs from TensorFlow (Kaggle/docker-python#1499).
+# - Google's newest TensorFlow-on-TPU example (keras-io examples/keras_rs/distributed_embedding_tf.py,
+#   v5p and v6e) installs tensorflow-tpu==2.19.1 and sets PJRT_DEVICE=TPU,
+#   NEXT_PLUGGABLE_DEVICE_USE_C_API=true and TF_PLUGGABLE_DEVICE_LIBRARY_PATH=libtpu.get_library_path()
+#   before importing TensorFlow (cluster/tpu_slice.PJRT_ENV, cluster/tpu_env.settle_pjrt_library).
+# - Google's "TPU software versions" page: v5e, v5p and v6e run TensorFlow >= 2.15 with PJRT on the
+#   runtime `tpu-vm-tf-x.y.z[-pod]-pjrt` (`-pod` on a multi-host slice); a field report
+#   (Prz00124/tpu-vm-examples-2025) saw v6e fail under 2.16.1 and 2.18.0 images.
+# The wheel is what TensorFlow is imported from: deploy/install-tpu.sh installs it with its libtpu
+# and tf-keras without tf-keras's `tensorflow` requirement (docs/accelerators.md, "One TensorFlow").
+# To move: change these lines and run tests/test_tpu_versions.py and tests/tpu_set/run.sh.
+TPU_TENSORFLOW = "2.19.1"
+TPU_LIBTPU = "0.0.10"  # what tensorflow-tpu==TPU_TENSORFLOW pins (Requires-Dist), from PyPI
+TPU_TF_KERAS = "2.19.*"  # tf-keras is released per TensorFlow minor version
 
 
 def tpu_runtime_version(multi_host: bool) -> str:

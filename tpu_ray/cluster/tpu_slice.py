@@ -20,7 +20,11 @@ from tpu_ray.accelerators import tpu_hosts
 
 SLICE_ENV = "TPU_RAY_SLICE"  # the reserved slice, as JSON, in the TF client task's environment
 IMAGE_LIBTPU = "/lib/libtpu.so"  # where the tpu-vm-tf-*-pjrt images put libtpu
-PJRT_ENV = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": IMAGE_LIBTPU}
+# TensorFlow's PJRT TPU client (v5e, v5p and v6e have no other), as Google's keras-io TPU example
+# sets it before TensorFlow is imported; settle_pjrt_library points the path at the libtpu wheel
+# when the image has none.
+PJRT_ENV = {"PJRT_DEVICE": "TPU", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+            "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": IMAGE_LIBTPU}
 TPU_ENV_KEYS = ("TPU_NAME", "TPU_LOAD_LIBRARY", "TPU_ACCELERATOR_TYPE", *PJRT_ENV)
 
 

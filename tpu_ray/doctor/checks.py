@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from tpu_ray import rundir, storage
+from tpu_ray import rundir, storage, tf_install
 from tpu_ray.config import RunConfig
 from tpu_ray.doctor.estimates import (GB, HBM_WARN_FRACTION, PROBE_BYTES, PROBE_FLOPS, PROBE_MAX_LAYERS,
                                       ASSUMED_UTILIZATION, fmt_bytes, fmt_count, fmt_duration, memory_per_replica,
@@ -156,6 +156,18 @@ class Doctor:
             how = {"tpu": "TPUStrategy, bfloat16, XLA implicit", "gpu": "MirroredStrategy, float16, jit_compile",
                    "cpu": "default/MirroredStrategy, float32"}[tgt.kind]
             self.add("strategy", PASS, f"train.strategy={t.strategy} -> {how}")
+
+    def check_tensorflow(self) -> Check:
+        """Which distribution provides `tensorflow` here (and its libtpu): two is a FAIL anywhere; on a
+        TPU host the wrong one is a FAIL, elsewhere (planning a TPU run from a laptop) a WARN."""
+        found = tf_install.installed()
+        tpu = self.target.kind == "tpu"
+        problem = found.problem(tpu)
+        if problem is None:
+            return self.add("tensorflow", PASS, found.describe)
+        two = len(found.providers) > 1
+        on_tpu = tpu and bool(found.libtpu or os.environ.get("TPU_ACCELERATOR_TYPE"))
+        return self.add("tensorflow", FAIL if two or on_tpu else WARN, problem[0], problem[1])
 
     def check_corpus(self) -> None:
         """The corpus sharding will read (skipped once shards exist: then it is no longer read)."""
@@ -643,6 +655,7 @@ class Doctor:
                  f"model={cfg.model.model_type}/{cfg.model.preset} (h={s['hidden_size']}, "
                  f"layers={s['num_hidden_layers']}) steps={cfg.train.steps:,}")
         self.check_strategy()
+        self.check_tensorflow()
         self.check_tokenizer()
         self.load_manifest()
         self.check_corpus()

@@ -30,8 +30,8 @@ class Target:
                 f"host{'s' if self.hosts > 1 else ''}, {self.hbm_bytes / GB:.0f} GB each{peak})")
 
 
-TARGET_EXAMPLES = "v2-8, v3-8, v3-8-node, v4-8, v4-16, v4-32, v5e-8 (v5litepod-8), v5p-8, a100, a100-8, h100, cpu"
-_TPU_NAME = re.compile(r"(v2|v3|v4|v5e|v5litepod|v5p)-(\d+)(?:-(node|vm))?")
+TARGET_EXAMPLES = "v2-8, v3-8, v3-8-node, v4-8, v4-16, v4-32, v5e-8 (v5litepod-8), v5litepod-16, v5p-8, v6e-8, v6e-16, a100, a100-8, h100, cpu"
+_TPU_NAME = re.compile(r"(v2|v3|v4|v5e|v5litepod|v5p|v6e)-(\d+)(?:-(node|vm))?")
 
 
 def parse_target(name: str | None, cfg: RunConfig) -> Target:

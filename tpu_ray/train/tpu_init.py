@@ -37,7 +37,8 @@ def classify_tpu_error(exc: BaseException, name: str, chips: int, lockfile: str 
     if _MISMATCH.search(text):
         return UserError(f"TPU {name!r}: TensorFlow client and TPU runtime differ ({why}); boot the TPU VMs with "
                          f"{tpu_runtime_version(name != 'local')} and install tpu-ray[tpu] (tensorflow-tpu=="
-                         f"{TPU_TENSORFLOW}) so both are TensorFlow {TPU_TENSORFLOW}")
+                         f"{TPU_TENSORFLOW}), then deploy/tpu-finish-install.sh, so both are TensorFlow "
+                         f"{TPU_TENSORFLOW}")
     if _LOCKED.search(text) or (chips and name == "local" and os.path.exists(lockfile)):
         return RefusingEnvironment(f"TPU {name!r}: the TPU is held by another process ({why}); stop it (sudo lsof -w "
                          f"/dev/accel0 shows it; then rm {lockfile}), and keep other TF/JAX processes off TPU hosts")
@@ -49,7 +50,7 @@ def classify_tpu_error(exc: BaseException, name: str, chips: int, lockfile: str 
                          f"name `gcloud compute tpus tpu-vm list` shows, from a VM in the slice's project and zone")
     if name == "local" and chips:
         return UserError(f"TPU 'local': this host has {chips} TPU chip(s) but TensorFlow found none ({why}); "
-                         f"install tpu-ray[tpu] (tensorflow-tpu=={TPU_TENSORFLOW}, with libtpu) on the "
-                         f"{tpu_runtime_version(False)} image")
+                         f"install tpu-ray[tpu] (tensorflow-tpu=={TPU_TENSORFLOW}, with libtpu), then "
+                         f"deploy/tpu-finish-install.sh, on the {tpu_runtime_version(False)} image")
     return UserError(f"train.strategy=tpu: no TPU reachable as {name!r} ({why}); run on a TPU VM, or on CPU "
                      f"with train.strategy=cpu or auto")
