@@ -8,7 +8,9 @@
 #      TPU_RAY_REQUIRE_EXTRAS=1: fail); a failed build removes only the venvs it makes (t4, t5);
 #   4. every test, the default suite and the slow set, in one pytest run on $(JOBS) workers
 #      (pytest-xdist: a file's tests stay on one worker, so its module fixtures are made once;
-#      tests/timing.py groups them and starts the longest first).
+#      tests/timing.py groups them and starts the longest first);
+#   5. the TPU package set (make tpu-set): the TPU-shaped tests again, on the [tpu] extra's TensorFlow
+#      version as the CPU wheel (tests/tpu_set/run.sh, .venv-tpu-set).
 # Any failing step or test fails the command, "no tests collected" (pytest's exit 5) included.
 # Tiers: make test-quick (no training, no Ray: ~1 min), make test-fast (the default suite, no slow
 # tests), make test (everything: what CI runs). make durations: make test, measured into
@@ -29,6 +31,7 @@ ALL := -m "slow or not slow"
 
 test: setup extras
 	$(PY) -m pytest $(XDIST) $(ALL)
+	$(MAKE) tpu-set
 
 test-fast: setup
 	$(PY) -m pytest $(XDIST)
@@ -81,5 +84,5 @@ $(INTEROP)/.built: tests/interop/setup_venvs.sh
 # The TPU package set on CPU (issue 48): a venv with the [tpu] extra's TensorFlow as the CPU wheel, its
 # tf-keras and transformers, running the TPU-shaped tests (tests/tpu_set/run.sh; uv builds the venv).
 .PHONY: tpu-set
-tpu-set:
-	tests/tpu_set/run.sh
+tpu-set: setup
+	UV=$(UV) JOBS=$(JOBS) tests/tpu_set/run.sh

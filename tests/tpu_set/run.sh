@@ -13,7 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV="${TPU_SET_VENV:-.venv-tpu-set}"
 PYTHON="${PYTHON:-python3}"
-command -v uv >/dev/null || { echo "tpu-set: needs uv (https://docs.astral.sh/uv/): pip install uv" >&2; exit 2; }
+UV="${UV:-uv}"  # `make tpu-set` passes the project venv's
+command -v "$UV" >/dev/null || { echo "tpu-set: needs uv (https://docs.astral.sh/uv/): pip install uv" >&2; exit 2; }
 overrides="$(mktemp)"
 trap 'rm -f "$overrides"' EXIT
 # The set, from the one place it is chosen (tpu_ray/accelerators.py, pyproject's [tpu] extra).
@@ -27,11 +28,12 @@ lines += [r for r in extra if re.match(r"(tensorboard|transformers)\b", r)]
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 print("tpu-set:", ", ".join(lines))
 PY
-[ -x "$VENV/bin/python" ] || uv venv -q --python "$PYTHON" "$VENV"
-VIRTUAL_ENV="$VENV" uv pip install -q --override "$overrides" -e ".[test]"
+[ -x "$VENV/bin/python" ] || "$UV" venv -q --python "$PYTHON" "$VENV"
+VIRTUAL_ENV="$VENV" "$UV" pip install -q --override "$overrides" -e ".[test]"
 "$VENV/bin/python" -c "import tensorflow as tf, tf_keras, transformers; print('tpu-set: tensorflow', tf.__version__, \
 'tf-keras', tf_keras.__version__, 'transformers', transformers.__version__)"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "slow or not slow" \
+# Two xdist workers, as `make test` runs (tests/timing.py groups a file's tests on one worker).
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "${JOBS:-2}" --dist loadgroup -m "slow or not slow" \
     tests/test_tpu_program.py tests/test_masking.py \
     "tests/test_train.py::test_eight_cpu_replicas_take_the_same_step_as_one_device" \
     "tests/test_train.py::test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends" \
