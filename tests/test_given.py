@@ -68,7 +68,6 @@ def test_each_kind_shards_to_the_tokens_of_the_same_text_as_a_file(kind, tmp_pat
     assert not [p for p in (tmp_path / "run" / "corpus").iterdir() if p.name.startswith(".tmp")]
 
 
-@pytest.mark.quick
 def test_a_ray_dataset_is_written_by_ray_workers_never_collected_on_the_driver(tmp_path, docs, monkeypatch):  # noqa: F811
     """Every Dataset method that brings rows to the driver raises here (the workers are other
     processes and are unaffected): the write must still succeed, by Ray Data's own execution.
@@ -129,7 +128,6 @@ def test_an_iterable_ten_times_the_memory_budget_streams_within_it(tmp_path, mon
 
 
 @pytest.mark.parametrize("kind", ["pandas.DataFrame", "pyarrow.Table", "datasets.Dataset", "ray.data.Dataset"])
-@pytest.mark.quick
 def test_no_text_column_is_one_line_naming_the_columns_found(kind, tmp_path, docs):  # noqa: F811
     with pytest.raises(UserError) as err:
         _written(tmp_path, _as(kind, docs[:20], column="body"))
@@ -153,7 +151,6 @@ def test_a_column_of_numbers_an_empty_frame_and_non_strings_are_one_line(tmp_pat
         assert not list((tmp_path / f"r{i}").rglob("*.parquet"))
 
 
-@pytest.mark.quick
 def test_a_ray_dataset_of_numbers_is_one_line_from_the_worker(tmp_path):
     start_local_ray()
     import ray

@@ -123,12 +123,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 @pytest.fixture(autouse=True)
 def _quick_tier_starts_no_ray(request):
-    """In `make test-quick` (-m quick) a test that leaves a Ray cluster running is not quick: fail it."""
-    yield
-    if os.environ.get(QUICK_ENV) and "quick" in request.keywords:
-        import sys
+    """In `make test-quick` (-m quick) a test that starts a Ray cluster is not quick: fail it (and
+    stop that cluster, so the tests after it are not blamed)."""
+    import sys
 
+    def running() -> bool:
         ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
-            pytest.fail(f"{request.node.nodeid} is marked quick but started a Ray cluster: "
-                        "the quick tier runs no Ray; remove @pytest.mark.quick")
+        return ray is not None and ray.is_initialized()
+
+    before = running()
+    yield
+    if os.environ.get(QUICK_ENV) and "quick" in request.keywords and running() and not before:
+        sys.modules["ray"].shutdown()
+        pytest.fail(f"{request.node.nodeid} is marked quick but started a Ray cluster: "
+                    "the quick tier runs no Ray; remove @pytest.mark.quick")
