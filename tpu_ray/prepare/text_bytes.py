@@ -1,0 +1,30 @@
+"""The UTF-8 bytes of text each token of a line stands for, from the tokenizer's own offsets.
+
+Why: bits per byte divides the model's bits by the bytes of the text it scored. The ids alone do
+not say those bytes: a WordPiece pre-tokenizer drops the spaces between words and splits
+punctuation off ("hello, world" -> `hello` `,` `world`: whether a space came before `,` is lost),
+Metaspace and normalisers (NFKC) fold some characters. The offsets of the encoding point into the
+original line, so each token is given the bytes from the end of the token before it to its own
+end: the whitespace before a word counts with the word, a character split into several byte-level
+tokens counts once, and a line's bytes sum to the line's UTF-8 length (what follows the last token,
+trailing whitespace, counts with it). A line that gives no token (whitespace only) gives no bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+
+
+def bytes_per_token(line: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
+    """Per token of `line` (character `offsets` into it, as `tokenizers` reports them): its bytes."""
+    if not offsets:
+        return []
+    ends = [0, *accumulate(len(ch.encode()) for ch in line)]  # character offset -> byte offset
+    out, done = [], 0
+    for _, end in offsets:
+        end = ends[min(max(end, 0), len(line))]
+        out.append(max(end - done, 0))
+        done = max(done, end)
+    out[-1] += ends[-1] - done
+    return out
