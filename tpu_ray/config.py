@@ -78,6 +78,7 @@ class _SourceFields(_Section):
     max_rows: int | None = Field(None, gt=0)
     # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
     # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
+    # A JSON-lines record is never cut: one longer than this is a bad record (see bad_records).
     max_line_bytes: int = Field(1 << 20, ge=1024)
     # A record that cannot be read (a JSON line cut mid-record, not JSON, not an object, a field that
     # is not text): "fail" the pass naming it, or "skip" it: counted and listed (file, line, reason)

@@ -220,7 +220,7 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
     if extra_lengths:
         result["by_length"] = {n: {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0}
                                for n in extra_lengths}
-    counts = Counts()
+    counts = Counts(max_record_bytes=max_line_bytes)
     for part, chunk in enumerate(iter_chunks(unit, counts)):
         for split in SPLITS:
             lines = chunk.train if split == "train" else chunk.validation

@@ -20,6 +20,7 @@ class JsonLinesReader(TextReader):
     description = ("byte range of a JSON-lines file aligned to lines (compressed: the whole file, streamed); small "
                    "files packed")
     suffixes = (".jsonl", ".json", ".ndjson")
+    cuts_long_lines = False  # a record is never cut: one longer than the limit is a bad record (streams.py)
 
     def range_texts(self, text: str, offset: int, unit: WorkUnit, counts: Counts) -> list[str]:
         return json_texts(_json_lines(text, offset), unit.source, unit.text_field, unit.text_lists, counts)
