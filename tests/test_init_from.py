@@ -451,3 +451,24 @@ def test_a_gs_run_directory_holds_its_copy_and_every_host_reads_it(gcs_emulator,
     assert load_weights(model, host_cfg).endswith("tf_model.h5")
     ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
+
+
+def test_a_continued_run_records_the_tokenizer_and_sizes_it_trained_with(tf_dir, source, tmp_path, small_corpus):
+    """Issue 45.3: config.yaml and the model card said the defaults a continued config leaves in
+    (another tokenizer kind and size, another preset), and doctor FAILed the valid config comparing
+    the default vocabulary with the checkpoint's embedding rows."""
+    import yaml
+
+    from tests.test_doctor import doctor
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+
+    left_in = {"tokenizer.kind": "wordpiece", "tokenizer.vocab_size": 5000, "model.preset": "small"}
+    cfg = _continue(tmp_path, small_corpus, str(tf_dir), **left_in)
+    vocab = tokenizer_info(str(source / "tokenizer")).vocab_size
+    saved = yaml.safe_load((Path(cfg.run_dir) / "config.yaml").read_text())
+    assert saved["tokenizer"]["kind"] == "unigram" and saved["tokenizer"]["vocab_size"] == vocab, saved["tokenizer"]
+    assert saved["model"]["preset"] == "tiny" and saved["model"]["hidden_size"] == 64
+    card = (Path(cfg.run_dir) / "model" / "README.md").read_text()
+    assert f"- tokenizer: unigram, vocabulary {vocab}" in card and "hidden 64, 2 layers" in card, card[:800]
+    code, checks = doctor(tiny_config(Path(cfg.run_dir), small_corpus, **{"model.init_from": str(tf_dir), **left_in}))
+    assert checks["vocab"][0] == "PASS" and "FAIL" not in {s for s, _ in checks.values()}, checks

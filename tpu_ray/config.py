@@ -639,7 +639,12 @@ class RunConfig(_Section):
         return type(self).from_dict(data, origin="override")
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """The config as YAML; beside corpus.sources no corpus.source (its unused default, which read
+        as a second corpus in a saved config)."""
+        data = self.model_dump(mode="json")
+        if data["corpus"].get("sources"):
+            data["corpus"].pop("source", None)
+        return yaml.safe_dump(data, sort_keys=False)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match when a run directory is resumed: everything that shapes the data/model.
