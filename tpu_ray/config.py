@@ -12,10 +12,10 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tpu_ray.errors import UserError
 
@@ -34,6 +34,18 @@ INT64_MAX = 2**63 - 1
 class _Section(BaseModel):
     # allow_inf_nan=False: `train.learning_rate=.inf` is refused at load, not found as a NaN loss later.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1: YAML's yes/on/true where a number is meant is a slip, not 1.
+        if isinstance(v, bool):
+            annotation = cls.model_fields[info.field_name].annotation
+            types = set(get_args(annotation)) or {annotation}
+            if bool not in types and types & {int, float}:
+                raise ValueError(f"is a boolean ({str(v).lower()}; YAML also reads yes/no/on/off so), not a "
+                                 f"number; give a number")
+        return v
 
     @field_validator("*", mode="after")
     @classmethod
@@ -732,7 +744,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
         seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
+        own = [k for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]  # a merged key may be overridden
+        self.flatten_mapping(node)  # YAML merge keys (`<<: *base`), as safe_load reads them
+        for key_node in own:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, (str, int, float, bool)) and key in seen:
