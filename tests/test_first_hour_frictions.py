@@ -57,3 +57,16 @@ def test_a_saved_mixture_config_names_no_second_corpus(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(text)
     assert RunConfig.from_yaml(str(path)).fingerprint() == cfg.fingerprint()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("typo, meant", [("--ouput-dir", "--output-dir"), ("--fill_mask", "--fill-mask"),
+                                         ("--confg=jobs/configs/quickstart.yaml", "--config")])
+def test_a_mistyped_flag_gets_a_suggestion_and_exit_2(capsys, typo, meant):
+    from tpu_ray.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--config", "jobs/configs/quickstart.yaml", typo, "x"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert f"did you mean {meant}?" in err, err
