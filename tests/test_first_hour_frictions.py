@@ -70,3 +70,25 @@ def test_a_mistyped_flag_gets_a_suggestion_and_exit_2(capsys, typo, meant):
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1
     assert f"did you mean {meant}?" in err, err
+
+
+@pytest.mark.quick
+def test_a_json_array_file_is_refused_naming_its_shape(tmp_path):
+    """Issue 45.5: a .json file holding one JSON array got "not a JSON line" for each of its lines
+    and the advice to skip them all."""
+    import json
+
+    from tpu_ray.config import CorpusConfig, ShardConfig
+    from tpu_ray.prepare.corpus import plan_units, read_unit_text
+    from tpu_ray.prepare.preflight import preflight_corpus
+
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([{"text": f"record {i}"} for i in range(50)], indent=2))
+    cfg = RunConfig.from_dict({"corpus": {"source": str(path)}, "output_dir": str(tmp_path / "run")})
+    for check in (lambda: preflight_corpus(cfg),
+                  lambda: [read_unit_text(u, "all") for u in plan_units(CorpusConfig(source=str(path)),
+                                                                         ShardConfig(), str(tmp_path / "r"))]):
+        with pytest.raises(UserError) as err:
+            check()
+        message = str(err.value)
+        assert "one JSON array" in message and "jq -c" in message and "not a JSON line (" not in message, message
