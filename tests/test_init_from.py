@@ -453,17 +453,24 @@ def test_a_gs_run_directory_holds_its_copy_and_every_host_reads_it(gcs_emulator,
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
 
 
-def test_a_continued_run_records_the_tokenizer_and_sizes_it_trained_with(tf_dir, source, tmp_path, small_corpus):
+def test_a_continued_run_records_the_tokenizer_and_sizes_it_trained_with(tf_dir, source, tmp_path, small_corpus,
+                                                                         caplog):
     """Issue 45.3: config.yaml and the model card said the defaults a continued config leaves in
     (another tokenizer kind and size, another preset), and doctor FAILed the valid config comparing
-    the default vocabulary with the checkpoint's embedding rows."""
+    the default vocabulary with the checkpoint's embedding rows. (45.5: this single-source run logs
+    its evaluation once, not once per source and once pooled.)"""
+    import logging
+
     import yaml
 
     from tests.test_doctor import doctor
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
     left_in = {"tokenizer.kind": "wordpiece", "tokenizer.vocab_size": 5000, "model.preset": "small"}
-    cfg = _continue(tmp_path, small_corpus, str(tf_dir), **left_in)
+    with caplog.at_level(logging.INFO, logger="tpu_ray.train.loop"):
+        cfg = _continue(tmp_path, small_corpus, str(tf_dir), **left_in)
+    evals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval")]
+    assert [e.split(":")[0] for e in evals] == ["eval @ step 0", "eval @ step 2"], evals  # the start's and the end's
     vocab = tokenizer_info(str(source / "tokenizer")).vocab_size
     saved = yaml.safe_load((Path(cfg.run_dir) / "config.yaml").read_text())
     assert saved["tokenizer"]["kind"] == "unigram" and saved["tokenizer"]["vocab_size"] == vocab, saved["tokenizer"]
