@@ -5,6 +5,8 @@ No training, no Ray, no TensorFlow subprocess: all quick.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tpu_ray.config import RunConfig
@@ -122,3 +124,18 @@ def test_an_iterable_dataset_whose_first_texts_are_null_is_written_with_them_ski
     cfg, given = point(RunConfig.from_dict({"output_dir": str(tmp_path / "run")}), ds)
     (record,) = write_given(cfg, given)
     assert record["rows"] == 1600 and record["text_rows"] == 100, record
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[1] / "jobs" / "configs").glob("*.yaml")))
+def test_every_example_config_reads_data_a_users_clone_reaches(name):
+    """Issue 45.6: continue_with_replay.yaml pointed at ../shared/data/..., which exists beside this
+    repository's test checkout, not beside a user's clone: every source is the built-in corpus, a
+    Hub dataset, a bucket, or a path inside the repository."""
+    repo = Path(__file__).parents[1]
+    cfg = RunConfig.from_yaml(str(repo / "jobs" / "configs" / name))
+    named = cfg.corpus.named_sources().values() if cfg.corpus.sources else [cfg.corpus]
+    for src in named:
+        for where in (src.source, src.validation_source):
+            if where and not where.startswith(("builtin:", "hf:", "hf://", "gs://")):
+                assert not where.startswith("..") and list(repo.glob(where)), (name, where)
