@@ -139,3 +139,14 @@ def test_every_example_config_reads_data_a_users_clone_reaches(name):
         for where in (src.source, src.validation_source):
             if where and not where.startswith(("builtin:", "hf:", "hf://", "gs://")):
                 assert not where.startswith("..") and list(repo.glob(where)), (name, where)
+
+
+@pytest.mark.quick
+def test_the_model_card_explains_the_torch_name_error_where_it_gives_the_call():
+    """Issue 45.6: the plain pipeline("fill-mask", model=...) fails in tpu-ray's own environment
+    (no torch) with NameError: torch, which only docs/run-directory.md explained."""
+    from tpu_ray.train.export_safetensors import model_card
+
+    card = model_card(RunConfig.from_dict({}), 10, 800, "roberta", mask="<mask>")
+    use = card[card.index("## Use"):card.index("## The run's config")]
+    assert "NameError: name 'torch' is not defined" in use and 'framework="tf", dtype=None' in use

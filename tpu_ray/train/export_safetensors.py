@@ -119,7 +119,9 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         f'unmasker("Some text with a {mask} token.")',
         "```",
         "",
-        "TensorFlow (Transformers 4.x, without PyTorch), from `tf_model.h5`:",
+        "TensorFlow (Transformers 4.x, without PyTorch), from `tf_model.h5`. Where PyTorch is not installed",
+        "(tpu-ray's own environment), the call above fails with `NameError: name 'torch' is not defined`",
+        "(Transformers 4.57 looks up its default `dtype` in torch); say the framework and no dtype:",
         '`pipeline("fill-mask", model="PATH/TO/model", framework="tf", dtype=None, '
         'model_kwargs={"use_safetensors": False})`.',
         "",
