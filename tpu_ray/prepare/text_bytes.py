@@ -20,11 +20,13 @@ def bytes_per_token(line: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
     """Per token of `line` (character `offsets` into it, as `tokenizers` reports them): its bytes."""
     if not offsets:
         return []
-    ends = [0, *accumulate(len(ch.encode()) for ch in line)]  # character offset -> byte offset
+    n = len(line)
+    # character offset -> byte offset (ASCII, most lines: the same)
+    ends = None if line.isascii() else [0, *accumulate(len(ch.encode()) for ch in line)]
     out, done = [], 0
     for _, end in offsets:
-        end = ends[min(max(end, 0), len(line))]
+        end = min(max(end, 0), n) if ends is None else ends[min(max(end, 0), n)]
         out.append(max(end - done, 0))
         done = max(done, end)
-    out[-1] += ends[-1] - done
+    out[-1] += (n if ends is None else ends[-1]) - done
     return out
