@@ -150,3 +150,25 @@ def test_the_model_card_explains_the_torch_name_error_where_it_gives_the_call():
     card = model_card(RunConfig.from_dict({}), 10, 800, "roberta", mask="<mask>")
     use = card[card.index("## Use"):card.index("## The run's config")]
     assert "NameError: name 'torch' is not defined" in use and 'framework="tf", dtype=None' in use
+
+
+@pytest.mark.quick
+def test_a_continued_run_saved_before_its_config_recorded_the_checkpoints_tokenizer_still_resumes(tmp_path):
+    """Issue 45.3's fix fills tokenizer.kind / vocab_size and model.preset from the checkpoint; a
+    continued run saved before held the defaults there. Those fields follow the checkpoint (pinned
+    by model.init_sha256), so they are no reason to refuse the run's own tokenizer and shards; any
+    other run changing them still is."""
+    from tpu_ray.saved_config import check_config, save_config
+
+    for init_from, refused in (("runs/quickstart/model", False), (None, True)):
+        run = tmp_path / str(refused)
+        before = RunConfig.from_dict({"output_dir": str(run), "model": {"init_from": init_from}})
+        save_config(before, False, {})
+        (run / "tokenizer").mkdir(parents=True)
+        (run / "tokenizer" / "tokenizer.json").write_text("{}")
+        now = before.override({"tokenizer.kind": "bpe", "tokenizer.vocab_size": 2000, "model.preset": "mini"})
+        if refused:
+            with pytest.raises(UserError, match="tokenizer.kind"):
+                check_config(now)
+        else:
+            assert check_config(now) is True  # config.yaml rewritten with what the run trains
