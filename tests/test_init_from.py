@@ -128,16 +128,35 @@ def _check_continued(cfg, source: Path) -> None:
     assert abs(fresh - own) > 0.3  # a fresh model's loss is far off: the weights were loaded
 
 
-def test_continue_from_a_tensorflow_save_pretrained_directory(tf_dir, source, tmp_path, small_corpus):
-    cfg = _continue(tmp_path, small_corpus, str(tf_dir))
+def test_continue_from_a_tensorflow_save_pretrained_directory(tf_dir, source, tmp_path, small_corpus, caplog):
+    """Also issue 45.3: config.yaml and the model card said the defaults a continued config leaves in
+    (another tokenizer kind and size, another preset), and doctor FAILed the valid config comparing
+    the default vocabulary with the checkpoint's embedding rows; and (45.5) this single-source run
+    logs each evaluation once, not once for its source and once pooled."""
+    import logging
+
+    import yaml
+
+    from tests.test_doctor import doctor  # doctor reads the checkpoint's config as training does
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+
+    left_in = {"tokenizer.kind": "wordpiece", "tokenizer.vocab_size": 5000, "model.preset": "small"}
+    with caplog.at_level(logging.INFO, logger="tpu_ray.train.loop"):
+        cfg = _continue(tmp_path, small_corpus, str(tf_dir), **left_in)
     assert cfg.model.model_type == "roberta" and cfg.model.hidden_size == 64
     _check_continued(cfg, source)
-    saved = (Path(cfg.run_dir) / "config.yaml").read_text()
-    assert f"init_from: {tf_dir}" in saved
-    from tests.test_doctor import doctor  # doctor reads the checkpoint's config as training does
-
-    code, checks = doctor(tiny_config(Path(cfg.run_dir), small_corpus, **{"model.init_from": str(tf_dir)}))
+    evals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval")]
+    assert [e.split(":")[0] for e in evals] == ["eval @ step 0", "eval @ step 2"], evals  # the start's and the end's
+    text = (Path(cfg.run_dir) / "config.yaml").read_text()
+    assert f"init_from: {tf_dir}" in text
+    vocab, saved = tokenizer_info(str(source / "tokenizer")).vocab_size, yaml.safe_load(text)
+    assert saved["tokenizer"]["kind"] == "unigram" and saved["tokenizer"]["vocab_size"] == vocab, saved["tokenizer"]
+    assert saved["model"]["preset"] == "tiny" and saved["model"]["hidden_size"] == 64
+    card = (Path(cfg.run_dir) / "model" / "README.md").read_text()
+    assert f"- tokenizer: unigram, vocabulary {vocab}" in card and "hidden 64, 2 layers" in card, card[:800]
+    code, checks = doctor(tiny_config(Path(cfg.run_dir), small_corpus, **{"model.init_from": str(tf_dir), **left_in}))
     assert checks["vocab"][0] == "PASS" and checks["positions"][0] == "PASS", checks
+    assert "FAIL" not in {status for status, _ in checks.values()}, checks
 
 
 def test_continue_from_a_pytorch_transformers_5_safetensors_directory(pt5_dir, source, tmp_path, small_corpus):
@@ -451,3 +470,4 @@ def test_a_gs_run_directory_holds_its_copy_and_every_host_reads_it(gcs_emulator,
     assert load_weights(model, host_cfg).endswith("tf_model.h5")
     ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
+

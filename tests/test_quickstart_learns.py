@@ -29,6 +29,15 @@ def _readme_command() -> str:
     return line.split(" && ", 1)[1]
 
 
+PREDICTION = re.compile(r"^\s*[0-9.]+\s+'[^']*'\s+This function.*$", flags=re.M)
+
+
+def _printed_block(doc: str) -> list[str]:
+    """The quickstart's fill-mask lines as `doc` shows them (or as the CLI printed them)."""
+    text = doc if "\n" in doc else (REPO / doc).read_text()
+    return [line.rstrip() for line in PREDICTION.findall(text)]
+
+
 def _train_frequency(run_dir: Path, token_id: int) -> float:
     """The token's share of all tokens in the run's training shards (what a frequency model predicts)."""
     import tensorflow as tf
@@ -57,6 +66,8 @@ def test_readme_quickstart_answers_its_example_from_context(tmp_path):
     proc = subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # The CLI prints one line per prediction, best first: "<score>  '<token>'  <sentence>".
+    # Issue 45.4: the README showed another run's block; the run is deterministic, so it must equal.
+    assert _printed_block(proc.stdout) == _printed_block("README.md"), proc.stdout[-2000:]
     printed = re.findall(r"^\s*([0-9.]+)\s+'([^']*)'\s+This function", proc.stdout, flags=re.M)
     assert ANSWER in [token.strip() for _, token in printed[:3]], proc.stdout[-2000:]
 
@@ -66,3 +77,10 @@ def test_readme_quickstart_answers_its_example_from_context(tmp_path):
     assert ANSWER in preds
     frequency = _train_frequency(run_dir, preds[ANSWER]["token"])
     assert preds[ANSWER]["score"] > 20 * frequency, (preds[ANSWER]["score"], frequency)
+
+
+@pytest.mark.quick
+def test_the_docs_show_the_readmes_quickstart_block():
+    """docs/benchmarks.md repeats the README's block: one run's figures in both places."""
+    block = _printed_block("README.md")
+    assert len(block) == 5 and _printed_block("docs/benchmarks.md") == block

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -41,7 +42,23 @@ class _Parser(argparse.ArgumentParser):
     like every other refusal: its default prints the whole usage block before the message."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+        unknown = message.split("unrecognized arguments: ", 1)[1].split() if "unrecognized arguments: " in message else []
+        flags = sorted(_option_strings(self))
+        hints = [f"{word.split('=')[0]}: did you mean {hint[0]}?" for word in unknown if word.startswith("-")
+                 if (hint := difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.6))]
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{hint}; see {self.prog} --help\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """The long flags of a parser and its subcommands: an unknown flag is reported by the top-level
+    parser, which does not know the subcommand's own."""
+    out = {s for s in parser._option_string_actions if s.startswith("--")}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _option_strings(sub)
+    return out
 
 
 def whole_number(lo: int, meaning: str = "") -> Callable[[str], int]:

@@ -12,10 +12,10 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tpu_ray.errors import UserError
 
@@ -34,6 +34,18 @@ INT64_MAX = 2**63 - 1
 class _Section(BaseModel):
     # allow_inf_nan=False: `train.learning_rate=.inf` is refused at load, not found as a NaN loss later.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1: YAML's yes/on/true where a number is meant is a slip, not 1.
+        if isinstance(v, bool):
+            annotation = cls.model_fields[info.field_name].annotation
+            types = set(get_args(annotation)) or {annotation}
+            if bool not in types and types & {int, float}:
+                raise ValueError(f"is a boolean ({str(v).lower()}; YAML also reads yes/no/on/off so), not a "
+                                 f"number; give a number")
+        return v
 
     @field_validator("*", mode="after")
     @classmethod
@@ -78,6 +90,7 @@ class _SourceFields(_Section):
     max_rows: int | None = Field(None, gt=0)
     # Lines longer than this many UTF-8 bytes are split (at whitespace, else at this bound) before
     # tokenizing, with a warning saying how many: one huge line must not take a worker's memory.
+    # A JSON-lines record is never cut: one longer than this is a bad record (see bad_records).
     max_line_bytes: int = Field(1 << 20, ge=1024)
     # A record that cannot be read (a JSON line cut mid-record, not JSON, not an object, a field that
     # is not text): "fail" the pass naming it, or "skip" it: counted and listed (file, line, reason)
@@ -638,7 +651,12 @@ class RunConfig(_Section):
         return type(self).from_dict(data, origin="override")
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """The config as YAML; beside corpus.sources no corpus.source (its unused default, which read
+        as a second corpus in a saved config)."""
+        data = self.model_dump(mode="json")
+        if data["corpus"].get("sources"):
+            data["corpus"].pop("source", None)
+        return yaml.safe_dump(data, sort_keys=False)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match when a run directory is resumed: everything that shapes the data/model.
@@ -726,7 +744,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
         seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
+        own = [k for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]  # a merged key may be overridden
+        self.flatten_mapping(node)  # YAML merge keys (`<<: *base`), as safe_load reads them
+        for key_node in own:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, (str, int, float, bool)) and key in seen:

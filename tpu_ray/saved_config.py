@@ -82,6 +82,8 @@ def check_config(cfg: RunConfig) -> bool:
         b = new if sections is None else {k: new.get(k) for k in sections}
         if sections is None and cfg.train.extend_schedule:  # checkpoints continue under a new schedule
             a, b = _without_schedule(a), _without_schedule(b)
+        if cfg.model.init_from:  # taken from the checkpoint (init_from.resolve_config), pinned by its hash
+            a, b = _without_checkpoint_derived(a), _without_checkpoint_derived(b)
         diff = first_difference(a, b)
         if diff:
             made = "was" if artifact == "tokenizer" else "were"
@@ -91,6 +93,16 @@ def check_config(cfg: RunConfig) -> bool:
     log.info("%s: replacing the saved config (%s); nothing in the directory depends on it yet",
              cfg.run_dir, first_difference(old, new))
     return True
+
+
+def _without_checkpoint_derived(fingerprint: dict) -> dict:
+    """A continued run's fingerprint without what the checkpoint decides (tokenizer.kind and
+    vocab_size, model.preset): a run saved before they were filled in holds the defaults there."""
+    out = dict(fingerprint)
+    for section, keys in (("tokenizer", ("kind", "vocab_size")), ("model", ("preset",))):
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in keys}
+    return out
 
 
 def _without_schedule(fingerprint: dict) -> dict:

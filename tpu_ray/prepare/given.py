@@ -273,6 +273,8 @@ def _strings_table(values: list, g: Given, field: str, columns: list[str], lists
 
     try:
         arr = pa.array(values)
+        if pa.types.is_null(arr.type):  # a batch of null texts only: typed as text, so later batches fit
+            arr = pa.array(values, pa.string())
     except (pa.ArrowException, TypeError) as exc:
         raise UserError(f"{g.label}: column {field!r} does not hold text only ({first_line(exc)}) "
                         f"(columns: {', '.join(columns)}); give a column of strings") from None

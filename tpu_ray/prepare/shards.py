@@ -41,6 +41,7 @@ from tpu_ray.errors import UserError
 from tpu_ray.prepare.actor_pool import run_on_pool
 from tpu_ray.prepare.bad_records import check_sources, skipped_by_kind, unit_stats
 from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
+from tpu_ray.prepare.text_bytes import bytes_per_token
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, declared_roles, describe, load_tokenizer_json
 from tpu_ray.redact import redact_obj
@@ -124,16 +125,35 @@ def encode_lines(tok: Any, lines: list[str], special_ids: frozenset[int] = froze
 def _respell(tok: Any, line: str, special_ids: frozenset[int]) -> list[int]:
     """`line`'s ids with every id of `special_ids` replaced by the ids of the characters it stands
     for (the tokenizer's unknown id for a character its vocabulary lacks, as for any such character)."""
-    enc = tok.encode(line, add_special_tokens=False)
+    return _respelled(tok, line, tok.encode(line, add_special_tokens=False), special_ids)[0]
+
+
+def _respelled(tok: Any, line: str, enc: Any, special_ids: frozenset[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """`_respell` from the line's encoding `enc`, with each id's character offsets into `line`."""
     ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
     for token_id, (start, end) in zip(enc.ids, enc.offsets):
         if token_id not in special_ids:
             ids.append(token_id)
+            offsets.append((start, end))
             continue
-        for ch in line[start:end]:
+        for j, ch in enumerate(line[start:end]):
             ch_id = tok.token_to_id(ch)
             ids.append(ch_id if ch_id is not None and ch_id not in special_ids else _unk_id(tok, special_ids))
-    return ids
+            offsets.append((start + j, start + j + 1))
+    return ids, offsets
+
+
+def encode_lines_with_bytes(tok: Any, lines: list[str], special_ids: frozenset[int] = frozenset()
+                            ) -> tuple[list[list[int]], list[list[int]]]:
+    """`encode_lines` and, per id, the UTF-8 bytes of the line it stands for (prepare/text_bytes.py):
+    what bits per byte divides by. Validation text only: the offsets cost tokenizer time."""
+    ids, nbytes = [], []
+    for line, enc in zip(lines, tok.encode_batch(lines, add_special_tokens=False)):
+        line_ids, offsets = _respelled(tok, line, enc, special_ids)
+        ids.append(line_ids)
+        nbytes.append(bytes_per_token(line, offsets))
+    return ids, nbytes
 
 
 def _unk_id(tok: Any, special_ids: frozenset[int]) -> int:
@@ -158,6 +178,19 @@ def encode_joined(tok: Any, lines: list[str], sep_id: int, special_ids: frozense
     """
     parts = [join_ids(encode_lines(tok, batch, special_ids), sep_id) for batch in _batches(lines)]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def encode_joined_with_bytes(tok: Any, lines: list[str], sep_id: int, special_ids: frozenset[int] = frozenset()
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """`encode_joined` and, aligned with it, each id's UTF-8 bytes of text ([SEP] stands for none)."""
+    ids_parts, byte_parts = [], []
+    for batch in _batches(lines):
+        ids, nbytes = encode_lines_with_bytes(tok, batch, special_ids)
+        ids_parts.append(join_ids(ids, sep_id))
+        byte_parts.append(join_ids(nbytes, 0))
+    if not ids_parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(ids_parts), np.concatenate(byte_parts)
 
 
 def _batches(lines: list[str]):
@@ -187,7 +220,7 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
     if extra_lengths:
         result["by_length"] = {n: {"unit": unit.index, "shards": [], "tokens": 0, "dropped_tokens": 0}
                                for n in extra_lengths}
-    counts = Counts()
+    counts = Counts(max_record_bytes=max_line_bytes)
     for part, chunk in enumerate(iter_chunks(unit, counts)):
         for split in SPLITS:
             lines = chunk.train if split == "train" else chunk.validation
@@ -196,7 +229,11 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
                 result["split_lines"] += cut
             if not lines:
                 continue
-            flat = encode_joined(tok, lines, info.sep_id, never_text_ids(info))
+            text_bytes = None  # validation rows carry each token's bytes of text: bits per byte
+            if split == "train":
+                flat = encode_joined(tok, lines, info.sep_id, never_text_ids(info))
+            else:
+                flat, text_bytes = encode_joined_with_bytes(tok, lines, info.sep_id, never_text_ids(info))
             if live is not None:  # read by the driver while the unit runs (ShardWorker.live_progress)
                 live.update(lines=live["lines"] + len(lines), chars=live["chars"] + sum(map(len, lines)),
                             tokens=live["tokens"] + len(flat))
@@ -206,7 +243,8 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
                     _write_rows(flat, length, info, split, unit, part, storage.join(out_dir, f"seq-{length}"),
                                 result["by_length"][length])
             rows, tokens, dropped = cut_rows(flat, seq_len, info.cls_id, info.sep_id)
-            del flat
+            row_bytes = None if text_bytes is None else cut_rows(text_bytes, seq_len, 0, 0)[0]
+            del flat, text_bytes
             result["tokens"] += tokens
             result["dropped_tokens"] += dropped
             if len(rows) == 0:
@@ -214,7 +252,7 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
             name = shard_path(split, unit.index, len(rows), part if unit.streamed else None)
             if not storage.is_remote(out_dir):  # object stores have no folders to make
                 storage.makedirs(storage.join(out_dir, split))
-            digest, nbytes = _commit_shard(rows, storage.join(out_dir, name))
+            digest, nbytes = _commit_shard(rows, storage.join(out_dir, name), row_bytes)
             result["shards"].append({"split": split, "path": name, "unit": unit.index, "samples": len(rows),
                                      "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
         chunk.train, chunk.validation = [], []  # one chunk's text alive at a time
@@ -239,9 +277,9 @@ def _write_rows(flat: np.ndarray, seq_len: int, info: TokenizerInfo, split: str,
                            "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
 
 
-def _commit_shard(rows: np.ndarray, final_path: str) -> tuple[str, int]:
+def _commit_shard(rows: np.ndarray, final_path: str, text_bytes: np.ndarray | None = None) -> tuple[str, int]:
     """Build the shard in memory (one unit's worth), hash it, commit it to `final_path` atomically."""
-    data = examples_file(rows)
+    data = examples_file(rows, text_bytes)
     storage.atomic_write_bytes(final_path, data)
     return hashlib.sha256(data).hexdigest(), len(data)
 

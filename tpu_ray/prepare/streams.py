@@ -59,6 +59,7 @@ class Counts:
     bad: list[dict] = field(default_factory=list)  # {"file", "where", "reason"} of each skipped bad record
     by_kind: dict[str, int] = field(default_factory=dict)  # skipped records by file kind (iter_chunks)
     warned: bool = False  # the typo'd-field warning was given
+    max_record_bytes: int | None = None  # corpus.max_line_bytes when sharding: a longer JSON record is bad
 
     def missing_field(self, source: str, where: str, keys: list[str], text_field: str) -> None:
         """Count a record without the field; warn (once) when a file's first records all lack it."""
@@ -254,6 +255,13 @@ def json_texts(lines: Iterable[tuple[str, bytes | str]], source: str, text_field
         if not line.strip():
             continue
         counts.records += 1
+        limit = counts.max_record_bytes
+        if limit and len(line) > limit // 4 and (size := len(line.encode() if isinstance(line, str) else line)) > limit:
+            counts.bad_record(source, where, f"a record of {size} bytes, over corpus.max_line_bytes={limit}",
+                              f"{source}: {where}: a record of {size} bytes, over corpus.max_line_bytes={limit} (a "
+                              f"record is never cut); raise corpus.max_line_bytes to read it, or set "
+                              f"corpus.bad_records=skip to skip and list it")
+            continue
         if isinstance(line, str) and line.startswith("\ufeff"):  # a byte-order mark is never text
             line = line[1:]
         try:

@@ -91,14 +91,21 @@ def _packed_rows(input_ids: np.ndarray) -> tuple[bytes, list[int], list[int]]:
     return flat.tobytes(), starts.tolist(), lengths.tolist()
 
 
-def serialize_examples(input_ids: np.ndarray) -> Iterator[bytes]:
-    """Yield one serialized Example per row of `input_ids` [n, seq_len], attention_mask all ones.
+def serialize_examples(input_ids: np.ndarray, text_bytes: np.ndarray | None = None) -> Iterator[bytes]:
+    """Yield one serialized Example per row of `input_ids` [n, seq_len], attention_mask all ones,
+    and with `text_bytes` (validation rows: each token's UTF-8 bytes of text) a `text_bytes` feature.
 
     Samples are full chunks of concatenated text, so they never contain padding.
     """
     if input_ids.shape[0] == 0:
         return
     mask_entry = _int64_feature(b"attention_mask", b"\x01" * input_ids.shape[1])
+    if text_bytes is not None:  # validation only (a few % of rows): one row at a time
+        for ids, nbytes in zip(input_ids, text_bytes):
+            entries = (_int64_feature(b"input_ids", _varints(ids)[0].tobytes()) + mask_entry
+                       + _int64_feature(b"text_bytes", _varints(nbytes)[0].tobytes()))
+            yield _field(1, entries)
+        return
     data, starts, lengths = _packed_rows(input_ids)
     prefixes: dict[int, bytes] = {}
     for start, length in zip(starts, lengths):
@@ -120,15 +127,15 @@ def write_records(f: BinaryIO, records: Iterable[bytes]) -> int:
     return count
 
 
-def examples_file(input_ids: np.ndarray) -> bytes:
-    """The whole TFRecord file of `serialize_examples(input_ids)`, built in one buffer.
+def examples_file(input_ids: np.ndarray, text_bytes: np.ndarray | None = None) -> bytes:
+    """The whole TFRecord file of `serialize_examples(input_ids, text_bytes)`, built in one buffer.
 
     Why: the sharding hot path. Records of equal length share their header and its CRC, so per
     row only the data CRC is computed (in C); everything else is numpy or a cached prefix.
     """
     headers: dict[int, bytes] = {}
     out: list[bytes] = []
-    for data in serialize_examples(input_ids):
+    for data in serialize_examples(input_ids, text_bytes):
         header = headers.get(len(data))
         if header is None:
             length = struct.pack("<Q", len(data))

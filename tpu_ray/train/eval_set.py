@@ -14,6 +14,9 @@ left the last files of a large split unread. Here:
 - the set is padded to whole global batches with rows that score nothing (labels all ignored),
   so every sample is scored once on 1 device or 8.
 
+Each validation token carries the UTF-8 bytes of text it stands for (`text_bytes`, written with the
+shards): bits per byte is the text's own (`scored_bytes`).
+
 `identity` names the set (samples, shard contents, tokenizer, rate, seq_len): two eval records
 with equal identities scored the same tokens under the same masks.
 """
@@ -106,8 +109,12 @@ def eval_dataset(es: EvalSet, seq_len: int, per_replica: int, replicas: int, spe
     for part in parts[1:]:
         records = records.concatenate(part)
 
+    unknown = tf.io.FixedLenFeature([seq_len], tf.int64, default_value=[-1] * seq_len)
+
     def masked(i: tf.Tensor, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
         row = parse_batch(serialized[None], seq_len)
+        row["text_bytes"] = tf.cast(tf.io.parse_example(serialized[None], {"text_bytes": unknown})["text_bytes"],
+                                    tf.int32)
         seed = tf.stack([tf.constant(es.mask_seed, tf.int64), i])
         return {k: v[0] for k, v in _with_targets(row, seed, spec).items()}
 
@@ -131,32 +138,17 @@ def eval_dataset(es: EvalSet, seq_len: int, per_replica: int, replicas: int, spe
     return ds.prefetch(tf.data.AUTOTUNE).with_options(opts)
 
 
-def token_bytes(tokenizer_json: str) -> list[int]:
-    """UTF-8 bytes of text each id stands for, for bits per byte: the piece's own characters, a
-    word-start marker (Metaspace `▁`, byte-level `Ġ`) as the one space it replaces, a WordPiece
-    `##` as nothing, a byte-level character as one byte; special tokens 0, `<unk>` 1 (it stands
-    for at least one character). An approximation where a tokenizer normalises text (lowercasing
-    keeps byte counts; NFKC may not), exact for the tokenizers tpu-ray trains."""
-    from tokenizers import Tokenizer
+def scored_bytes(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+    """(UTF-8 bytes of text of the batch's scored targets, scored targets whose bytes the shards do
+    not carry): bits per byte divides by the first, and is not reported when the second is not 0.
 
-    from tpu_ray.train.words import BYTE_LEVEL, METASPACE, WORDPIECE
-
-    tok = Tokenizer.from_str(tokenizer_json)
-    size = tok.get_vocab_size(with_added_tokens=True)
-    added = {t["id"]: t for t in json.loads(tokenizer_json).get("added_tokens", [])}
-    pieces = [""] * size
-    for piece, i in tok.get_vocab(with_added_tokens=True).items():
-        if 0 <= i < size:
-            pieces[i] = piece
-    byte_level = sum(p.startswith(BYTE_LEVEL) for p in pieces) > sum(p.startswith(METASPACE) for p in pieces)
-    out = []
-    for i, piece in enumerate(pieces):
-        if i in added and added[i].get("special"):
-            out.append(1 if "unk" in piece.lower() else 0)
-        elif byte_level:
-            out.append(len(piece))  # one character per byte in the byte-level alphabet
-        elif piece.startswith(WORDPIECE):
-            out.append(len(piece[2:].encode()))
-        else:
-            out.append(len(piece.replace(METASPACE, " ").encode()))
-    return out
+    The bytes are the text's own, counted when the validation shards were written
+    (prepare/text_bytes.py), so the figure is exact for every tokenizer; shards written before
+    carry none (-1), and no figure is better than a guess from the vocabulary (a WordPiece guess
+    misses every space)."""
+    labels = batch["mlm_labels"]
+    nbytes = tf.gather(batch["text_bytes"], batch["mlm_positions"], batch_dims=1)
+    scored = tf.not_equal(labels, IGNORE)
+    known = tf.logical_and(scored, nbytes >= 0)
+    return (tf.reduce_sum(tf.cast(tf.where(known, nbytes, 0), tf.float32)),
+            tf.reduce_sum(tf.cast(tf.logical_and(scored, nbytes < 0), tf.float32)))

@@ -86,6 +86,8 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
                    f"accuracy {ev.get('eval_accuracy', float('nan')):.3f}")
     else:
         quality = "- final eval loss: not evaluated (no validation samples)"
+    sizes = cfg.model.sizes()
+    origin = f"continued from {cfg.model.init_from}" if cfg.model.init_from else f"preset `{cfg.model.preset}`"
     command = _command(cfg.run_dir)
     made_by = f"`{command}`" if command else "(not recorded)"
     lines = [
@@ -99,7 +101,8 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         f"- corpus: {corpus_line(cfg)}",
         f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `{mask}`)",
         *([line] if (line := _vocabulary_line(cfg)) else []),
-        f"- model: {model_type}, preset `{cfg.model.preset}`, sequence length {cfg.shard.seq_len}",
+        f"- model: {model_type}, hidden {sizes['hidden_size']}, {sizes['num_hidden_layers']} layers, "
+        f"{sizes['num_attention_heads']} heads ({origin}), sequence length {cfg.shard.seq_len}",
         f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
         f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
         quality,
@@ -116,7 +119,9 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         f'unmasker("Some text with a {mask} token.")',
         "```",
         "",
-        "TensorFlow (Transformers 4.x, without PyTorch), from `tf_model.h5`:",
+        "TensorFlow (Transformers 4.x, without PyTorch), from `tf_model.h5`. Where PyTorch is not installed",
+        "(tpu-ray's own environment), the call above fails with `NameError: name 'torch' is not defined`",
+        "(Transformers 4.57 looks up its default `dtype` in torch); say the framework and no dtype:",
         '`pipeline("fill-mask", model="PATH/TO/model", framework="tf", dtype=None, '
         'model_kwargs={"use_safetensors": False})`.',
         "",

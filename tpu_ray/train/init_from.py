@@ -416,7 +416,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         if mine is not None and mine != value:
             raise UserError(f"model.{key}={mine}: the checkpoint {src.where} has {key}={value}; "
                             f"leave model.{key} out (the checkpoint's sizes are the model)")
-    overrides: dict[str, Any] = {"model.model_type": model_type}
+    overrides: dict[str, Any] = {"model.model_type": model_type, **_as_trained(cfg, sizes)}
     if src.kind == "copy":
         overrides["model.init_sha256"] = read_record(cfg.run_dir)["sha256"]
     overrides.update({f"model.{k}": v for k, v in sizes.items()})
@@ -435,6 +435,31 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 
         file_tokens(cfg.tokenizer.add_tokens_file, Speller(base_tokenizer_json(cfg)))  # bad input: before any write
     return cfg
+
+
+def _as_trained(cfg: RunConfig, sizes: dict[str, int]) -> dict[str, Any]:
+    """The config fields a continued run takes from what it trains: tokenizer.kind and vocab_size of
+    the tokenizer it uses (the checkpoint's, or tokenizer.path), and model.preset when the
+    checkpoint's sizes are a preset's. Why: config.yaml, the model card and `doctor` read them, and
+    a continued config leaves their defaults in (a "unigram 8000, preset tiny" card for a BPE-2000
+    hidden-128 model, and a doctor FAIL comparing 8000 tokens with 2000 embedding rows)."""
+    from tokenizers import Tokenizer
+
+    from tpu_ray.config import MODEL_PRESETS
+    from tpu_ray.prepare.tokenizer import load_tokenizer_json
+
+    text = load_tokenizer_json(cfg.tokenizer.path) if cfg.tokenizer.path else base_tokenizer_json(cfg)
+    out: dict[str, Any] = {}
+    kind = {"BPE": "bpe", "Unigram": "unigram", "WordPiece": "wordpiece"}.get(json.loads(text)["model"].get("type"))
+    if kind:
+        out["tokenizer.kind"] = kind
+    size = Tokenizer.from_str(text).get_vocab_size(with_added_tokens=True)
+    if 64 <= size <= 1_000_000:  # tokenizer.vocab_size's bounds
+        out["tokenizer.vocab_size"] = size
+    preset = next((name for name, p in MODEL_PRESETS.items() if all(sizes.get(k) == v for k, v in p.items())), None)
+    if preset:
+        out["model.preset"] = preset
+    return out
 
 
 # --- the checkpoint's tokenizer -------------------------------------------------------------------

@@ -187,17 +187,17 @@ def unscored(batch: dict[str, tf.Tensor]) -> tf.Tensor:
     return tf.reduce_sum(tf.cast(batch["mlm_unscored"], tf.float32))
 
 
-def make_eval_step(s: TrainSetup, byte_table: tf.Tensor):
-    """Per batch, summed over replicas: (loss sum, correct, masked tokens, UTF-8 bytes of those tokens,
-    masked tokens beyond the predictions bound)."""
+def make_eval_step(s: TrainSetup):
+    """Per batch, summed over replicas: (loss sum, correct, masked tokens, UTF-8 bytes of text of
+    those tokens, masked tokens beyond the predictions bound, masked tokens of unknown bytes)."""
+    from tpu_ray.train.eval_set import scored_bytes
+
     strategy, model = s.info.strategy, s.model
 
     def replica_eval(batch):
-        labels = batch["mlm_labels"]
-        loss, correct, count = masked_sums(labels, mlm_logits(model, batch, training=False))
-        scored = tf.cast(tf.not_equal(labels, IGNORE), tf.float32)
-        nbytes = tf.reduce_sum(tf.gather(byte_table, tf.maximum(labels, 0)) * scored)
-        return tf.stack([loss, correct, count, nbytes, unscored(batch)])
+        loss, correct, count = masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False))
+        nbytes, unknown = scored_bytes(batch)
+        return tf.stack([loss, correct, count, nbytes, unscored(batch), unknown])
 
     @tf.function
     def eval_step(batch):
@@ -589,8 +589,7 @@ def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
     """A function returning the evaluation of every source's fixed set (train/eval_set.py), or None
     when no source has validation samples. Its result: the figures pooled over the training sources
     (over every source when none of those has validation text), and under "sources" each source's."""
-    from tpu_ray.prepare.tokenizer import load_tokenizer_json
-    from tpu_ray.train.eval_set import eval_dataset, eval_set, eval_spec, token_bytes
+    from tpu_ray.train.eval_set import eval_dataset, eval_set, eval_spec
 
     cfg, strategy, replicas = s.cfg, s.info.strategy, s.info.replicas
     contents = {storage.join(shards.directory, e.path): e.sha256 or "" for e in shards.entries}
@@ -601,27 +600,34 @@ def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
         log.warning("no evaluation: the shards hold no validation samples")
         return None
     spec = eval_spec(mask_spec(cfg, s.tok), cfg.eval.mask_prob, cfg.shard.seq_len)
-    byte_table = tf.constant(token_bytes(load_tokenizer_json(cfg.tokenizer_dir)), tf.float32)
-    eval_step = make_eval_step(s, byte_table)
+    eval_step = make_eval_step(s)
     datasets = {es.source: strategy.distribute_datasets_from_function(
         lambda ctx, es=es: eval_dataset(es, cfg.shard.seq_len, per_replica, replicas, spec,
                                         ctx=None if ctx.num_input_pipelines == 1 else ctx)) for es in sets}
     pooled = [es.source for es in sets if not shards.evaluation_only(es.source)] or [es.source for es in sets]
 
     def figures(sums: np.ndarray, identity: str) -> dict[str, Any]:
-        loss_sum, correct, count, nbytes, dropped = (float(x) for x in sums)
+        loss_sum, correct, count, nbytes, dropped, unknown = (float(x) for x in sums)
         loss = loss_sum / max(count, 1.0)
+        bpb = loss_sum / math.log(2) / nbytes if nbytes and not unknown else None  # shards without bytes: none
         return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0), "perplexity": math.exp(min(loss, 700.0)),
-                "bits_per_byte": loss_sum / math.log(2) / nbytes if nbytes else None, "eval_tokens": int(count),
+                "bits_per_byte": bpb, "eval_tokens": int(count),
                 "eval_set": identity, "eval_mask_prob": cfg.eval.mask_prob, "eval_unscored_targets": int(dropped)}
+
+    warned: set[str] = set()
 
     def evaluate() -> dict[str, Any]:
         per_source = {}
         for es in sets:
-            total = tf.zeros([5])
+            total = tf.zeros([6])
             for batch in datasets[es.source]:
                 total += eval_step(batch)
             per_source[es.source] = total.numpy()
+            if per_source[es.source][5] and es.source not in warned:
+                warned.add(es.source)
+                log.warning("no bits per byte for source %r: its validation shards were written without each "
+                            "token's bytes of text (before tpu-ray recorded them); write the shards again "
+                            "for the figure", es.source)
         identity = hashlib.sha256(json.dumps(sorted(es.identity for es in sets if es.source in pooled)).encode())
         result = figures(sum(per_source[n] for n in pooled), identity.hexdigest()[:16] if len(pooled) > 1
                          else next(es.identity for es in sets if es.source == pooled[0]))

@@ -117,8 +117,11 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
 
     def run_eval(step: StepInfo) -> None:
         result = dict(evaluate())
-        for name, fields in result.pop("sources", {}).items():  # each source's own record (evaluate_sets)
-            log.log(level, eval_line(metrics.write("eval_source", step=step.step, source=name, **fields)))
+        sources = result.pop("sources", {})
+        for name, fields in sources.items():  # each source's own record (evaluate_sets)
+            record = metrics.write("eval_source", step=step.step, source=name, **fields)
+            if len(sources) > 1:  # one source: its line would repeat the pooled one below
+                log.log(level, eval_line(record))
         state.last_eval = metrics.write("eval", step=step.step, **result)
         log.log(level, eval_line(state.last_eval))
 

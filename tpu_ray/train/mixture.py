@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_ray.train.input_position import InputPosition, PositionTracker, seekable_records
+
+log = logging.getLogger(__name__)
 
 BLOCK_MIN = 1024  # samples per block at least: a block's shares are exact to one sample
 _STAGE_STRIDE = 1 << 32  # block seeds: stage * stride + block
@@ -203,7 +206,21 @@ def mixture_of(cfg, shards) -> Mixture | None:
     if empty:
         raise UserError(f"corpus.sources.{empty[0]}: no train samples (its text made only validation samples, or "
                         f"none); give it more text, a lower validation_fraction, or weight 0 (evaluation only)")
-    return mixture_for(cfg.corpus, samples, cfg.seed)
+    mixture = mixture_for(cfg.corpus, samples, cfg.seed)
+    log.info("%s", shares_line(cfg.corpus, mixture))
+    return mixture
+
+
+def shares_line(corpus, mixture: Mixture) -> str:
+    """The weights as written and the share of training samples each gives, stage by stage: weights
+    are relative (normalised over the training sources), so `weight: 9` beside `0.1` is 98.9%, which
+    a reader of "weight" as a share would not guess."""
+    parts = []
+    for start, probs in mixture.stages:
+        weights = corpus.stage_weights(start)
+        shares = ", ".join(f"{n} {weights[n]:g} -> {p:.1%}" for n, p in zip(mixture.names, probs))
+        parts.append(f"from step {start}: {shares}" if len(mixture.stages) > 1 else shares)
+    return "mixture: weights are relative; share of the training samples: " + "; ".join(parts)
 
 
 class MixtureTracker(PositionTracker):

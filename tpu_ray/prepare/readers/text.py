@@ -42,6 +42,9 @@ class TextReader(Reader):
     compressible = True
     packable = True
     sniffs = True
+    # A line longer than corpus.max_line_bytes may be cut at a unit boundary (text is text); a JSON
+    # record may not: its boundaries go to the next record boundary (readers/jsonl.py).
+    cuts_long_lines = True
 
     # ---- how the text of a file becomes records (JSON lines overrides these) ----
     def range_texts(self, text: str, offset: int, unit: WorkUnit, counts: Counts) -> list[str]:
@@ -62,7 +65,7 @@ class TextReader(Reader):
             # unit, streamed in chunks.
             return streamed_file_unit(self, file, ctx)
         size = file.size if file.size >= 0 else storage.size(path)
-        limit = corpus.max_line_bytes
+        limit = corpus.max_line_bytes if self.cuts_long_lines else None
         # Every boundary aligned in one batch of ranged reads (and the split points in a second).
         wanted = list(range(shard.unit_bytes, size, shard.unit_bytes))
         capped = corpus.max_bytes is not None and corpus.max_bytes < size
