@@ -1,0 +1,55 @@
+"""Issue 46: nothing lost, no one let in (second review). A run's records cannot write outside
+it, a borrowed shard set stays its owner's, no open port without saying so, private run
+directories checked without following links, one redaction for every file, log and error line,
+a lost gs:// lock stops its writer, a model directory's links are not followed, and `compare`
+commits its files by rename."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import pytest
+
+from tpu_ray.errors import DamagedRunDir, UserError
+
+
+# --- 5. one redaction for files, logs and error lines --------------------------------------------
+@pytest.mark.quick
+@pytest.mark.parametrize("url, secret", [
+    ("https://alice:pa'ss@host/a.txt", "pa'ss"),
+    ('https://alice:pa"ss@host/a.txt', 'pa"ss'),
+    ("https://alice:p@ssw0rd@host/a.txt", "ssw0rd"),
+    ("https://storage.googleapis.com/b/o.txt?X-Goog-Algorithm=GOOG4&X-Goog-Signature=abc123def&x=1", "abc123def"),
+    ("https://host/o.txt?token=hf_tok3n", "hf_tok3n"),
+    ("https://acct.blob.core.windows.net/c/o.txt?sv=2020&sig=S1GNED", "S1GNED"),
+])
+def test_redaction_hides_quoted_at_signed_and_token_credentials_in_every_form(url, secret):
+    """Quotes made the old pattern skip the URL, `@` leaked the part after it, query tokens were
+    never hidden; YAML (config.yaml) and JSON (run_info.json, plan.json) forms included."""
+    import yaml
+
+    from tpu_ray.redact import redact, unredact
+
+    for form in (url, yaml.safe_dump({"corpus": url}), json.dumps({"command": f"tpu-ray run {url}"}), repr(url)):
+        assert secret not in redact(form), form
+    plan = redact(json.dumps({"files": [url]}))
+    assert json.loads(unredact(plan, [url]))["files"] == [url]  # the plan still opens the real URL
+
+
+@pytest.mark.quick
+def test_log_lines_and_the_cli_error_line_keep_no_password(tmp_path, capsys):
+    """`tpu-ray shard --corpus https://user:secret@127.0.0.1:9/x.txt` printed `user:secret`."""
+    from tpu_ray.cli import main
+    from tpu_ray.logs import setup_logging
+
+    setup_logging()
+    logging.getLogger("tpu_ray.test").warning("reading %s", "https://bob:hunter2@host/x?X-Goog-Signature=ff00")
+    code = main(["shard", "--corpus", "https://user:secret@127.0.0.1:9/x.txt", "--output-dir", str(tmp_path / "r"),
+                 "ray.address=local"])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "tpu-ray: error:" in err, err
+    assert "user:***@127.0.0.1" in err or "127.0.0.1:9" in err, err
+    assert "secret" not in err and "hunter2" not in err and "ff00" not in err, err
