@@ -53,3 +53,37 @@ def test_log_lines_and_the_cli_error_line_keep_no_password(tmp_path, capsys):
     assert code in (1, 2) and "tpu-ray: error:" in err, err
     assert "user:***@127.0.0.1" in err or "127.0.0.1:9" in err, err
     assert "secret" not in err and "hunter2" not in err and "ff00" not in err, err
+
+
+# --- 4. the run-directory privacy check: no link, a parent of ours ----------------------------
+@pytest.mark.quick
+def test_a_run_dir_planted_as_a_link_to_a_directory_of_ours_is_refused(tmp_path):
+    """In a shared sticky parent another user plants RUN -> a directory the victim owns; `os.stat`
+    followed the link and the check passed."""
+    from tpu_ray.runlock import RunLock
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    (shared / "run").symlink_to(victim)
+    with pytest.raises(UserError, match=r"run: is a symbolic link \(to .*victim\).*--output-dir") as err:
+        RunLock(str(shared / "run"), "tpu-ray run").acquire()
+    assert "\n" not in str(err.value) and os.listdir(victim) == []
+
+
+@pytest.mark.quick
+@pytest.mark.skipif(os.getuid() != 0, reason="making a directory of another user needs root (chown)")
+def test_a_run_dir_whose_parent_another_user_owns_is_refused(tmp_path):
+    from tpu_ray.runlock import RunLock
+
+    parent = tmp_path / "theirs"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, 4242, 4242)  # mode 0755: only they can write it, and so rename our run away
+    with pytest.raises(UserError, match=r"its parent .*theirs belongs to another user \(uid 4242\)") as err:
+        RunLock(str(parent / "run"), "tpu-ray run").acquire()
+    assert "\n" not in str(err.value)
+    os.chown(parent, os.getuid(), os.getgid())
+    with RunLock(str(parent / "run"), "tpu-ray run"):
+        pass

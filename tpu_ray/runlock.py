@@ -256,10 +256,18 @@ class RunLock:
 
 
 def check_private_dir(directory: str, name: str) -> None:
-    """Refuse a local directory that another user owns or can write (nor its parent, when that
-    lets others rename it away): one line naming it and the fix. Root-owned directories pass (only
-    root could write them, and then only by the mode)."""
-    st = os.stat(directory)
+    """Refuse a local run directory that is a link, that another user owns or can write, or whose
+    parent another user owns or can write without the sticky bit (they could rename it away): one
+    line naming it and the fix. Root-owned directories pass (only root could write them, and then
+    only by the mode).
+
+    `lstat`, not `stat`: in a shared parent another user can plant the run directory's name as a
+    link to a directory of ours, and a check that follows it passes that link."""
+    st = os.lstat(directory)
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{name}: is a symbolic link (to {os.readlink(directory)}); a run directory must be a "
+                        f"directory of its own: pass the real path as --output-dir, or remove the link and check "
+                        f"who made it")
     if st.st_uid not in (os.getuid(), 0):
         raise UserError(f"{name}: belongs to another user (uid {st.st_uid}); a run writes only its own directory: "
                         f"choose another --output-dir (e.g. under ~/ or a relative one)")
@@ -268,6 +276,9 @@ def check_private_dir(directory: str, name: str) -> None:
                         f"swap its files; run `chmod o-w {directory}` or choose another --output-dir")
     parent = os.path.dirname(os.path.abspath(directory))
     pst = os.stat(parent)
+    if pst.st_uid not in (os.getuid(), 0):
+        raise UserError(f"{name}: its parent {parent} belongs to another user (uid {pst.st_uid}), who could rename "
+                        f"the run directory away; choose an --output-dir under a directory of yours")
     if pst.st_mode & stat.S_IWOTH and not pst.st_mode & stat.S_ISVTX:
         raise UserError(f"{name}: its parent {parent} is writable by every user without the sticky bit, so anyone "
                         f"could rename the run directory away; choose another --output-dir")
