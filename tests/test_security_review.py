@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
 
+from tests.helpers import REPO
 from tpu_ray.errors import DamagedRunDir, UserError
 
 
@@ -169,3 +172,74 @@ def test_a_model_directory_link_to_a_file_outside_is_refused_not_copied(tmp_path
     (model / "vocab.txt").write_text("[PAD]\n")
     own_copy(cfg)
     assert (tmp_path / "run" / "init" / "special_tokens_map.json").read_text() == "{}"
+
+
+# --- 6. a lost gs:// lock stops its writer -------------------------------------------------------
+@pytest.mark.quick
+def test_after_the_lock_is_taken_over_the_old_writer_writes_nothing_more(gcs_emulator):
+    """`lost` was set by the renewal and never read: metrics, export and shards went on beside
+    the new holder's."""
+    from tests.test_security import Clock
+    from tpu_ray import storage
+    from tpu_ray.runlock import RunLock
+
+    bucket = gcs_emulator.make_bucket()
+    run, other = f"{bucket}/run", f"{bucket}/other"
+    clock = Clock()
+    old = RunLock(run, "tpu-ray train", lease_s=60, clock=clock)
+    old.acquire()
+    try:
+        storage.atomic_write_text(f"{run}/metrics/a.jsonl", "1\n")  # within the lease
+        clock.now += 61  # a renewal outage longer than the lease: another process takes the lock over
+        code = (f"import os; from tpu_ray.runlock import RunLock; RunLock({run!r}, 'tpu-ray next', lease_s=60, "
+                f"clock=lambda: {clock.now}).acquire(); os._exit(0)")
+        subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+        for write in (lambda: storage.atomic_write_text(f"{run}/metrics/b.jsonl", "2\n"),
+                      lambda: storage.atomic_write_bytes(f"{run}/model/weights", b"w"),
+                      lambda: storage.remove(f"{run}/metrics/a.jsonl")):
+            with pytest.raises(UserError, match=r"run: this run's lock was taken over by host .*tpu-ray next"
+                                                r".*were not written") as err:
+                write()
+            assert "\n" not in str(err.value)
+        assert old.lost
+        assert not storage.exists(f"{run}/metrics/b.jsonl") and not storage.exists(f"{run}/model/weights")
+        assert storage.read_text(f"{run}/metrics/a.jsonl") == "1\n"
+        storage.atomic_write_text(f"{other}/x", "another run's directory is not fenced\n")
+    finally:
+        old.release()
+
+
+@pytest.mark.quick
+def test_a_lease_that_ran_out_and_nobody_took_is_renewed_at_the_next_write(gcs_emulator):
+    from tests.test_security import Clock
+    from tpu_ray import storage
+    from tpu_ray.runlock import RunLock
+
+    run, clock = f"{gcs_emulator.make_bucket()}/run", Clock()
+    with RunLock(run, "tpu-ray train", lease_s=60, clock=clock) as lock:
+        clock.now += 100
+        storage.atomic_write_text(f"{run}/x", "ok\n")
+        assert not lock.lost and json.loads(storage.read_text(f"{run}/.lock"))["renewed"] == clock.now
+
+
+@pytest.mark.quick
+def test_taking_over_rechecks_the_lease_after_reading_the_holder_again(gcs_emulator):
+    """`_delete_if` deleted a lock whose token matched even when its holder had renewed since it
+    was read as expired: two writers."""
+    from tests.test_security import Clock
+    from tpu_ray import storage
+    from tpu_ray.runlock import RunLock
+
+    run, clock = f"{gcs_emulator.make_bucket()}/run", Clock()
+    holder = RunLock(run, "tpu-ray train", lease_s=60, clock=clock)
+    holder.acquire()
+    try:
+        clock.now += 61
+        taker = RunLock(run, "tpu-ray next", lease_s=60, clock=clock)
+        seen = json.loads(storage.read_text(f"{run}/.lock"))
+        assert taker.expired(seen)
+        assert holder.renew()  # the holder comes back between the taker's read and its delete
+        assert taker._delete_if(seen, takeover=True) is False
+        assert json.loads(storage.read_text(f"{run}/.lock"))["token"] == holder.info["token"]
+    finally:
+        holder.release()
