@@ -378,8 +378,8 @@ def isdir(path: str) -> bool:
 def makedirs(path: str) -> None:
     """Create a local directory tree; object stores have no directories, so only the bucket is
     checked there (a typo in an output bucket fails here, before any work is done)."""
-    _fenced(path)
     if not is_remote(path):
+        _fenced(path)  # (an object store's "directory" writes nothing: no fence)
         fs, p = filesystem(path)
         try:
             fs.makedirs(p, exist_ok=True)
