@@ -243,3 +243,26 @@ def test_taking_over_rechecks_the_lease_after_reading_the_holder_again(gcs_emula
         assert json.loads(storage.read_text(f"{run}/.lock"))["token"] == holder.info["token"]
     finally:
         holder.release()
+
+
+# --- 2. a borrowed shard set stays its owner's ----------------------------------------------------
+def test_a_run_borrowing_a_shard_set_with_a_missing_file_rewrites_nothing_of_it(tmp_path, small_corpus,
+                                                                                 tiny_tokenizer_dir, ray_local):
+    """With shard.dir=A/shards and one of A's shard files gone, the unit was put back on the
+    to-do list, written into A's directory, and A's manifest rewritten as this run's, incomplete."""
+    from tests.helpers import tiny_config
+    from tpu_ray.prepare.shards import make_shards
+
+    cfg_a = tiny_config(tmp_path / "a", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir})
+    make_shards(cfg_a)
+    shards = tmp_path / "a" / "shards"
+    gone = sorted(shards.rglob("*.tfrecord"))[0]
+    gone.unlink()
+    before = {p: p.read_bytes() for p in shards.rglob("*") if p.is_file()}
+    cfg_b = tiny_config(tmp_path / "b", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir,
+                                                          "shard.dir": str(shards)})
+    with pytest.raises(UserError, match=rf"belong to run {cfg_a.run_dir} and 1 of their units lost or changed a "
+                                        rf"file \(e\.g\. .*{gone.name}\).*tpu-ray shard --output-dir") as err:
+        make_shards(cfg_b)
+    assert "\n" not in str(err.value)
+    assert {p: p.read_bytes() for p in shards.rglob("*") if p.is_file()} == before

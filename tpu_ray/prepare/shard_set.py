@@ -400,6 +400,12 @@ class ShardSet:
             # entries do not add up lost one (an edited manifest): redo it rather than trust it.
             if sum(e["samples"] for e in result["shards"]) * (seq_len - 2) != s["tokens"] - s["dropped"]:
                 redo.add(unit)
+        if redo & done.keys() and not owned:  # redoing would write into another run's set and manifest
+            missing = sorted(e.path for e in self.entries if e.unit in redo)
+            raise UserError(f"{where}: these shards belong to run {self.owner_run()} and {len(redo & done.keys())} of "
+                            f"their units lost or changed a file (e.g. {missing[0] if missing else '?'}); they are "
+                            f"left as they are: redo them from that run (tpu-ray shard --output-dir "
+                            f"{self.owner_run()}) or use another shard.dir")
         if redo & done.keys():
             log.warning("shard: %d committed unit(s) do not match their files or records in %s; redoing them",
                         len(redo & done.keys()), where)
