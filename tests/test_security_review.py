@@ -266,3 +266,24 @@ def test_a_run_borrowing_a_shard_set_with_a_missing_file_rewrites_nothing_of_it(
         make_shards(cfg_b)
     assert "\n" not in str(err.value)
     assert {p: p.read_bytes() for p in shards.rglob("*") if p.is_file()} == before
+
+
+# --- 3. multi-worker training: TensorFlow's open ports are refused until the network is closed ----
+@pytest.mark.quick
+def test_multiworker_training_is_refused_until_its_open_ports_are_declared_firewalled(tmp_path, capsys):
+    """train.workers>1 started TensorFlow gRPC servers listening on 0.0.0.0 without authentication
+    (TensorFlow 2.21 binds every interface whatever TF_CONFIG names: `ss -ltn` shows `*:PORT`)."""
+    from tests.helpers import tiny_config
+    from tpu_ray.cli import main
+
+    with pytest.raises(UserError, match=r"train\.workers=2: .*gRPC ports on every interface .*no authentication"
+                                        r".*train\.workers_network_closed=true") as err:
+        tiny_config(tmp_path / "run", tmp_path / "c.txt", **{"train.workers": 2})
+    assert "\n" not in str(err.value)
+    assert tiny_config(tmp_path / "run", tmp_path / "c.txt",
+                       **{"train.workers": 2, "train.workers_network_closed": True}).train.workers == 2
+    (tmp_path / "c.txt").write_text("some text\n")
+    code = main(["shard", "--corpus", str(tmp_path / "c.txt"), "--output-dir", str(tmp_path / "run"),
+                 "train.workers=2", "ray.address=local"])
+    assert code == 2 and "train.workers_network_closed=true" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before anything ran
