@@ -373,6 +373,7 @@ CONFIG_ROWS: dict[str, object] = {
     "train.tpu_wait_timeout_s": Num(0, 30 * 86400, lo_open=True),
     "train.num_gpus": Num(1, 1024),
     "train.workers": Num(1, 4096),
+    "train.workers_network_closed": Bool(),
     "train.on_nan": Enum(),
     "train.extend_schedule": Bool(),
     "train.accept_new_data_order": Bool(),

@@ -526,7 +526,8 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
         run_dir = tmp_path / "run"
         cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
                    **{"train.steps": 300, "train.checkpoint_every": 20, "train.log_every": 20,
-                      "train.eval_every": 1000, "train.workers": 2, "ray.shared_filesystem": True})
+                      "train.eval_every": 1000, "train.workers": 2, "train.workers_network_closed": True,
+                      "ray.shared_filesystem": True})
         outcome: dict = {}
 
         def run() -> None:
@@ -571,7 +572,8 @@ def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_pat
     from tpu_ray.cluster.placement import run_training
 
     cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
-               **{"train.steps": 6, "train.log_every": 3, "train.eval_every": 6, "train.workers": 2})
+               **{"train.steps": 6, "train.log_every": 3, "train.eval_every": 6, "train.workers": 2,
+                  "train.workers_network_closed": True})
     summary = run_training(cfg)
     workers = summary["workers"]
     assert len(workers) == 2 and all(w["steps"] == 6 for w in workers)
@@ -601,7 +603,7 @@ def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emul
     run = f"{gcs_emulator.make_bucket()}/run"
     cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
                **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 100, "train.checkpoint_every": 4,
-                  "train.workers": 2}).override({"output_dir": run})
+                  "train.workers": 2, "train.workers_network_closed": True}).override({"output_dir": run})
     first = run_training(cfg)
     assert [w["steps"] for w in first["workers"]] == [4, 4]
     assert 'model_checkpoint_path: "ckpt-4"' in storage.read_text(f"{run}/checkpoints/checkpoint")
@@ -621,7 +623,8 @@ def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_
     from tpu_ray.errors import UserError
     from tpu_ray.cluster.placement import run_training
 
-    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.workers": 2, "train.batch_size": 15})
+    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.workers": 2, "train.batch_size": 15,
+                                                                     "train.workers_network_closed": True})
     with pytest.raises(UserError, match=r"^train.batch_size=15 is not divisible by the 2 replicas") as err:
         run_training(cfg)
     assert "\n" not in str(err.value)

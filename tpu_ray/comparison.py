@@ -295,28 +295,21 @@ def write_comparison(runs: Sequence[str], out_dir: str) -> dict[str, str]:
             raise UserError(f"run directory not found: {run}")
     df = compare(runs)
     table = final_figures(runs, df)
-    remote = storage.is_remote(out_dir)
-    tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-compare-") if remote else None
-    local = tmp.name if tmp else out_dir
-    try:
-        if os.path.exists(local) and not os.path.isdir(local):
-            raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
-        os.makedirs(local, exist_ok=True)
+    if not storage.is_remote(out_dir) and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"{out_dir}: --out is an existing file, not a directory; pass a directory")
+    # Rendered into a temp directory, then each file committed by rename (as report.py does): a
+    # link planted in --out in place of a plot or the page is replaced, never written through.
+    with tempfile.TemporaryDirectory(prefix="tpu-ray-compare-") as local:
         paths = {name: os.path.join(local, name) for name in (*PLOTS, PAGE)}
         plot_compare(df, runs, paths)
-        from tpu_ray.storage import atomic_write_text
-
-        atomic_write_text(paths[PAGE], _page(runs, table, df.attrs["differing"]))
-        if not remote:
-            return paths
+        with open(paths[PAGE], "w", encoding="utf-8") as f:
+            f.write(_page(runs, table, df.attrs["differing"]))
+        storage.makedirs(out_dir)
         out = {}
         for name, path in paths.items():
             out[name] = storage.join(out_dir, name)
             storage.atomic_copy_file(path, out[name])
         return out
-    finally:
-        if tmp:
-            tmp.cleanup()
 
 
 def comparison_text(runs: Sequence[str], table: pd.DataFrame | None = None) -> str:

@@ -436,6 +436,11 @@ class TrainConfig(_Section):
     num_gpus: int | None = Field(None, ge=1, le=1024)  # GPUs of the training node (None: all it has)
     # MultiWorkerMirroredStrategy across this many Ray workers (CPU/GPU clusters).
     workers: int = Field(1, ge=1, le=4096)
+    # workers > 1 opens TensorFlow's gRPC servers (one port per worker) on EVERY interface of each
+    # worker's node, without authentication: TensorFlow binds 0.0.0.0 whatever TF_CONFIG names.
+    # Set true only where a firewall lets nothing but the cluster's own nodes reach them
+    # (docs/cluster.md, "What is exposed, to whom"); never on a workstation on a shared network.
+    workers_network_closed: bool = False
     # A NaN/inf loss or weights: "stop" with an error naming the step (the last good checkpoint is
     # kept), or "continue" with a warning (checkpoints with non-finite weights are still not saved).
     on_nan: Literal["stop", "continue"] = "stop"
@@ -544,6 +549,12 @@ class RunConfig(_Section):
 
             if why := mixed_precision_refusal(self.model.model_type, t.mixed_precision):
                 raise ValueError(why)
+        if t.workers > 1 and not t.workers_network_closed:
+            raise ValueError(f"train.workers={t.workers}: multi-worker training opens TensorFlow's gRPC ports on every "
+                             f"interface of each worker's node with no authentication (TensorFlow cannot bind one "
+                             f"address); close them with a firewall that admits only the cluster's nodes "
+                             f"(docs/cluster.md, 'What is exposed, to whom'), then set "
+                             f"train.workers_network_closed=true, or train with train.workers=1")
         if why := _phases_refusal(self):
             raise ValueError(why)
         if why := _schedule_refusal(self):

@@ -219,5 +219,7 @@ def classify(exc: BaseException) -> Failure:
 def failure_line(exc: BaseException) -> tuple[str, int]:
     """One line and the exit code for any failure: every typed kind exits 2 (EXIT_USAGE); an
     internal error is a bug, exit 1 (its line names the type and asks for --verbose)."""
+    from tpu_ray.redact import redact  # the line names what failed: a URL in it keeps no password
+
     failure = classify(exc)
-    return failure.line, failure.kind.exit_code
+    return redact(failure.line), failure.kind.exit_code

@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tpu_ray.redact import RedactingFormatter
+
 VERBOSE_ENV = "TPU_RAY_VERBOSE"
 
 # Lines TensorFlow's native code prints while it loads and looks for devices on a machine without
@@ -38,6 +40,10 @@ _CHATTY_LOGGERS = {
     # traceback per attempt) before the exception we turn into one line reaches the user.
     **{name: logging.CRITICAL for name in ("gcsfs", "fsspec", "aiohttp", "asyncio", "google.auth", "urllib3")},
 }
+
+
+class _Formatter(RedactingFormatter, logging.Formatter):
+    """Our log lines, redacted (a URL in a message or traceback keeps no password or signature)."""
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -65,7 +71,7 @@ def setup_logging(level: int = logging.INFO, verbose: bool | None = None) -> Non
     root = logging.getLogger()
     if not any(getattr(h, "_tpu_ray", False) for h in root.handlers):
         handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler.setFormatter(_Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._tpu_ray = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     root.setLevel(logging.WARNING)

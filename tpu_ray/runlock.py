@@ -40,6 +40,10 @@ log = logging.getLogger("tpu_ray")
 LEASE_S = 120.0  # a gs:// lock not renewed for this long belongs to a gone process
 
 
+class LockLost(UserError):
+    """A gs:// run's lock went to another process (our lease ran out): this one writes nothing more."""
+
+
 def describe_holder(info: dict[str, Any]) -> str:
     """`host H pid P since T (tpu-ray train)` from a lock's content."""
     started = info.get("started")
@@ -162,12 +166,13 @@ class RunLock:
                 if holder.get("token") == self.info["token"]:
                     self._generation = storage.generation(self.path)
                     self._start_renewing()
+                    storage.add_fence(self._fence)
                     return
             if attempt == 0 and self.expired(holder):
                 log.warning("%s: taking over the lock of %s (its lease ran out)", self.run_dir,
                             describe_holder(holder))
-                if not self._delete_if(holder):
-                    raise self._refuse(holder, "; another process changed the lock at the same moment (HTTP 412), "
+                if not self._delete_if(holder, takeover=True):
+                    raise self._refuse(holder, "; it was renewed or changed at the same moment (HTTP 412), "
                                                "so it was not taken over")
                 continue
             raise self._refuse(holder, self._stale_hint(holder))
@@ -197,17 +202,38 @@ class RunLock:
         except FileNotFoundError:
             return None
 
-    def _delete_if(self, holder: dict[str, Any]) -> bool:
-        """Delete the lock object only if it still has `holder`'s token (and its generation);
-        False when the store refused (412: it changed since we read it)."""
+    def _delete_if(self, holder: dict[str, Any], takeover: bool = False) -> bool:
+        """Delete the lock object only if it still has `holder`'s token (and its generation), and,
+        taking over another's lock, only while its lease is still expired as read now (it may have
+        renewed since `holder` was read); False when it is not to be deleted (or the store refused:
+        412, it changed since we read it). The content is read after the generation: a renewal
+        in between shows in the content, one after it fails the generation match."""
         try:
             gen = storage.generation(self.path)
         except FileNotFoundError:
             return True
         current = self._remote_holder()
         if current is not None and current.get("token") == holder.get("token"):
+            if takeover and not self.expired(current):
+                return False
             return storage.remove_if_generation(self.path, gen)
         return True
+
+    def _fence(self, path: str) -> None:
+        """Refuse a write into this run directory once the lock is no longer ours (storage calls
+        it before every write): one line naming the process that holds it now. A lease that ran
+        out by our clock is renewed first if nobody took it over."""
+        run = self.run_dir.rstrip("/")
+        if path == self.path or not (path.rstrip("/") == run or path.startswith(run + "/")):
+            return
+        if not self.lost and self.clock() <= self.info["renewed"] + self.lease_s:
+            return
+        if not self.lost and self.renew():
+            return
+        holder = self._remote_holder() or {}
+        raise LockLost(f"{self.run_dir}: this run's lock was taken over by {describe_holder(holder)} after its "
+                       f"lease of {self.lease_s:.0f} s ran out without renewal; {path.rsplit('/', 1)[-1]} and "
+                       f"everything after it were not written: let that run finish, then resume this one")
 
     def renew(self) -> bool:
         """Extend our lease (`renewed` = now), only while the object is still ours: False (and
@@ -243,6 +269,7 @@ class RunLock:
         self._renewer.start()
 
     def _release_remote(self) -> None:
+        storage.remove_fence(self._fence)
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join(timeout=30)
@@ -256,10 +283,18 @@ class RunLock:
 
 
 def check_private_dir(directory: str, name: str) -> None:
-    """Refuse a local directory that another user owns or can write (nor its parent, when that
-    lets others rename it away): one line naming it and the fix. Root-owned directories pass (only
-    root could write them, and then only by the mode)."""
-    st = os.stat(directory)
+    """Refuse a local run directory that is a link, that another user owns or can write, or whose
+    parent another user owns or can write without the sticky bit (they could rename it away): one
+    line naming it and the fix. Root-owned directories pass (only root could write them, and then
+    only by the mode).
+
+    `lstat`, not `stat`: in a shared parent another user can plant the run directory's name as a
+    link to a directory of ours, and a check that follows it passes that link."""
+    st = os.lstat(directory)
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{name}: is a symbolic link (to {os.readlink(directory)}); a run directory must be a "
+                        f"directory of its own: pass the real path as --output-dir, or remove the link and check "
+                        f"who made it")
     if st.st_uid not in (os.getuid(), 0):
         raise UserError(f"{name}: belongs to another user (uid {st.st_uid}); a run writes only its own directory: "
                         f"choose another --output-dir (e.g. under ~/ or a relative one)")
@@ -268,6 +303,9 @@ def check_private_dir(directory: str, name: str) -> None:
                         f"swap its files; run `chmod o-w {directory}` or choose another --output-dir")
     parent = os.path.dirname(os.path.abspath(directory))
     pst = os.stat(parent)
+    if pst.st_uid not in (os.getuid(), 0):
+        raise UserError(f"{name}: its parent {parent} belongs to another user (uid {pst.st_uid}), who could rename "
+                        f"the run directory away; choose an --output-dir under a directory of yours")
     if pst.st_mode & stat.S_IWOTH and not pst.st_mode & stat.S_ISVTX:
         raise UserError(f"{name}: its parent {parent} is writable by every user without the sticky bit, so anyone "
                         f"could rename the run directory away; choose another --output-dir")

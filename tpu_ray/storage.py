@@ -74,6 +74,25 @@ def requests_made() -> int:
     return sum(REQUESTS.values())
 
 
+# Checks every write runs first (runlock.RunLock's: a gs:// run whose lock was taken over writes nothing more).
+_FENCES: list[Any] = []
+
+
+def add_fence(fence: Any) -> None:
+    """Call `fence(path)` before every write through this module; it raises to refuse the write."""
+    _FENCES.append(fence)
+
+
+def remove_fence(fence: Any) -> None:
+    if fence in _FENCES:
+        _FENCES.remove(fence)
+
+
+def _fenced(path: str) -> None:
+    for fence in list(_FENCES):
+        fence(path)
+
+
 def _counted(fn: Any) -> Any:
     @functools.wraps(fn)
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -360,6 +379,7 @@ def makedirs(path: str) -> None:
     """Create a local directory tree; object stores have no directories, so only the bucket is
     checked there (a typo in an output bucket fails here, before any work is done)."""
     if not is_remote(path):
+        _fenced(path)  # (an object store's "directory" writes nothing: no fence)
         fs, p = filesystem(path)
         try:
             fs.makedirs(p, exist_ok=True)
@@ -468,6 +488,7 @@ def size(path: str) -> int:
 @_counted
 def remove(path: str, recursive: bool = False) -> None:
     """Delete a file (or, with recursive=True, a directory tree / every object under a prefix)."""
+    _fenced(path)
     fs, p = filesystem(path)
     with _remote_errors(path):
         fs.rm(p, recursive=recursive)
@@ -483,6 +504,8 @@ def open(path: str, mode: str = "rb", **kwargs: Any) -> IO:
     On gs:// a written object only appears when the file is closed, and upload errors surface at
     close, so always use it as a context manager.
     """
+    if any(c in mode for c in "wax+"):
+        _fenced(path)
     fs, p = filesystem(path)
     with _remote_errors(path):
         return fs.open(p, mode, **kwargs)
@@ -571,6 +594,7 @@ def _local(path: str) -> str:
 @_counted
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old file, or the whole new one, never half."""
+    _fenced(path)
     if is_remote(path):
         fs, p = filesystem(path)
         # One object upload: GCS makes an object visible only once the upload completes (simple
@@ -616,6 +640,7 @@ def atomic_copy_file(local_src: str, dst: str) -> None:
     gone afterwards), else copied to a temp file beside `dst` and renamed. On gs:// it is
     uploaded as one object (atomic, see atomic_write_bytes) and `local_src` is left in place.
     """
+    _fenced(dst)
     if is_remote(dst):
         fs, p = filesystem(dst)
         with _remote_errors(dst):
@@ -647,6 +672,7 @@ def commit_dir(local_src: str, dst: str, last: str) -> None:
     file that marks the directory complete) is deleted first, the other files uploaded, files of
     the old version that the new one lacks removed, and `last` uploaded at the end.
     """
+    _fenced(dst)
     names = sorted(os.listdir(local_src), key=lambda n: n == last)
     if is_remote(dst):
         marker = join(dst, last)
@@ -719,6 +745,7 @@ def _remove_tree(path: str) -> None:
 def append_text_local(path: str, text: str) -> None:
     """Append UTF-8 `text` to a local file (created if absent), never through a symbolic link: a
     link planted in place of a run file (metrics.jsonl) must not make us write someone's file."""
+    _fenced(path)
     local = _local(path)
     try:
         fd = os.open(local, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
@@ -748,6 +775,7 @@ def create_if_absent(path: str, data: bytes) -> bool:
     gs:// sends `ifGenerationMatch=0` (GCS answers 412 when the object exists: gcsfs raises
     FileExistsError); locally O_CREAT|O_EXCL does the same.
     """
+    _fenced(path)
     if is_remote(path):
         fs, p = filesystem(path)
         try:
@@ -771,6 +799,7 @@ def remove_if_generation(path: str, generation: str | None = None) -> bool:
     """Delete `path` only while it is still `generation` (gs://: `ifGenerationMatch`; the current
     generation when None). False when the store refused (HTTP 412: someone rewrote it since),
     True otherwise (also when it was already gone). Local paths have no generations: plain delete."""
+    _fenced(path)
     fs, p = filesystem(path)
     if not is_remote(path):
         _silent_remove(p)
@@ -791,6 +820,7 @@ def remove_if_generation(path: str, generation: str | None = None) -> bool:
 def replace_if_generation(path: str, data: bytes, generation: str) -> str | None:
     """Overwrite the gs:// object `path` with `data` only while it is still `generation`
     (`ifGenerationMatch`): the new generation, or None when the store refused (HTTP 412)."""
+    _fenced(path)
     from urllib.parse import quote
 
     fs, p = filesystem(path)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_ray import rundir, storage
+from tpu_ray.confine import is_confined
 from tpu_ray.errors import UserError, first_line
 from tpu_ray.prepare.tfrecord import read_records
 
@@ -399,6 +400,12 @@ class ShardSet:
             # entries do not add up lost one (an edited manifest): redo it rather than trust it.
             if sum(e["samples"] for e in result["shards"]) * (seq_len - 2) != s["tokens"] - s["dropped"]:
                 redo.add(unit)
+        if redo & done.keys() and not owned:  # redoing would write into another run's set and manifest
+            missing = sorted(e.path for e in self.entries if e.unit in redo)
+            raise UserError(f"{where}: these shards belong to run {self.owner_run()} and {len(redo & done.keys())} of "
+                            f"their units lost or changed a file (e.g. {missing[0] if missing else '?'}); they are "
+                            f"left as they are: redo them from that run (tpu-ray shard --output-dir "
+                            f"{self.owner_run()}) or use another shard.dir")
         if redo & done.keys():
             log.warning("shard: %d committed unit(s) do not match their files or records in %s; redoing them",
                         len(redo & done.keys()), where)
@@ -567,16 +574,6 @@ def sampled(entries: Sequence[ShardEntry], full: bool) -> list[ShardEntry]:
 def special_ids_of(tok: Any) -> dict[str, int]:
     """A TokenizerInfo's special ids as the manifest records them."""
     return {"cls": tok.cls_id, "sep": tok.sep_id, "pad": tok.pad_id, "unk": tok.unk_id, "mask": tok.mask_id}
-
-
-def is_confined(rel: str) -> bool:
-    """True for a relative path that stays inside its directory (no '..', no absolute path or URL):
-    a manifest's `../../etc/hostname` must never be read or blamed."""
-    if not rel or rel.startswith(("/", "\\")) or "://" in rel or "\\" in rel or ":" in rel.split("/", 1)[0]:
-        return False
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in rel):  # a newline would split the one-line errors
-        return False
-    return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
 def count_records(data: bytes) -> int:

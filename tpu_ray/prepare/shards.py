@@ -519,6 +519,10 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     results = previous.committed_units(digest, info.sha256, cfg.shard.seq_len, owned) if previous else {}
     results = committed_lengths(cfg, results, digest, info.sha256, owned)
     todo = [u for u in units if u.index not in results]
+    if todo and not owned:  # checked before any actor starts: nothing is written into another run's set
+        raise UserError(f"{out_dir}: these shards belong to run {previous.owner_run() if previous else '?'} and "
+                        f"{len(todo)} of their {len(units)} units are not there for this run's settings; they are "
+                        f"left as they are: finish them from that run or use another shard.dir")
 
     from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_ray import rundir, storage
+from tpu_ray.confine import confined
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import DamagedRunDir, UserError, first_line
 from tpu_ray.families import FAMILIES, family
@@ -49,6 +50,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # Size fields a checkpoint fixes: (our config field, the transformers config attribute).
 SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "max_position_embeddings")
+FIX_COPY = "remove the run's init/ folder and run again with model.init_from in place to copy it again"
 FIX = "give model.init_from a Hugging Face model directory (config.json, weights, tokenizer) or a tpu-ray run"
 
 
@@ -61,6 +63,7 @@ class Source:
     kind: str
     where: str  # as the user wrote it, for messages
     local: str  # local directory (a staged copy of a gs:// one)
+    root: str = ""  # what a file's link may point into (the Hub cache's repository folder); "" = `local`
 
 
 def resolve(init_from: str) -> Source:
@@ -74,7 +77,8 @@ def resolve(init_from: str) -> Source:
     if storage.is_remote(init_from) or storage.exists(init_from):
         raise UserError(f"model.init_from={init_from}: no config.json here (nor a tpu-ray run: config.yaml + "
                         f"checkpoints/); {FIX}")
-    return Source("hf", init_from, _from_hf_cache(init_from))
+    snapshot = _from_hf_cache(init_from)  # snapshots/REV/NAME are links to ../../blobs/HASH of the repository
+    return Source("hf", init_from, snapshot, root=str(Path(snapshot).parent.parent))
 
 
 def _from_hf_cache(name: str) -> str:
@@ -159,12 +163,19 @@ def read_record(run_dir: str) -> dict[str, Any] | None:
         data = json.loads(storage.read_text(path))
     except (ValueError, UnicodeDecodeError, OSError) as exc:
         data = exc
-    ok = isinstance(data, dict) and isinstance(data.get("source"), str) and isinstance(data.get("sha256"), str) \
-        and isinstance(data.get("files"), dict) and all(isinstance(v, str) for v in data["files"].values())
+    again = f"remove {init_dir(run_dir)} and run again with the source in place to copy it again"
+    ok = isinstance(data, dict) and isinstance(data.get("source"), str) and _is_sha256(data.get("sha256")) \
+        and isinstance(data.get("files"), dict) and all(map(_is_sha256, data["files"].values()))
     if not ok:
-        raise DamagedRunDir(f"{path}: not the record of the run's copy of model.init_from (damaged); remove "
-                            f"{init_dir(run_dir)} and run again with the source in place to copy it again")
+        raise DamagedRunDir(f"{path}: not the record of the run's copy of model.init_from (damaged); {again}")
+    for rel in data["files"]:  # each is joined to a local directory: never outside it
+        confined(init_dir(run_dir), rel, path, again)
     return data
+
+
+def _is_sha256(value: Any) -> bool:
+    """A sha256 as hexdigest() writes it (it is used as a directory name: nothing else passes)."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def _record_fits(record: dict[str, Any], cfg: RunConfig) -> bool:
@@ -228,8 +239,9 @@ def _copy_source(run_dir: str, record: dict[str, Any]) -> Source:
         tmp = Path(tempfile.mkdtemp(prefix="staging-", dir=target.parent))
         try:
             for rel in record["files"]:
-                os.makedirs(os.path.dirname(tmp / rel), exist_ok=True)
-                storage.download_file(storage.join(where, rel), str(tmp / rel))
+                local = confined(tmp, rel, storage.join(where, rundir.INIT_RECORD_FILE), FIX_COPY)
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                storage.download_file(storage.join(where, rel), local)
             _verify(str(tmp), record, where)
             os.rename(tmp, target)
         except OSError:
@@ -292,7 +304,22 @@ def _gather_source(src: Source, out: str) -> None:
     if "model.safetensors.index.json" in present and "model.safetensors" not in present:
         names |= set(_index_shards(src))
     for name in sorted(names):
-        shutil.copyfile(os.path.join(src.local, name), os.path.join(out, name))
+        _copy_own_file(src.where, src.root or src.local, os.path.join(src.local, name), os.path.join(out, name))
+
+
+def _copy_own_file(where: str, root: str, path: str, dst: str) -> None:
+    """Copy `path` (a file of the model directory `root`) to `dst`. Locally a link is followed only
+    into `root` itself: a cloned model repository shipping `vocab.txt -> ~/.netrc` must not put
+    that file into RUN/model, which the model card tells people to publish."""
+    if storage.is_remote(path):
+        storage.download_file(path, dst)
+        return
+    real, inside = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, inside]) != inside:
+        raise UserError(f"{where}: {os.path.basename(path)} is a link to {real}, outside the model directory; a "
+                        f"checkpoint's files must be its own: replace the link by the file it should be "
+                        f"(cp --remove-destination TARGET {path}) or remove it")
+    shutil.copyfile(real, dst)
 
 
 def _index_shards(src: Source) -> list[str]:
@@ -320,7 +347,7 @@ def _gather_run(src: Source, out: str) -> None:
     tok_dir = _run_config(src).tokenizer_dir
     for name in TOKENIZER_FILES:
         if storage.exists(storage.join(tok_dir, name)):
-            storage.download_file(storage.join(tok_dir, name), os.path.join(out, name))
+            _copy_own_file(src.where, tok_dir, storage.join(tok_dir, name), os.path.join(out, name))
     directory = rundir.checkpoints_dir(src.local)
     names = set(rundir.checkpoint_files(src.local)) - {rundir.CHECKPOINT_STATE_FILE}
     state_path = storage.join(directory, rundir.CHECKPOINT_STATE_FILE)
@@ -332,7 +359,7 @@ def _gather_run(src: Source, out: str) -> None:
     ckpt_out = os.path.join(out, rundir.CHECKPOINTS_DIR)
     os.makedirs(ckpt_out)
     for name in sorted(n for n in names if n.startswith(chosen + ".")):
-        storage.download_file(storage.join(directory, name), os.path.join(ckpt_out, name))
+        _copy_own_file(src.where, directory, storage.join(directory, name), os.path.join(ckpt_out, name))
     Path(ckpt_out, rundir.CHECKPOINT_STATE_FILE).write_text(
         f'model_checkpoint_path: "{chosen}"\nall_model_checkpoint_paths: "{chosen}"\n', encoding="utf-8")
 
@@ -535,7 +562,7 @@ def _gather_tokenizer(src: Source, tok_dir: str, tmp: str) -> None:
     present = [n for n in TOKENIZER_FILES if storage.exists(storage.join(tok_dir, n))]
     if "tokenizer.json" in present:
         for name in present:
-            storage.download_file(storage.join(tok_dir, name), os.path.join(tmp, name))
+            _copy_own_file(src.where, tok_dir, storage.join(tok_dir, name), os.path.join(tmp, name))
         return
     if not present:
         raise UserError(f"{src.where}: no tokenizer files (tokenizer.json, vocab.txt, ...); the checkpoint's "
@@ -666,7 +693,7 @@ def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
 def _index_files(index: str, src: Source) -> list[str]:
     """The weight files a sharded-safetensors index names, each inside the model directory: an
     absolute path or `../` in `weight_map` must never make us read a file elsewhere."""
-    from tpu_ray.prepare.shard_set import is_confined
+    from tpu_ray.confine import is_confined
 
     where = f"{src.where}/{os.path.basename(index)}"
     try:
