@@ -68,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{DOC}: the two durations markers are missing; put them where the table goes")
     head, rest = doc.split(BEGIN, 1)
     DOC.write_text(head + table(durations, args.machine, args.wall) + rest.split(END, 1)[1])
-    KNOWN.write_text(json.dumps({k: {"seconds": v["seconds"], "markers": v["markers"]}
-                                 for k, v in sorted(durations.items())}, indent=0) + "\n")
+    KNOWN.write_text(json.dumps({k: v["seconds"] for k, v in sorted(durations.items())}, indent=0) + "\n")
     print(f"wrote {DOC.relative_to(REPO)} and {KNOWN.relative_to(REPO)} ({len(durations)} tests)")
     return 0
 

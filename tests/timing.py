@@ -107,7 +107,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     """Each test in its group (group_of); the groups longest first by the last measured run
     (tests/durations.json), a group's tests in their collected order."""
     try:
-        known = {k: v["seconds"] for k, v in json.loads(KNOWN.read_text()).items()}
+        known = {k: float(v) for k, v in json.loads(KNOWN.read_text()).items()}
     except (OSError, ValueError, KeyError, TypeError):
         known = {}
     groups = [group_of(item) for item in items]
