@@ -42,8 +42,10 @@ KIND_COLUMNS = {
     "eval_rerun": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
                    "eval_set", "eval_mask_prob"],
     "event": ["event", "stage", "seconds"],
+    # `tpu-ray finetune`: one record per (seed, learning rate) trial; metric columns follow the task
+    "downstream": ["task", "task_hash", "seed", "learning_rate", "status", "error"],
 }
-TEXT_COLUMNS = {"kind", "event", "stage", "source", "eval_set"}
+TEXT_COLUMNS = {"kind", "event", "stage", "source", "eval_set", "task", "task_hash", "status", "error"}
 
 
 # ----------------------------------------------------------------------------------------- reading
