@@ -75,6 +75,24 @@ def test_builtin_task_is_balanced_deterministic_and_labelled_by_package():
     assert task.chance() < 0.35
 
 
+def test_builtin_task_ignores_methods_other_libraries_patch_into_the_stdlib():
+    """transformers sets `logging.Logger.warning_advice`: importing it must not change the task."""
+    import logging
+
+    from tpu_ray.downstream.builtin import builtin_task
+
+    before = builtin_task.__wrapped__().digest()
+
+    def warning_advice(self, *args):
+        """A method a third-party library adds to the logging module's Logger class."""
+
+    logging.Logger.warning_advice = warning_advice
+    try:
+        assert builtin_task.__wrapped__().digest() == before
+    finally:
+        del logging.Logger.warning_advice
+
+
 def test_task_from_a_directory_of_csv_tsv_jsonl_and_parquet(tmp_path):
     d = tmp_path / "csv"
     d.mkdir()

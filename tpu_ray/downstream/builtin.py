@@ -45,7 +45,9 @@ def _docstrings(package: str) -> list[str]:
                 continue
             docs = [obj.__doc__]
             if inspect.isclass(obj):
-                docs += [m.__doc__ for _, m in sorted(vars(obj).items()) if inspect.isfunction(m)]
+                # Only methods the package defines: transformers adds `Logger.warning_advice` to logging.
+                docs += [m.__doc__ for _, m in sorted(vars(obj).items())
+                         if inspect.isfunction(m) and getattr(m, "__module__", "") == name]
             out += [p for p in map(_first_paragraph, docs) if p]
     return out
 
