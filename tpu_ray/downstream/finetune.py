@@ -74,6 +74,8 @@ def _number(value: Any) -> Any:
 
 def resolve_model(run_or_model: str) -> tuple[str, str | None, int | None]:
     """(model dir, run dir or None, checkpoint step or None) for a run directory or a model directory."""
+    if os.path.isfile(run_or_model):
+        raise UserError(f"{run_or_model}: is a file; give a run directory (RUN) or a model directory (RUN/model)")
     if os.path.isfile(os.path.join(run_or_model, "model", "config.json")):
         run_dir, model_dir = run_or_model, os.path.join(run_or_model, "model")
     elif os.path.isfile(os.path.join(run_or_model, "config.json")):

@@ -25,6 +25,8 @@ def finetune(run_or_model: str, task: str, seeds: int | None = None, output_dir:
     if seeds is not None:
         values["finetune.seeds"] = seeds
     spec = FinetuneSpec.from_overrides(values)
+    if output_dir and os.path.isfile(output_dir):
+        raise UserError(f"--output-dir {output_dir}: a file is in the way; give a directory for the records")
     model_dir, run_dir, step = resolve_model(run_or_model)
     metrics_dir = output_dir or run_dir
     if metrics_dir is None:
