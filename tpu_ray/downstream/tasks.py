@@ -61,13 +61,12 @@ class Task:
         return hashlib.sha256(body.encode()).hexdigest()
 
     def chance(self) -> float | None:
-        """Accuracy of always answering train's most frequent class, on validation (classification)."""
+        """The accuracy of the best constant answer on validation (its largest class's share): what a
+        model that ignores the text can reach at most, whichever class it learned to answer."""
         if self.kind != "classification":
             return None
-        train = [r["label"] for r in self.splits["train"]]
-        top = max(set(train), key=lambda c: (train.count(c), -c))
-        val = self.splits["validation"]
-        return sum(r["label"] == top for r in val) / len(val)
+        val = [r["label"] for r in self.splits["validation"]]
+        return max(val.count(c) for c in set(val)) / len(val)
 
     def describe(self) -> str:
         sizes = ", ".join(f"{k} {len(v)}" for k, v in self.splits.items())
