@@ -216,3 +216,40 @@ def test_a_failed_seed_is_reported_and_not_averaged_in():
     text = "\n".join(summary.lines())
     assert "over 2 of 3 seeds" in text and "seed 2 failed: the training loss became nan" in text
     assert "0.6000 ± 0.1414" in text
+
+
+def _recorded(run_dir, task_hash, step, accuracies, failed=0):
+    from tpu_ray.downstream.sweep import record
+
+    trials = [Trial(seed=s, learning_rate=3e-4, result={"metrics": {"accuracy": a}, "train_examples": 10,
+                                                       "examples_per_s": 1.0, "final_loss": 0.5})
+              for s, a in enumerate(accuracies)]
+    trials += [Trial(seed=len(accuracies) + i, learning_rate=3e-4, status="failed", error="boom") for i in range(failed)]
+    trials += [Trial(seed=0, learning_rate=1e-4, result={"metrics": {"accuracy": 0.1}, "train_examples": 10,
+                                                         "examples_per_s": 1.0, "final_loss": 0.5})]
+    record(str(run_dir), Summary(task="builtin:stdlib-packages", task_hash=task_hash, step=step, trials=trials,
+                                 metric="accuracy", chance=0.3))
+
+
+def test_downstream_records_are_appended_and_shown_by_report_and_compare(tmp_path):
+    """Records written by the sweep's own writer: the report's line is the best lr's mean ± sd (counted
+    here independently), a second sweep appends, and compare marks runs on different data."""
+    import statistics
+
+    from tests.test_report import make_run
+    from tpu_ray.comparison import comparison_text
+    from tpu_ray.report import load_metrics, text_summary
+
+    a, b = make_run(tmp_path / "a", partial=False), make_run(tmp_path / "b", partial=False)
+    _recorded(a, "h" * 64, 500, [0.5, 0.6, 0.7], failed=1)
+    _recorded(a, "h" * 64, 500, [0.9])  # a second sweep: appended, its seed 0 beside the first
+    _recorded(b, "g" * 64, 500, [0.4, 0.5])
+    down = load_metrics(str(a), kind="downstream")
+    assert len(down) == 5 + 2  # both sweeps' trials, the failed one included
+    text = text_summary(str(a))
+    values = [0.5, 0.6, 0.7, 0.9]
+    expected = f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+    assert f"builtin:stdlib-packages at step 500: accuracy {expected} (4 seeds, 1 failed, lr 0.0003)" in text
+    cmp = comparison_text([str(a), str(b)])
+    assert "downstream builtin:stdlib-packages:" in cmp
+    assert "not comparable: the runs were fine-tuned on different data" in cmp

@@ -112,7 +112,8 @@ def record(metrics_dir: str, summary: Summary) -> None:
     writer = MetricsWriter(metrics_dir, tensorboard=False)
     for t in summary.trials:
         fields: dict[str, Any] = {"step": summary.step, "task": summary.task, "task_hash": summary.task_hash,
-                                  "seed": t.seed, "learning_rate": t.learning_rate, "status": t.status}
+                                  "seed": t.seed, "learning_rate": t.learning_rate, "status": t.status,
+                                  "metric": summary.metric}  # the task's headline metric, for summaries
         if t.status == "ok":
             fields.update(t.metrics)
             fields.update({k: t.result[k] for k in ("train_examples", "examples_per_s", "final_loss")})
