@@ -35,7 +35,7 @@ def sweep(tiny_model_dir, tmp_path_factory, ray_local):
     out = tmp_path_factory.mktemp("ft") / "records"
     argv = ["finetune", tiny_model_dir, "--task", TASK, "--seeds", "2", "--output-dir", str(out),
             "finetune.learning_rates=[1e-3]", "finetune.epochs=1", "finetune.max_train_examples=64",
-            "finetune.batch_size=16", "ray.address=local"]
+            "finetune.batch_size=16", f"finetune.export_dir={out / 'export'}", "ray.address=local"]
     import contextlib
     import io
 
@@ -73,3 +73,16 @@ def test_metrics_command_shows_downstream_records(sweep, capsys):
     assert main(["metrics", str(out), "--kind", "downstream"]) == 0
     table = capsys.readouterr().out
     assert table.count(TASK) == 2 and "ok" in table and "acc" in table
+
+
+def test_a_fine_tuned_model_loads_in_transformers_with_its_label_names(sweep):
+    from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+
+    from tpu_ray.downstream.tasks import load_task
+
+    _, _, out = sweep
+    path = out / "export" / "lr0.001-seed1"
+    model = TFAutoModelForSequenceClassification.from_pretrained(str(path))
+    assert list(model.config.id2label.values()) == load_task(TASK).label_names
+    logits = model(**AutoTokenizer.from_pretrained(str(path))(["Return the event loop."], return_tensors="tf")).logits
+    assert logits.shape == (1, len(model.config.id2label))

@@ -34,6 +34,7 @@ class FinetuneSpec:
     max_train_examples: int = 0  # 0: all of train (a smaller number: a quick check)
     cpus_per_trial: float = 1.0  # Ray resources of one trial
     gpus_per_trial: float = 0.0
+    export_dir: str = ""  # each trial's fine-tuned model + tokenizer in export_dir/lr<lr>-seed<seed> ("" : none)
 
     @classmethod
     def from_overrides(cls, values: dict[str, Any]) -> FinetuneSpec:

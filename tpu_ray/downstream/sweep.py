@@ -91,7 +91,8 @@ def run_trials(model_dir: str, task: Task, spec: FinetuneSpec) -> list[Trial]:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from tpu_ray.downstream.finetune import finetune_trial
 
-        return finetune_trial(model_dir, task, seed, lr, spec)
+        save_to = os.path.join(spec.export_dir, f"lr{lr:g}-seed{seed}") if spec.export_dir else None
+        return finetune_trial(model_dir, task, seed, lr, spec, save_to=save_to)
 
     task_ref = ray.put(task)
     grid = [Trial(seed=SEED_BASE + s, learning_rate=float(lr)) for lr in spec.learning_rates for s in range(spec.seeds)]
