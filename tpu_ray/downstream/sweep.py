@@ -8,6 +8,7 @@ A trial that raises is reported as failed with its reason and left out of the me
 
 from __future__ import annotations
 
+import logging
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from tpu_ray.downstream.finetune import FinetuneSpec
 from tpu_ray.downstream.tasks import Task
 
+log = logging.getLogger("tpu_ray.downstream")
 SEED_BASE = 0  # seeds are 0..N-1: the same N gives the same trials in every run
 
 
@@ -97,12 +99,19 @@ def run_trials(model_dir: str, task: Task, spec: FinetuneSpec) -> list[Trial]:
     task_ref = ray.put(task)
     grid = [Trial(seed=SEED_BASE + s, learning_rate=float(lr)) for lr in spec.learning_rates for s in range(spec.seeds)]
     refs = [trial.remote(model_dir, task_ref, t.seed, t.learning_rate, spec) for t in grid]
-    for t, ref in zip(grid, refs):
+    pending = dict(zip(refs, grid))
+    while pending:  # as each trial ends: a progress line, so a long sweep is not silent
+        [ref], _ = ray.wait(list(pending), num_returns=1)
+        t = pending.pop(ref)
         try:
             t.result = ray.get(ref)
+            what = ", ".join(f"{k} {v:.4f}" for k, v in t.metrics.items())
         except Exception as exc:  # a failed trial: its reason, reported and left out of the mean
             cause = getattr(exc, "cause", None) or exc
             t.status, t.error = "failed", failure_line(cause)[0]
+            what = f"failed: {t.error}"
+        log.info("trial %d/%d (lr %g, seed %d): %s", len(grid) - len(pending), len(grid), t.learning_rate, t.seed,
+                 what)
     return grid
 
 
