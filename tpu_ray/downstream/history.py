@@ -18,12 +18,19 @@ def scores(df: pd.DataFrame) -> pd.DataFrame:
     down = df[df["kind"] == "downstream"]
     keys = ["task", "task_hash", "step", "learning_rate", "metric"]
     for key, group in down.groupby(keys, dropna=False, sort=True):
-        metric = key[4]
+        metric = key[4] if isinstance(key[4], str) else _headline(group)  # records written before `metric`
         ok = group[group["status"] == "ok"]
         values = pd.to_numeric(ok[metric], errors="coerce").dropna() if metric in ok.columns else pd.Series([])
-        rows.append([*key[:5], values.mean() if len(values) else float("nan"),
+        rows.append([*key[:4], metric, values.mean() if len(values) else float("nan"),
                      values.std(ddof=1) if len(values) > 1 else 0.0, len(values), int((group["status"] != "ok").sum())])
     return pd.DataFrame(rows, columns=cols)
+
+
+def _headline(group: pd.DataFrame) -> str:
+    from tpu_ray.downstream.tasks import DEFAULT_METRICS
+
+    names = [m for ms in DEFAULT_METRICS.values() for m in ms]
+    return next((m for m in names if m in group.columns and group[m].notna().any()), names[0])
 
 
 def best(df: pd.DataFrame) -> pd.DataFrame:
