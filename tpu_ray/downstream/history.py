@@ -74,7 +74,7 @@ def comparison_lines(runs: Sequence[str], labels: Sequence[str]) -> list[str]:
                 continue
             last = rows.sort_values("step", na_position="first").iloc[-1]
             hashes.add(last["task_hash"])
-            lines.append(f"  {label}:{_line(last)[len(task) + 2:]}")
+            lines.append(f"  {label}{_line(last)[len(task) + 2:]}")
         if len(hashes) > 1:
             lines.append(f"  not comparable: the runs were fine-tuned on different data for {task} "
                          f"(task hashes {', '.join(sorted(h[:12] for h in hashes))})")
