@@ -111,6 +111,10 @@ def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, 
 
     from tpu_ray.downstream.metrics import score
 
+    from transformers.utils import logging as hf_logging
+
+    tf.get_logger().setLevel("ERROR")  # Keras' retracing notes: one validation batch is smaller
+    hf_logging.set_verbosity_error()  # "newly initialized: classifier.*" is the point of fine-tuning
     tf_keras.utils.set_random_seed(seed)  # the new head, dropout and the shuffle order
     tok = AutoTokenizer.from_pretrained(model_dir)
     if task.kind == "regression":

@@ -90,7 +90,9 @@ def run_trials(model_dir: str, task: Task, spec: FinetuneSpec) -> list[Trial]:
     def trial(model_dir: str, task: Task, seed: int, lr: float, spec: FinetuneSpec) -> dict[str, Any]:
         import os
 
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from tpu_ray.logs import is_verbose, quiet_libraries
+
+        quiet_libraries(is_verbose())  # TensorFlow's start-up lines in each worker, as in the driver
         from tpu_ray.downstream.finetune import finetune_trial
 
         save_to = os.path.join(spec.export_dir, f"lr{lr:g}-seed{seed}") if spec.export_dir else None
