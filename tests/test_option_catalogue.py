@@ -73,7 +73,8 @@ IS_FILE = "is a file"
 IN_THE_WAY = "a file is in the way"
 CLI_ROWS: dict[tuple[str, str], object] = {
     **{(cmd, "--verbose"): Flag() for cmd in ("run", "tokenizer", "shard", "train", "eval", "fill-mask", "report",
-                                               "doctor", "submit", "status", "logs", "metrics", "compare")},
+                                               "doctor", "submit", "status", "logs", "metrics", "compare",
+                                               "finetune")},
     **{(cmd, "--config"): File() for cmd in ("run", "tokenizer", "shard", "train", "eval", "doctor", "submit")},
     **{(cmd, "--corpus"): Source() for cmd in ("run", "tokenizer", "shard", "submit")},
     **{(cmd, "overrides"): Overrides() for cmd in ("run", "tokenizer", "shard", "train", "eval", "doctor", "submit")},
@@ -105,6 +106,11 @@ CLI_ROWS: dict[tuple[str, str], object] = {
     ("metrics", "--csv"): Flag(),
     ("compare", "runs"): Dir(IS_FILE),
     ("compare", "--out"): Dir("--out is an existing file"),
+    ("finetune", "model"): Dir(IS_FILE),
+    ("finetune", "--task"): Text(),
+    ("finetune", "--seeds"): Count(1, "that many seeds per learning rate (tests/test_downstream_finetune.py)"),
+    ("finetune", "--output-dir"): Dir(IN_THE_WAY),
+    ("finetune", "overrides"): Overrides(),
 }
 
 
@@ -138,6 +144,7 @@ BASE: dict[str, list[str]] = {
     "logs": ["<submission_id>", "--address", "http://127.0.0.1:1"],
     "metrics": ["<run_dir>"],
     "compare": ["<runs>", "--out", "<tmp>/cmp"],
+    "finetune": ["--task", "builtin:stdlib-packages", "--output-dir", "<tmp>/ft", "<model>"],
 }
 
 
@@ -151,7 +158,7 @@ def _argv(cmd: str, option: str, value: str, ctx: dict[str, str]) -> list[str]:
         words[words.index(option) + 1] = value
     else:
         words += [value] if option == "overrides" else [option, value]
-    defaults = {"<corpus>": ctx["corpus"], "<run>": ctx["run"], "<run_dir>": ctx["run"], "<runs>": ctx["run"], "<text>": "a [MASK] b",
+    defaults = {"<corpus>": ctx["corpus"], "<run>": ctx["run"], "<model>": ctx["run"], "<run_dir>": ctx["run"], "<runs>": ctx["run"], "<text>": "a [MASK] b",
                 "<submission_id>": "raysubmit_1"}
     return [cmd, *(defaults.get(w, w.replace("<tmp>", ctx["tmp"])) for w in words)]
 

@@ -255,6 +255,16 @@ def cmd_metrics(args) -> int:
     return 0
 
 
+def cmd_finetune(args) -> int:
+    from tpu_ray.config import parse_overrides
+    from tpu_ray.downstream.run import finetune
+
+    summary = finetune(args.model, args.task, seeds=args.seeds, output_dir=args.output_dir,
+                       overrides=parse_overrides(args.overrides or []))
+    print("\n".join(summary.lines()))
+    return 0 if summary.best_lr is not None else 1
+
+
 def _print_summary(run_dir: str) -> None:
     try:
         from tpu_ray.report import text_summary
@@ -334,10 +344,22 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "logs":
             p.add_argument("-f", "--follow", action="store_true",
                            help="stream the log until the job ends; exit 0 only if it succeeded")
+    p = add("finetune", cmd_finetune, "fine-tune a run's model on a labelled task over seeds x learning rates "
+            "(Ray tasks) and record the scores", common=False)
+    p.add_argument("model", metavar="RUN_OR_MODEL", type=nonempty("a run directory or a model directory"),
+                   help="a run directory (its model/) or an exported model directory")
+    p.add_argument("--task", required=True, type=nonempty("a task"),
+                   help="builtin:stdlib-packages, glue/NAME, a task YAML, or a directory with train.* and "
+                        "validation.* (csv/tsv/jsonl/parquet; fields text, text_pair, label)")
+    p.add_argument("--seeds", type=whole_number(1), default=None, help="seeds per learning rate (default: 5)")
+    p.add_argument("--output-dir", type=nonempty("a directory"), default=None,
+                   help="where to record for a model outside a run (default: the run directory)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value",
+                   help="e.g. finetune.learning_rates=[1e-4,3e-4] finetune.epochs=3 ray.address=local")
     p = add("metrics", cmd_metrics, "print a run's metrics (a table or CSV)", common=False)
     p.add_argument("run_dir", metavar="RUN", type=nonempty("the run directory"),
                    help="the run directory (local path or gs://)")
-    p.add_argument("--kind", choices=["train", "eval", "eval_source", "eval_rerun", "event"], default=None,
+    p.add_argument("--kind", choices=["train", "eval", "eval_source", "eval_rerun", "event", "downstream"], default=None,
                    help="only these records (default: train, eval and eval_source)")
     p.add_argument("--tail", type=whole_number(0, " (0: all rows)"), default=20, help="the last N rows (default: 20; 0: all)")
     p.add_argument("--all", action="store_true", help="every column, not only the ones that matter")

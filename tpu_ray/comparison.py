@@ -333,4 +333,6 @@ def comparison_text(runs: Sequence[str], table: pd.DataFrame | None = None) -> s
     for k in table.attrs.get("differing", []):
         lines.append(f"{k}: " + ", ".join(f"{lbl}={_fmt(v)}" for lbl, v in zip(shown['run'], table[k])))
     lines.append(_not_comparable_note(table))
-    return "\n".join(lines)
+    from tpu_ray.downstream.history import comparison_lines
+
+    return "\n".join(lines + comparison_lines(runs, list(shown["run"])))

@@ -42,8 +42,10 @@ KIND_COLUMNS = {
     "eval_rerun": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
                    "eval_set", "eval_mask_prob"],
     "event": ["event", "stage", "seconds"],
+    # `tpu-ray finetune`: one record per (seed, learning rate) trial; metric columns follow the task
+    "downstream": ["task", "task_hash", "seed", "learning_rate", "status", "metric", "error"],
 }
-TEXT_COLUMNS = {"kind", "event", "stage", "source", "eval_set"}
+TEXT_COLUMNS = {"kind", "event", "stage", "source", "eval_set", "task", "task_hash", "status", "metric", "error"}
 
 
 # ----------------------------------------------------------------------------------------- reading
@@ -347,4 +349,7 @@ def text_summary(run_dir: str) -> str:
     """The end-of-run summary: one screen, 80 columns, each number once (see tpu_ray.tables)."""
     from tpu_ray.tables import render_summary
 
-    return render_summary(run_dir, load_metrics(run_dir, missing_ok=False), _load_summary(run_dir))
+    from tpu_ray.downstream.history import summary_lines
+
+    df = load_metrics(run_dir, missing_ok=False)
+    return "\n".join([render_summary(run_dir, df, _load_summary(run_dir)), *summary_lines(df)])

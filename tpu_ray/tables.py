@@ -26,6 +26,11 @@ TABLE_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "event": [("event", "event", ""), ("stage", "stage", ""), ("seconds", "seconds", ".1f")],
 }
 TABLE_COLUMNS["eval_rerun"] = TABLE_COLUMNS["eval"]  # `tpu-ray eval` records, in rows of their own kind
+# `tpu-ray finetune`: one row per (seed, learning rate) trial, at the checkpoint's step.
+TABLE_COLUMNS["downstream"] = [
+    ("task", "task", ""), ("seed", "seed", ".0f"), ("learning_rate", "lr", ".2e"), ("status", "status", ""),
+    ("accuracy", "acc", ".3f"), ("macro_f1", "macro_f1", ".3f"), ("matthews", "matthews", ".3f"),
+    ("f1", "f1", ".3f"), ("pearson", "pearson", ".3f"), ("spearman", "spearman", ".3f")]
 
 
 def strategy_name(name: str | None) -> str:
@@ -75,7 +80,7 @@ def metrics_table(df: pd.DataFrame, all_columns: bool = False, tail: int = 0) ->
     if df.empty:
         return "no metrics records yet"
     out = df.copy()
-    kinds = [k for k in ("train", "eval", "eval_source", "eval_rerun", "event") if (out["kind"] == k).any()]
+    kinds = [k for k in ("train", "eval", "eval_source", "eval_rerun", "event", "downstream") if (out["kind"] == k).any()]
     if not all_columns and ("train" in kinds or "eval" in kinds):
         kinds = [k for k in kinds if k != "event"]
         out = out[out["kind"].isin(kinds)]
