@@ -20,7 +20,6 @@ from tests.helpers import REPO
 from tests.test_report import make_run
 from tpu_ray.report import PLOTS, write_report
 
-pytestmark = pytest.mark.quick  # no training, no Ray: the `make test-quick` tier
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(os.environ.get("TPU_RAY_TEST_ARTIFACTS", REPO / "test-artifacts"))

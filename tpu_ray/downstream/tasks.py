@@ -57,7 +57,7 @@ class Task:
     def digest(self) -> str:
         """sha256 of the task's data as it is trained on: two runs compare only if it is equal."""
         body = json.dumps({"kind": self.kind, "labels": self.label_names,
-                           "splits": {k: self.splits[k] for k in sorted(self.splits)}}, sort_keys=True)
+                           "rows_by_split": {k: self.splits[k] for k in sorted(self.splits)}}, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()
 
     def chance(self) -> float | None:
