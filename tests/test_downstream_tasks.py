@@ -34,10 +34,11 @@ def _rows(labels, pair=False):
 
 
 def test_builtin_task_is_balanced_deterministic_and_labelled_by_package():
-    from tpu_ray.downstream.builtin import CLASSES, builtin_task
+    from tpu_ray.downstream.builtin import CLASSES, builtin_rows
+    from tpu_ray.downstream.tasks import builtin_task
 
     task = load_task("builtin:stdlib-packages")
-    again = builtin_task.__wrapped__()  # built a second time, not from the cache
+    again = builtin_task(builtin_rows.__wrapped__())  # built a second time, not from the cache
     assert again.digest() == task.digest()
     assert len(task.label_names) == CLASSES
     per_class = {name: 0 for name in task.label_names}
@@ -79,16 +80,17 @@ def test_builtin_task_ignores_methods_other_libraries_patch_into_the_stdlib():
     """transformers sets `logging.Logger.warning_advice`: importing it must not change the task."""
     import logging
 
-    from tpu_ray.downstream.builtin import builtin_task
+    from tpu_ray.downstream.builtin import builtin_rows
+    from tpu_ray.downstream.tasks import builtin_task
 
-    before = builtin_task.__wrapped__().digest()
+    before = builtin_task(builtin_rows.__wrapped__()).digest()
 
     def warning_advice(self, *args):
         """A method a third-party library adds to the logging module's Logger class."""
 
     logging.Logger.warning_advice = warning_advice
     try:
-        assert builtin_task.__wrapped__().digest() == before
+        assert builtin_task(builtin_rows.__wrapped__()).digest() == before
     finally:
         del logging.Logger.warning_advice
 

@@ -1,9 +1,12 @@
 """Faults and damaged run directories (issue 15, classes 1, 2, 3 and unreachable Ray): real `tpu-ray`
 processes on real run directories, real checkpoints, real TFRecord shards, the GCS emulator for gs://.
 
-Each test damages or races a run directory the way a user (or a crash) would, runs the CLI as a
-separate process, and asserts what the user sees: one line naming the file and the fix (exit 2), or a
-warning and a correct resume; never a silent restart, never the wrong file blamed.
+Each test damages or races a run directory the way a user (or a crash) would, runs the CLI, and
+asserts what the user sees: one line naming the file and the fix (exit 2), or a warning and a correct
+resume; never a silent restart, never the wrong file blamed. `cli` runs the command line's `main` in
+this process (training placed locally, no Ray: nothing outlives the call, and no TensorFlow start-up
+per command); `tpu_ray` runs it as a separate process where the process is the point (a Ray address,
+two racing writers, CPU replicas that TensorFlow fixes at its start).
 """
 
 from __future__ import annotations
@@ -34,6 +37,24 @@ def tpu_ray(*args: str, cwd: Path, timeout: float = 600, wait: bool = True):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The command line's `main` in this process, as the console script calls it: its exit code and
+    what it printed, in the shape `tpu_ray` returns."""
+    import contextlib
+    import io
+
+    from tpu_ray.cli import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["tpu-ray", *args], code, out.getvalue(), err.getvalue())
+
+
 def error_line(proc) -> str:
     """The one error line: exit 2, the last line of stderr, no traceback."""
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
@@ -54,7 +75,7 @@ def trained(tmp_path_factory, small_corpus, tiny_tokenizer_dir) -> Path:
     root = tmp_path_factory.mktemp("trained")
     cfg = prepared_run(root / "run", small_corpus, tiny_tokenizer_dir)
     (root / "cfg.yaml").write_text(cfg.to_yaml())
-    proc = tpu_ray("train", "--config", str(root / "cfg.yaml"), *TRAIN, cwd=root)
+    proc = cli("train", "--config", str(root / "cfg.yaml"), *TRAIN, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {"ckpt-10.index", "ckpt-20.index"} <= {p.name for p in (root / "run" / "checkpoints").iterdir()}
     return root
@@ -78,7 +99,7 @@ def copy_run(trained: Path, tmp_path: Path) -> tuple[Path, Path]:
 def test_missing_index_of_latest_checkpoint_resumes_from_the_previous_one_with_a_warning(trained, tmp_path):
     run, cfg = copy_run(trained, tmp_path)
     (run / "checkpoints" / "ckpt-20.index").unlink()
-    proc = tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path)
+    proc = cli("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ckpt-20.index is missing" in proc.stderr and f"resuming from {run}/checkpoints/ckpt-10" in proc.stderr
     resumed = events(run, "resume")
@@ -91,7 +112,7 @@ def test_damaged_checkpoints_refuse_a_fresh_start(trained, tmp_path):
     run, cfg = copy_run(trained, tmp_path)
     (run / "checkpoints" / "ckpt-20.index").unlink()
     (run / "checkpoints" / "checkpoint").unlink()
-    line = error_line(tpu_ray("train", "--config", str(cfg), *TRAIN, cwd=tmp_path))
+    line = error_line(cli("train", "--config", str(cfg), *TRAIN, cwd=tmp_path))
     assert "already has checkpoints; pass --resume" in line
     assert (run / "checkpoints" / "ckpt-10.index").exists()
 
@@ -100,7 +121,7 @@ def test_no_complete_checkpoint_is_one_line_naming_the_missing_file(trained, tmp
     run, cfg = copy_run(trained, tmp_path)
     for index in (run / "checkpoints").glob("*.index"):
         index.unlink()
-    line = error_line(tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path))
+    line = error_line(cli("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path))
     assert f"{run}/checkpoints/ckpt-20.index is missing" in line and "no other checkpoint is complete" in line
     assert not (run / "checkpoints" / "ckpt-30.index").exists()
 
@@ -111,14 +132,14 @@ def test_flipped_byte_in_a_checkpoint_names_the_checkpoint_and_the_fix(trained, 
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     data.write_bytes(bytes(raw))
-    line = error_line(tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path))
+    line = error_line(cli("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path))
     assert f"{run}/checkpoints/ckpt-20: checkpoint is corrupt" in line
     assert "tpu-ray shard" not in line and ".tfrecord" not in line  # not blamed on the shards
     assert f"delete {run}/checkpoints/ckpt-20.*" in line
     # The fix the line names works: the previous checkpoint takes over.
     for f in (run / "checkpoints").glob("ckpt-20.*"):
         f.unlink()
-    proc = tpu_ray("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path)
+    proc = cli("train", "--resume", "--config", str(cfg), *TRAIN, "train.steps=30", "train.extend_schedule=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert events(run, "resume")[-1]["step"] == 10
 
@@ -128,7 +149,7 @@ def test_diverged_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     cfg = prepared_run(tmp_path / "run", small_corpus, tiny_tokenizer_dir, **{
         "train.learning_rate": 1e30, "train.warmup_steps": 0, "train.checkpoint_every": 1, "train.log_every": 1})
     (tmp_path / "cfg.yaml").write_text(cfg.to_yaml())
-    proc = tpu_ray("train", "--config", str(tmp_path / "cfg.yaml"), *TRAIN, cwd=tmp_path)
+    proc = cli("train", "--config", str(tmp_path / "cfg.yaml"), *TRAIN, cwd=tmp_path)
     line = error_line(proc)
     assert "loss=nan" in proc.stderr or "loss=inf" in proc.stderr  # the log line prints it, no TypeError
     assert "training stopped; the last good checkpoint is kept" in line
@@ -144,7 +165,7 @@ def test_diverged_loss_continues_when_configured(tmp_path, small_corpus, tiny_to
         "train.learning_rate": 1e30, "train.warmup_steps": 0, "train.steps": 6, "train.checkpoint_every": 2,
         "train.log_every": 1, "train.on_nan": "continue"})
     (tmp_path / "cfg.yaml").write_text(cfg.to_yaml())
-    proc = tpu_ray("train", "--config", str(tmp_path / "cfg.yaml"), *TRAIN, cwd=tmp_path)
+    proc = cli("train", "--config", str(tmp_path / "cfg.yaml"), *TRAIN, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "continuing (train.on_nan=continue)" in proc.stderr
     assert events(tmp_path / "run", "nonfinite")
@@ -153,8 +174,8 @@ def test_diverged_loss_continues_when_configured(tmp_path, small_corpus, tiny_to
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
 @pytest.mark.quick
 def test_config_floats_refuse_inf_and_nan(value, tmp_path):
-    line = error_line(tpu_ray("tokenizer", "--output-dir", str(tmp_path / "out"), f"train.learning_rate={value}",
-                              cwd=tmp_path, timeout=120))
+    line = error_line(cli("tokenizer", "--output-dir", str(tmp_path / "out"), f"train.learning_rate={value}",
+                          cwd=tmp_path))
     assert "train.learning_rate=" in line
     assert not (tmp_path / "out").exists()
 

@@ -20,7 +20,6 @@ import sys
 import warnings
 from functools import lru_cache
 
-from tpu_ray.downstream.tasks import BUILTIN_TASK, Task
 
 CLASSES = 4
 MIN_WORDS = 4
@@ -78,8 +77,9 @@ def _key(text: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def builtin_task() -> Task:
-    """The task, built from this Python's standard library (about 2 s)."""
+def builtin_rows() -> tuple[dict[str, list[dict]], list[str]]:
+    """The task's rows per split and its label names, built from this Python's standard library
+    (about 2 s); tasks.builtin_task makes them a Task (this module is a leaf: tasks imports it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecated modules warn on import
         by_package = {p: _docstrings(p) for p in _packages()}
@@ -100,5 +100,4 @@ def builtin_task() -> Task:
             splits[split].append({"text": text, "label": labels.index(package)})
     for rows in splits.values():
         rows.sort(key=lambda r: _key(r["text"]))
-    return Task(name=BUILTIN_TASK, kind="classification", splits=splits, label_names=labels,
-                metrics=["accuracy", "macro_f1", "matthews"])
+    return splits, labels

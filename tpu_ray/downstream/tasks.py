@@ -39,6 +39,15 @@ GLUE = {
 _GLUE_VALIDATION = {"mnli": "validation_matched"}
 
 
+def builtin_task(rows: tuple[dict[str, list[dict]], list[str]] | None = None) -> Task:
+    """The built-in task (tpu_ray.downstream.builtin's rows, or `rows` given) as a Task."""
+    from tpu_ray.downstream.builtin import builtin_rows
+
+    splits, labels = rows or builtin_rows()
+    return Task(name=BUILTIN_TASK, kind="classification", splits=splits, label_names=labels,
+                metrics=["accuracy", "macro_f1", "matthews"])
+
+
 @dataclass
 class Task:
     """A checked task: records {text, text_pair?, label} per split, labels as class indices
@@ -82,8 +91,6 @@ def load_task(spec: str) -> Task:
     if spec.startswith("builtin:"):
         if spec != BUILTIN_TASK:
             raise UserError(f"--task {spec}: unknown built-in task; the built-in one is {BUILTIN_TASK}")
-        from tpu_ray.downstream.builtin import builtin_task
-
         return builtin_task()
     if spec.startswith("glue/"):
         return _glue(spec[len("glue/"):], None, spec)
