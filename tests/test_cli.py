@@ -193,6 +193,7 @@ def _train_steps(run_dir: Path) -> list[int]:
     return steps
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_ctrl_c_exits_130_naming_the_last_checkpoint_and_the_resume_command(interrupted_run):
     cfg_path, run_dir, rc, err = interrupted_run
     assert rc == 130, err
@@ -203,6 +204,7 @@ def test_ctrl_c_exits_130_naming_the_last_checkpoint_and_the_resume_command(inte
     assert f"tpu-ray train --config {cfg_path} --resume" in err, err
 
 
+@pytest.mark.slow  # reads interrupted_run, a 30 s training, with the slow Ctrl-C test
 def test_a_tensorflow_command_shows_our_lines_only(interrupted_run):
     """The interrupted `train` ran TensorFlow on a CPU: none of the library start-up lines."""
     err = interrupted_run[3]
@@ -220,6 +222,7 @@ def _resumed(interrupted_run) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_resume_leaves_one_train_row_per_step(interrupted_run):
     from tpu_ray.report import load_metrics
 
@@ -230,6 +233,7 @@ def test_resume_leaves_one_train_row_per_step(interrupted_run):
     assert len(_train_steps(run_dir)) >= len(steps)  # the file keeps every record; the frame one per step
 
 
+@pytest.mark.slow  # reads interrupted_run, a 30 s training, with the slow Ctrl-C test
 def test_eval_names_the_run_like_report(interrupted_run, capsys):
     """`tpu-ray eval RUN` reads RUN/config.yaml and evaluates the last checkpoint."""
     run_dir = _resumed(interrupted_run)

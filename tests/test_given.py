@@ -238,6 +238,7 @@ def test_a_gs_run_directory_gets_the_corpus_and_shards_like_a_file(kind, gcs_emu
     assert texts == sorted(line for d in docs for line in d.split("\n"))
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_the_pipeline_uses_the_ray_cluster_the_process_already_runs(tmp_path, docs):  # noqa: F811
     """Analytics code that built a Ray Dataset called ray.init: the pipeline writes with that
     cluster (no second one started, none shut down) and its stages read what was written."""

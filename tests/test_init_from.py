@@ -128,6 +128,7 @@ def _check_continued(cfg, source: Path) -> None:
     assert abs(fresh - own) > 0.3  # a fresh model's loss is far off: the weights were loaded
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_continue_from_a_tensorflow_save_pretrained_directory(tf_dir, source, tmp_path, small_corpus, caplog):
     """Also issue 45.3: config.yaml and the model card said the defaults a continued config leaves in
     (another tokenizer kind and size, another preset), and doctor FAILed the valid config comparing
@@ -159,6 +160,7 @@ def test_continue_from_a_tensorflow_save_pretrained_directory(tf_dir, source, tm
     assert "FAIL" not in {status for status, _ in checks.values()}, checks
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_continue_from_a_pytorch_transformers_5_safetensors_directory(pt5_dir, source, tmp_path, small_corpus):
     import sys as _sys
 

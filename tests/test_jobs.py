@@ -203,7 +203,7 @@ def test_ray_job_submit_pretrain_succeeds_with_a_complete_run_dir(ray_head, job_
     assert log.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run_dir}"
 
 
-@pytest.mark.parametrize("case", ["bad_value", "missing_corpus"])
+@pytest.mark.parametrize("case", ["bad_value", pytest.param("missing_corpus", marks=pytest.mark.slow)])  # slow: 40 s
 def test_failing_job_ends_failed_with_the_reason_last(ray_head, tmp_path, case):
     if case == "bad_value":
         args, reason = ["train.steps=-5"], "train.steps=-5: Input should be greater than 0"

@@ -107,6 +107,7 @@ def rule_for(rel: str) -> Rule | None:
     return next((r for r in RULES if fnmatch.fnmatch(rel, r.pattern)), None)
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_every_run_file_has_a_rule(real_run):
     missing = [rel for rel in run_files(real_run) if rule_for(rel) is None]
     assert not missing, f"files of a run directory with no damage rule: {missing}; add them to RULES"

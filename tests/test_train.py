@@ -185,6 +185,7 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     assert [after[k]["loss"] for k in sorted(after)] == pytest.approx([losses[k] for k in sorted(after)], rel=1e-4)
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_checkpoints_in_a_gs_run_dir_commit_prune_and_resume(gcs_emulator, tmp_path, shards_dir,
                                                              tiny_tokenizer_dir, monkeypatch):
     """A gs:// run directory (emulator): checkpoints are uploaded in TF's own layout, the last K
