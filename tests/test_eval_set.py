@@ -68,6 +68,7 @@ def test_the_samples_and_masks_do_not_depend_on_the_batch_or_the_replicas(tmp_pa
     assert eval_set("corpus", files, 50, changed, "tok", 0.15, 16).identity != es.identity
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_runs_differing_in_seed_and_batch_size_score_the_same_set(mixed_run):
     """Done-when of issue 35: another seed and batch size, same shards: equal set identities."""
     from tpu_ray.pipeline import Pipeline

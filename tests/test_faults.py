@@ -240,6 +240,7 @@ def test_batch_not_divisible_by_replicas_then_fixed(tmp_path, small_corpus, tiny
     assert "belongs to a different config (train.batch_size: saved 16, now 8)" in line
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_unreachable_ray_is_one_line_in_seconds_then_fixed(tmp_path, small_corpus):
     """ray.address with nothing listening: one line (the subprocess timeout bounds the wait; Ray's
     own reconnect loop would take ten minutes), and the corrected command then shards."""

@@ -203,7 +203,8 @@ def test_ray_job_submit_pretrain_succeeds_with_a_complete_run_dir(ray_head, job_
     assert log.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run_dir}"
 
 
-@pytest.mark.parametrize("case", ["bad_value", pytest.param("missing_corpus", marks=pytest.mark.slow)])  # slow: 40 s
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
+@pytest.mark.parametrize("case", ["bad_value", "missing_corpus"])
 def test_failing_job_ends_failed_with_the_reason_last(ray_head, tmp_path, case):
     if case == "bad_value":
         args, reason = ["train.steps=-5"], "train.steps=-5: Input should be greater than 0"
@@ -294,6 +295,7 @@ def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, cap
     assert err.startswith("tpu-ray: error: job 'no-such-job': ") and "\n" not in err
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_following_a_running_job_stops_at_the_timeout(ray_head, capsys):
     """wait(follow=True) streams while the job runs and gives up at its timeout (the job goes on)."""
     from ray.job_submission import JobSubmissionClient

@@ -141,6 +141,7 @@ def _extended_cfg(tmp: Path, corpus: Path, source: Path, **over):
                                                "train.warmup_steps": 1, **over})
 
 
+@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_an_extended_run_uses_reports_exports_and_resumes(source, tmp_path, small_corpus):
     from tokenizers import Tokenizer
 

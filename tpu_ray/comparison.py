@@ -335,4 +335,4 @@ def comparison_text(runs: Sequence[str], table: pd.DataFrame | None = None) -> s
     lines.append(_not_comparable_note(table))
     from tpu_ray.downstream.history import comparison_lines
 
-    return "\n".join(lines + comparison_lines(runs, list(shown["run"])))
+    return "\n".join(lines + comparison_lines([load_metrics(run) for run in runs], list(shown["run"])))

@@ -57,11 +57,11 @@ def summary_lines(df: pd.DataFrame) -> list[str]:
     return ["downstream (fine-tuned, best learning rate):", *(_line(r) for _, r in table.iterrows())]
 
 
-def comparison_lines(runs: Sequence[str], labels: Sequence[str]) -> list[str]:
-    """Each task's best score per run (its latest step), marked not comparable where the data differs."""
-    from tpu_ray.report import load_metrics
-
-    per_run = {label: best(load_metrics(run)) for run, label in zip(runs, labels)}
+def comparison_lines(metrics: Sequence[pd.DataFrame], labels: Sequence[str]) -> list[str]:
+    """Each task's best score per run (its latest step), marked not comparable where the data differs.
+    `metrics`: each run's records as report.load_metrics gives them (the caller loads them: report
+    imports this module, so this module does not import report)."""
+    per_run = {label: best(df) for df, label in zip(metrics, labels)}
     tasks = sorted({t for table in per_run.values() for t in table["task"]})
     lines: list[str] = []
     for task in tasks:
