@@ -37,7 +37,7 @@ test-fast: setup
 	$(PY) -m pytest $(XDIST)
 
 test-quick: setup
-	$(PY) -m pytest -p no:xdist -m quick
+	$(PY) -m pytest $(XDIST) -m quick
 
 durations: setup extras
 	mkdir -p build
