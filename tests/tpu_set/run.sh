@@ -33,7 +33,9 @@ VIRTUAL_ENV="$VENV" "$UV" pip install -q --override "$overrides" -e ".[test]"
 "$VENV/bin/python" -c "import tensorflow as tf, tf_keras, transformers; print('tpu-set: tensorflow', tf.__version__, \
 'tf-keras', tf_keras.__version__, 'transformers', transformers.__version__)"
 # Two xdist workers, as `make test` runs (tests/timing.py groups a file's tests on one worker).
+# Its own durations file: a --durations-json in PYTEST_ADDOPTS (make durations' run) stays the main run's.
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "${JOBS:-2}" --dist loadgroup -m "slow or not slow" \
+    --durations-json "$VENV/durations.json" \
     tests/test_tpu_program.py tests/test_masking.py \
     "tests/test_train.py::test_eight_cpu_replicas_take_the_same_step_as_one_device" \
     "tests/test_train.py::test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends" \
