@@ -58,11 +58,11 @@ def table(durations: dict[str, dict], machine: str, wall: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("durations", help="the JSON that `pytest --durations-json PATH` wrote")
+    ap.add_argument("durations", nargs="+", help="the JSON files `pytest --durations-json PATH` wrote")
     ap.add_argument("--machine", default="an idle 2-core, 24 GiB machine (2 pytest-xdist workers)")
     ap.add_argument("--wall", default="wall time not given", help="e.g. 'make test took 24 min 10 s'")
     args = ap.parse_args(argv)
-    durations = json.loads(Path(args.durations).read_text())
+    durations = {k: v for path in args.durations for k, v in json.loads(Path(path).read_text()).items()}
     doc = DOC.read_text()
     if BEGIN not in doc or END not in doc:
         raise SystemExit(f"{DOC}: the two durations markers are missing; put them where the table goes")

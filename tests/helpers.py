@@ -23,9 +23,12 @@ def start_local_ray():
     address="local": always a fresh cluster of our own, never one a `ray start` left running.
     Tests that swap in a multi-node `Cluster` call this afterwards to put it back.
     """
+    import gc
+
     import ray
 
     if not ray.is_initialized():
+        gc.collect()  # ObjectRefs of an earlier cluster freed now, not inside the new session
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     return ray
 
