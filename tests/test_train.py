@@ -136,17 +136,20 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
     run_dir = tmp_path / "killed"
     cfg_path.write_text(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over).to_yaml())
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.Popen(_train_cmd(cfg_path), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    log = open(tmp_path / "killed.log", "w")  # what the killed process printed, for the assertions' messages
+    proc = subprocess.Popen(_train_cmd(cfg_path), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while not any(r["step"] >= 25 for r in _records(run_dir, "train")):
-            assert proc.poll() is None, "training ended before it could be killed"
+            assert proc.poll() is None, ("training ended before it could be killed:\n"
+                                         + (tmp_path / "killed.log").read_text()[-3000:])
             assert time.monotonic() < deadline, "training never reached step 25"
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
+        log.close()
     killed_at = max(r["step"] for r in _records(run_dir, "train"))
     assert killed_at < 120
 
