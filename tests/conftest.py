@@ -13,6 +13,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Under pytest-xdist several Ray clusters run on this machine at once (one per worker, and the
+# multi-node ones some tests build). Ray's default, with no address, joins the newest of them: a
+# run in one worker once trained on another worker's 3-node cluster and was refused. RAY_ADDRESS=local
+# makes every address-less ray.init() here (in-process or in a child) start a cluster of its own;
+# tests that connect somewhere pass the address, and those about RAY_ADDRESS itself set or remove it.
+os.environ.setdefault("RAY_ADDRESS", "local")
 
 from tests.helpers import REPO, WIKITEXT, start_local_ray, tiny_config, wikitext_slice  # noqa: F401
 

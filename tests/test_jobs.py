@@ -92,17 +92,23 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def _wait_for_listener(port: int, timeout_s: float) -> None:
+def _listens(port: int, timeout_s: float) -> bool:
     """`ray start` returns before the head's dashboard agent listens, and the Jobs API gives up on
     a missing agent after 10 s: on a busy machine the first submit would fail. Wait for it here."""
     deadline = time.monotonic() + timeout_s
-    while True:
+    while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=2):
-                return
+                return True
         except OSError:
-            assert time.monotonic() < deadline, f"the Ray dashboard agent never listened on port {port}"
             time.sleep(0.5)
+    return False
+
+
+def _agent_log_tail(temp_dir: str) -> str:
+    """The last lines of the head's dashboard agent log: why it never listened, for the failure message."""
+    logs = sorted(Path(temp_dir).glob("session_*/logs/dashboard_agent*.log"))
+    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-20:]) if logs else "(no agent log)"
 
 
 @contextmanager
@@ -120,7 +126,8 @@ def started_head(auth_env: dict[str, str]) -> Iterator[RayHead]:
     head = None
     try:
         # A port chosen here can still be taken by another process (or one of Ray's own random
-        # ports) before Ray binds it: then Ray refuses to start, and new ports are tried.
+        # ports) before Ray binds it: then Ray refuses to start, or the head starts and its dashboard
+        # agent never listens (seen in CI under load); either way the head is stopped and new ports tried.
         for attempt in range(3):
             gcs, dashboard, client, agent = _free_ports(4)
             cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
@@ -133,12 +140,17 @@ def started_head(auth_env: dict[str, str]) -> Iterator[RayHead]:
                                     text=True, start_new_session=True)
             head = RayHead(f"http://127.0.0.1:{dashboard}", "", temp_dir, proc.pid)
             output, _ = proc.communicate(timeout=180)
-            if proc.returncode == 0 or "port" not in output.lower() or attempt == 2:
+            if proc.returncode == 0:
+                if _listens(agent, timeout_s=120):
+                    break
+                output = f"the Ray dashboard agent never listened on port {agent}:\n{_agent_log_tail(temp_dir)}"
+            elif "port" not in output.lower():
                 break
             head.stop()
+            head = None
+            assert attempt < 2, output
         assert proc.returncode == 0, output
         head.gcs_address = (Path(temp_dir) / "ray_current_cluster").read_text().strip()
-        _wait_for_listener(agent, timeout_s=120)
         yield head
     finally:
         if head is not None:

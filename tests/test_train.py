@@ -547,7 +547,7 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
             assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
             assert time.monotonic() < deadline, "no committed checkpoint within 400 s"
             time.sleep(0.2)
-        workers = [a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+        workers = [a.node_id for a in list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")], limit=1000)
                    if "TrainWorker" in a.class_name and a.node_id in nodes]
         assert len(workers) == 2, workers
         cluster.remove_node(nodes[workers[0]], allow_graceful=False)

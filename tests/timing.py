@@ -40,10 +40,11 @@ class _Clock:
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.seconds[report.nodeid] += report.duration
+        nodeid = without_group(report.nodeid)
+        self.seconds[nodeid] += report.duration
         if report.when == "call" or report.outcome != "passed":
-            self.outcome[report.nodeid] = report.outcome
-        self.markers.setdefault(report.nodeid, sorted(k for k in ("slow", "quick") if k in report.keywords))
+            self.outcome[nodeid] = report.outcome
+        self.markers.setdefault(nodeid, sorted(k for k in ("slow", "quick") if k in report.keywords))
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
@@ -92,6 +93,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+def without_group(nodeid: str) -> str:
+    """A node id without the "@<group>" suffix pytest-xdist's loadgroup adds (its own rule: an "@"
+    after the last "]"), so durations are keyed the same with and without xdist."""
+    return nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
 def group_of(item: pytest.Item) -> str:
     """The unit pytest-xdist hands one worker (`--dist loadgroup`): a test file, so its module
     fixtures are made once; a module that sets XDIST_SPLIT_BY = "<parameter>" (the model-type
@@ -99,7 +106,8 @@ def group_of(item: pytest.Item) -> str:
     path = item.nodeid.split("::", 1)[0]
     split = getattr(getattr(item, "module", None), "XDIST_SPLIT_BY", None)
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return f"{path}[{params[split]}]" if split and split in params else path
+    # No "]" in a group name: xdist reads the group after an "@" only when it follows the last "]".
+    return f"{path}:{params[split]}" if split and split in params else path
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
@@ -119,6 +127,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         item.add_marker(pytest.mark.xdist_group(group))
     order = sorted(range(len(items)), key=lambda i: (-seconds[groups[i]], first[groups[i]], i))
     items[:] = [items[i] for i in order]
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, on the controller: a worker's collected node ids
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Stop the run, not silently lose the grouping: pytest-xdist 3.8's loadgroup writes each test's
+    group into `Item._nodeid`, which pytest 9.2 no longer reads (hence pytest<9.2 in the test extra).
+    Without it every test is its own unit: module fixtures are built on both workers and the
+    longest-first order is lost (found when one file's tests ran on both workers)."""
+    if node.config.getoption("dist", "no") == "loadgroup" and ids and "@" not in ids[0]:
+        pytest.exit("pytest-xdist --dist loadgroup did not group the tests (node ids carry no @group): this "
+                    "pytest and pytest-xdist do not work together; see tests/timing.py", returncode=3)
 
 
 @pytest.fixture(autouse=True)
