@@ -189,6 +189,7 @@ def _ray_job_submit(head: RayHead, *entrypoint: str) -> tuple[subprocess.Complet
 
 # ------------------------------------------------------------------------------------------ tests
 
+@pytest.mark.slow  # the head it checks takes ~35 s to start; the slow set starts it anyway for the jobs
 def test_head_is_private(ray_head):
     """Our head registers in its own temp dir only: a plain ray.init() elsewhere cannot find it."""
     import ray._private.utils as ray_utils

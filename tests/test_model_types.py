@@ -136,8 +136,10 @@ def type_config(run: Path, model_type: str, tok_dir: str, shards: Path, **over):
 
 
 @pytest.fixture(scope="module")
-def scratch_runs(tmp_path_factory, lines):
-    """model_type -> (tokenizer dir, shards, run dir, summary) of a 4-step run at spe 1, made once."""
+def scratch_runs(tmp_path_factory, lines, torch_side):
+    """model_type -> (tokenizer dir, shards, run dir, summary) of a 4-step run at spe 1, made once.
+    It asks for `torch_side` only to start it: PyTorch's imports in that process overlap the first
+    training here instead of stalling the first interop test (measured 55 s for that test before)."""
     cache: dict[str, tuple[str, Path, Path, dict]] = {}
 
     def get(model_type: str):
