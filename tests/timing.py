@@ -77,6 +77,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_Clock(), "tpu_ray_clock")
     if _selects_quick_only(config):
         os.environ[QUICK_ENV] = "1"
+    # xdist sorts the groups by their number of tests unless told not to: a one-test group that runs
+    # for ten minutes (the README quickstart) started last and ran alone at the end of the slow set.
+    # Keep the order pytest_collection_modifyitems gives (longest first by tests/durations.json).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def _selects_quick_only(config: pytest.Config) -> bool:
