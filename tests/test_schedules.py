@@ -93,7 +93,6 @@ def test_a_warm_up_as_long_as_the_run_is_warned_at_start_and_by_doctor(tmp_path,
     ({"train.schedule": "wsd", "train.decay_steps": 31}, "train.decay_steps=31 is longer than the run (train.steps=30)"),
     ({"train.mask_schedule": "linear"}, "train.mask_schedule=linear needs train.mask_prob_end"),
     ({"train.mask_prob_end": 0.1}, "train.mask_prob_end=0.1 does nothing with train.mask_schedule=constant"),
-    ({"train.branch_from": "runs/a", "model.init_from": "runs/b"}, "train.branch_from=runs/a and model.init_from"),
 ])
 @pytest.mark.quick
 def test_contradicting_schedule_options_are_one_line(over, needle):

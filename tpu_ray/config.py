@@ -739,9 +739,6 @@ def _schedule_refusal(cfg: RunConfig) -> str | None:
         if value is not None and tk.path:
             return (f"tokenizer.{name}={value} and tokenizer.path={tk.path} both say what the tokenizer is; "
                     f"keep one (tokenizer.path: an extended tokenizer made earlier)")
-    if t.branch_from and cfg.model.init_from:
-        return (f"train.branch_from={t.branch_from} and model.init_from={cfg.model.init_from} both say where to "
-                f"start; keep one (branch_from: the checkpoint's optimizer and step too)")
     return None
 
 
