@@ -224,6 +224,111 @@ def test_branching_from_another_model_or_other_data_is_one_line_exit_2(over, nee
     assert row.startswith(FAIL) and needle in row, row
 
 
+def _fake_stable(tmp_path, shards_dir, tok, step=4, **over):
+    """A stable run's config.yaml and a committed checkpoint's name (no weights: refused before a restore)."""
+    from tpu_ray.saved_config import save_config
+
+    stable = _run_cfg(tmp_path / "stable", shards_dir, tok, **{"train.schedule": "constant", **over})
+    save_config(stable, False, {})
+    ckpts = tmp_path / "stable" / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+    (ckpts / f"ckpt-{step}.index").write_bytes(b"")
+    return stable
+
+
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_a_branch_that_jumps_is_one_line_exit_2_before_anything_starts(command, tmp_path, shards_dir,
+                                                                       tiny_tokenizer_dir, capsys):
+    """Issue 44: the branch's rate at the branch step is checked from the configs alone, before any
+    stage (`run`: not even the tokenizer) or cluster; nothing of the branch is written."""
+    import sys
+
+    from tpu_ray.cli import main
+
+    stable = _fake_stable(tmp_path, shards_dir, tiny_tokenizer_dir)
+    branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "stable"),
+                              "train.schedule": "wsd", "train.learning_rate": 2e-3, "train.placement": "auto"})
+    (tmp_path / "branch.yaml").write_text(branch.to_yaml())
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    assert main([command, "--config", str(tmp_path / "branch.yaml"), "ray.address=local"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (f"train.branch_from={tmp_path / 'stable'}: the learning rate jumps at the branch step 4 (the stable "
+            f"run's 0.001, this run's 0.002); set train.learning_rate=0.001") in line, line
+    assert not (tmp_path / "branch").exists()
+    if not ray_before:
+        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+@pytest.mark.quick
+def test_a_resume_under_another_schedule_is_refused_before_any_stage_or_cluster(tmp_path, small_corpus, capsys):
+    """Issue 44: `--resume train.steps=400` was refused inside training attempt 2; now from the
+    run's config.yaml, before the lock, the stages and Ray: exit 2, one line, nothing written."""
+    import sys
+
+    from tpu_ray.cli import main
+    from tpu_ray.resume import refuse_changed_schedule
+    from tpu_ray.saved_config import save_config
+
+    cfg = tiny_config(tmp_path / "r", small_corpus, **{"train.steps": 300})
+    save_config(cfg, False, {})
+    ckpts = tmp_path / "r" / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-100"\n')
+    (ckpts / "ckpt-100.index").write_bytes(b"")
+    (tmp_path / "c.yaml").write_text(cfg.to_yaml())
+    files = lambda: {p: p.stat().st_mtime_ns for p in (tmp_path / "r").rglob("*")}  # noqa: E731
+    before = files()
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    for command in ("run", "train"):
+        assert main([command, "--config", str(tmp_path / "c.yaml"), "--resume", "train.steps=400",
+                     "ray.address=local"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"--resume: {ckpts / 'ckpt-100'} was trained with another schedule (train.steps 300 -> 400)" in line
+        assert "train.extend_schedule=true" in line
+    assert files() == before
+    if not ray_before:
+        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    # the same schedule, or the hatch, passes this check
+    refuse_changed_schedule(cfg, resume=True)
+    refuse_changed_schedule(cfg.override({"train.steps": 400, "train.extend_schedule": True}), resume=True)
+
+
+@pytest.mark.slow  # four tiny trainings: over the 20 s budget
+def test_a_decay_branched_off_a_continued_run_ends_where_the_continued_run_decaying_there_ends(
+        tmp_path, shards_dir, tiny_tokenizer_dir):
+    """Issue 44: model.init_from's stable run (constant), branched at step 4 with its own config
+    changing only the schedule (wsd, no decay_steps: the decay starts at the branch step), ends
+    where the continued run that decays from step 4 directly ends, step by step."""
+    from tests.test_train import _records
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.saved_config import read_saved_config
+
+    Pipeline(_run_cfg(tmp_path / "source", shards_dir, tiny_tokenizer_dir, **{"train.steps": 2})).train()
+    cont = {"model.init_from": str(tmp_path / "source"), "train.steps": 8}
+    stable = _run_cfg(tmp_path / "stable", shards_dir, tiny_tokenizer_dir, **cont, **{"train.schedule": "constant"})
+    Pipeline(stable).train()
+    Pipeline(_run_cfg(tmp_path / "direct", shards_dir, tiny_tokenizer_dir, **cont,
+                      **{"train.schedule": "wsd", "train.decay_steps": 4})).train()
+    saved = read_saved_config(str(tmp_path / "stable"))  # the stable run's config.yaml, model.init_from kept
+    assert saved.model.init_from == str(tmp_path / "source") and saved.model.init_sha256
+    branch = saved.override({"output_dir": str(tmp_path / "branch"), "train.schedule": "wsd",
+                             "train.branch_from": str(tmp_path / "stable" / "checkpoints" / "ckpt-4")})
+    summary = Pipeline(branch).train()
+    assert summary["resumed_from"] == 4 and summary["steps"] == 8
+    assert read_saved_config(str(tmp_path / "branch")).train.decay_steps == 4  # filled in, recorded
+    got = {r["step"]: r for r in _records(tmp_path / "branch", "train")}
+    ref = {r["step"]: r for r in _records(tmp_path / "direct", "train")}
+    assert sorted(got) == [5, 6, 7, 8]
+    for step in got:
+        assert got[step]["learning_rate"] == pytest.approx(ref[step]["learning_rate"], rel=1e-6), step
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-5), step
+    # without model.init_from it is another model: refused in one line naming it
+    with pytest.raises(UserError, match=r"another config \(model.init_from: saved '.*source', now None\)"):
+        Pipeline(branch.override({"output_dir": str(tmp_path / "b2"), "model.init_from": None,
+                                  "model.init_sha256": None}))
+
+
 # ----------------------------------------------------------------------------- masking schedule
 @pytest.mark.quick
 def test_a_linear_masking_rate_falls_with_the_step_in_one_trace():
