@@ -294,6 +294,23 @@ def test_a_resume_under_another_schedule_is_refused_before_any_stage_or_cluster(
     refuse_changed_schedule(cfg.override({"train.steps": 400, "train.extend_schedule": True}), resume=True)
 
 
+@pytest.mark.quick
+def test_a_resumed_branch_keeps_the_defaults_its_first_start_filled_in(tmp_path, small_corpus):
+    """The stable run's latest checkpoint may have moved since: a resumed branch (its own checkpoints)
+    takes the filled-in decay and warm-up from its config.yaml, not from the stable run again."""
+    from tpu_ray.saved_config import save_config
+    from tpu_ray.train.branch import settled
+
+    cfg = tiny_config(tmp_path / "b", small_corpus, **{"train.schedule": "wsd", "train.warmup_steps": None,
+                                                       "train.branch_from": str(tmp_path / "gone")})
+    save_config(cfg.override({"train.decay_steps": 12, "train.warmup_steps": 3}), False, {})
+    (tmp_path / "b" / "checkpoints").mkdir()
+    (tmp_path / "b" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
+    got = settled(cfg).train
+    assert (got.decay_steps, got.warmup_steps) == (12, 3)
+    assert settled(cfg.override({"train.decay_steps": 5})).train.decay_steps == 5  # given: the user's
+
+
 @pytest.mark.slow  # four tiny trainings: over the 20 s budget
 def test_a_decay_branched_off_a_continued_run_ends_where_the_continued_run_decaying_there_ends(
         tmp_path, shards_dir, tiny_tokenizer_dir):
@@ -323,6 +340,8 @@ def test_a_decay_branched_off_a_continued_run_ends_where_the_continued_run_decay
     for step in got:
         assert got[step]["learning_rate"] == pytest.approx(ref[step]["learning_rate"], rel=1e-6), step
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-5), step
+    stable_losses = {r["step"]: r["loss"] for r in _records(tmp_path / "stable", "train")}
+    assert stable_losses[8] != pytest.approx(ref[8]["loss"], rel=1e-5)  # the decay made a difference
     # without model.init_from it is another model: refused in one line naming it
     with pytest.raises(UserError, match=r"another config \(model.init_from: saved '.*source', now None\)"):
         Pipeline(branch.override({"output_dir": str(tmp_path / "b2"), "model.init_from": None,
