@@ -258,6 +258,16 @@ def test_a_branch_that_jumps_is_one_line_exit_2_before_anything_starts(command, 
     assert not (tmp_path / "branch").exists()
     if not ray_before:
         assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    if command == "train":  # doctor: the same line as a FAIL row; the fixed branch passes, its curve named
+        from tpu_ray.doctor.checks import FAIL, PASS, run_doctor
+
+        for cfg, verdict, needle in ((branch, FAIL, "set train.learning_rate=0.001"),
+                                     (branch.override({"train.learning_rate": 1e-3}), PASS,
+                                      "constant to step 4, 1-sqrt decay over 8 steps")):
+            out = io.StringIO()
+            run_doctor(cfg, target="cpu", out=out, xla=False)
+            (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "branch"]
+            assert row.startswith(verdict) and needle in row, row
 
 
 @pytest.mark.quick
