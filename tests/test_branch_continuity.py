@@ -129,3 +129,14 @@ def test_the_documented_branches_run_without_a_jump():
     decay = load(_doc_overrides(_doc_command("tpu-ray train --config stable.yaml --output-dir runs/decay-at-1000")))
     assert decay.train.steps == 1100 and decay.train.decay_steps == 100
     assert continuity_refusal(phased, with_defaults(decay, phased, 1000), 1000) is None
+
+
+def test_the_printed_fix_passes_the_check_when_the_rate_is_not_round():
+    """A stable run's masking rate of 0.163636... at the branch step: the printed value is exact
+    enough for the branch that sets it to pass (6 significant digits would miss by 2e-6)."""
+    stable = _cfg(**{"train.schedule": "constant", "train.steps": 22_000, "train.warmup_steps": 2000,
+                     "train.mask_prob": 0.3, "train.mask_schedule": "linear", "train.mask_prob_end": 0.15})
+    branch = with_defaults(_cfg(**{"train.schedule": "wsd", "train.steps": 21_000}), stable, 20_000)
+    line = continuity_refusal(stable, branch, 20_000)
+    value = float(re.search(r"set train.mask_prob=([\d.]+)$", line).group(1))
+    assert continuity_refusal(stable, branch.override({"train.mask_prob": value}), 20_000) is None

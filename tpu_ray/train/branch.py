@@ -170,19 +170,28 @@ def _mask_fix(branch: RunConfig, step: int, want: float) -> str:
     t = branch.train
     if t.mask_schedule == "linear" and step > 0:
         end = t.mask_prob + (want - t.mask_prob) * t.steps / step  # the line through the stable run's rate
-        for digits in (6, 10, 17):
-            value = float(f"{end:.{digits}g}")
+        for value in _roundings(end):
             if 0 < value < 1 and _close(mask_rate_at(branch.override({"train.mask_prob_end": value}), step), want):
-                return (f"set train.mask_prob_end={value:g}" if digits == 6 else f"set train.mask_prob_end={value!r}") \
-                    + f" (the same line through the stable run's rate, ending at train.steps={t.steps})"
-        return f"set train.mask_schedule=constant train.mask_prob_end=null train.mask_prob={want:g}"
+                return (f"set train.mask_prob_end={value!r} (the same line through the stable run's rate, ending at "
+                        f"train.steps={t.steps})")
+        return f"set train.mask_schedule=constant train.mask_prob_end=null train.mask_prob={_short(want)}"
     if t.phases:
         from tpu_ray.train.phases import span_at, spans
 
         i = span_at(spans(branch), step).index
         if t.phases[i].mask_prob is not None:
-            return f"set train.phases[{i}].mask_prob={want:g}"
-    return f"set train.mask_prob={want:g}"
+            return f"set train.phases[{i}].mask_prob={_short(want)}"
+    return f"set train.mask_prob={_short(want)}"
+
+
+def _roundings(x: float) -> list[float]:
+    """`x` to 6, 10 and 17 significant digits: the shortest that passes the check is the one to print."""
+    return [float(f"{x:.{d}g}") for d in (6, 10, 17)]
+
+
+def _short(x: float) -> str:
+    """The shortest rounding of `x` within a tenth of RTOL (what the user types passes the check)."""
+    return repr(next(v for v in _roundings(x) if abs(v - x) <= RTOL / 10 * abs(x)))
 
 
 def _check_compatible(cfg: RunConfig, run_dir: str, where: str, step: int) -> RunConfig:
