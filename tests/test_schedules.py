@@ -4,6 +4,7 @@ run's checkpoint, and a masking rate that changes with the step."""
 from __future__ import annotations
 
 import io
+import json
 import math
 
 import pytest
@@ -327,6 +328,8 @@ def test_a_decay_branched_off_a_continued_run_ends_where_the_continued_run_decay
     """Issue 44: model.init_from's stable run (constant), branched at step 4 with its own config
     changing only the schedule (wsd, no decay_steps: the decay starts at the branch step), ends
     where the continued run that decays from step 4 directly ends, step by step."""
+    import shutil
+
     from tests.test_train import _records
     from tpu_ray.pipeline import Pipeline
     from tpu_ray.saved_config import read_saved_config
@@ -341,9 +344,12 @@ def test_a_decay_branched_off_a_continued_run_ends_where_the_continued_run_decay
     assert saved.model.init_from == str(tmp_path / "source") and saved.model.init_sha256
     branch = saved.override({"output_dir": str(tmp_path / "branch"), "train.schedule": "wsd",
                              "train.branch_from": str(tmp_path / "stable" / "checkpoints" / "ckpt-4")})
+    shutil.rmtree(tmp_path / "source")  # the branch reads the stable run's copy of it (RUN/init)
     summary = Pipeline(branch).train()
     assert summary["resumed_from"] == 4 and summary["steps"] == 8
     assert read_saved_config(str(tmp_path / "branch")).train.decay_steps == 4  # filled in, recorded
+    record = json.loads((tmp_path / "branch" / "init" / "source.json").read_text())
+    assert record["sha256"] == saved.model.init_sha256 and record["via"] == str(tmp_path / "stable" / "init")
     got = {r["step"]: r for r in _records(tmp_path / "branch", "train")}
     ref = {r["step"]: r for r in _records(tmp_path / "direct", "train")}
     assert sorted(got) == [5, 6, 7, 8]

@@ -49,13 +49,21 @@ class Branch:
     config: RunConfig  # the branch's config with its defaults filled in (`with_defaults`)
 
 
+def stable_run_dir(branch_from: str) -> str:
+    """The stable run's directory: `branch_from` itself, or the run holding the checkpoint it names."""
+    where = str(branch_from).rstrip("/")
+    if _CKPT.match(where.rsplit("/", 1)[-1]):
+        return where.rsplit("/", 1)[0].rsplit("/", 1)[0]
+    return where
+
+
 def resolve(cfg: RunConfig) -> Branch:
     """The checkpoint `train.branch_from` names (a run: its last committed one), checked against this
     run's config: one line naming what differs, or how to point at the stable run's data."""
     where = str(cfg.train.branch_from).rstrip("/")
     found = _CKPT.match(where.rsplit("/", 1)[-1])
     if found:
-        run_dir = where.rsplit("/", 1)[0].rsplit("/", 1)[0]
+        run_dir = stable_run_dir(where)
         checkpoint, step = where, int(found.group(1))
         if not storage.exists(checkpoint + ".index"):
             raise UserError(f"train.branch_from={where}: no such checkpoint ({checkpoint}.index is missing); "
