@@ -4,6 +4,7 @@ run's checkpoint, and a masking rate that changes with the step."""
 from __future__ import annotations
 
 import io
+import json
 import math
 
 import pytest
@@ -93,7 +94,6 @@ def test_a_warm_up_as_long_as_the_run_is_warned_at_start_and_by_doctor(tmp_path,
     ({"train.schedule": "wsd", "train.decay_steps": 31}, "train.decay_steps=31 is longer than the run (train.steps=30)"),
     ({"train.mask_schedule": "linear"}, "train.mask_schedule=linear needs train.mask_prob_end"),
     ({"train.mask_prob_end": 0.1}, "train.mask_prob_end=0.1 does nothing with train.mask_schedule=constant"),
-    ({"train.branch_from": "runs/a", "model.init_from": "runs/b"}, "train.branch_from=runs/a and model.init_from"),
 ])
 @pytest.mark.quick
 def test_contradicting_schedule_options_are_one_line(over, needle):
@@ -223,6 +223,145 @@ def test_branching_from_another_model_or_other_data_is_one_line_exit_2(over, nee
     assert run_doctor(branch, target="cpu", out=out, xla=False) == 1
     (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "branch"]
     assert row.startswith(FAIL) and needle in row, row
+
+
+def _fake_stable(tmp_path, shards_dir, tok, step=4, **over):
+    """A stable run's config.yaml and a committed checkpoint's name (no weights: refused before a restore)."""
+    from tpu_ray.saved_config import save_config
+
+    stable = _run_cfg(tmp_path / "stable", shards_dir, tok, **{"train.schedule": "constant", **over})
+    save_config(stable, False, {})
+    ckpts = tmp_path / "stable" / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+    (ckpts / f"ckpt-{step}.index").write_bytes(b"")
+    return stable
+
+
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_a_branch_that_jumps_is_one_line_exit_2_before_anything_starts(command, tmp_path, shards_dir,
+                                                                       tiny_tokenizer_dir, capsys):
+    """Issue 44: the branch's rate at the branch step is checked from the configs alone, before any
+    stage (`run`: not even the tokenizer) or cluster; nothing of the branch is written."""
+    import sys
+
+    from tpu_ray.cli import main
+
+    stable = _fake_stable(tmp_path, shards_dir, tiny_tokenizer_dir)
+    branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "stable"),
+                              "train.schedule": "wsd", "train.learning_rate": 2e-3, "train.placement": "auto"})
+    (tmp_path / "branch.yaml").write_text(branch.to_yaml())
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    assert main([command, "--config", str(tmp_path / "branch.yaml"), "ray.address=local"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (f"train.branch_from={tmp_path / 'stable'}: the learning rate jumps at the branch step 4 (the stable "
+            f"run's 0.001, this run's 0.002); set train.learning_rate=0.001") in line, line
+    assert not (tmp_path / "branch").exists()
+    if not ray_before:
+        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    if command == "train":  # doctor: the same line as a FAIL row; the fixed branch passes, its curve named
+        from tpu_ray.doctor.checks import FAIL, PASS, run_doctor
+
+        for cfg, verdict, needle in ((branch, FAIL, "set train.learning_rate=0.001"),
+                                     (branch.override({"train.learning_rate": 1e-3}), PASS,
+                                      "constant to step 4, 1-sqrt decay over 8 steps")):
+            out = io.StringIO()
+            run_doctor(cfg, target="cpu", out=out, xla=False)
+            (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "branch"]
+            assert row.startswith(verdict) and needle in row, row
+
+
+@pytest.mark.quick
+def test_a_resume_under_another_schedule_is_refused_before_any_stage_or_cluster(tmp_path, small_corpus, capsys):
+    """Issue 44: `--resume train.steps=400` was refused inside training attempt 2; now from the
+    run's config.yaml, before the lock, the stages and Ray: exit 2, one line, nothing written."""
+    import sys
+
+    from tpu_ray.cli import main
+    from tpu_ray.resume import refuse_changed_schedule
+    from tpu_ray.saved_config import save_config
+
+    cfg = tiny_config(tmp_path / "r", small_corpus, **{"train.steps": 300})
+    save_config(cfg, False, {})
+    ckpts = tmp_path / "r" / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-100"\n')
+    (ckpts / "ckpt-100.index").write_bytes(b"")
+    (tmp_path / "c.yaml").write_text(cfg.to_yaml())
+    files = lambda: {p: p.stat().st_mtime_ns for p in (tmp_path / "r").rglob("*")}  # noqa: E731
+    before = files()
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    for command in ("run", "train"):
+        assert main([command, "--config", str(tmp_path / "c.yaml"), "--resume", "train.steps=400",
+                     "ray.address=local"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"--resume: {ckpts / 'ckpt-100'} was trained with another schedule (train.steps 300 -> 400)" in line
+        assert "train.extend_schedule=true" in line
+    assert files() == before
+    if not ray_before:
+        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    # the same schedule, or the hatch, passes this check
+    refuse_changed_schedule(cfg, resume=True)
+    refuse_changed_schedule(cfg.override({"train.steps": 400, "train.extend_schedule": True}), resume=True)
+
+
+@pytest.mark.quick
+def test_a_resumed_branch_keeps_the_defaults_its_first_start_filled_in(tmp_path, small_corpus):
+    """The stable run's latest checkpoint may have moved since: a resumed branch (its own checkpoints)
+    takes the filled-in decay and warm-up from its config.yaml, not from the stable run again."""
+    from tpu_ray.saved_config import save_config
+    from tpu_ray.train.branch import settled
+
+    cfg = tiny_config(tmp_path / "b", small_corpus, **{"train.schedule": "wsd", "train.warmup_steps": None,
+                                                       "train.branch_from": str(tmp_path / "gone")})
+    save_config(cfg.override({"train.decay_steps": 12, "train.warmup_steps": 3}), False, {})
+    (tmp_path / "b" / "checkpoints").mkdir()
+    (tmp_path / "b" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
+    got = settled(cfg).train
+    assert (got.decay_steps, got.warmup_steps) == (12, 3)
+    assert settled(cfg.override({"train.decay_steps": 5})).train.decay_steps == 5  # given: the user's
+
+
+@pytest.mark.slow  # four tiny trainings: over the 20 s budget
+def test_a_decay_branched_off_a_continued_run_ends_where_the_continued_run_decaying_there_ends(
+        tmp_path, shards_dir, tiny_tokenizer_dir):
+    """Issue 44: model.init_from's stable run (constant), branched at step 4 with its own config
+    changing only the schedule (wsd, no decay_steps: the decay starts at the branch step), ends
+    where the continued run that decays from step 4 directly ends, step by step."""
+    import shutil
+
+    from tests.test_train import _records
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.saved_config import read_saved_config
+
+    Pipeline(_run_cfg(tmp_path / "source", shards_dir, tiny_tokenizer_dir, **{"train.steps": 2})).train()
+    cont = {"model.init_from": str(tmp_path / "source"), "train.steps": 8}
+    stable = _run_cfg(tmp_path / "stable", shards_dir, tiny_tokenizer_dir, **cont, **{"train.schedule": "constant"})
+    Pipeline(stable).train()
+    Pipeline(_run_cfg(tmp_path / "direct", shards_dir, tiny_tokenizer_dir, **cont,
+                      **{"train.schedule": "wsd", "train.decay_steps": 4})).train()
+    saved = read_saved_config(str(tmp_path / "stable"))  # the stable run's config.yaml, model.init_from kept
+    assert saved.model.init_from == str(tmp_path / "source") and saved.model.init_sha256
+    branch = saved.override({"output_dir": str(tmp_path / "branch"), "train.schedule": "wsd",
+                             "train.branch_from": str(tmp_path / "stable" / "checkpoints" / "ckpt-4")})
+    shutil.rmtree(tmp_path / "source")  # the branch reads the stable run's copy of it (RUN/init)
+    summary = Pipeline(branch).train()
+    assert summary["resumed_from"] == 4 and summary["steps"] == 8
+    assert read_saved_config(str(tmp_path / "branch")).train.decay_steps == 4  # filled in, recorded
+    record = json.loads((tmp_path / "branch" / "init" / "source.json").read_text())
+    assert record["sha256"] == saved.model.init_sha256 and record["via"] == str(tmp_path / "stable" / "init")
+    got = {r["step"]: r for r in _records(tmp_path / "branch", "train")}
+    ref = {r["step"]: r for r in _records(tmp_path / "direct", "train")}
+    assert sorted(got) == [5, 6, 7, 8]
+    for step in got:
+        assert got[step]["learning_rate"] == pytest.approx(ref[step]["learning_rate"], rel=1e-6), step
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-5), step
+    stable_losses = {r["step"]: r["loss"] for r in _records(tmp_path / "stable", "train")}
+    assert stable_losses[8] != pytest.approx(ref[8]["loss"], rel=1e-5)  # the decay made a difference
+    # without model.init_from it is another model: refused in one line naming it
+    with pytest.raises(UserError, match=r"another config \(model.init_from: saved '.*source', now None\)"):
+        Pipeline(branch.override({"output_dir": str(tmp_path / "b2"), "model.init_from": None,
+                                  "model.init_sha256": None}))
 
 
 # ----------------------------------------------------------------------------- masking schedule

@@ -379,7 +379,8 @@ class TrainConfig(_Section):
     # Start from this run's last committed checkpoint (a run directory) or one of its checkpoints
     # (RUN/checkpoints/ckpt-N): weights, optimizer state, step and data position, under this run's
     # schedule (a decay branched off a stable run, which is not touched). Same shards, model and data order,
-    # and train.phases the same up to the checkpoint's step (the phase holding it may end elsewhere).
+    # and train.phases the same up to the checkpoint's step (the phase holding it may end elsewhere);
+    # its learning and masking rates at that step the stable run's (train/branch.py: no jump).
     branch_from: str | None = None
     # The masking rate over the run: "constant" (train.mask_prob), or "linear" from train.mask_prob at
     # step 0 to train.mask_prob_end at train.steps (a tensor in the input pipeline: no recompile).
@@ -739,9 +740,6 @@ def _schedule_refusal(cfg: RunConfig) -> str | None:
         if value is not None and tk.path:
             return (f"tokenizer.{name}={value} and tokenizer.path={tk.path} both say what the tokenizer is; "
                     f"keep one (tokenizer.path: an extended tokenizer made earlier)")
-    if t.branch_from and cfg.model.init_from:
-        return (f"train.branch_from={t.branch_from} and model.init_from={cfg.model.init_from} both say where to "
-                f"start; keep one (branch_from: the checkpoint's optimizer and step too)")
     return None
 
 

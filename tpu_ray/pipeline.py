@@ -220,6 +220,10 @@ class Pipeline:
             from tpu_ray.prepare.given import point
 
             cfg, self._given = point(cfg, corpus)
+        if cfg.train.branch_from:  # checked (continuity too) and its defaults filled before any stage (train/branch.py)
+            from tpu_ray.train.branch import settled
+
+            cfg = settled(cfg)
         self.cfg = cfg
 
     # --- stages ---------------------------------------------------------------------------------
@@ -355,13 +359,14 @@ class Pipeline:
               start_ray: bool = True) -> Iterator[None]:
         """Checks, lock, config; the stage body runs inside (and the lock is held until it ends)."""
         from tpu_ray.logs import setup_api_logging
-        from tpu_ray.resume import refuse_existing_run
+        from tpu_ray.resume import refuse_changed_schedule, refuse_existing_run
 
         setup_api_logging()  # the CLI's stage and step lines (API callers too), no library start-up noise
         cfg = self.cfg
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if stage in ("run", "train"):
             refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
+            refuse_changed_schedule(cfg, resume)  # likewise: not inside a training attempt
         from tpu_ray.prepare.preflight import preflight_corpus
 
         if corpus and not self._given:

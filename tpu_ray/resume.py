@@ -43,6 +43,29 @@ def refuse_existing_run(cfg: RunConfig, resume: bool) -> None:
                         f"--output-dir")
 
 
+def changed_schedule_line(where: str, changed: list[str]) -> str:
+    """The one line --resume under another schedule is refused with (train.extend_schedule is the hatch)."""
+    return (f"--resume: {where} was trained with another schedule ({', '.join(changed)}); resume with the "
+            f"original values, or set train.extend_schedule=true to continue under the new schedule from the "
+            f"checkpoint's step")
+
+
+def refuse_changed_schedule(cfg: RunConfig, resume: bool) -> None:
+    """--resume under another schedule, refused from config.yaml before any stage or cluster starts
+    (the trainer checks the checkpoint's own record again after the restore). Why here: train.steps
+    is not in the fingerprint, so until now it was found only inside a training attempt."""
+    from tpu_ray.saved_config import read_saved_config
+    from tpu_ray.train import curves
+
+    found = latest_checkpoint(cfg.run_dir) if resume and not cfg.train.extend_schedule else None
+    saved = read_saved_config(cfg.run_dir) if found else None
+    if saved is None:
+        return
+    changed = curves.changes(curves.values(saved.train), curves.shape_values(saved.train), cfg.train)
+    if changed:
+        raise UserError(changed_schedule_line(found[0], changed))
+
+
 def interrupted_message(run_dir: str, argv: list[str]) -> str:
     """What to tell a user who pressed Ctrl-C: where the last checkpoint is and the command that
     continues from it (the same command line with --resume)."""

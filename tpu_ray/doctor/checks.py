@@ -406,6 +406,7 @@ class Doctor:
     def check_branch(self) -> None:
         """train.branch_from: the checkpoint it names, and whether this config may continue it."""
         from tpu_ray.train.branch import resolve
+        from tpu_ray.train.curves import describe
 
         try:
             branch = resolve(self.cfg)
@@ -413,7 +414,7 @@ class Doctor:
             self.add("branch", FAIL, str(exc))
             return
         self.add("branch", PASS, f"from {branch.checkpoint} at step {branch.step:,} ({self.cfg.train.steps - branch.step:,} "
-                 f"steps under this run's schedule)")
+                 f"steps under this run's schedule: {describe(branch.config.train)}; no jump at the branch step)")
 
     def check_paths(self) -> None:
         cfg, tgt = self.cfg, self.target

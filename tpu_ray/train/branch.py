@@ -11,6 +11,13 @@ against the stable run's config.yaml before anything is restored. The stable run
 With train.phases the branch continues in the phase its step falls in: the phases must agree with
 the stable run's over the steps it trained (phases.trained_difference); the phase holding the
 branch step may end elsewhere (a shorter or longer last phase is the branch's budget).
+
+A branch never jumps (issue 44): at the branch step its learning rate and masking rate are the
+stable run's (within RTOL), or it is refused in one line naming the setting that makes them so.
+Two defaults make the common branch continuous by itself: an unset train.warmup_steps is the stable
+run's warm-up, and a wsd decay without train.decay_steps starts at the branch step (decay_fraction
+scales train.steps, which for a branch is the stable run's step plus the decay). Both are filled
+into the branch's config (`settled`), so config.yaml records them and a resumed branch keeps them.
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ from typing import Any
 from tpu_ray import rundir, storage
 from tpu_ray.config import SCHEDULE_FIELDS, RunConfig
 from tpu_ray.errors import UserError
+from tpu_ray.train import curves
 
 log = logging.getLogger("tpu_ray.train.loop")
 _CKPT = re.compile(r"^ckpt-(\d+)$")
 # Train fields that decide which batch and which masks a step sees, beside the fingerprint's.
 _DATA_ORDER = ("shuffle_buffer",)
+RTOL = 1e-6  # how close the branch's rates at the branch step must be to the stable run's
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,15 @@ class Branch:
     run_dir: str  # the stable run
     checkpoint: str  # its checkpoint prefix (.../checkpoints/ckpt-N)
     step: int
+    config: RunConfig  # the branch's config with its defaults filled in (`with_defaults`)
+
+
+def stable_run_dir(branch_from: str) -> str:
+    """The stable run's directory: `branch_from` itself, or the run holding the checkpoint it names."""
+    where = str(branch_from).rstrip("/")
+    if _CKPT.match(where.rsplit("/", 1)[-1]):
+        return where.rsplit("/", 1)[0].rsplit("/", 1)[0]
+    return where
 
 
 def resolve(cfg: RunConfig) -> Branch:
@@ -45,7 +63,7 @@ def resolve(cfg: RunConfig) -> Branch:
     where = str(cfg.train.branch_from).rstrip("/")
     found = _CKPT.match(where.rsplit("/", 1)[-1])
     if found:
-        run_dir = where.rsplit("/", 1)[0].rsplit("/", 1)[0]
+        run_dir = stable_run_dir(where)
         checkpoint, step = where, int(found.group(1))
         if not storage.exists(checkpoint + ".index"):
             raise UserError(f"train.branch_from={where}: no such checkpoint ({checkpoint}.index is missing); "
@@ -59,23 +77,133 @@ def resolve(cfg: RunConfig) -> Branch:
             raise UserError(f"train.branch_from={where}: no committed checkpoint there; point at a tpu-ray run "
                             f"directory that has trained, or at one of its checkpoints (RUN/checkpoints/ckpt-N)")
         checkpoint, step = latest
-    _check_compatible(cfg, run_dir, where, step)
+    stable = _check_compatible(cfg, run_dir, where, step)
     if step >= cfg.train.steps:
         raise UserError(f"train.branch_from={where}: its checkpoint is at step {step}, not before train.steps="
                         f"{cfg.train.steps}; set train.steps beyond {step} (the branch's decay ends there)")
-    return Branch(run_dir, checkpoint, step)
+    settled_cfg = with_defaults(cfg, stable, step)
+    if why := continuity_refusal(stable, settled_cfg, step):
+        raise UserError(f"train.branch_from={where}: {why}")
+    return Branch(run_dir, checkpoint, step, settled_cfg)
 
 
-def check_before_start(cfg: RunConfig) -> None:
-    """The branch's refusals before any shard is opened or model built, unless this run has its own
-    checkpoints already (a resumed branch continues from them: the stable run is not read again)."""
+def settled(cfg: RunConfig) -> RunConfig:
+    """`cfg` with the branch's defaults filled in, checked: a fresh branch resolves its checkpoint
+    (all refusals here, before any stage starts); a resumed one (its own checkpoints) takes what its
+    first start filled in from its config.yaml (the stable run's latest checkpoint may have moved)."""
+    if not cfg.train.branch_from:
+        return cfg
     from tpu_ray.resume import latest_checkpoint
+    from tpu_ray.saved_config import read_saved_config
 
     if latest_checkpoint(cfg.run_dir) is None:
-        resolve(cfg)
+        return resolve(cfg).config
+    saved = read_saved_config(cfg.run_dir)
+    if saved is None or saved.train.branch_from != cfg.train.branch_from:
+        return cfg
+    t, s = cfg.train, saved.train
+    over = {f"train.{k}": getattr(s, k) for k in ("warmup_steps", "decay_steps")
+            if getattr(t, k) is None and getattr(s, k) is not None and (k != "decay_steps" or t.schedule == "wsd")}
+    return cfg.override(over) if over else cfg
 
 
-def _check_compatible(cfg: RunConfig, run_dir: str, where: str, step: int) -> None:
+def with_defaults(cfg: RunConfig, stable: RunConfig, step: int) -> RunConfig:
+    """The branch's unset warm-up is the stable run's; its wsd decay without decay_steps starts at
+    the branch step. Why: those are the settings under which the branch continues the curve."""
+    t, over = cfg.train, {}
+    if t.warmup_steps is None:
+        over["train.warmup_steps"] = curves.warmup_steps(stable.train)
+    if t.schedule == "wsd" and t.decay_steps is None and t.steps > step:
+        over["train.decay_steps"] = t.steps - step
+    return cfg.override(over) if over else cfg
+
+
+def mask_rate_at(cfg: RunConfig, step: int) -> float:
+    """The masking rate of the batch at optimizer iteration `step` (a phase's mask_prob where set)."""
+    from tpu_ray.train.phases import span_at, spans
+
+    t = cfg.train
+    if t.phases:
+        t = t.model_copy(update={"mask_prob": span_at(spans(cfg), step).mask_prob})
+    return float(curves.mask_rate(t, step))
+
+
+def lr_at(t: Any, step: int) -> float:
+    return float(curves.rate(curves.curve(t), step))
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= RTOL * max(abs(a), abs(b))
+
+
+def continuity_refusal(stable: RunConfig, branch: RunConfig, step: int) -> str | None:
+    """Where the branch's learning rate or masking rate at `step` is not the stable run's: one line
+    naming the rate, both values and the setting that makes them equal (None: continuous)."""
+    a, b = lr_at(stable.train, step), lr_at(branch.train, step)
+    if not _close(a, b):
+        return (f"the learning rate jumps at the branch step {step:,} (the stable run's {a:.6g}, this run's "
+                f"{b:.6g}); {_lr_fix(stable.train, branch.train, step, a)}")
+    a, b = mask_rate_at(stable, step), mask_rate_at(branch, step)
+    if not _close(a, b):
+        return (f"the masking rate jumps at the branch step {step:,} (the stable run's {a:.6g}, this run's "
+                f"{b:.6g}); {_mask_fix(branch, step, a)}")
+    return None
+
+
+def _lr_fix(stable: Any, t: Any, step: int, want: float) -> str:
+    """The settings (each alone, then together) that give the branch the stable run's rate at `step`."""
+    candidates: list[dict[str, Any]] = []
+    if curves.warmup_steps(t) != curves.warmup_steps(stable):
+        candidates.append({"warmup_steps": curves.warmup_steps(stable)})
+    if t.learning_rate != stable.learning_rate:
+        candidates.append({"learning_rate": stable.learning_rate})
+    if t.schedule == "wsd":
+        candidates.append({"decay_steps": t.steps - step})
+    elif t.schedule in ("linear", "cosine"):
+        candidates.append({"schedule": "wsd", "decay_steps": t.steps - step})
+    together: dict[str, Any] = {}
+    for c in candidates:
+        together.update(c)
+    for c in [*candidates, together]:
+        if c and _close(lr_at(t.model_copy(update={"warmup_steps": curves.warmup_steps(t), **c}), step), want):
+            what = " ".join(f"train.{k}={v}" for k, v in c.items())
+            why = " (the decay from the branch step)" if "decay_steps" in c else ""
+            return f"set {what}{why}"
+    return (f"branch at a step where the stable run holds its peak, or keep its schedule up to the branch step "
+            f"({curves.describe(stable)}, train.steps={stable.steps})")
+
+
+def _mask_fix(branch: RunConfig, step: int, want: float) -> str:
+    """The setting that gives the branch the stable run's masking rate at `step`."""
+    t = branch.train
+    if t.mask_schedule == "linear" and step > 0:
+        end = t.mask_prob + (want - t.mask_prob) * t.steps / step  # the line through the stable run's rate
+        for value in _roundings(end):
+            if 0 < value < 1 and _close(mask_rate_at(branch.override({"train.mask_prob_end": value}), step), want):
+                return (f"set train.mask_prob_end={value!r} (the same line through the stable run's rate, ending at "
+                        f"train.steps={t.steps})")
+        return f"set train.mask_schedule=constant train.mask_prob_end=null train.mask_prob={_short(want)}"
+    if t.phases:
+        from tpu_ray.train.phases import span_at, spans
+
+        i = span_at(spans(branch), step).index
+        if t.phases[i].mask_prob is not None:
+            return f"set train.phases[{i}].mask_prob={_short(want)}"
+    return f"set train.mask_prob={_short(want)}"
+
+
+def _roundings(x: float) -> list[float]:
+    """`x` to 6, 10 and 17 significant digits: the shortest that passes the check is the one to print."""
+    return [float(f"{x:.{d}g}") for d in (6, 10, 17)]
+
+
+def _short(x: float) -> str:
+    """The shortest rounding of `x` within a tenth of RTOL (what the user types passes the check)."""
+    return repr(next(v for v in _roundings(x) if abs(v - x) <= RTOL / 10 * abs(x)))
+
+
+def _check_compatible(cfg: RunConfig, run_dir: str, where: str, step: int) -> RunConfig:
+    """The stable run's saved config, once this run may continue its checkpoint (else one line)."""
     from tpu_ray.saved_config import first_difference, read_saved_config
     from tpu_ray.train.phases import trained_difference
 
@@ -84,7 +212,10 @@ def _check_compatible(cfg: RunConfig, run_dir: str, where: str, step: int) -> No
         raise UserError(f"train.branch_from={where}: {run_dir} has no {rundir.CONFIG_FILE}; branch from a tpu-ray "
                         f"run directory")
     fix = f"branch with the stable run's config (its {rundir.CONFIG_FILE}), changing only the schedule"
-    diff = first_difference(_comparable(source), _comparable(cfg))
+    saved, mine = _comparable(source), _comparable(cfg)
+    if cfg.model.init_sha256 is None:  # a continued branch before its own copy: its hash is compared then
+        saved["model"]["init_sha256"] = None
+    diff = first_difference(saved, mine)
     if diff:
         raise UserError(f"train.branch_from={where}: the run was trained with another config ({diff}); {fix}")
     diff = trained_difference(source, cfg, step)  # train.phases: the same over the steps trained
@@ -98,9 +229,11 @@ def _check_compatible(cfg: RunConfig, run_dir: str, where: str, step: int) -> No
     if not _same_shards(source.shards_dir, cfg.shards_dir):
         raise UserError(f"train.branch_from={where}: other shards ({cfg.shards_dir}, the run's are "
                         f"{source.shards_dir}); set shard.dir={source.shards_dir}")
-    if _tokenizer_sha(source.tokenizer_dir) != _tokenizer_sha(cfg.tokenizer_dir):
+    not_yet = not cfg.tokenizer.path and _tokenizer_sha(cfg.tokenizer_dir) is None  # this command makes it
+    if not not_yet and _tokenizer_sha(source.tokenizer_dir) != _tokenizer_sha(cfg.tokenizer_dir):
         raise UserError(f"train.branch_from={where}: another tokenizer ({cfg.tokenizer_dir}, the run's is "
                         f"{source.tokenizer_dir}); set tokenizer.path={source.tokenizer_dir}")
+    return source
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:

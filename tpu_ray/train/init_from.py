@@ -184,11 +184,26 @@ def _record_fits(record: dict[str, Any], cfg: RunConfig) -> bool:
 
 def source_for(cfg: RunConfig) -> Source:
     """What this run initialises from: its own copy in RUN/init once its first stage made it (the
-    source itself is never read again), else model.init_from itself."""
+    source itself is never read again), else a branch's stable run's copy of the same source, else
+    model.init_from itself."""
     record = read_record(cfg.run_dir)
     if record is not None and _record_fits(record, cfg):
         return _copy_source(cfg.run_dir, record)
+    if stable := _stable_copy(cfg):
+        return _copy_source(*stable)
     return resolve(str(cfg.model.init_from))
+
+
+def _stable_copy(cfg: RunConfig) -> tuple[str, dict[str, Any]] | None:
+    """A branch off a continued run (train.branch_from): the stable run's directory and the record of
+    its copy of this same source (why: the source may be gone since; the copy is what it trained from)."""
+    if not cfg.train.branch_from:
+        return None
+    from tpu_ray.train.branch import stable_run_dir
+
+    run_dir = stable_run_dir(cfg.train.branch_from)
+    record = read_record(run_dir)
+    return (run_dir, record) if record is not None and _record_fits(record, cfg) else None
 
 
 def file_sha256(path: str) -> str:
@@ -262,6 +277,8 @@ def own_copy(cfg: RunConfig) -> RunConfig:
     if record is not None and _record_fits(record, cfg):
         _copy_source(cfg.run_dir, record)  # verified: a damaged copy stops here, in one line
         return cfg.override({"model.init_sha256": record["sha256"]})
+    if stable := _stable_copy(cfg):  # a branch: the stable run's copy, file for file
+        return _copy_of_stable(cfg, *stable)
     src = resolve(str(cfg.model.init_from))
     where = init_dir(cfg.run_dir)
     local_run = not storage.is_remote(cfg.run_dir)
@@ -289,6 +306,20 @@ def own_copy(cfg: RunConfig) -> RunConfig:
     log.info("init_from: copied %s (%d files, sha256 %s) -> %s; the run reads this copy from now on",
              src.where, len(files), digest[:12], where)
     return cfg.override({"model.init_sha256": digest})
+
+
+def _copy_of_stable(cfg: RunConfig, run_dir: str, record: dict[str, Any]) -> RunConfig:
+    """RUN/init as the stable run's verified copy (same files, same hash), source.json last."""
+    src = _copy_source(run_dir, record)
+    where = init_dir(cfg.run_dir)
+    if storage.exists(where):
+        storage.remove(where, recursive=True)
+    for rel in sorted(record["files"]):
+        storage.atomic_copy_file(os.path.join(src.local, rel), storage.join(where, rel))
+    mine = {**record, "copied": time.time(), "via": src.where}
+    storage.atomic_write_text(rundir.path(where, rundir.INIT_RECORD_FILE), json.dumps(mine, indent=1) + "\n")
+    log.info("init_from: copied the stable run's copy %s (sha256 %s) -> %s", src.where, record["sha256"][:12], where)
+    return cfg.override({"model.init_sha256": record["sha256"]})
 
 
 def _gather_source(src: Source, out: str) -> None:
@@ -444,8 +475,10 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
             raise UserError(f"model.{key}={mine}: the checkpoint {src.where} has {key}={value}; "
                             f"leave model.{key} out (the checkpoint's sizes are the model)")
     overrides: dict[str, Any] = {"model.model_type": model_type, **_as_trained(cfg, sizes)}
-    if src.kind == "copy":
-        overrides["model.init_sha256"] = read_record(cfg.run_dir)["sha256"]
+    if src.kind == "copy":  # the run's own copy, or a branch's stable run's
+        own = read_record(cfg.run_dir)
+        record = own if own is not None and _record_fits(own, cfg) else _stable_copy(cfg)[1]
+        overrides["model.init_sha256"] = record["sha256"]
     overrides.update({f"model.{k}": v for k, v in sizes.items()})
     eps = getattr(config, "layer_norm_eps", None)
     if isinstance(eps, float) and 0 < eps < 1:

@@ -283,10 +283,10 @@ def phase_shards(cfg: RunConfig, tok: TokenizerInfo, seq_len: int) -> ShardSet:
 def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = None) -> dict[str, Any]:
     """Train to `cfg.train.steps`, evaluating, checkpointing and exporting; returns the summary."""
     t_start = time.monotonic()
-    if cfg.train.branch_from:  # a branch's source is checked first: its shards are the ones to read
-        from tpu_ray.train.branch import check_before_start
+    if cfg.train.branch_from:  # a branch's source is checked first (its shards are the ones to read), its defaults filled
+        from tpu_ray.train.branch import settled
 
-        check_before_start(cfg)
+        cfg = settled(cfg)
     tok = tokenizer_info(cfg.tokenizer_dir)
     shards = open_shards(cfg, tok)
     # tf.data's DataLossError names no file: naming_corrupt_files names the shard.

@@ -23,7 +23,6 @@ from tpu_ray.errors import UserError
 from tpu_ray.train import curves
 
 log = logging.getLogger(__name__)
-NAMES = ("train.steps", "warmup steps", "train.learning_rate")
 
 
 def learning_rate(t: TrainConfig) -> Any:
@@ -51,7 +50,7 @@ def warmup_steps(cfg: RunConfig) -> int:
 
 
 def values(cfg: RunConfig) -> list[float]:
-    return [float(cfg.train.steps), float(warmup_steps(cfg)), float(cfg.train.learning_rate)]
+    return curves.values(cfg.train)
 
 
 def variable(cfg: RunConfig) -> tf.Variable:
@@ -60,20 +59,9 @@ def variable(cfg: RunConfig) -> tf.Variable:
 
 
 # The curve's shape, checkpointed as numbers beside `values` (a float64 vector as `variable`: no string
-# variable on an accelerator): its names, and for the coded ones the names of their codes.
-SHAPE_NAMES = ("train.schedule", "train.decay_steps", "train.decay_fraction", "train.decay_shape",
-               "train.min_lr_ratio", "train.mask_schedule", "train.mask_prob_end")
-_CODES = {0: curves.KINDS, 3: ("linear", "1-sqrt"), 5: ("constant", "linear")}
-
-
+# variable on an accelerator): curves.SHAPE_NAMES.
 def shape_values(cfg: RunConfig) -> list[float]:
-    """The options beyond `values` that shape the curves (the decay's only under wsd; 0 where unset)."""
-    t = cfg.train
-    wsd = t.schedule == "wsd"
-    return [float(curves.KINDS.index(t.schedule)), float(t.decay_steps or 0) if wsd else 0.0,
-            float(t.decay_fraction) if wsd and t.decay_steps is None else 0.0,
-            float(("linear", "1-sqrt").index(t.decay_shape)) if wsd else 0.0, float(t.min_lr_ratio),
-            float(t.mask_schedule == "linear"), float(t.mask_prob_end or 0.0)]
+    return curves.shape_values(cfg.train)
 
 
 def shape_variable(cfg: RunConfig) -> tf.Variable:
@@ -87,19 +75,16 @@ def check_resume(saved: tf.Variable, where: str, cfg: RunConfig, shape: tf.Varia
     restored state, not from the file again, so a damaged or fallen-back checkpoint is reported by
     the restore itself. A checkpoint from before schedules (or their shapes) were saved leaves the
     variable at this run's values: nothing to compare."""
-    changed = [f"{n} {_fmt(a)} -> {_fmt(b)}" for n, a, b in zip(NAMES, [float(x) for x in saved.numpy()], values(cfg))
-               if a != b]
-    if shape is not None:
-        changed += [f"{n} {_named(i, a)} -> {_named(i, b)}" for i, (n, a, b) in
-                    enumerate(zip(SHAPE_NAMES, [float(x) for x in shape.numpy()], shape_values(cfg))) if a != b]
+    changed = curves.changes([float(x) for x in saved.numpy()],
+                             None if shape is None else [float(x) for x in shape.numpy()], cfg.train)
     if not changed:
         return
     if cfg.train.extend_schedule:
         log.warning("resuming under a new learning-rate schedule (train.extend_schedule): %s", ", ".join(changed))
         return
-    raise UserError(f"--resume: {where} was trained with another schedule ({', '.join(changed)}); "
-                    f"resume with the original values, or set train.extend_schedule=true to continue under the "
-                    f"new schedule from the checkpoint's step")
+    from tpu_ray.resume import changed_schedule_line
+
+    raise UserError(changed_schedule_line(where, changed))
 
 
 def adopt(checkpoint: tf.train.Checkpoint, cfg: RunConfig) -> None:
@@ -107,11 +92,3 @@ def adopt(checkpoint: tf.train.Checkpoint, cfg: RunConfig) -> None:
     checkpoint.schedule.assign(values(cfg))
     checkpoint.schedule_shape.assign(shape_values(cfg))
 
-
-def _named(i: int, x: float) -> str:
-    codes = _CODES.get(i)
-    return codes[int(x)] if codes and 0 <= int(x) < len(codes) else _fmt(x)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:g}" if x != int(x) else str(int(x))
