@@ -1,0 +1,126 @@
+"""Issue 44.3: a phase continues where the text read so far ends. At one length the next phase
+reads the next samples of the same order (no sample twice while unread samples remain); at
+another length it starts at the first unit not yet read; `text_read` is checked against a count
+of the records actually read; a resume inside phase 2 reads what the uninterrupted stream reads;
+each phase's FLOPs per token are kept by its index (issue 44.5)."""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from tests.test_phases import _shard
+from tpu_ray.prepare.shard_set import ShardSet
+
+
+def _plan(cfg):
+    """The run's spans, shard sets per length and the phases' data plan, as the loop builds them."""
+    from tpu_ray.train.loop import phase_data
+    from tpu_ray.train.phases import shards_dir, spans
+
+    all_spans = spans(cfg)
+    sets = {sp.seq_len: ShardSet.open(shards_dir(cfg, sp.seq_len)) for sp in all_spans}
+    return all_spans, sets, phase_data(cfg, all_spans, sets, None)
+
+
+def _phase_records(cfg, all_spans, sets, data, index: int, local_start: int = 0) -> list[bytes]:
+    """The serialized records phase `index` reads (one pipeline), from its sample `local_start` on:
+    the stream the loop's input builds (train_dataset's seekable_records, the same arguments)."""
+    from tpu_ray.train.input_position import seekable_records
+
+    span = all_spans[index]
+    files = sets[span.seq_len].files("train")
+    start, read = data.start(index, "corpus"), data.read_files(index, "corpus", data.start(index, "corpus"))
+    ds = seekable_records([f for f, _ in files], [n for _, n in files], cfg.seed, cfg.train.shuffle_buffer,
+                          start_sample=start.offset + local_start, first_epoch=start.epoch,
+                          read=[f in read for f, _ in files] if read else None)
+    return [r.numpy() for r in ds.take(span.steps * span.batch_size - local_start)]
+
+
+def _owners(shards: ShardSet) -> dict[bytes, tuple[str, float]]:
+    """Each train record's file and that file's bytes per record, by reading every file (the count
+    text_read is checked against, independent of the plan's arithmetic)."""
+    out = {}
+    for e in shards.split_entries("train"):
+        path = f"{shards.directory}/{e.path}"
+        for r in tf.data.TFRecordDataset(path):
+            out[r.numpy()] = (e.path, e.bytes / e.samples)
+    return out
+
+
+def test_two_phases_at_one_length_read_no_sample_twice_while_unread_ones_remain(tmp_path, small_corpus,
+                                                                                  tiny_tokenizer_dir):
+    cfg = _shard(tmp_path / "run", small_corpus, tiny_tokenizer_dir, **{
+        "train.phases": [{"steps": 30, "seq_len": 64, "batch_size": 16}, {"steps": 50, "seq_len": 64,
+                                                                           "batch_size": 32}]})
+    all_spans, sets, data = _plan(cfg)
+    n = sets[64].samples("train")
+    first = _phase_records(cfg, all_spans, sets, data, 0)
+    second = _phase_records(cfg, all_spans, sets, data, 1)
+    assert len(first) + len(second) > n  # the corpus wraps inside phase 2
+    both = first + second
+    assert len(set(both[:n])) == n  # every sample once before any twice
+    assert data.start(1, "corpus").offset == 30 * 16 and data.start(1, "corpus").epoch == 0
+    # The next samples of the same order: phase 2 is the uninterrupted stream's continuation.
+    from tpu_ray.train.input_position import seekable_records
+
+    files = sets[64].files("train")
+    whole = [r.numpy() for r in seekable_records([f for f, _ in files], [c for _, c in files], cfg.seed,
+                                                 cfg.train.shuffle_buffer).take(len(both))]
+    assert both == whole
+    shares = data.text_read()
+    owners = _owners(sets[64])
+    total = sum(e.bytes for e in sets[64].split_entries("train"))
+    assert shares[0] == 0.0
+    assert shares[1] == pytest.approx(sum(owners[r][1] for r in set(first)) / total, rel=1e-9)
+    # A resume inside phase 2 (its sample 100) reads what the uninterrupted phase reads from there.
+    assert _phase_records(cfg, all_spans, sets, data, 1, local_start=100) == second[100:]
+
+
+def test_a_phase_at_another_length_starts_with_text_the_first_did_not_read(tmp_path, small_corpus,
+                                                                             tiny_tokenizer_dir):
+    cfg = _shard(tmp_path / "run", small_corpus, tiny_tokenizer_dir, **{
+        "train.phases": [{"steps": 40, "seq_len": 32, "batch_size": 16}, {"steps": 30, "seq_len": 64,
+                                                                           "batch_size": 8},
+                         {"steps": 20, "seq_len": 32, "batch_size": 16}]})
+    all_spans, sets, data = _plan(cfg)
+    short, long = _owners(sets[32]), _owners(sets[64])
+    unit_of = {e.path: e.unit for s in sets.values() for e in s.split_entries("train")}
+    phases = [_phase_records(cfg, all_spans, sets, data, k) for k in range(3)]
+    owners = [short, long, short]
+    units = [{unit_of[owners[k][r][0]] for r in phases[k]} for k in range(3)]
+    assert not units[0] & units[1]  # phase 2 (64) reads none of the units phase 1 (32) read
+    assert not (units[0] | units[1]) & units[2]  # nor phase 3 (32 again) those of phases 1 and 2
+    assert len(set(phases[0])) == len(phases[0]) and len(set(phases[2])) == len(phases[2])
+    # text_read: the bytes of the distinct records read, each phase over its own length's train bytes.
+    totals = {length: sum(e.bytes for e in s.split_entries("train")) for length, s in sets.items()}
+    counted = [sum(owners[k][r][1] for r in set(phases[k])) / totals[all_spans[k].seq_len] for k in range(2)]
+    shares = data.text_read()
+    assert shares == pytest.approx([0.0, counted[0], counted[0] + counted[1]], rel=1e-9)
+    assert 0 < shares[1] < shares[2] < 1
+    # A resume inside phase 2 reads what the uninterrupted phase reads from there.
+    assert _phase_records(cfg, all_spans, sets, data, 1, local_start=37) == phases[1][37:]
+
+
+@pytest.mark.quick
+def test_each_phase_keeps_its_own_flops_per_token_whatever_the_views_ids(tiny_tokenizer_dir, tmp_path):
+    from tests.helpers import tiny_config
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.loop_hooks import PhaseFlops
+    from tpu_ray.train.model import hf_config, train_flops_per_token
+    from tpu_ray.train.phases import spans, view
+
+    cfg = tiny_config(tmp_path, tmp_path, **{"tokenizer.path": tiny_tokenizer_dir, "train.phases": [
+        {"steps": 2, "seq_len": 32}, {"steps": 2, "seq_len": 64}, {"steps": 2, "seq_len": 16}]})
+    tok = tokenizer_info(tiny_tokenizer_dir)
+    model_config = hf_config(cfg, tok)
+    flops = PhaseFlops(tok.vocab_size, model_config)
+    seen = []
+    for span in spans(cfg):  # as the loop does: each view replaces the one before, whose id is then free
+        v = view(cfg, span)
+        seen.append((span.index, id(v), flops.of(span.index, v),
+                     train_flops_per_token(v, tok.vocab_size, model_config)))
+        del v
+    assert [f for _, _, f, _ in seen] == [want for _, _, _, want in seen]
+    assert len({f for _, _, f, _ in seen}) == 3  # three lengths, three figures
+    assert flops.of(0, view(cfg, spans(cfg)[1])) == seen[0][2]  # kept by the index, not by the view
