@@ -124,3 +124,35 @@ def test_each_phase_keeps_its_own_flops_per_token_whatever_the_views_ids(tiny_to
     assert [f for _, _, f, _ in seen] == [want for _, _, _, want in seen]
     assert len({f for _, _, f, _ in seen}) == 3  # three lengths, three figures
     assert flops.of(0, view(cfg, spans(cfg)[1])) == seen[0][2]  # kept by the index, not by the view
+
+
+def test_each_source_of_a_mixture_continues_where_its_text_read_ends(tmp_path, small_corpus, tiny_tokenizer_dir):
+    from tests.test_phases import _shard_sources
+    from tpu_ray.train.loop import phase_data, phase_tracker
+    from tpu_ray.train.mixture import mixture_of
+    from tpu_ray.train.phases import shards_dir, spans
+
+    lines = small_corpus.read_text().splitlines(keepends=True)
+    (tmp_path / "a.txt").write_text("".join(lines[: len(lines) // 2]))
+    (tmp_path / "b.txt").write_text("".join(lines[len(lines) // 2:]))
+    sources = {"a": {"source": str(tmp_path / "a.txt"), "weight": 3}, "b": {"source": str(tmp_path / "b.txt")}}
+    cfg = _shard_sources(tmp_path / "run", sources, tiny_tokenizer_dir, **{
+        "train.phases": [{"steps": 8, "seq_len": 16, "batch_size": 128}, {"steps": 4, "seq_len": 32,
+                                                                            "batch_size": 128}]})
+    all_spans = spans(cfg)
+    sets = {sp.seq_len: ShardSet.open(shards_dir(cfg, sp.seq_len)) for sp in all_spans}
+    mixture = mixture_of(cfg, sets[32])
+    data = phase_data(cfg, all_spans, sets, mixture)  # what the loop builds, and its trackers
+    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], mixture) for sp in all_spans]
+    ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+    unit_of = {r: e.unit for s in sets.values() for e in s.split_entries("train")
+               for r in (x.numpy() for x in tf.data.TFRecordDataset(f"{s.directory}/{e.path}"))}
+    read = []
+    for k, (span, tracker) in enumerate(zip(all_spans, trackers)):
+        tracker.phase_data, tracker.phase = data, k
+        records, _ = tracker.records(ctx, 0)
+        read.append({unit_of[r.numpy()] for r in records.take(span.steps * span.batch_size)})
+    assert not read[0] & read[1]  # no unit phase 1 read (of either source) is read again in phase 2
+    assert {u for u in data.start(1, "a").read_units} | {u for u in data.start(1, "b").read_units} == read[0]
+    shares = data.text_read()
+    assert shares[0] == 0.0 and 0 < shares[1] < 1
