@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import tensorflow as tf
@@ -75,6 +75,22 @@ class InputPosition:
     @classmethod
     def from_json(cls, text: str) -> InputPosition:
         return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """Where a phase's stream starts: epoch `epoch` of its order without the files of `read_units`
+    (read by earlier phases in that epoch), from sample `offset` of what remains. The default is
+    the stream of a run without phases (train/phase_data.py computes the others)."""
+
+    epoch: int = 0
+    read_units: frozenset[int] = field(default_factory=frozenset)
+    offset: int = 0
+
+    def describe(self) -> dict[str, int]:
+        """What a checkpoint's input position records of it (the units as a count)."""
+        return {"epoch": self.epoch, "read_units": len(self.read_units), "offset": self.offset}
+
 
 
 def shards_digest(files: Sequence[str], counts: Sequence[int]) -> str:
@@ -194,8 +210,6 @@ class PositionTracker:
     def stream_start(self, source: str, pipeline: int, pipelines: int) -> tuple[Any, set[str]]:
         """Where this stream of `source` starts on that pipeline (a phase continues the text read so
         far, train/phase_data.py), and the files its first epoch leaves out."""
-        from tpu_ray.train.phase_data import StreamStart
-
         if self.phase_data is None:
             return StreamStart(), set()
         start = self.phase_data.start(self.phase, source, pipeline, pipelines)

@@ -22,26 +22,13 @@ resume inside any phase seeks in bounded time, as without phases (input_position
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class StreamStart:
-    """Where a phase's stream starts: epoch `epoch` of its order without the files of `read_units`
-    (read by earlier phases in that epoch), from sample `offset` of what remains. The default is
-    the stream of a run without phases."""
-
-    epoch: int = 0
-    read_units: frozenset[int] = field(default_factory=frozenset)
-    offset: int = 0
-
-    def describe(self) -> dict[str, int]:
-        """What a checkpoint's input position records of it (the units as a count)."""
-        return {"epoch": self.epoch, "read_units": len(self.read_units), "offset": self.offset}
+from tpu_ray.train.input_position import StreamStart, file_order, window_order
 
 
 @dataclass(frozen=True)
@@ -82,8 +69,6 @@ class Stream:
     def records_read(self, start: StreamStart, sample: int) -> np.ndarray:
         """Records of each file read by the first `sample` samples of the epoch that sample `sample`
         is in (the whole windows before it and the part of its window already given)."""
-        from tpu_ray.train.input_position import file_order, window_order
-
         epoch, q, first = self.locate(start, sample)
         order = file_order(len(self.counts), self.seed, epoch).numpy()
         sizes = self.counts[order].copy()
