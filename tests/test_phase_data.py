@@ -156,3 +156,29 @@ def test_each_source_of_a_mixture_continues_where_its_text_read_ends(tmp_path, s
     assert {u for u in data.start(1, "a").read_units} | {u for u in data.start(1, "b").read_units} == read[0]
     shares = data.text_read()
     assert shares[0] == 0.0 and 0 < shares[1] < 1
+
+
+def test_a_later_phase_checkpoint_from_before_the_fix_is_another_data_order(tmp_path, small_corpus,
+                                                                             tiny_tokenizer_dir):
+    from dataclasses import replace
+
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.loop import phase_tracker
+    from tpu_ray.train.phases import PhasePositions
+
+    cfg = _shard(tmp_path / "run", small_corpus, tiny_tokenizer_dir, **{
+        "train.phases": [{"steps": 6, "seq_len": 32}, {"steps": 4, "seq_len": 64, "batch_size": 8}]})
+    all_spans, sets, data = _plan(cfg)
+    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], None) for sp in all_spans]
+    for k, t in enumerate(trackers):
+        t.phase_data, t.phase = data, k
+    positions = PhasePositions(all_spans, trackers)
+    now = positions.at(8)
+    assert now.stream == data.start(1, "corpus").describe() and now.stream["read_units"] >= 1
+    assert positions.check_resume(now.to_json(), 8, "ckpt-8") == now
+    old = replace(now, stream=None).to_json()  # what the code before the fix stored: no stream
+    with pytest.raises(UserError, match="phase 1's stream starting elsewhere .*train.accept_new_data_order"):
+        positions.check_resume(old, 8, "ckpt-8")
+    assert positions.check_resume(old, 8, "ckpt-8", accept_new_order=True) == now
+    first = positions.at(4)  # phase 1 reads what it read before: its old positions resume as they were
+    assert positions.check_resume(replace(first, stream=None).to_json(), 4, "ckpt-4").samples == 4 * 16
