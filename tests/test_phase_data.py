@@ -182,3 +182,24 @@ def test_a_later_phase_checkpoint_from_before_the_fix_is_another_data_order(tmp_
     assert positions.check_resume(old, 8, "ckpt-8", accept_new_order=True) == now
     first = positions.at(4)  # phase 1 reads what it read before: its old positions resume as they were
     assert positions.check_resume(replace(first, stream=None).to_json(), 4, "ckpt-4").samples == 4 * 16
+
+
+def test_a_two_phase_run_at_one_length_trains_on_what_the_run_without_phases_trains_on(tmp_path, small_corpus,
+                                                                                        tiny_tokenizer_dir):
+    """The loop's own input: phase 2 continues phase 1's order, and the masks follow the global
+    batch index, so two phases at one length and batch are the run without phases, loss for loss
+    (before issue 44 phase 2 read phase 1's samples again)."""
+    from tests.test_phases import _records
+    from tpu_ray.train.loop import train
+
+    cfg = _shard(tmp_path / "run", small_corpus, tiny_tokenizer_dir, **{
+        "train.phases": [{"steps": 2, "seq_len": 64}, {"steps": 2, "seq_len": 64}]})
+    over = {"shard.dir": cfg.shards_dir, "train.log_every": 1, "train.eval_every": 100,
+            "train.checkpoint_every": 100, "train.placement": "local", "model.dropout": 0.0}
+    train(cfg.override({**over, "output_dir": str(tmp_path / "phased")}))
+    train(cfg.override({**over, "output_dir": str(tmp_path / "plain"), "train.phases": None, "train.steps": 4}))
+    phased = {r["step"]: r["loss"] for r in _records(tmp_path / "phased", "train")}
+    plain = {r["step"]: r["loss"] for r in _records(tmp_path / "plain", "train")}
+    assert sorted(phased) == sorted(plain) == [1, 2, 3, 4]
+    for step in plain:
+        assert phased[step] == pytest.approx(plain[step], rel=1e-5), step
