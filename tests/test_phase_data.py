@@ -184,6 +184,7 @@ def test_a_later_phase_checkpoint_from_before_the_fix_is_another_data_order(tmp_
     assert positions.check_resume(replace(first, stream=None).to_json(), 4, "ckpt-4").samples == 4 * 16
 
 
+@pytest.mark.slow  # three compiles and two short trainings: over the 20 s budget on 2 cores
 def test_a_two_phase_run_at_one_length_trains_on_what_the_run_without_phases_trains_on(tmp_path, small_corpus,
                                                                                         tiny_tokenizer_dir):
     """The loop's own input: phase 2 continues phase 1's order, and the masks follow the global
