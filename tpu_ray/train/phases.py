@@ -12,7 +12,8 @@ reading of the corpus; the longest length (`shard.seq_len`) is the shard set as 
 length `L` is a shard set of its own in `<shards>/seq-L/` (train split only: evaluation runs at
 `shard.seq_len` throughout, so its figures compare across phases). A mixture (corpus.sources) keeps
 its per-source files there too; each phase draws by the run's weights (from the main set's sample
-counts) over its own stream, a weight stage taking effect at its global step (Mixture.between).
+counts), a weight stage taking effect at its global step (Mixture.between). Every phase's stream
+(each source's) continues where the text read by the phases before ends (train/phase_data.py).
 """
 
 from __future__ import annotations
