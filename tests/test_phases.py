@@ -82,6 +82,13 @@ def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phas
     # One compile per phase: the trace count is 1 through phase 1 and 2 through phase 2.
     assert [first[s]["train_traces"] for s in range(1, 11)] == [1] * 6 + [2] * 4
     assert summary["train_traces"] == 2
+    # Each phase_start records the share of the text the phases before read (issue 44: phase 2 continues
+    # after it): 0, then phase 1's 96 samples at 32 over that length's train bytes (tests/test_phase_data.py).
+    from tests.test_phase_data import _plan
+
+    starts = [r for r in _records(run, "event") if r["event"] == "phase_start"]
+    assert [r["text_read"] for r in starts] == pytest.approx(_plan(cfg)[2].text_read(), rel=1e-12)
+    assert starts[0]["text_read"] == 0 and 0 < starts[1]["text_read"] < 0.2
     # The throughput follows the phase: samples/s x seq_len (batch 16, then the phase's own 8).
     for s, (batch, length) in {3: (16, 32), 9: (8, 64)}.items():
         assert first[s]["tokens_per_s"] == pytest.approx(first[s]["samples_per_s"] * length)
@@ -95,8 +102,9 @@ def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phas
         assert again[step]["loss"] == pytest.approx(first[step]["loss"], rel=1e-5), step
     (resume,) = [r for r in _records(run, "event") if r["event"] == "resume"]
     assert resume["step"] == 8
-    stored = json.loads((run / "checkpoints" / "ckpt-10.position.json").read_text())  # phase 2's own stream: 4 steps x 8
+    stored = json.loads((run / "checkpoints" / "ckpt-10.position.json").read_text())  # 4 steps x 8 from phase 2's start
     assert (stored["phase"], stored["step"], stored["samples"]) == (1, 10, 32)
+    assert stored["stream"]["epoch"] == 0 and stored["stream"]["read_units"] >= 1  # after the units phase 1 read
 
 
 @pytest.mark.parametrize("over, needle", [

@@ -30,7 +30,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import tensorflow as tf
 
@@ -60,16 +61,36 @@ class InputPosition:
     split: str | None = None
     # train.phases: the phase this position is in (its own shards and stream); absent without phases.
     phase: int | None = None
+    # train.phases: where the phase's stream started (train/phase_data.py: epoch, units read before,
+    # offset); `samples` etc. count from there. None: stored before phases continued the text read.
+    stream: dict[str, int] | None = None
 
     def to_json(self) -> str:
         fields = asdict(self)
-        if fields["phase"] is None:  # positions of runs without phases keep their bytes
-            del fields["phase"]
+        for name in ("phase", "stream"):
+            if fields[name] is None:  # positions of runs without phases keep their bytes
+                del fields[name]
         return json.dumps(fields, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> InputPosition:
         return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """Where a phase's stream starts: epoch `epoch` of its order without the files of `read_units`
+    (read by earlier phases in that epoch), from sample `offset` of what remains. The default is
+    the stream of a run without phases (train/phase_data.py computes the others)."""
+
+    epoch: int = 0
+    read_units: frozenset[int] = field(default_factory=frozenset)
+    offset: int = 0
+
+    def describe(self) -> dict[str, int]:
+        """What a checkpoint's input position records of it (the units as a count)."""
+        return {"epoch": self.epoch, "read_units": len(self.read_units), "offset": self.offset}
+
 
 
 def shards_digest(files: Sequence[str], counts: Sequence[int]) -> str:
@@ -92,31 +113,59 @@ def count_records(files: Sequence[str]) -> list[int]:
     return [int(tf.data.TFRecordDataset(f).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)) for f in files]
 
 
+def file_order(n_files: int | tf.Tensor, seed: int, epoch: int | tf.Tensor) -> tf.Tensor:
+    """The files' order in `epoch`: indices into the (sorted) file list (the stream's and the phases' arithmetic)."""
+    return tf.argsort(tf.random.stateless_uniform([n_files], seed=tf.stack([tf.constant(seed, tf.int64),
+                                                                             tf.cast(epoch, tf.int64)])))
+
+
+def window_order(seed: int, epoch: int | tf.Tensor, window_index: int | tf.Tensor, size: int | tf.Tensor) -> tf.Tensor:
+    """The permutation of one window of `size` records: output j is the window's record `order[j]`."""
+    key = tf.stack([tf.constant(seed + 1, tf.int64),
+                    tf.cast(epoch, tf.int64) * _EPOCH_STRIDE + tf.cast(window_index, tf.int64)])
+    return tf.argsort(tf.random.stateless_uniform(tf.reshape(tf.cast(size, tf.int32), [1]), seed=key))
+
+
 def seekable_records(files: Sequence[str], counts: Sequence[int], seed: int, window: int,
-                     start_sample: int = 0, firsts: Sequence[int] | None = None) -> tf.data.Dataset:
+                     start_sample: int = 0, firsts: Sequence[int] | None = None, first_epoch: int = 0,
+                     read: Sequence[bool] | None = None) -> tf.data.Dataset:
     """Serialized records of the endless stream described above, from sample `start_sample` on.
 
     `firsts`: each file is read from this record on (`counts` records): a pipeline's share may
-    start inside a file (inputs.host_parts); None: from the first."""
-    if len(files) != len(counts) or not files or (firsts is not None and len(firsts) != len(files)):
+    start inside a file (inputs.host_parts); None: from the first. `first_epoch`, `read`
+    (train.phases, train/phase_data.py): the stream's first epoch is epoch `first_epoch` of the
+    order without the files `read` marks (text an earlier phase read), its windows counted from
+    its first record; the epochs after it are whole. Left out: epoch 0 whole, as before phases."""
+    if len(files) != len(counts) or not files or (firsts is not None and len(firsts) != len(files)) \
+            or (read is not None and len(read) != len(files)):
         raise ValueError("seekable_records needs one count per file and at least one file")
     n = int(sum(counts))
     window = max(1, int(window))
-    e0, q = divmod(int(start_sample), n)
+    read = [bool(r) for r in (read or [False] * len(files))]
+    n0 = n - sum(int(c) for c, r in zip(counts, read) if r)  # the first epoch's records
+    if n0 <= 0:
+        raise ValueError("seekable_records: every file is marked read; start at the next epoch instead")
+    start_sample = int(start_sample)
+    if start_sample < n0:
+        e0, q = int(first_epoch), start_sample
+    else:
+        e0, q = divmod(start_sample - n0, n)
+        e0 += int(first_epoch) + 1
     w0, skip_first = divmod(q, window)
     files_t = tf.constant(list(files), tf.string)
     counts_t = tf.constant([int(c) for c in counts], tf.int64)
     firsts_t = tf.constant([int(a) for a in (firsts or [0] * len(files))], tf.int64)
+    read_t = tf.constant(read, tf.bool)
     seed = int(seed)
 
     def epoch_records(epoch: tf.Tensor) -> tf.data.Dataset:
-        order = tf.argsort(tf.random.stateless_uniform([len(files)], seed=tf.stack([tf.constant(seed, tf.int64),
-                                                                                    epoch])))
+        order = file_order(len(files), seed, epoch)
         names, sizes, starts = tf.gather(files_t, order), tf.gather(counts_t, order), tf.gather(firsts_t, order)
+        sizes = tf.where(tf.logical_and(epoch == first_epoch, tf.gather(read_t, order)), tf.zeros_like(sizes), sizes)
         ends = tf.cumsum(sizes)
         begins = ends - sizes
         first = tf.where(epoch == e0, tf.constant(w0 * window, tf.int64), tf.constant(0, tf.int64))
-        keep = ends > first  # files wholly before the first window read are never opened
+        keep = tf.logical_and(ends > first, sizes > 0)  # files wholly before the first window read are never opened
         skips = tf.maximum(first - begins, 0)
         parts = tf.data.Dataset.from_tensor_slices((tf.boolean_mask(names, keep), tf.boolean_mask(skips, keep),
                                                     tf.boolean_mask(starts, keep), tf.boolean_mask(sizes, keep)))
@@ -124,8 +173,7 @@ def seekable_records(files: Sequence[str], counts: Sequence[int], seed: int, win
         first_window = first // window
 
         def permute(i: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
-            key = tf.stack([tf.constant(seed + 1, tf.int64), epoch * _EPOCH_STRIDE + first_window + i])
-            return tf.gather(batch, tf.argsort(tf.random.stateless_uniform(tf.shape(batch)[:1], seed=key)))
+            return tf.gather(batch, window_order(seed, epoch, first_window + i, tf.shape(batch)[0]))
 
         return records.batch(window).enumerate().map(permute).unbatch()
 
@@ -147,13 +195,25 @@ class PositionTracker:
         self.digest = shards_digest(list(self.counts), list(self.counts.values()))
         self.mine: list[tuple[str, int, int]] = [(f, 0, self.counts[f]) for f in sorted(self.counts)]
         self.pipelines = 1
+        self.pipeline = 0
         self._bound = False
+        # train.phases (train/phase_data.py): the plan's data and this tracker's phase; None: one stream from sample 0.
+        self.phase_data: Any = None
+        self.phase = 0
 
-    def bind(self, mine: Sequence[str | tuple[str, int, int]], pipelines: int) -> None:
+    def bind(self, mine: Sequence[str | tuple[str, int, int]], pipelines: int, pipeline: int = 0) -> None:
         """`mine`: the pipeline's parts `(file, first record, records)` (inputs.host_parts), or whole files."""
         if not self._bound:  # the first pipeline of this process is the one recorded
             self.mine = [(m, 0, self.counts[m]) if isinstance(m, str) else tuple(m) for m in mine]
-            self.pipelines, self._bound = pipelines, True
+            self.pipelines, self.pipeline, self._bound = pipelines, pipeline, True
+
+    def stream_start(self, source: str, pipeline: int, pipelines: int) -> tuple[Any, set[str]]:
+        """Where this stream of `source` starts on that pipeline (a phase continues the text read so
+        far, train/phase_data.py), and the files its first epoch leaves out."""
+        if self.phase_data is None:
+            return StreamStart(), set()
+        start = self.phase_data.start(self.phase, source, pipeline, pipelines)
+        return start, self.phase_data.read_files(self.phase, source, start)
 
     def at(self, step: int) -> InputPosition:
         return position_at(step, step * self.global_batch // self.pipelines, [n for _, _, n in self.mine],

@@ -10,7 +10,7 @@ are the same after a resume as in an uninterrupted run.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass
 
@@ -268,7 +268,8 @@ def host_parts(files: Sequence[str], counts: Mapping[str, int],
 def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
                   shuffle_buffer: int, start_batch: int = 0,
                   ctx: tf.distribute.InputContext | None = None,
-                  counts: Mapping[str, int] | None = None, start_sample: int | None = None) -> tf.data.Dataset:
+                  counts: Mapping[str, int] | None = None, start_sample: int | None = None,
+                  first_epoch: int = 0, read_files: Collection[str] = ()) -> tf.data.Dataset:
     """Endless, shuffled, masked batches of `batch_size` (the per-replica batch under a strategy).
 
     `start_batch` starts at that batch (resume) in time that does not grow with it: the record
@@ -277,7 +278,8 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
     (the manifest's; read from the files when not given) instead of re-reading every record.
     Under several input pipelines each reads an equal share of the records (host_parts).
     `start_sample` (train.phases): the stream starts there while the masks stay seeded by
-    `start_batch` (the global step's); None: at `start_batch * batch_size`.
+    `start_batch` (the global step's); None: at `start_batch * batch_size`. `first_epoch`,
+    `read_files`: a phase's stream continuing the text read so far (train/phase_data.py).
     """
     from tpu_ray.train.input_position import count_records, seekable_records
 
@@ -286,7 +288,8 @@ def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: Mas
     mine = host_parts(files, counts, ctx)
     ds = seekable_records([f for f, _, _ in mine], [n for _, _, n in mine], seed, shuffle_buffer,
                           start_sample=start_batch * batch_size if start_sample is None else start_sample,
-                          firsts=[a for _, a, _ in mine])
+                          firsts=[a for _, a, _ in mine], first_epoch=first_epoch,
+                          read=[f in read_files for f, _, _ in mine] if read_files else None)
     return masked_batches(ds, seq_len, batch_size, spec, seed, start_batch, ctx)
 
 

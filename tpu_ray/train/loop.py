@@ -381,6 +381,9 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
             for sp in all_spans}
     mixture = mixture_of(cfg, shards)  # the weights from the main set's sample counts, in every phase
     trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], mixture) for sp in all_spans]
+    data = phase_data(cfg, all_spans, sets, mixture)  # each phase continues the text read so far
+    for index, tracker in enumerate(trackers):
+        tracker.phase_data, tracker.phase = data, index
     positions = PhasePositions(all_spans, trackers)
     source_samples = positions.source_samples if mixture is not None else None
     start = restore_or_start(cfg, s, ckpts, metrics, resume)
@@ -400,7 +403,7 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
         if step >= cfg.train.steps:
             break
         pcfg = view(cfg, span)
-        state.view = pcfg  # the train records' seq_len, batch and FLOPs follow the phase
+        state.view, state.phase = pcfg, span.index  # the train records' seq_len, batch and FLOPs follow the phase
         iterator, mine, _ = train_input(pcfg, s, sets[span.seq_len], step, ckpts, metrics,
                                         getattr(trackers[span.index], "mixture", None),
                                         tracker=trackers[span.index], span_start=span.start,
@@ -410,8 +413,10 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
         traced.extend((train_step, train_steps))
         log.info("phase %d of %d: steps %d-%d at seq_len %d, batch %d", span.index + 1, len(all_spans), span.start + 1,
                  span.end, span.seq_len, span.batch_size)
+        bound = next((t for t in trackers if t._bound), trackers[span.index])
         metrics.event("phase_start", stage="train", step=step, phase=span.index, seq_len=span.seq_len,
-                      batch_size=span.batch_size, mask_prob=span.mask_prob, end=span.end)
+                      batch_size=span.batch_size, mask_prob=span.mask_prob, end=span.end,
+                      text_read=data.text_read(bound.pipelines)[span.index])
         for done in executions(step, cfg.train.steps, info.steps_per_execution, hooks,
                                make_execute(s, iterator, train_step, train_steps), stop=span.end):
             step = done.step
@@ -422,6 +427,27 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
         summary["training"] = {"source_samples": source_samples(step),
                                "phase_source_samples": positions.phase_source_samples(step)}
     return summary
+
+
+def phase_data(cfg: RunConfig, all_spans: list[Any], sets: dict[int, ShardSet], mixture: Any) -> Any:
+    """The phases' data plan (train/phase_data.py): each length's train files per source, and
+    the samples each phase takes from each source per input pipeline (the mixture's closed form)."""
+    from tpu_ray.train.mixture import counts_before, source_seed
+    from tpu_ray.train.phase_data import PhaseData, shard_files
+
+    names = ("corpus",) if mixture is None else mixture.names
+    files = {length: {n: shard_files(shards, None if mixture is None else n) for n in names}
+             for length, shards in sets.items()}
+    seeds = {"corpus": cfg.seed} if mixture is None else {n: source_seed(cfg.seed, k) for k, n in enumerate(names)}
+
+    def consumed(span: Any, pipelines: int) -> dict[str, int]:
+        per_step = span.batch_size // pipelines
+        if mixture is None:
+            return {"corpus": span.steps * per_step}
+        counts = counts_before(mixture.between(span.start, span.end), per_step, span.steps * per_step)
+        return {n: int(c) for n, c in zip(names, counts)}
+
+    return PhaseData(all_spans, cfg.train.shuffle_buffer, files, seeds, consumed)
 
 
 def phase_tracker(cfg: RunConfig, span: Any, shards: ShardSet, mixture: Any) -> Any:
@@ -512,13 +538,16 @@ def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckp
     def plain_dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         parts = host_parts(files, positions.counts, ctx)  # an equal share of the records per pipeline
         files_read.extend(f if n == positions.counts[f] else f"{f}[{a}:{a + n}]" for f, a, n in parts)
-        positions.bind(parts, ctx.num_input_pipelines)
+        positions.bind(parts, ctx.num_input_pipelines, ctx.input_pipeline_id)
         per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        # A phase's stream continues the text read so far (train/phase_data.py); without phases: sample 0.
+        stream, read = positions.stream_start("corpus", ctx.input_pipeline_id, ctx.num_input_pipelines)
         return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
                              cfg.train.shuffle_buffer, start_batch=start * per_pipeline, ctx=ctx,
                              counts=positions.counts,
-                             start_sample=((start - span_start) * per_pipeline * ctx.get_per_replica_batch_size(gb)
-                                           if tracker is not None else None))
+                             start_sample=(stream.offset + (start - span_start) * per_pipeline
+                                           * ctx.get_per_replica_batch_size(gb) if tracker is not None else None),
+                             first_epoch=stream.epoch, read_files=read)
 
     dist = s.info.strategy.distribute_datasets_from_function(dataset_fn if mixture is not None else plain_dataset_fn)
     checker = positions if resumed_check == "self" else resumed_check

@@ -66,6 +66,7 @@ class LoopState:
     warned_unscored: bool = False
     # train.phases: the current phase's view of the config (its seq_len, batch, masking); None: the run's.
     view: Any = None
+    phase: int | None = None  # the current phase's index (what its FLOPs per token are kept by)
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
@@ -77,7 +78,7 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     t, info = cfg.train, s.info
     level = logging.INFO if info.is_chief else logging.DEBUG
     flops_token = train_flops_per_token(cfg, s.tok.vocab_size, s.model.config)
-    flops_by_view: dict[int, float] = {}
+    phase_flops = PhaseFlops(s.tok.vocab_size, s.model.config)
     peak = peak_flops(info.device, t.peak_flops)
     state.interval = Interval()
 
@@ -94,10 +95,8 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
         if not state.interval.steps:  # already logged at this step (a non-finite one): no empty record
             return
         v = state.view or cfg  # a phase's own seq_len, batch and FLOPs per token (train.phases)
-        if state.view is not None and id(v) not in flops_by_view:
-            flops_by_view[id(v)] = train_flops_per_token(v, s.tok.vocab_size, s.model.config)
-        record = state.interval.record(s, v.train.batch_size, v.shard.seq_len,
-                                       flops_by_view.get(id(v), flops_token), peak, info.replicas)
+        flops = flops_token if state.view is None else phase_flops.of(state.phase or 0, v)
+        record = state.interval.record(s, v.train.batch_size, v.shard.seq_len, flops, peak, info.replicas)
         record["seq_len"] = v.shard.seq_len
         finite = math.isfinite(record["loss"])
         if not finite:  # the JSON stores NaN as null: say why it is missing
@@ -140,6 +139,21 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     if timer is not None:  # by time too: off the step grid, checked after every execution
         hooks.append(Hook("checkpoint_timer", None, lambda step: save(step) if timer.due() else None))
     return hooks
+
+
+class PhaseFlops:
+    """Training FLOPs per token of each phase, kept by the phase's index: a view's `id()` is no key
+    (a later phase's view may take a freed view's id, and with it that phase's FLOPs)."""
+
+    def __init__(self, vocab_size: int, model_config: Any):
+        self.vocab_size, self.model_config = vocab_size, model_config
+        self.by_phase: dict[int, float] = {}
+
+    def of(self, phase: int, view: RunConfig) -> float:
+        """Phase `phase`'s FLOPs per token (`view`: its config view, read the first time only)."""
+        if phase not in self.by_phase:
+            self.by_phase[phase] = train_flops_per_token(view, self.vocab_size, self.model_config)
+        return self.by_phase[phase]
 
 
 def weights_finite(model: Any) -> bool:

@@ -243,10 +243,13 @@ class MixtureTracker(PositionTracker):
         for k, name in enumerate(self.mixture.names):
             parts = host_parts(self.by_source[name], self.counts, ctx)  # an equal share of each source's records
             parts_all += parts
+            # A phase continues each source where the text read so far ends (train/phase_data.py).
+            start, read = self.stream_start(name, ctx.input_pipeline_id, ctx.num_input_pipelines)
             streams.append(seekable_records([f for f, _, _ in parts], [c for _, _, c in parts], source_seed(self.seed, k),
-                                            self.window, start_sample=int(positions[k]),
-                                            firsts=[a for _, a, _ in parts]))
-        self.bind(parts_all, ctx.num_input_pipelines)
+                                            self.window, start_sample=start.offset + int(positions[k]),
+                                            firsts=[a for _, a, _ in parts], first_epoch=start.epoch,
+                                            read=[f in read for f, _, _ in parts] if read else None))
+        self.bind(parts_all, ctx.num_input_pipelines, ctx.input_pipeline_id)
         mine = [f if c == self.counts[f] else f"{f}[{a}:{a + c}]" for f, a, c in parts_all]
         return mixed_records(streams, self.mixture, per_step, n), mine
 

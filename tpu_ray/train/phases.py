@@ -12,7 +12,8 @@ reading of the corpus; the longest length (`shard.seq_len`) is the shard set as 
 length `L` is a shard set of its own in `<shards>/seq-L/` (train split only: evaluation runs at
 `shard.seq_len` throughout, so its figures compare across phases). A mixture (corpus.sources) keeps
 its per-source files there too; each phase draws by the run's weights (from the main set's sample
-counts) over its own stream, a weight stage taking effect at its global step (Mixture.between).
+counts), a weight stage taking effect at its global step (Mixture.between). Every phase's stream
+(each source's) continues where the text read by the phases before ends (train/phase_data.py).
 """
 
 from __future__ import annotations
@@ -121,13 +122,29 @@ def describe(cfg: RunConfig) -> str:
 
 
 class PhasePositions:
-    """The input position of a phases run: each phase reads its own stream from its first sample,
-    so the position at global step `s` is the phase's tracker at `s - span.start`, stamped with the
-    global step and the phase. At a phase's end (a checkpoint there) it is the next phase's start:
-    what a resume at that step reads next."""
+    """The input position of a phases run: each phase's stream starts where the text read so far
+    ends (train/phase_data.py), so the position at global step `s` is the phase's tracker at
+    `s - span.start` (samples counted from the phase's stream start), stamped with the global step,
+    the phase and where its stream started. At a phase's end (a checkpoint there) it is the next
+    phase's start: what a resume at that step reads next."""
 
     def __init__(self, all_spans: list[Span], trackers: list):
         self.spans, self.trackers = all_spans, trackers
+
+    def _hosts(self, index: int) -> tuple[int, int]:
+        """(pipeline, pipelines) of phase `index`'s tracker, or of a phase before it when not read yet."""
+        for tracker in [self.trackers[index], *reversed(self.trackers[:index])]:
+            if getattr(tracker, "_bound", True):
+                return tracker.pipeline, tracker.pipelines
+        return 0, 1
+
+    def stream(self, index: int) -> dict[str, int] | None:
+        """Where phase `index`'s stream (its first source's, this process's first pipeline) starts."""
+        tracker = self.trackers[index]
+        if getattr(tracker, "phase_data", None) is None:
+            return None
+        source = tracker.mixture.names[0] if hasattr(tracker, "mixture") else "corpus"
+        return tracker.stream_start(source, *self._hosts(index))[0].describe()
 
     def at(self, step: int):
         from dataclasses import replace
@@ -137,7 +154,7 @@ class PhasePositions:
         position = tracker.at(step - span.start)
         if not getattr(tracker, "_bound", True) and span.index:  # not read yet: the phase before's hosts
             position = replace(position, pipelines=self.trackers[span.index - 1].pipelines)
-        return replace(position, step=step, phase=span.index)
+        return replace(position, step=step, phase=span.index, stream=self.stream(span.index))
 
     def source_samples(self, step: int) -> dict[str, int]:
         """A mixture's samples drawn from each source in the first `step` steps: the phases' own
@@ -164,11 +181,24 @@ class PhasePositions:
         span = span_at(self.spans, step)
         tracker = self.trackers[span.index]
         if stored is None:
-            return replace(tracker.at(step - span.start), step=step, phase=span.index)
+            return self.at(step)
         saved = InputPosition.from_json(stored)
         if saved.phase != span.index:
             raise UserError(f"{where}: the checkpoint's input position is in phase {saved.phase}, but step {step} is in "
                             f"phase {span.index} of train.phases; resume with the phases it was trained with")
-        local = replace(saved, step=saved.step - span.start, phase=None).to_json()
+        stream = self.stream(span.index)
+        if saved.stream != stream and (saved.stream is not None or span.index):  # phase 0 of old runs: the same
+            if not accept_new_order:
+                raise UserError(f"--resume: {where} was trained with phase {span.index}'s stream starting elsewhere "
+                                f"(saved {saved.stream or 'at its first sample, as before phases continued the text read'}, "
+                                f"now {stream}); resuming would repeat or skip text; resume with the version that "
+                                f"trained it, or set train.accept_new_data_order=true to continue at step {step} in "
+                                f"the new order")
+            import logging
+
+            logging.getLogger(__name__).warning("resuming phase %d with its stream starting elsewhere "
+                                                "(train.accept_new_data_order)", span.index)
+            return self.at(step)
+        local = replace(saved, step=saved.step - span.start, phase=None, stream=None).to_json()
         return replace(tracker.check_resume(local, step - span.start, where, accept_new_order), step=step,
-                       phase=span.index)
+                       phase=span.index, stream=stream)
