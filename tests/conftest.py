@@ -18,6 +18,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # run in one worker once trained on another worker's 3-node cluster and was refused. RAY_ADDRESS=local
 # makes every address-less ray.init() here (in-process or in a child) start a cluster of its own;
 # tests that connect somewhere pass the address, and those about RAY_ADDRESS itself set or remove it.
+# Ray's own Jobs client and `ray job` CLI let RAY_ADDRESS override the address they are given: tests
+# calling them directly remove it; tpu-ray's client hides it behind an explicit address (the jobs
+# tests, run with it set, hold that).
 os.environ.setdefault("RAY_ADDRESS", "local")
 
 from tests.helpers import REPO, WIKITEXT, start_local_ray, tiny_config, wikitext_slice  # noqa: F401

@@ -16,6 +16,7 @@ state API (which node ran which task):
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -169,7 +170,8 @@ def test_autoscaler_brings_cpu_workers_for_shards_then_the_tpu_node_for_training
                  "--no-wait", "--working-dir", ".", "--runtime-env-json", json.dumps(runtime_env), "--",
                  "python", "jobs/pretrain.py", "--config", "jobs/configs/quickstart.yaml", "--output-dir", run,
                  "--corpus", f"{bucket}/corpus/valid.txt", *(f"{k}={v}" for k, v in overrides.items())],
-                cwd=REPO, capture_output=True, text=True, timeout=300)
+                cwd=REPO, capture_output=True, text=True, timeout=300,
+                env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})  # else it overrides --address
             assert proc.returncode == 0, proc.stderr[-3000:]
             job = JobHandle(sid, head.address, run)
             during_training = ""

@@ -309,10 +309,11 @@ def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, cap
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-def test_following_a_running_job_stops_at_the_timeout(ray_head, capsys):
+def test_following_a_running_job_stops_at_the_timeout(ray_head, capsys, monkeypatch):
     """wait(follow=True) streams while the job runs and gives up at its timeout (the job goes on)."""
     from ray.job_submission import JobSubmissionClient
 
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's client lets it override the address given
     client = JobSubmissionClient(ray_head.address)
     sid = client.submit_job(entrypoint="python -u -c \"import time; print('tick', flush=True); time.sleep(300)\"")
     job = JobHandle(sid, ray_head.address)

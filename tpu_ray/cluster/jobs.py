@@ -83,8 +83,22 @@ def _client(address: str | None) -> JobSubmissionClient:
     from ray.job_submission import JobSubmissionClient
 
     _use_local_token()
-    with _jobs_api(address, "Ray Jobs API"):
+    with _jobs_api(address, "Ray Jobs API"), _address_wins_over_env(address):
         return JobSubmissionClient(address)
+
+
+@contextmanager
+def _address_wins_over_env(address: str | None) -> Iterator[None]:
+    """Ray's Jobs client lets RAY_API_SERVER_ADDRESS or RAY_ADDRESS override the address it is given
+    (ray.dashboard.utils.get_address_for_submission_client): `tpu-ray submit --address URL` with
+    RAY_ADDRESS=local exported went looking for a local cluster instead. An address the user names
+    wins: the two variables are hidden while the client resolves it (in its constructor only)."""
+    hidden = {k: os.environ.pop(k) for k in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+              if address and k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
 
 
 def _resolve_run_dir(cfg: RunConfig, submission_id: str) -> str:
