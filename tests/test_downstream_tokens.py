@@ -120,3 +120,15 @@ def test_bad_token_task_is_one_line_and_exit_2_before_anything_runs(case, tmp_pa
     assert len(err.splitlines()) == 1 and expected in err, err
     assert str(d) in err
     assert not (tmp_path / "out").exists()
+
+
+def test_token_task_on_a_model_without_a_fast_tokenizer_is_refused_before_ray(tmp_path, capsys):
+    _jsonl(tmp_path / "train.jsonl", _ner())
+    _jsonl(tmp_path / "validation.jsonl", _ner(1))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # no tokenizer beside it
+    rc = main(["finetune", str(model), "--task", str(tmp_path), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "no tokenizer loads from it" in err, err
+    assert not (tmp_path / "out").exists()
