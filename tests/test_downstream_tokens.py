@@ -132,3 +132,21 @@ def test_token_task_on_a_model_without_a_fast_tokenizer_is_refused_before_ray(tm
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "no tokenizer loads from it" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_token_task_records_show_entity_f1_in_metrics_and_report(tmp_path, capsys):
+    """Records of a token task, written by the sweep's own writer: `tpu-ray metrics` shows the entity F1
+    column and the report's line is its mean ± sd over seeds."""
+    from tpu_ray.downstream.sweep import Summary, Trial, record
+
+    trials = [Trial(seed=s, learning_rate=3e-3, result={"metrics": {"entity_f1": f, "token_accuracy": 0.9},
+                                                         "train_examples": 38, "examples_per_s": 10.0,
+                                                         "final_loss": 0.1}) for s, f in enumerate([0.5, 0.7])]
+    record(str(tmp_path), Summary(task="ner", task_hash="h", step=None, trials=trials, metric="entity_f1",
+                                  chance=None))
+    capsys.readouterr()
+    assert main(["metrics", str(tmp_path), "--kind", "downstream"]) == 0
+    table = capsys.readouterr().out
+    assert "entity_f1" in table and "0.700" in table and "token_acc" in table, table
+    assert main(["report", str(tmp_path)]) == 0
+    assert "ner: entity_f1 0.6000 ± 0.1414 (2 seeds, lr 0.003)" in capsys.readouterr().out
