@@ -58,6 +58,10 @@ def test_token_task_fields_and_integer_label_names_from_the_task_yaml(tmp_path):
     task = load_task(str(tmp_path / "ner.yaml"))
     assert task.kind == "tokens" and task.label_names == ["O", "B-LOC", "I-LOC"]
     assert task.splits["train"][0] == {"text": ["new", "york"], "label": [1, 2]}
+    # A text field that holds words makes a token task without `kind:`; its labels default to `tags`.
+    (tmp_path / "w.yaml").write_text("train: c.jsonl\nvalidation: c.jsonl\ntext_field: words\n")
+    _jsonl(tmp_path / "c.jsonl", [{"words": ["new", "york"], "tags": ["B-LOC", "I-LOC"]}, {"words": ["in"], "tags": ["O"]}])
+    assert load_task(str(tmp_path / "w.yaml")).splits["train"][0] == {"text": ["new", "york"], "label": [0, 1]}
 
 
 def test_token_task_keeps_the_class_names_of_a_saved_ner_dataset(tmp_path):
@@ -93,7 +97,7 @@ def test_labels_align_to_the_first_subword_and_predictions_read_back_per_word():
 
 
 BAD = {
-    "missing tags field": ([{"tokens": ["a", "b"], "label": ["O", "B-X"]}], _ner(1), "no field 'tags'"),
+    "missing tags field": ([{"tokens": ["a", "b"], "ner": ["O", "B-X"]}], _ner(1), "no field 'tags'"),
     "lengths differ": ([*_ner(), {"tokens": ["a", "b", "c"], "tags": ["O", "O"]}], _ner(1),
                        "row 3: 'tags' has 2 labels for 3 words"),
     "unseen validation label": (_ner(), [{"tokens": ["anna"], "tags": ["B-ORG"]}],

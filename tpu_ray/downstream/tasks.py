@@ -218,12 +218,15 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
         raise UserError(f"{name}: kind={kind!r}; one of {', '.join(KINDS)}")
     first_row = raw["train"][0][0] if raw.get("train") and raw["train"][0] else {}
     # A token task's fields default to `tokens` and `tags`, as the `datasets` NER sets (CoNLL-2003,
-    # WikiANN) name them; a file with those fields and no `text` is a token task.
-    word_default = kind == "tokens" or (kind is None and not opts.get("text_field") and "text" not in first_row
-                                        and isinstance(first_row.get("tokens"), list))
-    text_f = str(opts.get("text_field") or ("tokens" if word_default else "text"))
-    pair_f = None if word_default else opts.get("pair_field", "text_pair")
-    label_f = str(opts.get("label_field") or ("tags" if word_default else "label"))
+    # WikiANN) name them (`text` and `label` where a file has those and not the others); a file whose
+    # text field holds a list of words is a token task.
+    given_text = opts.get("text_field")
+    words = kind == "tokens" or (kind is None and isinstance(
+        first_row.get(given_text or ("text" if "text" in first_row else "tokens")), list))
+    text_f = str(given_text or ("tokens" if words and "text" not in first_row else "text"))
+    pair_f = None if words else opts.get("pair_field", "text_pair")
+    label_f = str(opts.get("label_field") or ("tags" if words and ("tags" in first_row or "label" not in first_row)
+                                              else "label"))
     rows: dict[str, list[dict]] = {}
     for split, (data, path, _features) in raw.items():
         if not data:
