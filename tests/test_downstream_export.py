@@ -19,7 +19,8 @@ from tpu_ray.downstream.tasks import Task
 
 pytestmark = pytest.mark.slow
 VENVS = Path(os.environ.get("TPU_RAY_INTEROP_VENVS", REPO / ".venv-interop"))
-NAMES, VERBS, CITIES = ["anna", "bob", "carl", "dora"], ["lives", "works", "sleeps"], ["paris", "new york", "rome", "oslo"]
+NAMES, VERBS = ["anna", "bob", "carl", "dora"], ["lives", "works", "sleeps"]
+CITIES = ["paris", "new york", "rome", "oslo"]
 SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 

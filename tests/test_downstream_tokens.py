@@ -60,7 +60,8 @@ def test_token_task_fields_and_integer_label_names_from_the_task_yaml(tmp_path):
     assert task.splits["train"][0] == {"text": ["new", "york"], "label": [1, 2]}
     # A text field that holds words makes a token task without `kind:`; its labels default to `tags`.
     (tmp_path / "w.yaml").write_text("train: c.jsonl\nvalidation: c.jsonl\ntext_field: words\n")
-    _jsonl(tmp_path / "c.jsonl", [{"words": ["new", "york"], "tags": ["B-LOC", "I-LOC"]}, {"words": ["in"], "tags": ["O"]}])
+    _jsonl(tmp_path / "c.jsonl", [{"words": ["new", "york"], "tags": ["B-LOC", "I-LOC"]},
+                                  {"words": ["in"], "tags": ["O"]}])
     assert load_task(str(tmp_path / "w.yaml")).splits["train"][0] == {"text": ["new", "york"], "label": [0, 1]}
 
 

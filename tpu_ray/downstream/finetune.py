@@ -1,10 +1,11 @@
 """One fine-tuning trial: a pretrained checkpoint, a task, a seed and a learning rate -> its scores.
 
 Hugging Face's TensorFlow recipes (run_glue.py, run_ner.py): TFAutoModelForSequenceClassification
-or TFAutoModelForTokenClassification on the exported model (a new, seeded head), transformers' AdamW with linear warm-up and decay
-(`create_optimizer`), Keras `fit`, predictions on the validation split. Keras' loop is used as is
-here: the pretraining loop's reasons for its own loop (masked-only accuracy, checkpoints that resume
-mid-run, TPU steps per execution) do not apply to a minutes-long fine-tune.
+or TFAutoModelForTokenClassification on the exported model (a new, seeded head), transformers'
+AdamW with linear warm-up and decay (`create_optimizer`), Keras `fit`, predictions on the
+validation split. Keras' loop is used as is here: the pretraining loop's reasons for its own loop
+(masked-only accuracy, checkpoints that resume mid-run, TPU steps per execution) do not apply to a
+minutes-long fine-tune.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 TASK is `builtin:stdlib-packages`, `glue/NAME`, a task YAML, or a directory of files named by split
 (`train.*`, `validation.*`, as `datasets` names them; csv/tsv/jsonl/json/parquet, or a
 `save_to_disk` directory). A token task's records are words and a label per word (fields `tokens`
-and `tags` by default, as the `datasets` NER sets name them). Files are read with `datasets` (its csv/json/parquet builders), the same
-library the corpus readers use. Every check runs here, before any model is loaded: a bad task is
-one line naming the file, field or value, and exit code 2.
+and `tags` by default, as the `datasets` NER sets name them). Files are read with `datasets` (its
+csv/json/parquet builders), the same library the corpus readers use. Every check runs here, before
+any model is loaded: a bad task is one line naming the file, field or value, and exit code 2.
 """
 
 from __future__ import annotations
