@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tpu_ray.cli import main
@@ -82,7 +83,20 @@ def test_a_fine_tuned_model_loads_in_transformers_with_its_label_names(sweep):
 
     _, _, out = sweep
     path = out / "export" / "lr0.001-seed1"
-    model = TFAutoModelForSequenceClassification.from_pretrained(str(path))
+    model = TFAutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=False)  # tf_model.h5
     assert list(model.config.id2label.values()) == load_task(TASK).label_names
     logits = model(**AutoTokenizer.from_pretrained(str(path))(["Return the event loop."], return_tensors="tf")).logits
     assert logits.shape == (1, len(model.config.id2label))
+
+
+def test_a_fine_tuned_model_loads_in_pytorch_from_safetensors_with_its_label_names(sweep):
+    from tests.test_downstream_export import pytorch_logits
+    from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+
+    _, _, out = sweep
+    path = out / "export" / "lr0.001-seed0"
+    ids = AutoTokenizer.from_pretrained(str(path))("Return the event loop.")["input_ids"]
+    tf_model = TFAutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=False)
+    answer = pytorch_logits("AutoModelForSequenceClassification", path, ids)
+    assert answer["id2label"] == {str(k): v for k, v in tf_model.config.id2label.items()}
+    np.testing.assert_allclose(np.asarray(answer["logits"]), tf_model(np.asarray([ids])).logits.numpy()[0], atol=1e-4)

@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run directory (its model/) or an exported model directory")
     p.add_argument("--task", required=True, type=nonempty("a task"),
                    help="builtin:stdlib-packages, glue/NAME, a task YAML, or a directory with train.* and "
-                        "validation.* (csv/tsv/jsonl/parquet; fields text, text_pair, label)")
+                        "validation.* (csv/tsv/jsonl/parquet; fields text, text_pair, label, or a token task's tokens, tags)")
     p.add_argument("--seeds", type=whole_number(1), default=None, help="seeds per learning rate (default: 5)")
     p.add_argument("--output-dir", type=nonempty("a directory"), default=None,
                    help="where to record for a model outside a run (default: the run directory)")

@@ -30,7 +30,8 @@ TABLE_COLUMNS["eval_rerun"] = TABLE_COLUMNS["eval"]  # `tpu-ray eval` records, i
 TABLE_COLUMNS["downstream"] = [
     ("task", "task", ""), ("seed", "seed", ".0f"), ("learning_rate", "lr", ".2e"), ("status", "status", ""),
     ("accuracy", "acc", ".3f"), ("macro_f1", "macro_f1", ".3f"), ("matthews", "matthews", ".3f"),
-    ("f1", "f1", ".3f"), ("pearson", "pearson", ".3f"), ("spearman", "spearman", ".3f")]
+    ("f1", "f1", ".3f"), ("pearson", "pearson", ".3f"), ("spearman", "spearman", ".3f"),
+    ("entity_f1", "entity_f1", ".3f"), ("token_accuracy", "token_acc", ".3f")]
 
 
 def strategy_name(name: str | None) -> str:

@@ -1,10 +1,11 @@
 """One fine-tuning trial: a pretrained checkpoint, a task, a seed and a learning rate -> its scores.
 
-Hugging Face's TensorFlow recipe (run_glue.py): TFAutoModelForSequenceClassification on the
-exported model (a new, seeded head), transformers' AdamW with linear warm-up and decay
-(`create_optimizer`), Keras `fit`, predictions on the validation split. Keras' loop is used as is
-here: the pretraining loop's reasons for its own loop (masked-only accuracy, checkpoints that resume
-mid-run, TPU steps per execution) do not apply to a minutes-long fine-tune.
+Hugging Face's TensorFlow recipes (run_glue.py, run_ner.py): TFAutoModelForSequenceClassification
+or TFAutoModelForTokenClassification on the exported model (a new, seeded head), transformers'
+AdamW with linear warm-up and decay (`create_optimizer`), Keras `fit`, predictions on the
+validation split. Keras' loop is used as is here: the pretraining loop's reasons for its own loop
+(masked-only accuracy, checkpoints that resume mid-run, TPU steps per execution) do not apply to a
+minutes-long fine-tune.
 """
 
 from __future__ import annotations
@@ -100,18 +101,17 @@ def _encode(tok: Any, rows: list[dict], pair: bool, max_length: int, type_vocab:
 
 def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, spec: FinetuneSpec,
                    save_to: str | None = None) -> dict[str, Any]:
-    """Fine-tune once and score the validation split; `save_to` keeps the fine-tuned model there."""
-    if task.kind == "tokens":
-        raise UserError(f"{task.name}: token classification is not built yet; sequence classification and "
-                        f"regression are")
+    """Fine-tune once and score the validation split; `save_to` keeps the fine-tuned model there
+    (tf_model.h5, config.json with the label names, model.safetensors in PyTorch's layout, tokenizer)."""
     import numpy as np
     import tensorflow as tf
     import tf_keras
-    from transformers import AutoTokenizer, TFAutoModelForSequenceClassification, create_optimizer
-
-    from tpu_ray.downstream.metrics import score
-
+    from transformers import (AutoTokenizer, TFAutoModelForSequenceClassification,
+                              TFAutoModelForTokenClassification, create_optimizer)
     from transformers.utils import logging as hf_logging
+
+    from tpu_ray.downstream import tokens
+    from tpu_ray.downstream.metrics import score
 
     tf.get_logger().setLevel("ERROR")  # Keras' retracing notes: one validation batch is smaller
     hf_logging.set_verbosity_error()  # "newly initialized: classifier.*" is the point of fine-tuning
@@ -120,34 +120,59 @@ def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, 
     if task.kind == "regression":
         head: dict[str, Any] = {"num_labels": 1, "problem_type": "regression"}
     else:
-        head = {"num_labels": len(task.label_names), "problem_type": "single_label_classification",
-                "id2label": dict(enumerate(task.label_names)),
+        head = {"num_labels": len(task.label_names), "id2label": dict(enumerate(task.label_names)),
                 "label2id": {n: i for i, n in enumerate(task.label_names)}}
-    model = TFAutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=False, **head)
+        if task.kind == "classification":
+            head["problem_type"] = "single_label_classification"
+    auto = TFAutoModelForTokenClassification if task.kind == "tokens" else TFAutoModelForSequenceClassification
+    model = auto.from_pretrained(model_dir, use_safetensors=False, **head)
     length = min(spec.max_length, model.config.max_position_embeddings - 2)  # RoBERTa's offset of 2
+    type_vocab = model.config.type_vocab_size
     train = task.splits["train"][: spec.max_train_examples or None]
-    x = _encode(tok, train, task.has_pair, length, model.config.type_vocab_size)
-    dtype = np.float32 if task.kind == "regression" else np.int32
-    y = np.asarray([r["label"] for r in train], dtype=dtype)
+    if task.kind == "tokens":
+        x, y, _ = tokens.encode_words(tok, train, length, type_vocab)
+    else:
+        x = _encode(tok, train, task.has_pair, length, type_vocab)
+        y = np.asarray([r["label"] for r in train], dtype=np.float32 if task.kind == "regression" else np.int32)
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(train), seed=seed).batch(spec.batch_size)
     steps = math.ceil(len(train) / spec.batch_size) * spec.epochs
     optimizer, _ = create_optimizer(learning_rate, num_train_steps=steps,
                                     num_warmup_steps=int(spec.warmup_ratio * steps),
                                     weight_decay_rate=spec.weight_decay)
-    model.compile(optimizer=optimizer)  # the model's own loss for its problem_type
+    model.compile(optimizer=optimizer)  # the model's own loss for its problem_type (tokens: -100 skipped)
     start = time.perf_counter()
     history = model.fit(data, epochs=spec.epochs, verbose=0)
     seconds = time.perf_counter() - start
     val = task.splits["validation"]
-    out = model.predict(_encode(tok, val, task.has_pair, length, model.config.type_vocab_size),
-                        batch_size=2 * spec.batch_size, verbose=0).logits
-    preds = out[:, 0].astype(float).tolist() if task.kind == "regression" else out.argmax(-1).tolist()
+    if task.kind == "tokens":
+        vx, _, word_ids = tokens.encode_words(tok, val, length, type_vocab)
+        out = model.predict(vx, batch_size=2 * spec.batch_size, verbose=0).logits.argmax(-1)
+        fill = tokens.outside_label(task.label_names)
+        name = task.label_names.__getitem__
+        preds = [list(map(name, tokens.word_predictions(ids, p, len(r["label"]), fill)))
+                 for ids, p, r in zip(word_ids, out, val)]
+        gold = [list(map(name, r["label"])) for r in val]  # seqeval reads the tag names (B-, I-, O)
+    else:
+        out = model.predict(_encode(tok, val, task.has_pair, length, type_vocab),
+                            batch_size=2 * spec.batch_size, verbose=0).logits
+        preds = out[:, 0].astype(float).tolist() if task.kind == "regression" else out.argmax(-1).tolist()
+        gold = [r["label"] for r in val]
     losses = history.history["loss"]
     if not all(math.isfinite(v) for v in losses):
         raise RuntimeError(f"the training loss became {losses[-1]} (learning rate {learning_rate} too high?)")
     if save_to:
-        model.save_pretrained(save_to)
-        tok.save_pretrained(save_to)
-    return {"metrics": score(task.metrics, [r["label"] for r in val], preds), "train_examples": len(train) * spec.epochs,
+        export_finetuned(model, tok, save_to)
+    return {"metrics": score(task.metrics, gold, preds), "train_examples": len(train) * spec.epochs,
             "train_steps": steps, "train_seconds": seconds, "examples_per_s": len(train) * spec.epochs / seconds,
             "final_loss": float(losses[-1]), "max_length": length}
+
+
+def export_finetuned(model: Any, tok: Any, directory: str) -> None:
+    """The fine-tuned model as the pretrained one is exported: TensorFlow's tf_model.h5 and config.json
+    (id2label/label2id: the label names), the tokenizer, and model.safetensors in PyTorch's layout
+    (the pretrained export's writer), so AutoModelFor*Classification loads it without TensorFlow."""
+    from tpu_ray.train.export_safetensors import write_safetensors
+
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    write_safetensors(model, directory)

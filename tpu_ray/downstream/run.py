@@ -32,6 +32,8 @@ def finetune(run_or_model: str, task: str, seeds: int | None = None, output_dir:
     if metrics_dir is None:
         raise UserError(f"{run_or_model}: a model outside a run directory; give --output-dir for its records")
     loaded = load_task(task)
+    if loaded.kind == "tokens":
+        _check_fast_tokenizer(model_dir)
     log.info("task %s (sha256 %s)", loaded.describe(), loaded.digest()[:12])
     _connect(ray_values)
     trials = run_trials(model_dir, loaded, spec)
@@ -40,6 +42,20 @@ def finetune(run_or_model: str, task: str, seeds: int | None = None, output_dir:
     os.makedirs(metrics_dir, exist_ok=True)
     record(metrics_dir, summary)
     return summary
+
+
+def _check_fast_tokenizer(model_dir: str) -> None:
+    """A token task reads word ids from the tokenizer: refuse a slow one here, not in every trial."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:  # no tokenizer files: one line, not a traceback per trial
+        raise UserError(f"{model_dir}: no tokenizer loads from it ({type(exc).__name__}); a token task needs "
+                        f"the model's tokenizer beside it") from None
+    if not tok.is_fast:
+        raise UserError(f"{model_dir}: its tokenizer ({type(tok).__name__}) is not a fast one; token classification "
+                        f"needs word ids, which only fast tokenizers (tokenizer.json) give")
 
 
 def _connect(ray_values: dict[str, Any]) -> None:

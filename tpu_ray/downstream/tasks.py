@@ -2,9 +2,10 @@
 
 TASK is `builtin:stdlib-packages`, `glue/NAME`, a task YAML, or a directory of files named by split
 (`train.*`, `validation.*`, as `datasets` names them; csv/tsv/jsonl/json/parquet, or a
-`save_to_disk` directory). Files are read with `datasets` (its csv/json/parquet builders), the same
-library the corpus readers use. Every check runs here, before any model is loaded: a bad task is
-one line naming the file, field or value, and exit code 2.
+`save_to_disk` directory). A token task's records are words and a label per word (fields `tokens`
+and `tags` by default, as the `datasets` NER sets name them). Files are read with `datasets` (its
+csv/json/parquet builders), the same library the corpus readers use. Every check runs here, before
+any model is loaded: a bad task is one line naming the file, field or value, and exit code 2.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def _from_yaml(path: str) -> Task:
     if not isinstance(doc, dict):
         raise UserError(f"{path}: a task YAML is a mapping (data:, text_field:, label_field:, ...), "
                         f"got {type(doc).__name__}")
-    known = {"name", "data", "glue", "kind", "text_field", "pair_field", "label_field", "metrics", "train",
-             "validation"}
+    known = {"name", "data", "glue", "kind", "text_field", "pair_field", "label_field", "label_names", "metrics",
+             "train", "validation"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise UserError(f"{path}: unknown key {unknown[0]!r}; a task YAML takes {', '.join(sorted(known))}")
@@ -212,12 +213,20 @@ def _from_files(name: str, files: dict[str, list[str]], opts: dict, where: str) 
 
 def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -> Task:
     """Map raw rows to records, refusing what training would trip on later or silently mislearn."""
-    text_f = str(opts.get("text_field") or "text")
-    pair_f = opts.get("pair_field", "text_pair")
-    label_f = str(opts.get("label_field") or "label")
     kind = opts.get("kind")
     if kind is not None and kind not in KINDS:
         raise UserError(f"{name}: kind={kind!r}; one of {', '.join(KINDS)}")
+    first_row = raw["train"][0][0] if raw.get("train") and raw["train"][0] else {}
+    # A token task's fields default to `tokens` and `tags`, as the `datasets` NER sets (CoNLL-2003,
+    # WikiANN) name them (`text` and `label` where a file has those and not the others); a file whose
+    # text field holds a list of words is a token task.
+    given_text = opts.get("text_field")
+    words = kind == "tokens" or (kind is None and isinstance(
+        first_row.get(given_text or ("text" if "text" in first_row else "tokens")), list))
+    text_f = str(given_text or ("tokens" if words and "text" not in first_row else "text"))
+    pair_f = None if words else opts.get("pair_field", "text_pair")
+    label_f = str(opts.get("label_field") or ("tags" if words and ("tags" in first_row or "label" not in first_row)
+                                              else "label"))
     rows: dict[str, list[dict]] = {}
     for split, (data, path, _features) in raw.items():
         if not data:
@@ -237,6 +246,12 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
         if m not in METRICS:
             raise UserError(f"{name}: unknown metric {m!r}; one of {', '.join(METRICS)}")
     names = _label_names(raw["train"][2], label_f, rows["train"], kind)
+    given = opts.get("label_names")
+    if given is not None:  # integer labels named by the task config (a NER set's ClassLabel names lost in a file)
+        if not isinstance(given, list) or not given or len(set(map(str, given))) != len(given):
+            raise UserError(f"{name}: label_names={_show(given)}; give a list of distinct class names, "
+                            f"index i naming label i")
+        names = [str(n) for n in given]
     out: dict[str, list[dict]] = {}
     for split, data in rows.items():
         path = raw[split][1]
@@ -244,9 +259,10 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
         for i, r in enumerate(data):
             text = r.get(text_f)
             want = list if kind == "tokens" else str
-            if not isinstance(text, want) or not text:
+            if not isinstance(text, want) or not text or (kind == "tokens" and not all(
+                    isinstance(w, str) and w for w in text)):
                 raise UserError(f"{path}: row {i + 1}: field {text_f!r} is {_show(text)}; each row needs "
-                                f"{'a list of words' if kind == 'tokens' else 'a text'}")
+                                f"{'a list of words (non-empty strings)' if kind == 'tokens' else 'a text'}")
             rec: dict[str, Any] = {"text": text}
             if use_pair:
                 pair = r.get(pair_f)
@@ -257,8 +273,9 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
             rec["label"] = _label(r.get(label_f), kind, names, f"{path}: row {i + 1}: {label_f!r}", len(text))
             recs.append(rec)
         out[split] = recs
-    if kind == "classification" and len({r["label"] for r in out["train"]}) < 2:
-        raise UserError(f"{raw['train'][1]}: field {label_f!r} has one class only ({names[0]!r}); "
+    seen = {v for r in out["train"] for v in (r["label"] if kind == "tokens" else [r["label"]])}
+    if kind in ("classification", "tokens") and len(seen) < 2:
+        raise UserError(f"{raw['train'][1]}: field {label_f!r} has one class only ({names[next(iter(seen))]!r}); "
                         f"a classifier needs at least two")
     return Task(name=name, kind=kind, splits=out, label_names=names, metrics=metrics)
 
@@ -292,8 +309,11 @@ def _label(value: Any, kind: str, names: list[str], where: str, n_words: int) ->
             raise UserError(f"{where} is {_show(value)}; a regression target must be a finite number")
         return float(value)
     if kind == "tokens":
-        if not isinstance(value, list) or len(value) != n_words:
-            raise UserError(f"{where} is {_show(value)}; a token task needs one label per word ({n_words} words)")
+        if not isinstance(value, list):
+            raise UserError(f"{where} is {_show(value)}; a token task needs a list of labels, one per word")
+        if len(value) != n_words:
+            raise UserError(f"{where} has {len(value)} labels for {n_words} words; a token task needs one label "
+                            f"per word (fix the row so the two lists have the same length)")
         return [_class(v, names, where) for v in value]
     return _class(value, names, where)
 
