@@ -16,7 +16,6 @@ state API (which node ran which task):
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
@@ -141,8 +140,10 @@ def _events(run: str) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_autoscaler_brings_cpu_workers_for_shards_then_the_tpu_node_for_training_then_releases_them(
-        gcs_emulator, tmp_path_factory, wikitext):
+        gcs_emulator, tmp_path_factory, wikitext, monkeypatch):
     from ray.util.state import list_tasks
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's Jobs CLI and state API let it override --address
 
     bucket = gcs_emulator.make_bucket()
     corpus = wikitext_slice(tmp_path_factory, 200_000, "valid-200k.txt")
@@ -170,8 +171,7 @@ def test_autoscaler_brings_cpu_workers_for_shards_then_the_tpu_node_for_training
                  "--no-wait", "--working-dir", ".", "--runtime-env-json", json.dumps(runtime_env), "--",
                  "python", "jobs/pretrain.py", "--config", "jobs/configs/quickstart.yaml", "--output-dir", run,
                  "--corpus", f"{bucket}/corpus/valid.txt", *(f"{k}={v}" for k, v in overrides.items())],
-                cwd=REPO, capture_output=True, text=True, timeout=300,
-                env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})  # else it overrides --address
+                cwd=REPO, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stderr[-3000:]
             job = JobHandle(sid, head.address, run)
             during_training = ""

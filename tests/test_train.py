@@ -507,7 +507,7 @@ def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, 
 
 @pytest.mark.slow  # 4 Ray nodes, two TF workers started twice: a few minutes on 2 cores
 def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tmp_path, shards_dir,
-                                                                           tiny_tokenizer_dir):
+                                                                           tiny_tokenizer_dir, monkeypatch):
     """Two Ray Train workers (MultiWorkerMirroredStrategy) on three 1-CPU nodes: after the first
     committed checkpoint the node of one worker is removed; the run starts the worker group again
     on the nodes left, every worker resumes from that checkpoint, the run ends at the final step in
@@ -547,6 +547,7 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
             assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
             assert time.monotonic() < deadline, "no committed checkpoint within 400 s"
             time.sleep(0.2)
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's state API lets it override the address
         workers = [a.node_id for a in list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")], limit=1000)
                    if "TrainWorker" in a.class_name and a.node_id in nodes]
         assert len(workers) == 2, workers
