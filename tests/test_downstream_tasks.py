@@ -158,7 +158,12 @@ BAD = {
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_task_is_one_line_and_exit_2_before_anything_runs(case, tmp_path, capsys):
-    train, val, expected = BAD[case]
+    assert_refused_before_anything_runs(*BAD[case], tmp_path, capsys)
+
+
+def assert_refused_before_anything_runs(train: list, val: list, expected: str, tmp_path, capsys) -> None:
+    """A task directory of these train and validation records: `tpu-ray finetune` exits 2 with one line
+    naming it and holding `expected`, and writes nothing (test_downstream_tokens.py uses it too)."""
     d = tmp_path / "task"
     d.mkdir()
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))

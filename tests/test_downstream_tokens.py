@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tests.test_downstream_tasks import assert_refused_before_anything_runs
 from tpu_ray.cli import main
 from tpu_ray.downstream.tasks import load_task
 from tpu_ray.downstream.tokens import IGNORE, align_labels, encode_words, outside_label, word_predictions
@@ -111,20 +112,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_token_task_is_one_line_and_exit_2_before_anything_runs(case, tmp_path, capsys):
-    train, val, expected = BAD[case]
-    d = tmp_path / "task"
-    d.mkdir()
-    _jsonl(d / "train.jsonl", train)
-    _jsonl(d / "validation.jsonl", val)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")  # resolve_model only reads it; the task is refused first
-    rc = main(["finetune", str(model), "--task", str(d), "--output-dir", str(tmp_path / "out")])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, err
-    assert len(err.splitlines()) == 1 and expected in err, err
-    assert str(d) in err
-    assert not (tmp_path / "out").exists()
+    assert_refused_before_anything_runs(*BAD[case], tmp_path, capsys)
 
 
 def test_token_task_on_a_model_without_a_fast_tokenizer_is_refused_before_ray(tmp_path, capsys):

@@ -496,6 +496,7 @@ class PoisonWorker(shards_mod.ShardWorker):
         return super().process(unit)
 
 
+@pytest.mark.slow  # Ray starts a killed actor's process again: ~40 s on 2 cores (CI, 2026-11-27)
 def test_a_unit_that_always_kills_its_actor_fails_after_the_retries_naming_it(
         tmp_path, monkeypatch, small_corpus, tiny_tokenizer_dir, ray_local):
     cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir, **{"shard.max_unit_retries": 2})
@@ -512,6 +513,7 @@ def test_a_unit_that_always_kills_its_actor_fails_after_the_retries_naming_it(
     assert not manifest_json(cfg.shards_dir) or not manifest_json(cfg.shards_dir)["complete"]
 
 
+@pytest.mark.slow  # Ray starts a killed actor's process again: ~40 s on 2 cores (CI, 2026-11-27)
 def test_a_unit_that_kills_its_actor_once_is_retried_and_gives_the_same_bytes(
         tmp_path, monkeypatch, small_corpus, tiny_tokenizer_dir, ray_local):
     ref = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir, name="ref")
