@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from tests.test_jobs import REPO, VENV_BIN, RayHead, _agent_log_tail, _free_ports, _listens
+from tests.test_jobs import REPO, VENV_BIN, RayHead, _free_ports, agent_not_listening
 
 # The fake provider tags its head with this node type (and Ray's node id with FAKE_HEAD_NODE_ID).
 FAKE_HEAD_TYPE = "ray.head.default"
@@ -103,8 +103,8 @@ def autoscaling_head(cluster_yaml: Path, cpu_scale: int = 8, idle_timeout_minute
     try:
         output, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, output
-        assert _listens(agent, timeout_s=120), f"the Ray dashboard agent never listened on port {agent}:\n" \
-            + _agent_log_tail(temp_dir)
+        not_up = agent_not_listening(agent, temp_dir)
+        assert not_up is None, not_up
         yield head, config
     finally:
         head.stop()

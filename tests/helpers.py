@@ -69,3 +69,17 @@ def shard_files(shards_dir: str, split: str) -> list[tuple[str, int]]:
     shards = ShardSet.open(str(shards_dir))
     shards.require_complete()
     return shards.files(split)
+
+
+def save_tiny_roberta(tok, out: Path, max_positions: int) -> str:
+    """A tiny RoBERTa masked LM (hidden 32, one layer) over `tok`'s vocabulary, saved with `tok` the
+    way RUN/model is (weights + tokenizer): what the downstream tests fine-tune."""
+    from transformers import RobertaConfig, TFRobertaForMaskedLM
+
+    config = RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=max_positions, pad_token_id=1)
+    model = TFRobertaForMaskedLM(config)
+    model(model.dummy_inputs)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return str(out)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, save_tiny_roberta
 from tpu_ray.downstream.tasks import Task
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def ner_task() -> Task:
 def tiny_model_dir(tmp_path_factory) -> str:
     """A tiny RoBERTa (hidden 32, one layer) over a WordPiece vocabulary with 'york' split in two."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast, RobertaConfig, TFRobertaForMaskedLM
+    from transformers import PreTrainedTokenizerFast
 
     words = [*SPECIAL, "in", "new", "yo", "##rk", *NAMES, *VERBS, *[c for c in CITIES if " " not in c]]
     t = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
@@ -53,14 +53,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     t.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
     tok = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                   unk_token="<unk>", mask_token="<mask>")
-    config = RobertaConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=18, pad_token_id=1)
-    model = TFRobertaForMaskedLM(config)
-    model(model.dummy_inputs)
-    out = str(tmp_path_factory.mktemp("tiny") / "model")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_roberta(tok, tmp_path_factory.mktemp("tiny") / "model", max_positions=18)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from tests.helpers import save_tiny_roberta
 from tpu_ray.cli import main
 
 pytestmark = pytest.mark.slow
@@ -18,17 +19,10 @@ TASK = "builtin:stdlib-packages"
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir) -> str:
     """A tiny RoBERTa (hidden 32, one layer, 32 positions) saved the way RUN/model is: weights + tokenizer."""
-    from transformers import AutoTokenizer, RobertaConfig, TFRobertaForMaskedLM
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-    config = RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=34, pad_token_id=1)
-    model = TFRobertaForMaskedLM(config)
-    model(model.dummy_inputs)
-    out = str(tmp_path_factory.mktemp("tiny") / "model")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_roberta(tok, tmp_path_factory.mktemp("tiny") / "model", max_positions=34)
 
 
 @pytest.fixture(scope="module")

@@ -92,23 +92,20 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def _listens(port: int, timeout_s: float) -> bool:
-    """`ray start` returns before the head's dashboard agent listens, and the Jobs API gives up on
-    a missing agent after 10 s: on a busy machine the first submit would fail. Wait for it here."""
+def agent_not_listening(port: int, temp_dir: str, timeout_s: float = 120) -> str | None:
+    """None once the head's dashboard agent listens on `port`, else why not (its log's last lines).
+    `ray start` returns before the agent listens, and the Jobs API gives up on a missing agent after
+    10 s: on a busy machine the first submit would fail. Wait for it here."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=2):
-                return True
+                return None
         except OSError:
             time.sleep(0.5)
-    return False
-
-
-def _agent_log_tail(temp_dir: str) -> str:
-    """The last lines of the head's dashboard agent log: why it never listened, for the failure message."""
     logs = sorted(Path(temp_dir).glob("session_*/logs/dashboard_agent*.log"))
-    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-20:]) if logs else "(no agent log)"
+    tail = "\n".join(logs[-1].read_text(errors="replace").splitlines()[-20:]) if logs else "(no agent log)"
+    return f"the Ray dashboard agent never listened on port {port}:\n{tail}"
 
 
 @contextmanager
@@ -141,9 +138,9 @@ def started_head(auth_env: dict[str, str]) -> Iterator[RayHead]:
             head = RayHead(f"http://127.0.0.1:{dashboard}", "", temp_dir, proc.pid)
             output, _ = proc.communicate(timeout=180)
             if proc.returncode == 0:
-                if _listens(agent, timeout_s=120):
+                output = agent_not_listening(agent, temp_dir)
+                if output is None:
                     break
-                output = f"the Ray dashboard agent never listened on port {agent}:\n{_agent_log_tail(temp_dir)}"
             elif "port" not in output.lower():
                 break
             head.stop()
