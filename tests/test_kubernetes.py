@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import start_local_ray
+
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kubernetes"
 
@@ -249,3 +251,4 @@ def test_the_slice_reservation_works_from_kuberay_labels_and_environment(monkeyp
     finally:
         ray.shutdown()
         cluster.shutdown()
+        start_local_ray()  # put the suite's cluster back: later tests' session fixtures (ray_local) rely on it

@@ -527,6 +527,31 @@ def test_a_unit_that_kills_its_actor_once_is_retried_and_gives_the_same_bytes(
     assert _digest_dir(Path(cfg.shards_dir)) == _digest_dir(Path(ref.shards_dir))
 
 
+def test_a_pool_whose_actors_cannot_start_says_so_with_the_free_cpus(ray_local, caplog):
+    """A shard pool that makes no progress because an actor never got its CPUs names that, with the
+    cluster's free CPUs, instead of a progress bar that never moves."""
+    from tpu_ray.prepare.actor_pool import _warn_if_unstarted, unstarted_actors
+
+    @ray_local.remote(num_cpus=0)
+    class Starts:
+        pass
+
+    starts = Starts.remote()
+    never = Starts.options(num_cpus=64).remote()  # more CPUs than the suite's 2-CPU cluster has
+    try:
+        ray_local.get(starts.__ray_ready__.remote(), timeout=120)
+        assert unstarted_actors([starts, never], wait_s=1) == [never]
+        with caplog.at_level("WARNING", logger="tpu_ray.prepare.shards"):
+            assert _warn_if_unstarted([starts, never], 120)
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert re.fullmatch(r"1 of 2 actors have not started after 120 s without a finished unit: the cluster "
+                            r"has [\d.]+ of 2 CPUs free; .*", line), line
+        assert not _warn_if_unstarted([starts], 120)
+    finally:
+        ray_local.kill(starts)
+        ray_local.kill(never)
+
+
 def test_old_one_folder_run_dirs_still_train_and_are_not_resharded_in_place(tmp_path, reference_run, mid_corpus,
                                                                              tiny_tokenizer_dir):
     """A run dir from before format /2 (train-* and validation-* side by side) still reads; sharding

@@ -9,6 +9,7 @@ result in the driver as soon as it is done (resume skips committed units).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from tpu_ray.errors import UserError
@@ -17,8 +18,12 @@ from tpu_ray.prepare.corpus import WorkUnit
 log = logging.getLogger("tpu_ray.prepare.shards")  # its lines belong to the sharding stage
 
 
+# How long the pool may go without a finished unit before it checks whether its actors started at all.
+STALL_S = 120.0
+
+
 def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress,
-                 max_retries: int = 3) -> None:
+                 max_retries: int = 3, stall_s: float = STALL_S) -> None:
     """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor, at most
     `max_retries` times (then `UnitFailedError`: a poison unit must not be retried forever).
 
@@ -33,6 +38,7 @@ def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_do
     idle = list(pool)
     finished: list[tuple[WorkUnit, dict]] = []
     deaths: dict[int, int] = {}
+    last_result, warned = time.monotonic(), False
     while queue or running or finished:
         while queue and idle:
             actor = idle.pop()
@@ -46,6 +52,10 @@ def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_do
         ready, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
         if progress:
             progress.tick()
+        if ready:
+            last_result = time.monotonic()
+        elif not warned and time.monotonic() - last_result > stall_s:
+            warned = _warn_if_unstarted(pool, stall_s)
         for ref in ready:
             actor, unit = running.pop(ref)
             try:
@@ -68,6 +78,31 @@ def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_do
                     raise cause from None
                 raise
             idle.append(actor)
+
+
+def unstarted_actors(pool: list, wait_s: float = 2.0) -> list:
+    """The actors of `pool` whose process has not started (still waiting for resources or a node)."""
+    import ray
+
+    refs = {actor.__ray_ready__.remote(): actor for actor in pool}
+    _, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
+    return [refs[ref] for ref in waiting]
+
+
+def _warn_if_unstarted(pool: list, stall_s: float) -> bool:
+    """Say why a pool makes no progress when its actors never started: without this, a cluster whose
+    CPUs something else holds (a leftover actor or job) shows a progress bar that never moves.
+    Only a warning: an autoscaling cluster may still be adding the nodes they wait for."""
+    import ray
+
+    waiting = unstarted_actors(pool)
+    if not waiting:
+        return False
+    free, total = ray.available_resources().get("CPU", 0.0), ray.cluster_resources().get("CPU", 0.0)
+    log.warning("%d of %d actors have not started after %.0f s without a finished unit: the cluster has "
+                "%g of %g CPUs free; `ray status` shows what holds them (a leftover actor or job?) or "
+                "whether nodes are still being added", len(waiting), len(pool), stall_s, free, total)
+    return True
 
 
 class UnitFailedError(UserError):
