@@ -1,5 +1,5 @@
-"""The house plan holds: no import cycle inside tpu_ray, nothing imports the CLI, and the sharding
-side never imports TensorFlow."""
+"""The house plan holds: no import cycle inside tpu_ray, no import that runs up the layers
+(docs/layout.md), nothing imports the CLI, and the sharding side never imports TensorFlow."""
 
 from __future__ import annotations
 
@@ -96,3 +96,74 @@ def test_the_preparation_side_never_imports_tensorflow():
             "tpu_ray.pipeline, tpu_ray.cli, tpu_ray.report; print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# Lowest first. A name is a top-level module of tpu_ray or one of its subpackages.
+LAYERS: list[tuple[str, set[str]]] = [
+    ("foundations", {"errors", "redact", "families", "accelerators", "storage", "logs", "confine", "tf_install",
+                     "rundir", "runlock", "tables", "plots", "metrics_stream"}),
+    ("configuration", {"config", "saved_config", "options_doc"}),
+    ("cluster", {"cluster"}),
+    ("data preparation", {"prepare"}),
+    ("training", {"train", "resume"}),
+    ("downstream evaluation", {"downstream"}),
+    ("reading runs", {"report", "comparison", "doctor"}),
+    ("the pipeline", {"pipeline"}),
+    ("entry points", {"cli", "__init__", "__main__"}),
+]
+RANK = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
+
+
+def _module_path(path: Path) -> str:
+    """`tpu_ray/train/loop.py` -> `tpu_ray.train.loop` (`tpu_ray/__init__.py` -> `tpu_ray.__init__`)."""
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+
+
+def _unit(module: str) -> str:
+    """`tpu_ray.train.loop` -> `train`; `tpu_ray.report` -> `report`; `tpu_ray` -> `__init__`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _import_lines(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, imported tpu_ray module) for every import anywhere in the file."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("tpu_ray"):
+            names = [f"tpu_ray.{a.name}" for a in node.names] if node.module == "tpu_ray" else [node.module]
+            out += [(node.lineno, n) for n in names]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "tpu_ray"]
+    return out
+
+
+@pytest.mark.quick
+def test_every_module_has_a_layer():
+    missing = sorted({_unit(_module_path(f)) for f in sorted(PACKAGE.rglob("*.py"))} - set(RANK))
+    assert not missing, f"give these a layer in tests/test_layers.py (and docs/layout.md): {missing}"
+
+
+def upward_in(module: str, source: str) -> list[str]:
+    """`line: import` for each import in `source` (the text of `module`) from a layer above its own."""
+    here = _unit(module)
+    found = []
+    for line, target in _import_lines(ast.parse(source)):
+        there = _unit(target)
+        if there != here and RANK.get(there, -1) > RANK.get(here, len(LAYERS)):
+            found.append(f"{line}: {LAYERS[RANK[here]][0]} ({here}) imports {target} ({LAYERS[RANK[there]][0]})")
+    return found
+
+
+@pytest.mark.quick
+def test_no_module_imports_from_a_layer_above_its_own():
+    upward = [f"{f.relative_to(PACKAGE.parent)}:{line}" for f in sorted(PACKAGE.rglob("*.py"))
+              for line in upward_in(_module_path(f), f.read_text())]
+    assert not upward, "imports that run up the layers:\n" + "\n".join(upward)
+
+
+@pytest.mark.quick
+def test_the_rule_sees_a_function_local_upward_import_and_allows_a_downward_one():
+    source = "import os\nfrom tpu_ray.config import RunConfig\n\ndef f():\n    from tpu_ray.train.loop import train\n"
+    assert upward_in("tpu_ray.cluster.placement", source) == [
+        "5: cluster (cluster) imports tpu_ray.train.loop (training)"]
+    assert upward_in("tpu_ray.pipeline", source) == []

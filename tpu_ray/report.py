@@ -21,8 +21,10 @@ import pandas as pd
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError
+from tpu_ray.metrics_stream import (  # noqa: F401 (the reading API, also imported from here)
+    BASE_COLUMNS, KIND_COLUMNS, TEXT_COLUMNS, _check_run_dir, _read_metrics, _read_text, load_metrics, read_records)
 from tpu_ray.redact import redact
-from tpu_ray.rundir import CONFIG_FILE, METRICS_DIR, METRICS_FILE, SHARDS_DIR, SUMMARY_FILE
+from tpu_ray.rundir import CONFIG_FILE, SHARDS_DIR, SUMMARY_FILE
 from tpu_ray.plots import plot_accuracy, plot_eval_sources, plot_loss, plot_lr, plot_throughput
 from tpu_ray.tables import as_number, by_step, column_values, diverged_step, last_finite_row, median_value, mfu_text
 
@@ -31,148 +33,7 @@ log = logging.getLogger("tpu_ray.report")
 PLOTS = ("loss.png", "eval_sources.png", "throughput.png", "learning_rate.png", "accuracy.png")
 REPORT_FILE = "report.html"
 
-BASE_COLUMNS = ["kind", "step", "time"]
-KIND_COLUMNS = {
-    "train": ["elapsed_s", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
-              "tokens_per_s", "mfu", "train_traces", "input_wait_s", "seq_len"],
-    "eval": ["eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens", "eval_set", "eval_mask_prob"],
-    "eval_source": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
-                    "eval_samples", "eval_set", "eval_mask_prob"],
-    # `tpu-ray eval` (pooled, and per source with `source`): apart from the training curve
-    "eval_rerun": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
-                   "eval_set", "eval_mask_prob"],
-    "event": ["event", "stage", "seconds"],
-    # `tpu-ray finetune`: one record per (seed, learning rate) trial; metric columns follow the task
-    "downstream": ["task", "task_hash", "seed", "learning_rate", "status", "metric", "error"],
-}
-TEXT_COLUMNS = {"kind", "event", "stage", "source", "eval_set", "task", "task_hash", "status", "metric", "error"}
-
-
 # ----------------------------------------------------------------------------------------- reading
-
-def _check_run_dir(run_dir: str) -> bool:
-    """True if the run directory exists; a file in its place, or a store that cannot be read
-    (missing bucket, access denied: storage's one-line errors), is a UserError."""
-    try:
-        found = storage.exists(run_dir)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read run directory {run_dir}: {exc}") from None
-    if found and not storage.isdir(run_dir):
-        raise UserError(f"{run_dir}: is a file, not a run directory; pass the run's --output-dir")
-    return found
-
-
-def _read_text(path: str) -> str | None:
-    """The file's text (undecodable bytes replaced: a live writer may be mid-character), or None
-    if it does not exist."""
-    try:
-        return storage.read_bytes(path).decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
-
-
-def read_records(run_dir: str) -> list[dict]:
-    """Every record of the run's metrics stream as written (all writers, unsorted, no dedup)."""
-    return _read_metrics(run_dir)
-
-
-def _read_metrics(run_dir: str) -> list[dict]:
-    """Records of `metrics.jsonl` and of every writer's `metrics/*.jsonl` object (gs:// runs write
-    one object per writer instead of appending to one file; see train.metrics.MetricsWriter)."""
-    path = storage.join(run_dir, METRICS_FILE)
-    text = _read_text(path)
-    records = _parse_lines(text, path) if text else []
-    fs, root = storage.filesystem(storage.join(run_dir, METRICS_DIR))
-    try:
-        fs.invalidate_cache(root)  # a live run adds objects: never answer from a cached listing
-        names = sorted(fs.glob(root.rstrip("/") + "/*.jsonl"))
-    except FileNotFoundError:
-        names = []
-    for name in names:
-        obj = storage.join(storage.join(run_dir, METRICS_DIR), name.rsplit("/", 1)[-1])
-        text = _read_text(obj)
-        records += _parse_lines(text, obj) if text else []
-    return records
-
-
-def _parse_lines(text: str, path: str) -> list[dict]:
-    lines = text.split("\n")
-    records = []
-    for i, line in enumerate(lines):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            is_last = all(not rest.strip() for rest in lines[i + 1:])
-            if not is_last:  # the writer only ever leaves the *last* line unfinished
-                log.warning("%s line %d is not JSON: skipped", path, i + 1)
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    return records
-
-
-def _documented(kind: str | None) -> list[str]:
-    """The columns load_metrics always returns for `kind` (all kinds' for None), as docs/jobs.md lists."""
-    kinds = [kind] if kind else list(KIND_COLUMNS)
-    return list(dict.fromkeys(BASE_COLUMNS + [c for k in kinds for c in KIND_COLUMNS.get(k, [])]))
-
-
-def _dtype(column: str) -> str:
-    if column == "step":
-        return "int64"
-    if column == "time":
-        return "datetime64[ns, UTC]"
-    return "object" if column in TEXT_COLUMNS else "float64"
-
-
-def _empty_frame(kind: str | None) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in _documented(kind)})
-
-
-def load_metrics(run_dir: str, kind: str | None = None, missing_ok: bool = True) -> pd.DataFrame:
-    """One row per record of `<run_dir>/metrics.jsonl`, sorted by time then step.
-
-    Columns: kind, step (integer), time (UTC datetime), then the documented columns of `kind`
-    ("train", "eval", "eval_source", "event"; all of them for None), then any other field the records carry.
-    A step logged twice (a resumed run repeats the steps after its last checkpoint) keeps its
-    latest train and eval record. A half-written last line (live run) is skipped. A run directory
-    that does not exist yet (a job that has not started writing) or has no metrics gives an empty
-    frame with the same columns; `missing_ok=False` makes a missing directory a UserError.
-    """
-    if not _check_run_dir(run_dir):
-        if missing_ok:
-            return _empty_frame(kind)
-        raise UserError(f"run directory not found: {run_dir}")
-    records = _read_metrics(run_dir)
-    if kind is not None:
-        records = [r for r in records if r.get("kind") == kind]
-    if not records:
-        return _empty_frame(kind)
-    df = pd.DataFrame.from_records(records)
-    for c in _documented(kind):
-        if c not in df.columns:
-            df[c] = pd.Series(dtype=_dtype(c) if c not in ("step", "time") else "float64", index=df.index)
-    df["time"] = pd.to_numeric(df["time"], errors="coerce")
-    df["step"] = pd.to_numeric(df["step"], errors="coerce")
-    df = df.sort_values(["time", "step"], kind="mergesort", na_position="last").reset_index(drop=True)
-    df = _latest_per_step(df)
-    df["step"] = df["step"].astype("int64" if df["step"].notna().all() else "Int64")
-    df["time"] = pd.to_datetime(df["time"], unit="s", utc=True)
-    front = _documented(kind)
-    return df[front + [c for c in df.columns if c not in front]]
-
-
-def _latest_per_step(df: pd.DataFrame) -> pd.DataFrame:
-    """Drop train/eval records whose step a later record of the same kind logged again."""
-    measured = df["kind"].isin(["train", "eval", "eval_source"]) & df["step"].notna()
-    keys = ["kind", "step"] + (["source"] if "source" in df.columns else [])  # a source's own curve
-    repeated = df[measured].duplicated(keys, keep="last")
-    drop = repeated[repeated].index
-    return df.drop(index=drop).reset_index(drop=True) if len(drop) else df
-
 
 def _load_summary(run_dir: str) -> dict:
     text = _read_text(storage.join(run_dir, SUMMARY_FILE))

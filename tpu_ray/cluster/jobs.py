@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError, first_line
+from tpu_ray.metrics_stream import load_metrics
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -215,8 +216,6 @@ class JobHandle:
     def metrics(self, kind: str | None = None) -> pd.DataFrame:
         """`load_metrics(run_dir)`: what the job has logged so far, one row per record (none yet
         while the job is pending: an empty frame, not an error)."""
-        from tpu_ray.report import load_metrics
-
         return load_metrics(self.run_dir, kind=kind, missing_ok=True)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from tpu_ray import rundir, storage
@@ -35,12 +36,11 @@ def _worker_loop(config: dict[str, Any]) -> None:
     import ray.train
 
     from tpu_ray.logs import setup_logging
-    from tpu_ray.train.loop import train
 
     os.environ.update(config["env"])  # before storage's first use, as in shards.ShardWorker
     setup_logging()
     cfg = RunConfig.from_dict(config["cfg"]).override({"train.strategy": "multiworker"})
-    summary = train(cfg, resume=config["resume"])
+    summary = config["train"](cfg, config["resume"])
     rank = ray.train.get_context().get_world_rank()
     record = {"rank": rank, "files_read": summary["files_read"], "weights_sha256": summary["weights_sha256"],
               "steps": summary["steps"]}
@@ -49,8 +49,9 @@ def _worker_loop(config: dict[str, Any]) -> None:
     ray.train.report({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
 
 
-def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
-    """Train on `train.workers` Ray workers; checks that they all ended with the same weights."""
+def train_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig, bool], dict]) -> dict[str, Any]:
+    """`train(cfg, resume)` on `train.workers` Ray workers (see placement.run_training for `train`);
+    checks that they all ended with the same weights."""
     from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
     from ray.train.tensorflow import TensorflowTrainer
@@ -60,7 +61,7 @@ def train_multiworker(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     use_gpu = bool(t.num_gpus)
     trainer = TensorflowTrainer(
         _worker_loop,
-        train_loop_config={"cfg": cfg.model_dump(mode="json"), "resume": resume,
+        train_loop_config={"cfg": cfg.model_dump(mode="json"), "resume": resume, "train": train,
                            "env": storage.forwarded_env()},
         scaling_config=ScalingConfig(num_workers=t.workers, use_gpu=use_gpu,
                                      resources_per_worker={"GPU": t.num_gpus} if use_gpu else {"CPU": 1}),

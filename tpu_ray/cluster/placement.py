@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ _HEAD = re.compile(r"^TPU-(v[0-9][a-z]*-[0-9]+)-head$")
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
 POD_TYPE_LABEL = "ray.io/tpu-pod-type"
+
+# What trains once placed: train(cfg, resume) -> summary (tpu_ray.train.launch.train_here).
+TrainFn = Callable[[RunConfig, bool], dict]
 
 
 def tpu_head_resources(resources: dict[str, float]) -> list[str]:
@@ -200,7 +204,7 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
             return launch_summary(resource)
 
 
-def _train_task(cfg_dict: dict, resume: bool) -> dict:
+def _train_task(cfg_dict: dict, resume: bool, train: TrainFn) -> dict:
     """Body of the remote training task (runs on the chosen node)."""
     import ray
 
@@ -209,47 +213,51 @@ def _train_task(cfg_dict: dict, resume: bool) -> dict:
     cfg = RunConfig.from_dict(cfg_dict)
     seen = {k: os.environ[k] for k in TPU_ENV_KEYS if k in os.environ}  # as the task received it
     setup_logging()
-    settle_pjrt_library(cfg.train.strategy)  # before TensorFlow is imported
-    from tpu_ray.train.loop import train
-
-    summary = train(cfg, resume=resume)
+    settle_pjrt_library(cfg.train.strategy)  # before TensorFlow is imported (by `train`, when called)
+    summary = train(cfg, resume)
     summary["node_id"] = ray.get_runtime_context().get_node_id()
     summary["hostname"] = os.uname().nodename
     summary["tpu_env"] = seen
     return summary
 
 
-def run_training(cfg: RunConfig, resume: bool = False) -> dict:
-    """Train where the config and the cluster say; returns the training summary."""
+def run_training(cfg: RunConfig, resume: bool, train: TrainFn) -> dict:
+    """Run `train(cfg, resume)` where the config and the cluster say; returns the training summary.
+
+    `train` is given (tpu_ray.train.launch passes the trainer's entry) rather than imported: this
+    layer places work on the cluster and knows nothing of how a model trains. It must be an importable
+    module-level function that imports TensorFlow only when called: the remote task receives it by
+    reference and settles the TPU runtime's environment before calling it.
+    """
     if cfg.train.workers > 1:
         from tpu_ray.cluster.multiworker import train_multiworker
         from tpu_ray.cluster.recovery import run_with_recovery
 
         def attempt(resume: bool, wait_s: float | None, on_reserved) -> dict:
             on_reserved({"placement": "multiworker", "workers": cfg.train.workers})
-            return train_multiworker(cfg, resume=resume)
+            return train_multiworker(cfg, resume, train)
 
         return run_with_recovery(cfg, resume, attempt)
     if cfg.train.placement == "local" or (cfg.train.placement == "auto" and not _ray_up()):
-        return _local(cfg, resume)
+        return train(cfg, resume)
     import ray
 
     from tpu_ray.cluster.autoscaler import cluster_autoscales
 
     kind, options = placement_for(cfg, ray.cluster_resources(), autoscaling=cluster_autoscales())
     if kind == "local":
-        return _local(cfg, resume)
+        return train(cfg, resume)
     from tpu_ray.cluster.shared_dir import require_shared
 
     require_shared(cfg.run_dir, "output_dir", f"training on a {kind.upper()} node", cfg.ray.shared_filesystem)
     from tpu_ray.cluster.recovery import run_with_recovery
 
     return run_with_recovery(cfg, resume, lambda resume, wait_s, on_reserved: _placed_attempt(
-        cfg, resume, kind, dict(options), wait_s, on_reserved))
+        cfg, resume, kind, dict(options), wait_s, on_reserved, train))
 
 
 def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, Any], wait_s: float | None,
-                    on_reserved) -> dict:
+                    on_reserved, train: TrainFn) -> dict:
     """Reserve the slice (or ask for the GPUs), run the training task there once, release."""
     import ray
 
@@ -269,7 +277,7 @@ def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, 
     # max_retries=0: a lost node is handled by recovery.run_with_recovery (new reservation, resume).
     task = ray.remote(max_retries=0)(_train_task).options(**options)
     try:
-        summary = ray.get(task.remote(cfg.model_dump(mode="json"), resume))
+        summary = ray.get(task.remote(cfg.model_dump(mode="json"), resume, train))
     except ray.exceptions.RayTaskError as exc:
         user_error = find_user_error(exc)
         if user_error is not None:
@@ -298,9 +306,3 @@ def _ray_up() -> bool:
     import ray
 
     return ray.is_initialized()
-
-
-def _local(cfg: RunConfig, resume: bool) -> dict:
-    from tpu_ray.train.loop import train
-
-    return train(cfg, resume=resume)

@@ -35,6 +35,7 @@ from typing import Any
 from tpu_ray import storage
 from tpu_ray.config import RunConfig, TrainConfig
 from tpu_ray.errors import Failure, FailureKind, classify
+from tpu_ray.metrics_stream import MetricsWriter
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,6 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
     calls `on_reserved({...where...})`, runs the training task and releases the capacity; it raises
     what `ray.get` raised.
     """
-    from tpu_ray.train.metrics import MetricsWriter
-
     failures = 0
     wait_s: float | None = None
     lost_at = 0.0
@@ -114,7 +113,7 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
                     raise
                 failures += 1
                 lost_at = time.time()
-                metrics = metrics or MetricsWriter(cfg.run_dir, tensorboard=False)
+                metrics = metrics or MetricsWriter(cfg.run_dir)
                 step = record_failure(metrics, cfg, failure, failures, t0)
                 log.warning("training capacity lost (%s, failure %d of %d); resuming from step %s when capacity "
                             "is back", failure.error, failures, cfg.train.max_failures, step)

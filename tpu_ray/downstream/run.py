@@ -60,7 +60,7 @@ def _check_fast_tokenizer(model_dir: str) -> None:
 
 def _connect(ray_values: dict[str, Any]) -> None:
     from tpu_ray.config import RunConfig
-    from tpu_ray.pipeline import ensure_ray
+    from tpu_ray.cluster.connect import ensure_ray
 
     unknown = sorted(set(ray_values) - {"ray.address", "ray.num_cpus"})
     if unknown:

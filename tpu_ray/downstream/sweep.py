@@ -119,9 +119,9 @@ def run_trials(model_dir: str, task: Task, spec: FinetuneSpec) -> list[Trial]:
 
 def record(metrics_dir: str, summary: Summary) -> None:
     """Append one `kind: downstream` record per trial to metrics_dir/metrics.jsonl (never replacing)."""
-    from tpu_ray.train.metrics import MetricsWriter
+    from tpu_ray.metrics_stream import MetricsWriter
 
-    writer = MetricsWriter(metrics_dir, tensorboard=False)
+    writer = MetricsWriter(metrics_dir)
     for t in summary.trials:
         fields: dict[str, Any] = {"step": summary.step, "task": summary.task, "task_hash": summary.task_hash,
                                   "seed": t.seed, "learning_rate": t.learning_rate, "status": t.status,

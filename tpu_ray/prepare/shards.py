@@ -39,6 +39,7 @@ from tpu_ray.prepare.streams import Counts
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.actor_pool import run_on_pool
+from tpu_ray.prepare.lengths import extra_lengths, shards_dir
 from tpu_ray.prepare.bad_records import check_sources, skipped_by_kind, unit_stats
 from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
 from tpu_ray.prepare.text_bytes import bytes_per_token
@@ -448,8 +449,6 @@ def length_sets(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource
                 results: dict[int, dict], complete: bool) -> list[ShardSet]:
     """The shard sets of train.phases' shorter lengths (`<shards>/seq-L`, train split only), from
     the same units' results (`by_length`); [] without phases."""
-    from tpu_ray.train.phases import extra_lengths, shards_dir
-
     lengths = extra_lengths(cfg)
     if not lengths:
         return []
@@ -478,7 +477,6 @@ def committed_lengths(cfg: RunConfig, results: dict[int, dict], digest: str, tok
                       owned: bool) -> dict[int, dict]:
     """`results` (the main set's committed units) narrowed to the units every phase length's set
     committed too, each with its `by_length` entries; unchanged without phases."""
-    from tpu_ray.train.phases import extra_lengths, shards_dir
 
     for length in extra_lengths(cfg):
         sub = ShardSet.load(shards_dir(cfg, length))
@@ -507,7 +505,6 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
         raise UserError(f"shard.seq_len={cfg.shard.seq_len}: needs {cfg.positions_needed()} model positions, "
                         f"model.max_position_embeddings is {cfg.max_positions()}")
     from tpu_ray.cluster.shared_dir import require_shared
-    from tpu_ray.train.phases import extra_lengths
 
     require_shared(out_dir, "shard.dir" if cfg.shard.dir else "output_dir", "sharding", cfg.ray.shared_filesystem)
     planned = plan_sources(cfg)
@@ -585,7 +582,6 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
                    calls_before: int, owned: bool = True) -> ShardSummary:
     from tpu_ray.prepare.progress import Progress
-    from tpu_ray.train.phases import extra_lengths
 
     out_dir = cfg.shards_dir
     units = all_units(planned)

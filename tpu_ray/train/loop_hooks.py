@@ -180,7 +180,7 @@ def recover_results(run_dir: str, step: int, state: LoopState) -> None:
     """The run's own last train and eval records up to `step`, from its metrics stream: a run resumed
     at its last step (or retried after a failure past its last checkpoint) runs no step, and must not
     replace the results it has with none (history is append-only)."""
-    from tpu_ray.report import read_records
+    from tpu_ray.metrics_stream import read_records
 
     records = sorted(read_records(run_dir), key=lambda r: (r.get("time") or 0.0))
     for r in records:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_ray.config import RunConfig
+from tpu_ray.prepare.lengths import extra_lengths, shards_dir, subdir  # noqa: F401 (read from here too)
 
 
 @dataclass(frozen=True)
@@ -69,23 +70,6 @@ def view(cfg: RunConfig, span: Span) -> RunConfig:
     train = t.model_copy(update={"batch_size": span.batch_size, "mask_prob": span.mask_prob})
     shard = cfg.shard.model_copy(update={"seq_len": span.seq_len, "dir": shards_dir(cfg, span.seq_len)})
     return cfg.model_copy(update={"shard": shard, "train": train})
-
-
-def subdir(seq_len: int) -> str:
-    """The folder (inside the shard directory) of the shards cut at a phase's shorter length."""
-    return f"seq-{seq_len}"
-
-
-def extra_lengths(cfg: RunConfig) -> tuple[int, ...]:
-    """The phase lengths other than `shard.seq_len`: each a shard set of its own, `subdir(L)`."""
-    return tuple(sorted({p.seq_len for p in cfg.train.phases or []} - {cfg.shard.seq_len}))
-
-
-def shards_dir(cfg: RunConfig, seq_len: int) -> str:
-    """Where the shards a phase at `seq_len` trains on are."""
-    from tpu_ray import storage
-
-    return cfg.shards_dir if seq_len == cfg.shard.seq_len else storage.join(cfg.shards_dir, subdir(seq_len))
 
 
 def trained_difference(before: RunConfig, now: RunConfig, step: int) -> str:

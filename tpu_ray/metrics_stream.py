@@ -1,0 +1,297 @@
+"""The metrics stream, written and read: JSON lines in `<run_dir>/metrics.jsonl` (gs:// runs: one
+object per writer under `<run_dir>/metrics/`), one record per line.
+
+Ray jobs return nothing to the submitter, so the run directory is the channel: the trainer, the
+pipeline, recovery and fine-tuning write here; the Python API (`load_metrics`), `tpu-ray report`,
+job handles and resumed runs read it, live or after the fact. It sits below every stage (it needs
+only storage), so each of them can write and read the stream without importing another stage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from tpu_ray import storage
+from tpu_ray.errors import UserError
+from tpu_ray.redact import redact
+from tpu_ray.rundir import METRICS_DIR, METRICS_FILE
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger("tpu_ray.report")  # what reading finds
+write_log = logging.getLogger("tpu_ray.train.metrics")  # what writing meets
+
+# The record kinds a mirror (the trainer's TensorBoard) also receives.
+MIRRORED = ("train", "eval", "eval_source")
+
+
+class Mirror(Protocol):
+    """Where train and eval records are also written (tpu_ray.train.tensorboard.TensorBoardWriter)."""
+
+    def write(self, record: dict) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------------------- writing
+
+SEGMENT_BYTES = 1 << 20
+
+
+def writer_id() -> str:
+    """Unique per writer and sortable by start time: `<ms since epoch>-<host>-<pid>-<random>`."""
+    import os
+    import socket
+    import uuid
+
+    host = "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname())[:40]
+    return f"{int(time.time() * 1000):013d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class MetricsWriter:
+    """Appends records. Local files are appended and flushed per record. Object stores cannot
+    append, and a read-modify-write of one shared object loses records when two writers overlap
+    (the pipeline's and the trainer's, or a trainer restarted after a lost node beside the old
+    one's last upload). So on gs:// every writer owns its objects, `metrics/<writer id>-<n>.jsonl`,
+    and rewrites only its own current object (rolled over at SEGMENT_BYTES, so each upload stays
+    small); nobody reads before writing. `load_metrics` merges `metrics.jsonl` and all of
+    these by time. New records are uploaded at most every `remote_every_s` (at once for evaluations
+    and events), so a crash loses at most the records of the current interval. An upload that
+    fails during training is retried at the next one instead of ending a long run; `flush()`
+    itself raises.
+    """
+
+    def __init__(self, run_dir: str, remote_every_s: float = 30.0,
+                 mirror: Callable[[str], Mirror] | None = None):
+        self.run_dir = run_dir
+        self._mirror_factory = mirror  # train/eval records also go there (the trainer's TensorBoard)
+        self._tb: Mirror | None = None
+        self.path = storage.join(run_dir, METRICS_FILE)
+        self.remote = storage.is_remote(self.path)
+        self._pending: list[str] = []
+        self._every = remote_every_s
+        self._last_upload = 0.0
+        self._writer_id = writer_id()
+        self._segment = 0
+        self._segment_lines: list[str] = []  # this writer's records in its current object
+        self._segment_bytes = 0
+
+    def write(self, kind: str, **fields: Any) -> dict:
+        record = {"kind": kind, "time": time.time(), **{k: _clean(v) for k, v in fields.items()}}
+        if kind in MIRRORED and self._mirror_factory is not None:
+            self._mirror().write(record)
+        line = redact(json.dumps(record)) + "\n"  # an error naming a URL keeps no password
+        if self.remote:
+            self._pending.append(line)
+            if time.monotonic() - self._last_upload >= self._every or kind != "train":
+                try:
+                    self.flush()
+                except storage.StorageError as exc:
+                    write_log.warning("metrics upload failed, retried with the next records: %s", exc)
+                    self._last_upload = time.monotonic()
+        else:
+            storage.append_text_local(self.path, line)  # never through a link planted in its place
+        return record
+
+    def flush(self) -> None:
+        """Upload held records (gs://) and TensorBoard events."""
+        if self.remote and self._pending:
+            if self._segment_bytes >= SEGMENT_BYTES:  # the current object is full: start the next
+                self._segment += 1
+                self._segment_lines, self._segment_bytes = [], 0
+            lines = self._segment_lines + self._pending
+            storage.atomic_write_text(self._object_path(), "".join(lines))
+            self._segment_lines = lines
+            self._segment_bytes = sum(map(len, lines))
+            self._pending.clear()
+            self._last_upload = time.monotonic()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def _object_path(self) -> str:
+        return storage.join(self.run_dir, METRICS_DIR, f"{self._writer_id}-{self._segment:04d}.jsonl")
+
+    def close(self) -> None:
+        """Flush, and release the mirror (TensorBoard's writer thread and staging directory)."""
+        self.flush()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def _mirror(self) -> Mirror:
+        if self._tb is None:  # made on first use: a writer of events only never starts one
+            self._tb = self._mirror_factory(self.run_dir)
+        return self._tb
+
+    def event(self, event: str, **fields: Any) -> dict:
+        return self.write("event", event=event, **fields)
+
+
+def _clean(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _clean(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+BASE_COLUMNS = ["kind", "step", "time"]
+KIND_COLUMNS = {
+    "train": ["elapsed_s", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
+              "tokens_per_s", "mfu", "train_traces", "input_wait_s", "seq_len"],
+    "eval": ["eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens", "eval_set", "eval_mask_prob"],
+    "eval_source": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
+                    "eval_samples", "eval_set", "eval_mask_prob"],
+    # `tpu-ray eval` (pooled, and per source with `source`): apart from the training curve
+    "eval_rerun": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
+                   "eval_set", "eval_mask_prob"],
+    "event": ["event", "stage", "seconds"],
+    # `tpu-ray finetune`: one record per (seed, learning rate) trial; metric columns follow the task
+    "downstream": ["task", "task_hash", "seed", "learning_rate", "status", "metric", "error"],
+}
+TEXT_COLUMNS = {"kind", "event", "stage", "source", "eval_set", "task", "task_hash", "status", "metric", "error"}
+
+
+def _check_run_dir(run_dir: str) -> bool:
+    """True if the run directory exists; a file in its place, or a store that cannot be read
+    (missing bucket, access denied: storage's one-line errors), is a UserError."""
+    try:
+        found = storage.exists(run_dir)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read run directory {run_dir}: {exc}") from None
+    if found and not storage.isdir(run_dir):
+        raise UserError(f"{run_dir}: is a file, not a run directory; pass the run's --output-dir")
+    return found
+
+
+def _read_text(path: str) -> str | None:
+    """The file's text (undecodable bytes replaced: a live writer may be mid-character), or None
+    if it does not exist."""
+    try:
+        return storage.read_bytes(path).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def read_records(run_dir: str) -> list[dict]:
+    """Every record of the run's metrics stream as written (all writers, unsorted, no dedup)."""
+    return _read_metrics(run_dir)
+
+
+def _read_metrics(run_dir: str) -> list[dict]:
+    """Records of `metrics.jsonl` and of every writer's `metrics/*.jsonl` object (gs:// runs write
+    one object per writer instead of appending to one file; see train.metrics.MetricsWriter)."""
+    path = storage.join(run_dir, METRICS_FILE)
+    text = _read_text(path)
+    records = _parse_lines(text, path) if text else []
+    fs, root = storage.filesystem(storage.join(run_dir, METRICS_DIR))
+    try:
+        fs.invalidate_cache(root)  # a live run adds objects: never answer from a cached listing
+        names = sorted(fs.glob(root.rstrip("/") + "/*.jsonl"))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        obj = storage.join(storage.join(run_dir, METRICS_DIR), name.rsplit("/", 1)[-1])
+        text = _read_text(obj)
+        records += _parse_lines(text, obj) if text else []
+    return records
+
+
+def _parse_lines(text: str, path: str) -> list[dict]:
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            is_last = all(not rest.strip() for rest in lines[i + 1:])
+            if not is_last:  # the writer only ever leaves the *last* line unfinished
+                log.warning("%s line %d is not JSON: skipped", path, i + 1)
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def _documented(kind: str | None) -> list[str]:
+    """The columns load_metrics always returns for `kind` (all kinds' for None), as docs/jobs.md lists."""
+    kinds = [kind] if kind else list(KIND_COLUMNS)
+    return list(dict.fromkeys(BASE_COLUMNS + [c for k in kinds for c in KIND_COLUMNS.get(k, [])]))
+
+
+def _dtype(column: str) -> str:
+    if column == "step":
+        return "int64"
+    if column == "time":
+        return "datetime64[ns, UTC]"
+    return "object" if column in TEXT_COLUMNS else "float64"
+
+
+def _empty_frame(kind: str | None) -> pd.DataFrame:
+    import pandas as pd  # only the frames need it: writers and record readers start faster without
+
+    return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in _documented(kind)})
+
+
+def load_metrics(run_dir: str, kind: str | None = None, missing_ok: bool = True) -> pd.DataFrame:
+    """One row per record of `<run_dir>/metrics.jsonl`, sorted by time then step.
+
+    Columns: kind, step (integer), time (UTC datetime), then the documented columns of `kind`
+    ("train", "eval", "eval_source", "event"; all of them for None), then any other field the records carry.
+    A step logged twice (a resumed run repeats the steps after its last checkpoint) keeps its
+    latest train and eval record. A half-written last line (live run) is skipped. A run directory
+    that does not exist yet (a job that has not started writing) or has no metrics gives an empty
+    frame with the same columns; `missing_ok=False` makes a missing directory a UserError.
+    """
+    if not _check_run_dir(run_dir):
+        if missing_ok:
+            return _empty_frame(kind)
+        raise UserError(f"run directory not found: {run_dir}")
+    import pandas as pd
+
+    records = _read_metrics(run_dir)
+    if kind is not None:
+        records = [r for r in records if r.get("kind") == kind]
+    if not records:
+        return _empty_frame(kind)
+    df = pd.DataFrame.from_records(records)
+    for c in _documented(kind):
+        if c not in df.columns:
+            df[c] = pd.Series(dtype=_dtype(c) if c not in ("step", "time") else "float64", index=df.index)
+    df["time"] = pd.to_numeric(df["time"], errors="coerce")
+    df["step"] = pd.to_numeric(df["step"], errors="coerce")
+    df = df.sort_values(["time", "step"], kind="mergesort", na_position="last").reset_index(drop=True)
+    df = _latest_per_step(df)
+    df["step"] = df["step"].astype("int64" if df["step"].notna().all() else "Int64")
+    df["time"] = pd.to_datetime(df["time"], unit="s", utc=True)
+    front = _documented(kind)
+    return df[front + [c for c in df.columns if c not in front]]
+
+
+def _latest_per_step(df: pd.DataFrame) -> pd.DataFrame:
+    """Drop train/eval records whose step a later record of the same kind logged again."""
+    measured = df["kind"].isin(["train", "eval", "eval_source"]) & df["step"].notna()
+    keys = ["kind", "step"] + (["source"] if "source" in df.columns else [])  # a source's own curve
+    repeated = df[measured].duplicated(keys, keep="last")
+    drop = repeated[repeated].index
+    return df.drop(index=drop).reset_index(drop=True) if len(drop) else df
