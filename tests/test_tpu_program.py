@@ -29,6 +29,26 @@ def test_hooks_grid_never_crosses_a_boundary():
     assert all(not (a // 10 < (b - 1) // 10) for a, b in zip([3, *steps], steps))  # no execution crosses 10s
 
 
+@pytest.mark.quick
+def test_a_new_periodic_task_is_one_add_call_and_shapes_the_grid():
+    """Hooks.add: a task added beside the trainer's own runs on its own grid, in the order added;
+    a second hook of one name or a zero interval is refused."""
+    from tpu_ray.train.hooks import Hooks, executions
+
+    calls: list[tuple[str, int]] = []
+    hooks = Hooks()
+    hooks.add("log", 10, lambda i: calls.append(("log", i.step)))
+    hooks.add("downstream", 15, lambda i: calls.append(("downstream", i.step)), at_end=False)
+    steps = [i.step for i in executions(0, 32, 8, hooks, lambda n: (None, 0.0, 0.0))]
+    assert steps == [8, 10, 15, 20, 28, 30, 32]  # no execution crosses a 10 or a 15
+    assert calls == [("log", 10), ("downstream", 15), ("log", 20), ("log", 30), ("downstream", 30), ("log", 32)]
+    assert hooks["downstream"].every == 15 and "eval" not in hooks
+    with pytest.raises(ValueError, match="'log' is already added"):
+        hooks.add("log", 5, print)
+    with pytest.raises(ValueError, match="every=0"):
+        hooks.add("upload", 0, print)
+
+
 def test_steps_per_execution_4_ends_where_1_ends_on_the_asked_grid(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811
     """dropout 0: 4 steps per execution and 1 reach the same step with the same weights (< 1e-5) and
     the same metrics stream; with log_every=10 the records land at 10, 20, 30, 40 (not 12, 20, 32, 40)."""

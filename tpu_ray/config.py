@@ -233,6 +233,16 @@ class CorpusConfig(_SourceFields):
 MAX_EVAL_SAMPLES = 10_000_000
 
 
+class DownstreamEval(_Section):
+    """One task fine-tuned on the model every `every` steps while training goes on (tpu_ray.downstream)."""
+
+    task: str = Field(min_length=1)  # as `tpu-ray finetune --task`: builtin:NAME, glue/NAME, a YAML, files
+    every: int = Field(ge=1)  # steps between two fine-tunings of the model (and one at the end)
+    seeds: int = Field(1, ge=1, le=100)  # seeds per learning rate, each a Ray task
+    # `finetune.KEY` options of those trials without the prefix ({epochs: 1, learning_rates: [3e-4]}).
+    finetune: dict[str, Any] = Field(default_factory=dict)
+
+
 class EvalConfig(_Section):
     """The evaluation set: fixed by the shards alone (not the seed, batch size, replicas or hosts),
     so two runs on the same shards score the same samples under the same masks."""
@@ -243,6 +253,11 @@ class EvalConfig(_Section):
     # Masking rate of the evaluation (token by token, 80/10/10), whatever the training rate, so runs
     # with other recipes compare (ModernBERT and MosaicBERT train at 30% and evaluate at 15%).
     mask_prob: float = Field(0.15, gt=0, lt=1)
+    # Downstream tasks fine-tuned on snapshots of the model while it trains (Ray tasks on CPU nodes,
+    # beside the training): [{task: builtin:docstrings, every: 1000, seeds: 3}]. Each records
+    # `kind: downstream` at its step.
+    downstream: list[DownstreamEval] = Field(default_factory=list)
+
 
 class TokenizerConfig(_Section):
     kind: Literal["unigram", "bpe", "wordpiece"] = "unigram"  # the tokenizer model trained

@@ -78,8 +78,9 @@ def announce(cfg: RunConfig, stage: str, ray: bool) -> None:
 
 
 def training_needs_ray(cfg: RunConfig) -> bool:
-    """Whether the train stage starts Ray: for any placement but an explicit local single worker."""
-    return cfg.train.placement != "local" or cfg.train.workers > 1
+    """Whether the train stage starts Ray: for any placement but an explicit local single worker, and
+    for eval.downstream (its fine-tuning runs as Ray tasks)."""
+    return cfg.train.placement != "local" or cfg.train.workers > 1 or bool(cfg.eval.downstream)
 
 
 def run_tokenizer(cfg: RunConfig, force: bool = False):
@@ -168,6 +169,7 @@ class Pipeline:
 
             cfg = resolve_config(cfg)
         self._given: list = []
+        self._downstream: list = []  # eval.downstream, checked (downstream/during.py)
         if corpus is not None:
             from tpu_ray.prepare.given import point
 
@@ -269,7 +271,14 @@ class Pipeline:
         from tpu_ray.train.launch import launch
 
         with _stage(rec, "train"):
-            summary = launch(self.cfg, resume=resume)
+            if self._downstream:  # fine-tuned beside the training, from the snapshots it writes
+                from tpu_ray.downstream.during import DuringTraining
+
+                ensure_ray(self.cfg)
+                with DuringTraining(self.cfg, self._downstream):
+                    summary = launch(self.cfg, resume=resume)
+            else:
+                summary = launch(self.cfg, resume=resume)
         rec.update(**summary)
         return summary
 
@@ -319,6 +328,10 @@ class Pipeline:
         if stage in ("run", "train"):
             refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
             refuse_changed_schedule(cfg, resume)  # likewise: not inside a training attempt
+            if cfg.eval.downstream:  # each task read and its options checked: not after training
+                from tpu_ray.downstream.during import check_downstream
+
+                self._downstream = check_downstream(cfg)
         from tpu_ray.prepare.preflight import preflight_corpus
 
         if corpus and not self._given:

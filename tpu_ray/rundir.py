@@ -4,6 +4,7 @@
     RUN/tokenizer/tokenizer.json    RUN/shards/manifest.json    RUN/checkpoints/ckpt-N.*
     RUN/model/  RUN/tensorboard/  RUN/workers/  RUN/ray_train/
     RUN/init/source.json + files: the copy of model.init_from a continued run reads after its first stage
+    RUN/downstream/step-N/model/: the model at step N that eval.downstream fine-tunes while training goes on
 
 Which saved config a directory belongs to is saved_config.py's job.
 """
@@ -32,6 +33,18 @@ WORKERS_DIR = "workers"
 RAY_TRAIN_DIR = "ray_train"
 INIT_DIR = "init"  # a continued run's own copy of its model.init_from (train/init_from.py)
 INIT_RECORD_FILE = "source.json"  # written last: the copy is complete once it exists
+DOWNSTREAM_DIR = "downstream"  # eval.downstream's snapshots: step-<N>/model (config.json written last)
+
+
+def snapshot_dir(run_dir: str, step: int) -> str:
+    """Where the model at `step` is written for eval.downstream (the directory holds `model/`)."""
+    return path(run_dir, DOWNSTREAM_DIR, f"step-{step:08d}")
+
+
+def snapshot_step(name: str) -> int | None:
+    """The step of a snapshot directory's name (`step-00000020` -> 20); None for anything else."""
+    m = re.fullmatch(r"step-(\d{8,})", name.rstrip("/").rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
 
 _CKPT_FILE = re.compile(r"^ckpt-\d+\.(index|data-\d+-of-\d+)$")
 

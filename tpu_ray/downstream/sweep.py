@@ -80,38 +80,58 @@ class Summary:
         return out
 
 
-def run_trials(model_dir: str, task: Task, spec: FinetuneSpec) -> list[Trial]:
-    """Every (seed, lr) pair as a Ray task on the connected cluster; failures kept with their reason."""
+def _finetune_task(model_dir: str, task: Task, seed: int, lr: float, spec: FinetuneSpec) -> dict[str, Any]:
+    """One trial, in a Ray worker."""
+    import os
+
+    from tpu_ray.logs import is_verbose, quiet_libraries
+
+    quiet_libraries(is_verbose())  # TensorFlow's start-up lines in each worker, as in the driver
+    from tpu_ray.downstream.finetune import finetune_trial
+
+    save_to = os.path.join(spec.export_dir, f"lr{lr:g}-seed{seed}") if spec.export_dir else None
+    return finetune_trial(model_dir, task, seed, lr, spec, save_to=save_to)
+
+
+def submit_trials(model_dir: str, task: Task, spec: FinetuneSpec,
+                  options: dict[str, Any] | None = None) -> dict[Any, Trial]:
+    """Every (seed, lr) pair as a Ray task on the connected cluster, started now: {ref: its Trial}.
+    `options`: more Ray task options (eval.downstream keeps the trials off TPU hosts)."""
+    import ray
+
+    trial = ray.remote(num_cpus=spec.cpus_per_trial, num_gpus=spec.gpus_per_trial, max_retries=0)(_finetune_task)
+    if options:
+        trial = trial.options(**options)
+    task_ref = ray.put(task)
+    grid = [Trial(seed=SEED_BASE + s, learning_rate=float(lr)) for lr in spec.learning_rates for s in range(spec.seeds)]
+    return {trial.remote(model_dir, task_ref, t.seed, t.learning_rate, spec): t for t in grid}
+
+
+def settle(ref: Any, t: Trial) -> str:
+    """Put a finished trial's result (or its failure, with the reason) into `t`; a line saying which."""
     import ray
 
     from tpu_ray.errors import failure_line
 
-    @ray.remote(num_cpus=spec.cpus_per_trial, num_gpus=spec.gpus_per_trial, max_retries=0)
-    def trial(model_dir: str, task: Task, seed: int, lr: float, spec: FinetuneSpec) -> dict[str, Any]:
-        import os
+    try:
+        t.result = ray.get(ref)
+        return ", ".join(f"{k} {v:.4f}" for k, v in t.metrics.items())
+    except Exception as exc:  # a failed trial: its reason, reported and left out of the mean
+        cause = getattr(exc, "cause", None) or exc
+        t.status, t.error = "failed", failure_line(cause)[0]
+        return f"failed: {t.error}"
 
-        from tpu_ray.logs import is_verbose, quiet_libraries
 
-        quiet_libraries(is_verbose())  # TensorFlow's start-up lines in each worker, as in the driver
-        from tpu_ray.downstream.finetune import finetune_trial
+def run_trials(model_dir: str, task: Task, spec: FinetuneSpec) -> list[Trial]:
+    """Every (seed, lr) pair as a Ray task on the connected cluster; failures kept with their reason."""
+    import ray
 
-        save_to = os.path.join(spec.export_dir, f"lr{lr:g}-seed{seed}") if spec.export_dir else None
-        return finetune_trial(model_dir, task, seed, lr, spec, save_to=save_to)
-
-    task_ref = ray.put(task)
-    grid = [Trial(seed=SEED_BASE + s, learning_rate=float(lr)) for lr in spec.learning_rates for s in range(spec.seeds)]
-    refs = [trial.remote(model_dir, task_ref, t.seed, t.learning_rate, spec) for t in grid]
-    pending = dict(zip(refs, grid))
+    pending = submit_trials(model_dir, task, spec)
+    grid = list(pending.values())
     while pending:  # as each trial ends: a progress line, so a long sweep is not silent
         [ref], _ = ray.wait(list(pending), num_returns=1)
         t = pending.pop(ref)
-        try:
-            t.result = ray.get(ref)
-            what = ", ".join(f"{k} {v:.4f}" for k, v in t.metrics.items())
-        except Exception as exc:  # a failed trial: its reason, reported and left out of the mean
-            cause = getattr(exc, "cause", None) or exc
-            t.status, t.error = "failed", failure_line(cause)[0]
-            what = f"failed: {t.error}"
+        what = settle(ref, t)
         log.info("trial %d/%d (lr %g, seed %d): %s", len(grid) - len(pending), len(grid), t.learning_rate, t.seed,
                  what)
     return grid

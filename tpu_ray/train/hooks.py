@@ -52,6 +52,36 @@ class Hook:
         return info.step % self.every == 0 or (self.at_end and info.last)
 
 
+class Hooks:
+    """The loop's periodic tasks, run in the order added (accumulation before logging, logging before
+    checkpointing). A new periodic task (a downstream evaluation, an upload) is one `add` call, not an
+    edit of the loop; the executions' grid follows every `every` given here."""
+
+    def __init__(self) -> None:
+        self._hooks: list[Hook] = []
+
+    def add(self, name: str, every: int | None, fn: Callable[[StepInfo], None], at_end: bool = True) -> Hook:
+        if name in self:
+            raise ValueError(f"a hook named {name!r} is already added")
+        if every is not None and every < 1:
+            raise ValueError(f"hook {name!r}: every={every}; give a positive number of steps, or None")
+        hook = Hook(name, every, fn, at_end)
+        self._hooks.append(hook)
+        return hook
+
+    def __getitem__(self, name: str) -> Hook:
+        for hook in self._hooks:
+            if hook.name == name:
+                return hook
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(hook.name == name for hook in self._hooks)
+
+    def __iter__(self) -> Iterator[Hook]:
+        return iter(self._hooks)
+
+
 def next_length(step: int, total: int, steps_per_execution: int, everies: Iterable[int | None]) -> int:
     """Steps in the next execution: up to `steps_per_execution`, never past `total` nor past the next
     multiple of any `every` (so no execution crosses a log, eval or checkpoint boundary)."""
@@ -62,14 +92,14 @@ def next_length(step: int, total: int, steps_per_execution: int, everies: Iterab
     return max(n, 1)
 
 
-def run_hooks(hooks: list[Hook], info: StepInfo) -> None:
+def run_hooks(hooks: Iterable[Hook], info: StepInfo) -> None:
     """In registration order: accumulation before logging, logging before checkpointing."""
     for hook in hooks:
         if hook.due(info):
             hook.fn(info)
 
 
-def executions(start: int, total: int, steps_per_execution: int, hooks: list[Hook],
+def executions(start: int, total: int, steps_per_execution: int, hooks: Iterable[Hook],
                execute: Callable[[int], tuple[Any, float, float]], stop: int | None = None) -> Iterator[StepInfo]:
     """Run executions from `start` to `stop` (default: `total`, the run's last step); yield each
     one's StepInfo after its hooks ran. A phase (train.phases) stops at its end: no execution

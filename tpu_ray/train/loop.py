@@ -33,7 +33,7 @@ import tensorflow as tf
 from tpu_ray import rundir, storage
 from tpu_ray.train.checkpoints import CheckpointStore, CheckpointTimer
 from tpu_ray.train.generation import Generation
-from tpu_ray.train.hooks import StepInfo, executions
+from tpu_ray.train.hooks import Hooks, StepInfo, executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.input_position import PositionTracker
@@ -340,6 +340,7 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
                           + train_steps.experimental_get_tracing_count(),
                           position=lambda step: positions.at(step).to_json(), timer=timer,
                           source_samples=source_samples)
+    add_snapshots(hooks, cfg, s)
     _start_training(cfg, info, metrics, hooks, start)
     step = start
     for done in executions(start, cfg.train.steps, info.steps_per_execution, hooks,
@@ -351,7 +352,22 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     return summary
 
 
-def _start_training(cfg: RunConfig, info: StrategyInfo, metrics: MetricsWriter, hooks: list[Any], start: int,
+def add_snapshots(hooks: Hooks, cfg: RunConfig, s: TrainSetup) -> None:
+    """eval.downstream: the model at every multiple of each task's `every` (and at the end) goes to
+    RUN/downstream/step-N/model, where the driver fine-tunes it beside the training
+    (tpu_ray.downstream.during). Only the chief writes; a step two tasks share is written once."""
+    written: set[int] = set()
+
+    def snapshot(step: StepInfo) -> None:
+        if s.info.is_chief and step.step not in written:
+            written.add(step.step)
+            export(s, out=rundir.path(rundir.snapshot_dir(cfg.run_dir, step.step), rundir.MODEL_DIR))
+
+    for every in sorted({d.every for d in cfg.eval.downstream}):
+        hooks.add(f"downstream_snapshot_every_{every}", every, snapshot)
+
+
+def _start_training(cfg: RunConfig, info: StrategyInfo, metrics: MetricsWriter, hooks: Hooks, start: int,
                     **extra: Any) -> None:
     """The train_start event (with `extra` fields: a phased run's phases), then, for a continued run
     starting at step 0, the checkpoint's own evaluation: where its curves start."""
@@ -359,9 +375,8 @@ def _start_training(cfg: RunConfig, info: StrategyInfo, metrics: MetricsWriter, 
                   device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
                   per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
                   jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution, **extra)
-    if start == 0 and cfg.model.init_from:
-        for hook in (h for h in hooks if h.name == "eval"):
-            hook.fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
+    if start == 0 and cfg.model.init_from and "eval" in hooks:
+        hooks["eval"].fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
 
 
 def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
@@ -394,7 +409,8 @@ def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics:
                           lambda: sum(f.experimental_get_tracing_count() for f in traced),
                           position=lambda step: positions.at(step).to_json(), timer=timer,
                           source_samples=source_samples)
-    log_hook = next(h for h in hooks if h.name == "log")
+    add_snapshots(hooks, cfg, s)
+    log_hook = hooks["log"]
     _start_training(cfg, info, metrics, hooks, start,
                     phases=[{"steps": sp.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
                              "mask_prob": sp.mask_prob} for sp in all_spans])
@@ -668,14 +684,14 @@ def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
     return evaluate
 
 
-def export(s: TrainSetup, last_eval: dict[str, Any] | None = None) -> str:
-    """`<run_dir>/model`: weights + config + tokenizer, loadable by pipeline("fill-mask").
+def export(s: TrainSetup, last_eval: dict[str, Any] | None = None, out: str | None = None) -> str:
+    """`<run_dir>/model` (or `out`): weights + config + tokenizer, loadable by pipeline("fill-mask").
 
     Written locally first, then replaced whole (storage.commit_dir): never old and new files mixed.
     """
     from tpu_ray.train.export import stamp_provenance
 
-    out = rundir.path(s.cfg.run_dir, rundir.MODEL_DIR)
+    out = out or rundir.path(s.cfg.run_dir, rundir.MODEL_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         s.model.save_pretrained(tmp)
         write_pytorch_files(tmp, s, last_eval)  # model.safetensors (PyTorch layout, no torch) + README.md model card

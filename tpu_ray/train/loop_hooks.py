@@ -11,7 +11,7 @@ from typing import Any
 
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
-from tpu_ray.train.hooks import Hook, StepInfo
+from tpu_ray.train.hooks import Hooks, StepInfo
 from tpu_ray.train.metrics import MetricsWriter, eval_line, train_line
 from tpu_ray.train.model import peak_flops, train_flops_per_token
 
@@ -71,7 +71,7 @@ class LoopState:
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
                   state: LoopState, evaluate, traces, position: Callable[[int], str] | None = None,
-                  timer: Any = None, source_samples: Callable[[int], dict[str, int]] | None = None) -> list[Hook]:
+                  timer: Any = None, source_samples: Callable[[int], dict[str, int]] | None = None) -> Hooks:
     """accumulate (every execution) -> log (log_every) -> eval (eval_every) -> checkpoint
     (checkpoint_every, and when `timer` is due: train.checkpoint_every_minutes); each also at the
     run's last step. `position(step)` is the input position saved beside each checkpoint."""
@@ -124,9 +124,12 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
         state.last_eval = metrics.write("eval", step=step.step, **result)
         log.log(level, eval_line(state.last_eval))
 
-    hooks = [Hook("accumulate", None, accumulate), Hook("log", t.log_every, log_train)]
+    hooks = Hooks()
+    hooks.add("accumulate", None, accumulate)
+    hooks.add("log", t.log_every, log_train)
     if evaluate:
-        hooks.append(Hook("eval", t.eval_every, run_eval))
+        hooks.add("eval", t.eval_every, run_eval)
+
     def save(step: StepInfo) -> None:
         if weights_finite(s.model):
             ckpts.save(step.step, position=position(step.step) if position else None, final=step.last)
@@ -135,9 +138,9 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
         if timer is not None:
             timer.reset()
 
-    hooks.append(Hook("checkpoint", t.checkpoint_every, save))
+    hooks.add("checkpoint", t.checkpoint_every, save)
     if timer is not None:  # by time too: off the step grid, checked after every execution
-        hooks.append(Hook("checkpoint_timer", None, lambda step: save(step) if timer.due() else None))
+        hooks.add("checkpoint_timer", None, lambda step: save(step) if timer.due() else None)
     return hooks
 
 

@@ -1,0 +1,76 @@
+"""eval.downstream: a run fine-tunes snapshots of its model on a task while it trains (Ray tasks beside
+the training) and records a downstream score at each snapshot's step; a bad entry is refused before
+anything runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.helpers import tiny_config
+from tpu_ray.errors import UserError
+
+TASK = "builtin:stdlib-packages"
+QUICK_TRIAL = {"epochs": 1, "learning_rates": [1e-3], "max_train_examples": 32, "batch_size": 16}
+
+
+def _cfg(tmp_path, corpus, downstream):
+    return tiny_config(tmp_path / "run", corpus, **{
+        "train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 4, "train.log_every": 2,
+        "train.placement": "local", "eval.downstream": downstream})
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("entry, needle", [
+    ({"task": "no-such-task.jsonl", "every": 2}, r"eval\.downstream\[0\]: .*no-such-task\.jsonl"),
+    ({"task": TASK, "every": 2, "finetune": {"epoch": 1}}, r"eval\.downstream\[0\]: finetune\.epoch=1: unknown option"),
+    ({"task": TASK, "every": 2, "finetune": {"seeds": 3}}, r"eval\.downstream\[0\]\.finetune\.seeds: give the seeds "
+                                                          r"as eval\.downstream\[0\]\.seeds"),
+], ids=["missing-task", "unknown-option", "seeds-in-finetune"])
+def test_a_bad_downstream_entry_is_refused_before_anything_runs(tmp_path, small_corpus, entry, needle):
+    from tpu_ray.pipeline import Pipeline
+
+    cfg = _cfg(tmp_path, small_corpus, [entry])
+    with pytest.raises(UserError, match=needle) as err:
+        Pipeline(cfg).run()
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "run").exists()  # nothing written: the fixed rerun starts clean
+
+
+@pytest.mark.quick
+def test_the_command_line_exits_2_on_a_bad_downstream_entry(tmp_path, small_corpus, capsys):
+    from tpu_ray.cli import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"eval": {"downstream": [{"task": TASK, "every": 0}]}}))
+    assert main(["run", "--config", str(config), "--corpus", str(small_corpus),
+                 "--output-dir", str(tmp_path / "run")]) == 2
+    assert "eval.downstream.0.every" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # a run plus two fine-tunings in Ray workers that import TensorFlow: ~1-2 min on 2 cores
+def test_a_run_records_a_downstream_score_at_two_snapshots(tmp_path, small_corpus, ray_local):
+    from tpu_ray.downstream.tasks import load_task
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.report import load_metrics
+
+    cfg = _cfg(tmp_path, small_corpus, [{"task": TASK, "every": 2, "seeds": 1, "finetune": QUICK_TRIAL}])
+    Pipeline(cfg).run()
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    scores = [r for r in records if r["kind"] == "downstream"]
+    assert sorted(r["step"] for r in scores) == [2, 4], scores
+    task = load_task(TASK)
+    for r in scores:
+        assert (r["status"], r["task"], r["task_hash"], r["seed"]) == ("ok", TASK, task.digest(), 0), r
+        assert r["train_examples"] == 32 and 0 <= r["accuracy"] <= 1
+    for step in (2, 4):  # the models they fine-tuned: the trainer's at those steps
+        config = json.loads((run / "downstream" / f"step-{step:08d}" / "model" / "config.json").read_text())
+        assert config["tpu_ray_export"]["step"] == step
+    train_end = next(r for r in records if r["kind"] == "event" and r["event"] == "stage_end" and r["stage"] == "train")
+    assert all(r["time"] <= train_end["time"] for r in scores)  # recorded within the train stage
+    table = load_metrics(str(run), kind="downstream")
+    assert list(table["step"]) == [2, 4]

@@ -1,0 +1,154 @@
+"""eval.downstream: fine-tune the model on tasks while it trains, so a run shows its downstream curve
+as it goes.
+
+The trainer writes the model at each task's steps to RUN/downstream/step-N/model (train/loop.py
+`add_snapshots`, config.json written last) and goes on; the driver, which waits for the training
+anyway, watches for those snapshots and fine-tunes each as Ray tasks on CPU nodes (never on a TPU
+host, never inside the training step), then records each trial as `kind: downstream` at step N.
+Why the driver and not the trainer: the trainer may run on a TPU host in a remote task or as Ray
+Train workers, and it must not wait for fine-tuning; the run directory is shared by then anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from tpu_ray import rundir, storage
+from tpu_ray.config import RunConfig
+from tpu_ray.downstream.finetune import FinetuneSpec
+from tpu_ray.downstream.sweep import Summary, Trial, record, settle, submit_trials
+from tpu_ray.downstream.tasks import Task, load_task
+from tpu_ray.errors import UserError
+
+log = logging.getLogger("tpu_ray.downstream")
+POLL_S = 5.0
+
+
+@dataclass
+class Planned:
+    """One eval.downstream entry, checked: its task read and its fine-tuning options resolved."""
+
+    index: int
+    every: int
+    task: Task
+    spec: FinetuneSpec
+
+
+def check_downstream(cfg: RunConfig) -> list[Planned]:
+    """Every eval.downstream entry's task and options, read and checked before any stage runs: a
+    missing task file or an unknown option fails in one line naming the entry, not after training."""
+    planned = []
+    for i, entry in enumerate(cfg.eval.downstream):
+        where = f"eval.downstream[{i}]"
+        options = {f"finetune.{k}": v for k, v in entry.finetune.items()}
+        if "finetune.seeds" in options:
+            raise UserError(f"{where}.finetune.seeds: give the seeds as {where}.seeds")
+        options["finetune.seeds"] = entry.seeds
+        try:
+            spec = FinetuneSpec.from_overrides(options)
+            task = load_task(entry.task)
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}") from None
+        planned.append(Planned(i, entry.every, task, spec))
+    return planned
+
+
+class DuringTraining:
+    """Watches RUN/downstream/ for snapshots while training runs and fine-tunes each one; `close()`
+    (after training) takes the last snapshots, waits for every trial and records them."""
+
+    def __init__(self, cfg: RunConfig, planned: list[Planned], poll_s: float = POLL_S):
+        self.run_dir, self.last_step, self.planned, self.poll_s = cfg.run_dir, cfg.train.steps, planned, poll_s
+        self._seen: set[int] = set()
+        self._pending: dict[tuple[int, int], dict[Any, Trial]] = {}  # (step, entry) -> running trials
+        self._grids: dict[tuple[int, int], list[Trial]] = {}
+        self._options = _off_tpu_hosts()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tpu-ray-downstream", daemon=True)
+        self._lock = threading.Lock()
+        self.recorded: list[Summary] = []
+
+    def __enter__(self) -> DuringTraining:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        if exc_type is None:
+            self.close()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - the training goes on; close() tries again and raises
+                log.warning("eval.downstream: %s", exc)
+
+    def poll(self, wait: bool = False) -> None:
+        """Start the trials of new snapshots; record the (step, task) pairs whose trials all ended."""
+        with self._lock:
+            for step in self._new_snapshots():
+                self._start(step)
+            self._collect(wait)
+
+    def close(self) -> None:
+        """The snapshots written at the end, then every trial to its end, recorded."""
+        self.poll(wait=True)
+
+    def _new_snapshots(self) -> list[int]:
+        root = rundir.path(self.run_dir, rundir.DOWNSTREAM_DIR)
+        if not storage.exists(root):
+            return []
+        found = []
+        for name in storage.listdir(root):
+            step = rundir.snapshot_step(name)
+            if step is None or step in self._seen:
+                continue
+            if storage.exists(rundir.path(rundir.snapshot_dir(self.run_dir, step), rundir.MODEL_DIR, "config.json")):
+                found.append(step)
+        return sorted(found)
+
+    def _start(self, step: int) -> None:
+        self._seen.add(step)
+        model_dir = rundir.path(rundir.snapshot_dir(self.run_dir, step), rundir.MODEL_DIR)
+        for p in self.planned:
+            if step % p.every and step != self.last_step:
+                continue
+            pending = submit_trials(model_dir, p.task, p.spec, self._options)
+            self._pending[(step, p.index)] = pending
+            self._grids[(step, p.index)] = list(pending.values())
+            log.info("eval.downstream: fine-tuning the step-%d model on %s (%d trials)", step, p.task.name,
+                     len(pending))
+
+    def _collect(self, wait: bool) -> None:
+        import ray
+
+        for key in sorted(self._pending):
+            pending = self._pending[key]
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=None if wait else 0)
+            for ref in ready:
+                settle(ref, pending.pop(ref))
+            if not pending:
+                del self._pending[key]
+                self._record(*key)
+
+    def _record(self, step: int, index: int) -> None:
+        p = next(x for x in self.planned if x.index == index)
+        summary = Summary(task=p.task.name, task_hash=p.task.digest(), step=step, trials=self._grids.pop((step, index)),
+                          metric=p.task.metrics[0], chance=p.task.chance())
+        record(self.run_dir, summary)
+        self.recorded.append(summary)
+        log.info("eval.downstream @ step %d: %s", step, summary.lines()[-1])
+
+
+def _off_tpu_hosts() -> dict[str, Any]:
+    """Ray options that keep the trials off TPU hosts (their TPU belongs to the training)."""
+    import ray
+
+    from tpu_ray.cluster.cpu_nodes import off_tpu_options
+
+    return off_tpu_options(ray.nodes())
