@@ -314,6 +314,7 @@ CONFIG_ROWS: dict[str, object] = {
     "corpus.weight_schedule": Structured(),
     "eval.samples": Num(1, 10_000_000, meaning="huge is refused: beyond any validation split worth a pass"),
     "eval.mask_prob": fraction(lo_open=True),
+    "eval.downstream": Structured(),  # tests/test_downstream_during.py probes its bad values
     "tokenizer.kind": Enum(),
     "tokenizer.vocab_size": Num(64, 1_000_000),
     "tokenizer.path": Str("dir"),
