@@ -167,3 +167,69 @@ def test_the_rule_sees_a_function_local_upward_import_and_allows_a_downward_one(
     assert upward_in("tpu_ray.cluster.placement", source) == [
         "5: cluster (cluster) imports tpu_ray.train.loop (training)"]
     assert upward_in("tpu_ray.pipeline", source) == []
+
+
+# What makes an import slow enough to defer to the function that needs it: TensorFlow, Ray and the
+# rest take seconds; pydantic, fsspec, yaml and numpy together most of a second, which `tpu-ray
+# --help` and every CLI error would otherwise pay.
+HEAVY_LIBRARIES = {"tensorflow", "tf_keras", "keras", "ray", "transformers", "torch", "datasets", "pandas",
+                   "matplotlib", "tokenizers", "gcsfs", "google", "pyarrow", "safetensors", "huggingface_hub",
+                   "jax", "rich", "fsspec", "pydantic", "yaml", "numpy"}
+
+
+def _top_level_imports(tree: ast.Module) -> list[str]:
+    out: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out += [f"{node.module}.{a.name}" if node.module.startswith("tpu_ray") else node.module for a in node.names]
+    return out
+
+
+def heavy_modules() -> set[str]:
+    """tpu_ray modules whose import (at their top level, transitively) loads a heavy library."""
+    trees = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    heavy: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, tree in trees.items():
+            if name not in heavy and any(i.split(".")[0] in HEAVY_LIBRARIES or i in heavy
+                                         or i.rsplit(".", 1)[0] in heavy for i in _top_level_imports(tree)):
+                heavy.add(name)
+                changed = True
+    return heavy
+
+
+def _deferred_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of each tpu_ray import inside a function (`from pkg import submodule` names the submodule)."""
+    out = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tpu_ray"):
+                    for a in node.names:
+                        sub = f"{node.module}.{a.name}"
+                        is_module = (PACKAGE.parent / sub.replace(".", "/")).with_suffix(".py").exists()
+                        out.append((node.lineno, sub if is_module else node.module))
+    return out
+
+
+@pytest.mark.quick
+def test_a_function_defers_only_the_import_of_a_heavy_module():
+    """A tpu_ray import inside a function is for a module that loads TensorFlow, Ray, pandas... when
+    imported: any other belongs at the top of the file, where a reader sees what the module uses.
+    Exception: the format readers, which tpu_ray.prepare.corpus loads by name while it loads."""
+    heavy = heavy_modules()
+    light = [f"{p.relative_to(PACKAGE.parent)}:{line}: {target}" for p in sorted(PACKAGE.rglob("*.py"))
+             if "readers" not in p.parts
+             for line, target in _deferred_imports(ast.parse(p.read_text())) if target not in heavy]
+    assert not light, "imports to move to the top of their file:\n" + "\n".join(light)
+
+
+@pytest.mark.quick
+def test_the_heavy_modules_are_the_ones_that_load_a_heavy_library():
+    heavy = heavy_modules()
+    assert {"tpu_ray.train.loop", "tpu_ray.config", "tpu_ray.storage", "tpu_ray.report"} <= heavy
+    assert not {"tpu_ray.errors", "tpu_ray.redact", "tpu_ray.families", "tpu_ray.logs"} & heavy

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from tpu_ray.errors import EXIT_USAGE, UserError, failure_line, guarded  # noqa: F401 - EXIT_USAGE, UserError re-exported
 from tpu_ray.logs import setup_logging
+from tpu_ray.downstream.run import finetune
 
 DESCRIPTION = """\
 Pretrain a Hugging Face masked language model (RoBERTa by default) with TensorFlow, from raw text
@@ -257,7 +258,6 @@ def cmd_metrics(args) -> int:
 
 def cmd_finetune(args) -> int:
     from tpu_ray.config import parse_overrides
-    from tpu_ray.downstream.run import finetune
 
     summary = finetune(args.model, args.task, seeds=args.seeds, output_dir=args.output_dir,
                        overrides=parse_overrides(args.overrides or []))

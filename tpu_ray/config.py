@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tpu_ray.errors import UserError
+from tpu_ray.families import EXCLUDED, FAMILIES, mixed_precision_refusal
 
 BUILTIN_CORPUS = "builtin:python-docs"
 
@@ -304,8 +305,6 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 
 def _published(model_type: str) -> dict[str, Any]:
     """A model type's published config defaults (tpu_ray.families holds them, one entry per type)."""
-    from tpu_ray.families import FAMILIES
-
     fam = FAMILIES[model_type]
     return {**fam.published, "position_offset": fam.position_offset}
 
@@ -340,8 +339,6 @@ class ModelConfig(_Section):
     @field_validator("model_type")
     @classmethod
     def _known_type(cls, v: str) -> str:
-        from tpu_ray.families import EXCLUDED, FAMILIES
-
         if v in EXCLUDED:
             raise ValueError(f"not supported: it {EXCLUDED[v]}; use one of {', '.join(sorted(FAMILIES))}")
         if v not in FAMILIES:
@@ -561,8 +558,6 @@ class RunConfig(_Section):
             raise ValueError(f"train.mask_token_fraction={t.mask_token_fraction} + train.random_token_fraction="
                              f"{t.random_token_fraction} exceed 1; they are shares of the selected tokens")
         if t.mixed_precision != "auto":  # auto: checked by the trainer once the hardware is known
-            from tpu_ray.families import mixed_precision_refusal
-
             if why := mixed_precision_refusal(self.model.model_type, t.mixed_precision):
                 raise ValueError(why)
         if t.workers > 1 and not t.workers_network_closed:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from tpu_ray.redact import redact
 
 EXIT_USAGE = 2  # the exit code of every entry point for a typed failure (all kinds but internal)
 EXIT_INTERNAL = 1
@@ -219,7 +220,5 @@ def classify(exc: BaseException) -> Failure:
 def failure_line(exc: BaseException) -> tuple[str, int]:
     """One line and the exit code for any failure: every typed kind exits 2 (EXIT_USAGE); an
     internal error is a bug, exit 1 (its line names the type and asks for --verbose)."""
-    from tpu_ray.redact import redact  # the line names what failed: a URL in it keeps no password
-
     failure = classify(exc)
     return redact(failure.line), failure.kind.exit_code

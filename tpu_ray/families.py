@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from tpu_ray.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,6 @@ EXCLUDED: dict[str, str] = {
 
 def family(model_type: str, where: str = "model.model_type") -> Family:
     """The registry entry of `model_type`, or a one-line error naming the supported ones."""
-    from tpu_ray.errors import UserError
-
     if model_type in FAMILIES:
         return FAMILIES[model_type]
     if model_type in EXCLUDED:

@@ -28,6 +28,10 @@ from tpu_ray import rundir, saved_config, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.cluster.connect import check_ray_address, ensure_ray
 from tpu_ray.errors import first_line
+from tpu_ray.cluster.local import cluster_choice
+from tpu_ray.families import family, training_order
+from tpu_ray.logs import setup_api_logging
+from tpu_ray.redact import redact
 
 log = logging.getLogger("tpu_ray")
 CONFIG_FILE = rundir.CONFIG_FILE  # kept for importers; rundir owns the layout
@@ -72,8 +76,6 @@ def announce(cfg: RunConfig, stage: str, ray: bool) -> None:
     import ray as ray_module
 
     if not ray_module.is_initialized():
-        from tpu_ray.cluster.local import cluster_choice
-
         log.info(cluster_choice(cfg.ray.address))
 
 
@@ -100,7 +102,6 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
             check_tokenizer(cfg, info, cfg.tokenizer_dir, directory=cfg.tokenizer_dir)
         log.info("tokenizer: using %s (vocab %d, sha256 %s)", cfg.tokenizer_dir, info.vocab_size, info.sha256[:12])
         return info
-    from tpu_ray.families import family, training_order
 
     t0 = time.monotonic()
     fam = family(cfg.model.model_type)  # a from-scratch model's tokenizer follows its family's convention
@@ -226,7 +227,6 @@ class Pipeline:
         t0 = time.monotonic()
         early = fill_mask is not None and _trains_own_tokenizer(cfg)
         if early:
-            from tpu_ray.families import family
             from tpu_ray.train.export import check_fill_mask_text
 
             check_fill_mask_text(fill_mask, own=family(cfg.model.model_type).tokens.mask)
@@ -319,7 +319,6 @@ class Pipeline:
     def _open(self, stage: str, resume: bool, corpus: bool = False, ray: bool = False,
               start_ray: bool = True) -> Iterator[None]:
         """Checks, lock, config; the stage body runs inside (and the lock is held until it ends)."""
-        from tpu_ray.logs import setup_api_logging
         from tpu_ray.resume import refuse_changed_schedule, refuse_existing_run
 
         setup_api_logging()  # the CLI's stage and step lines (API callers too), no library start-up noise
@@ -403,7 +402,6 @@ class _Recorder:
 
     def update(self, **fields: Any) -> None:
         self.summary.update(fields)
-        from tpu_ray.redact import redact
 
         storage.atomic_write_text(self.path, redact(json.dumps(self.summary, indent=1, default=str)) + "\n")
 

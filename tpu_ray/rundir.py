@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from tpu_ray import storage
+from tpu_ray.errors import UserError
 
 CONFIG_FILE = "config.yaml"
 RUN_INFO_FILE = "run_info.json"
@@ -82,8 +83,6 @@ def refuse_misplaced_files(output_dir: str | None, shards_dir: str | None, token
     configured tokenizer that is not a directory): one line naming the config key, not an OSError
     from deep inside a stage after the config was already saved."""
     import os
-
-    from tpu_ray.errors import UserError
 
     for key, value in (("output_dir", output_dir), ("shard.dir", shards_dir), ("tokenizer.path", tokenizer_path)):
         if value and not storage.is_remote(value) and os.path.isfile(value):

@@ -20,6 +20,7 @@ from tpu_ray import storage
 from tpu_ray.config import SCHEDULE_FIELDS, RunConfig
 from tpu_ray.errors import DamagedRunDir, UserError
 from tpu_ray.rundir import CONFIG_FILE, MANIFEST_FILE, RUN_INFO_FILE, TOKENIZER_FILE, checkpoint_files, path
+from tpu_ray.redact import redact, redact_obj
 
 log = logging.getLogger("tpu_ray")
 
@@ -71,7 +72,6 @@ def check_config(cfg: RunConfig) -> bool:
     saved = read_saved_config(cfg.run_dir)
     if saved is None:
         return True
-    from tpu_ray.redact import redact_obj
 
     old, new = redact_obj(saved.fingerprint()), redact_obj(cfg.fingerprint())  # config.yaml holds user:***
     if old == new:
@@ -113,7 +113,6 @@ def save_config(cfg: RunConfig, resume: bool, versions: dict[str, str], command:
     """Write config.yaml and run_info.json (after the stage's checks passed); `command` is what the
     model card names as the command that made the run."""
     storage.makedirs(cfg.run_dir)
-    from tpu_ray.redact import redact
 
     # Passwords in URLs are kept out of the run's files (user:***); check_config compares redacted.
     storage.atomic_write_text(path(cfg.run_dir, CONFIG_FILE), redact(cfg.to_yaml()))

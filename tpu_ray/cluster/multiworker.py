@@ -27,6 +27,7 @@ from typing import Any
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import FailureKind, LostCapacity, UserError, classify, find_user_error
+from tpu_ray.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 def _worker_loop(config: dict[str, Any]) -> None:
     """Runs in each Ray Train worker: train, then report what this worker read and ended with."""
     import ray.train
-
-    from tpu_ray.logs import setup_logging
 
     os.environ.update(config["env"])  # before storage's first use, as in shards.ShardWorker
     setup_logging()

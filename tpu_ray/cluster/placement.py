@@ -21,6 +21,8 @@ from tpu_ray.cluster.tpu_env import TPU_ENV_KEYS, settle_pjrt_library
 from tpu_ray.cluster.tpu_slice import TpuSlice, expected_hosts
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import NoCapacity, UserError, find_user_error
+from tpu_ray.cluster.autoscaler import INFEASIBLE, cluster_autoscales, launch_summary
+from tpu_ray.logs import setup_logging
 
 log = logging.getLogger(__name__)
 _HEAD = re.compile(r"^TPU-(v[0-9][a-z]*-[0-9]+)-head$")
@@ -108,8 +110,6 @@ def reserve_tpu_slice(head_resource: str, timeout_s: float = 600.0, tpu_name: st
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-    from tpu_ray.cluster.autoscaler import INFEASIBLE
-
     t0 = time.monotonic()
     selector = [{SLICE_LABEL: tpu_name}] if tpu_name else None
     head_pg = placement_group([{head_resource: 1}], bundle_label_selector=selector)
@@ -182,8 +182,6 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
     """
     import time
 
-    from tpu_ray.cluster.autoscaler import INFEASIBLE, launch_summary
-
     t0 = time.monotonic()
     if pg.wait(0):
         return None
@@ -207,8 +205,6 @@ def wait_for_placement(pg: Any, resource: str, timeout_s: float, log_every_s: fl
 def _train_task(cfg_dict: dict, resume: bool, train: TrainFn) -> dict:
     """Body of the remote training task (runs on the chosen node)."""
     import ray
-
-    from tpu_ray.logs import setup_logging
 
     cfg = RunConfig.from_dict(cfg_dict)
     seen = {k: os.environ[k] for k in TPU_ENV_KEYS if k in os.environ}  # as the task received it
@@ -241,8 +237,6 @@ def run_training(cfg: RunConfig, resume: bool, train: TrainFn) -> dict:
     if cfg.train.placement == "local" or (cfg.train.placement == "auto" and not _ray_up()):
         return train(cfg, resume)
     import ray
-
-    from tpu_ray.cluster.autoscaler import cluster_autoscales
 
     kind, options = placement_for(cfg, ray.cluster_resources(), autoscaling=cluster_autoscales())
     if kind == "local":

@@ -49,6 +49,7 @@ from tpu_ray.doctor.estimates import (GB, HBM_WARN_FRACTION, PROBE_BYTES, PROBE_
 from tpu_ray.doctor.program import op_origin, unsupported_ops
 from tpu_ray.doctor.targets import Target, parse_target
 from tpu_ray.errors import UserError
+from tpu_ray.families import family
 
 log = logging.getLogger(__name__)
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -271,7 +272,6 @@ class Doctor:
             problems.append(f"model vocab_size {hf.vocab_size} != tokenizer {tok.vocab_size}")
         if hf.pad_token_id != tok.pad_id:
             problems.append(f"model pad_token_id {hf.pad_token_id} != tokenizer pad id {tok.pad_id}")
-        from tpu_ray.families import family
 
         required = family(cfg.model.model_type).required_pad_id  # the registry says which types need which pad id
         if required is not None and tok.pad_id != required:

@@ -24,6 +24,7 @@ from typing import Any
 from pathlib import Path
 
 from tpu_ray.config import RunConfig
+from tpu_ray.errors import UserError
 
 RUN_STEPS = 2  # steps per execution actually run (the compiled loop takes its count as a tensor)
 
@@ -79,7 +80,6 @@ def compile_program(cfg: RunConfig, tok: Any, program: Program, files: list[str]
     import tensorflow as tf
     import tf_keras
 
-    from tpu_ray.errors import UserError
     from tpu_ray.train.inputs import train_dataset
     from tpu_ray.train.loop import build, make_train_step, mask_spec
     from tpu_ray.train.strategy import StrategyInfo

@@ -22,6 +22,7 @@ from tpu_ray.downstream.finetune import FinetuneSpec
 from tpu_ray.downstream.sweep import Summary, Trial, record, settle, submit_trials
 from tpu_ray.downstream.tasks import Task, load_task
 from tpu_ray.errors import UserError
+from tpu_ray.cluster.cpu_nodes import off_tpu_options
 
 log = logging.getLogger("tpu_ray.downstream")
 POLL_S = 5.0
@@ -148,7 +149,5 @@ class DuringTraining:
 def _off_tpu_hosts() -> dict[str, Any]:
     """Ray options that keep the trials off TPU hosts (their TPU belongs to the training)."""
     import ray
-
-    from tpu_ray.cluster.cpu_nodes import off_tpu_options
 
     return off_tpu_options(ray.nodes())

@@ -19,6 +19,8 @@ from typing import Any
 
 from tpu_ray.downstream.tasks import Task
 from tpu_ray.errors import UserError
+from tpu_ray.downstream import tokens
+from tpu_ray.downstream.metrics import score
 
 
 @dataclass
@@ -109,9 +111,6 @@ def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, 
     from transformers import (AutoTokenizer, TFAutoModelForSequenceClassification,
                               TFAutoModelForTokenClassification, create_optimizer)
     from transformers.utils import logging as hf_logging
-
-    from tpu_ray.downstream import tokens
-    from tpu_ray.downstream.metrics import score
 
     tf.get_logger().setLevel("ERROR")  # Keras' retracing notes: one validation batch is smaller
     hf_logging.set_verbosity_error()  # "newly initialized: classifier.*" is the point of fine-tuning

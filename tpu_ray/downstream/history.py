@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pandas as pd
+from tpu_ray.downstream.tasks import DEFAULT_METRICS
 
 
 def scores(df: pd.DataFrame) -> pd.DataFrame:
@@ -27,8 +28,6 @@ def scores(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _headline(group: pd.DataFrame) -> str:
-    from tpu_ray.downstream.tasks import DEFAULT_METRICS
-
     names = [m for ms in DEFAULT_METRICS.values() for m in ms]
     return next((m for m in names if m in group.columns and group[m].notna().any()), names[0])
 

@@ -15,6 +15,9 @@ from typing import Any
 
 from tpu_ray.downstream.finetune import FinetuneSpec
 from tpu_ray.downstream.tasks import Task
+from tpu_ray.logs import is_verbose, quiet_libraries
+from tpu_ray.downstream.finetune import finetune_trial
+from tpu_ray.errors import failure_line
 
 log = logging.getLogger("tpu_ray.downstream")
 SEED_BASE = 0  # seeds are 0..N-1: the same N gives the same trials in every run
@@ -84,10 +87,7 @@ def _finetune_task(model_dir: str, task: Task, seed: int, lr: float, spec: Finet
     """One trial, in a Ray worker."""
     import os
 
-    from tpu_ray.logs import is_verbose, quiet_libraries
-
     quiet_libraries(is_verbose())  # TensorFlow's start-up lines in each worker, as in the driver
-    from tpu_ray.downstream.finetune import finetune_trial
 
     save_to = os.path.join(spec.export_dir, f"lr{lr:g}-seed{seed}") if spec.export_dir else None
     return finetune_trial(model_dir, task, seed, lr, spec, save_to=save_to)
@@ -110,8 +110,6 @@ def submit_trials(model_dir: str, task: Task, spec: FinetuneSpec,
 def settle(ref: Any, t: Trial) -> str:
     """Put a finished trial's result (or its failure, with the reason) into `t`; a line saying which."""
     import ray
-
-    from tpu_ray.errors import failure_line
 
     try:
         t.result = ray.get(ref)

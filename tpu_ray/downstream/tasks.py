@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_ray.errors import UserError
+from tpu_ray.downstream.builtin import builtin_rows
+from tpu_ray.downstream.metrics import METRICS
 
 BUILTIN_TASK = "builtin:stdlib-packages"
 KINDS = ("classification", "regression", "tokens")
@@ -42,8 +44,6 @@ _GLUE_VALIDATION = {"mnli": "validation_matched"}
 
 def builtin_task(rows: tuple[dict[str, list[dict]], list[str]] | None = None) -> Task:
     """The built-in task (tpu_ray.downstream.builtin's rows, or `rows` given) as a Task."""
-    from tpu_ray.downstream.builtin import builtin_rows
-
     splits, labels = rows or builtin_rows()
     return Task(name=BUILTIN_TASK, kind="classification", splits=splits, label_names=labels,
                 metrics=["accuracy", "macro_f1", "matthews"])
@@ -240,7 +240,6 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
     use_pair = bool(pair_f) and pair_f in first
     kind = kind or _infer_kind(rows["train"], text_f, label_f)
     metrics = list(opts.get("metrics") or DEFAULT_METRICS[kind])
-    from tpu_ray.downstream.metrics import METRICS
 
     for m in metrics:
         if m not in METRICS:

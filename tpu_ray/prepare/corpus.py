@@ -35,6 +35,7 @@ from tpu_ray.prepare.readers.base import CorpusFile, PlanContext, WorkUnit, deco
 from tpu_ray.prepare.readers.hub import PACKAGED_BUILDERS  # noqa: F401 (importers)
 from tpu_ray.prepare.streams import Chunk, Counts, require_field
 from tpu_ray.prepare import tabular
+from tpu_ray.redact import redact, unredact
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,6 @@ PLAN_VERSION = 1
 
 def _cached_plan(run_dir: str, key: str, plan_file: str = PLAN_FILE,
                  sources: list[str | None] = ()) -> list[WorkUnit] | None:
-    from tpu_ray.redact import unredact
-
     path = storage.join(run_dir, plan_file)
     try:
         data = json.loads(unredact(storage.read_text(path), sources))  # stored as user:***
@@ -177,7 +176,6 @@ def _cached_plan(run_dir: str, key: str, plan_file: str = PLAN_FILE,
 def _store_plan(run_dir: str, key: str, units: list[WorkUnit], plan_file: str = PLAN_FILE) -> None:
     try:
         storage.makedirs(run_dir)
-        from tpu_ray.redact import redact
 
         storage.atomic_write_text(storage.join(run_dir, plan_file),
                                   redact(json.dumps({"key": key, "units": [u.to_dict() for u in units]})) + "\n")

@@ -35,6 +35,7 @@ from typing import Any
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError, first_line
+from tpu_ray.prepare.records import arrow_texts, check_arrow_type
 
 log = logging.getLogger("tpu_ray")
 
@@ -187,8 +188,6 @@ def _record(g: Given, columns: list[str], rows: int, text_rows: int, digest: int
 
 def text_digest(column: Any, joined: bool) -> tuple[int, int, int]:
     """(text rows, sum of the rows' 128-bit digests mod 2^128, text bytes) of an Arrow text column."""
-    from tpu_ray.prepare.records import arrow_texts
-
     texts, _ = arrow_texts(column, joined)
     total, nbytes = 0, 0
     for text in texts:
@@ -200,8 +199,6 @@ def text_digest(column: Any, joined: bool) -> tuple[int, int, int]:
 
 def _check_type(arrow_type: Any, g: Given, field: str, columns: list[str], lists: str) -> bool:
     """The text column's type, checked by the corpus reader's own rule; True: lists to join."""
-    from tpu_ray.prepare.records import check_arrow_type
-
     try:
         return check_arrow_type(arrow_type, g.label, field, lists)
     except UserError as exc:
@@ -328,8 +325,6 @@ def _write_stream(batches: Iterator[tuple[Any, list[str]]], tmp: str, g: Given, 
 # --------------------------------------------------------------------------------------- Ray Data
 def _select_text(table: Any, field: str, lists: str, label: str) -> Any:
     """map_batches: the text column only, checked on the worker that holds the block."""
-    from tpu_ray.prepare.records import check_arrow_type
-
     columns = list(table.column_names)
     if field not in columns:
         raise UserError(f"{label}: no column {field!r} (columns: {', '.join(columns)}); set "

@@ -46,6 +46,9 @@ from tpu_ray.prepare.text_bytes import bytes_per_token
 from tpu_ray.prepare.tfrecord import examples_file
 from tpu_ray.prepare.tokenizer import TokenizerInfo, declared_roles, describe, load_tokenizer_json
 from tpu_ray.redact import redact_obj
+from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
+from tpu_ray.cluster.autoscaler import cluster_autoscales
+from tpu_ray.prepare.progress import Progress
 
 log = logging.getLogger(__name__)
 MANIFEST_WRITES = 100  # intermediate manifest writes per run, at most about this many
@@ -521,8 +524,6 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
                         f"{len(todo)} of their {len(units)} units are not there for this run's settings; they are "
                         f"left as they are: finish them from that run or use another shard.dir")
 
-    from tpu_ray.cluster.cpu_nodes import cpu_outside_tpu_hosts, off_tpu_options
-
     nodes = ray.nodes()
     placement = off_tpu_options(nodes)  # never on TPU hosts (one process per host owns the TPU)
     cluster_cpus = max(1.0, cpu_outside_tpu_hosts(nodes) if placement else ray.cluster_resources().get("CPU", 1.0))
@@ -569,8 +570,6 @@ def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
     On an autoscaling cluster (or one whose head offers no CPUs) always one CPU: the autoscaler
     launches CPU workers for what is asked, and fractional asks would all fit on the first worker.
     """
-    from tpu_ray.cluster.autoscaler import cluster_autoscales
-
     import ray
 
     if not ray.cluster_resources().get("CPU") or cluster_autoscales():
@@ -581,8 +580,6 @@ def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
 def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource], todo: list[WorkUnit],
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
                    calls_before: int, owned: bool = True) -> ShardSummary:
-    from tpu_ray.prepare.progress import Progress
-
     out_dir = cfg.shards_dir
     units = all_units(planned)
     skipped = len(results)

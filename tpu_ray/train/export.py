@@ -7,6 +7,7 @@ from typing import Callable
 from tpu_ray import storage
 from tpu_ray.config import MASK
 from tpu_ray.errors import UserError, first_line
+from tpu_ray.redact import redact_obj
 
 
 PROVENANCE_KEY = "tpu_ray_export"  # in the export's config.json: what it was made from
@@ -16,8 +17,6 @@ def config_digest(cfg) -> str:
     """sha256 of what shapes the model (RunConfig.fingerprint): equal for a resumed run."""
     import hashlib
     import json
-
-    from tpu_ray.redact import redact_obj
 
     return hashlib.sha256(json.dumps(redact_obj(cfg.fingerprint()), sort_keys=True).encode()).hexdigest()
 

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from tpu_ray import storage
+from tpu_ray.families import FAMILIES
+from tpu_ray.redact import redact
 
 log = logging.getLogger(__name__)
 SAFETENSORS_FILE = "model.safetensors"
@@ -30,8 +32,6 @@ MODEL_CARD = "README.md"
 def pytorch_state_dict(model: Any) -> dict[str, np.ndarray]:
     """PyTorch parameter name -> float array, from a built transformers TF model's variables."""
     from transformers.modeling_tf_pytorch_utils import apply_transpose, convert_tf_weight_name_to_pt_weight_name
-
-    from tpu_ray.families import FAMILIES
 
     fam = FAMILIES.get(model.config.model_type)
     reshapes = fam.pt_reshapes if fam else ()
@@ -132,7 +132,6 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "```",
         "",
     ]
-    from tpu_ray.redact import redact
 
     return redact("\n".join(lines))  # the card people publish: no password of a corpus URL
 
@@ -145,8 +144,6 @@ def _vocabulary_line(cfg: Any) -> str | None:
 
 
 def _pytorch_differs(model_type: str) -> str:
-    from tpu_ray.families import FAMILIES
-
     fam = FAMILIES.get(model_type)
     return fam.pytorch_differs if fam else ""
 

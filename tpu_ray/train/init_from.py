@@ -41,6 +41,7 @@ from tpu_ray.confine import confined
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import DamagedRunDir, UserError, first_line
 from tpu_ray.families import FAMILIES, family
+from tpu_ray.confine import is_confined
 
 log = logging.getLogger(__name__)
 
@@ -726,8 +727,6 @@ def _load_safetensors(model: Any, path: str, index: str, src: Source) -> None:
 def _index_files(index: str, src: Source) -> list[str]:
     """The weight files a sharded-safetensors index names, each inside the model directory: an
     absolute path or `../` in `weight_map` must never make us read a file elsewhere."""
-    from tpu_ray.confine import is_confined
-
     where = f"{src.where}/{os.path.basename(index)}"
     try:
         weight_map = json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"]

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import tensorflow as tf
+from tpu_ray.errors import UserError
 
 _EPOCH_STRIDE = 1 << 24  # window seeds: epoch * stride + window (a window index never reaches 2**24)
 
@@ -224,8 +225,6 @@ class PositionTracker:
         the same order (input pipelines, shuffle window), unless `accept_new_order` says a changed
         order is meant (train.accept_new_data_order): then the position in the new order."""
         import logging
-
-        from tpu_ray.errors import UserError
 
         if stored is None:  # a checkpoint from before positions were stored: the step says it all
             return self.at(step)

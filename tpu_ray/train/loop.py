@@ -45,6 +45,8 @@ from tpu_ray.train.export_safetensors import write_pytorch_files
 from tpu_ray.prepare.shard_set import ShardSet
 from tpu_ray.train.strategy import StrategyInfo, keeps_global_policy, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
+from tpu_ray.train.words import continuation_table, sampled_word_bound
+from tpu_ray.families import mixed_precision_refusal
 
 log = logging.getLogger(__name__)
 
@@ -213,15 +215,12 @@ def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
     words = None
     if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
         from tpu_ray.prepare.tokenizer import load_tokenizer_json
-        from tpu_ray.train.words import continuation_table
 
         words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
     # Every special token (XLM's <special0-9> too) is never masked nor drawn as a random replacement.
     specials = tuple(sorted({*tok.special_ids, *(i for i in tok.reserved_ids if i < tok.vocab_size)}))
     predictions = predictions_for(t, cfg.shard.seq_len)
     if words is not None:  # the bound the corpus's own words need (long words would lose targets)
-        from tpu_ray.train.words import sampled_word_bound
-
         predictions = max(predictions, sampled_word_bound(cfg, words, tok))
     return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, specials, predictions,
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
@@ -485,8 +484,6 @@ def phase_tracker(cfg: RunConfig, span: Any, shards: ShardSet, mixture: Any) -> 
 def refuse_precision(cfg: RunConfig, precision: str) -> None:
     """A model type that cannot train in mixed precision stops here with one line (auto on a TPU or
     GPU resolves to it too), before any model is built."""
-    from tpu_ray.families import mixed_precision_refusal
-
     if why := mixed_precision_refusal(cfg.model.model_type, precision):
         raise UserError(why)
 

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_ray.train.input_position import InputPosition, PositionTracker, seekable_records
+from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +194,6 @@ def mixed_records(streams: Sequence[tf.data.Dataset], mixture: Mixture, samples_
 def mixture_of(cfg, shards) -> Mixture | None:
     """The run's mixture from its config and shard set (None for one source); a training source
     without a train sample is refused here, before a step is paid for."""
-    from tpu_ray.errors import UserError
-
     if cfg.corpus.sources is None:
         return None
     missing = [n for n in cfg.corpus.trained() if n not in shards.source_names()]

@@ -9,6 +9,7 @@ from typing import Any
 from tpu_ray import accelerators
 from tpu_ray.config import RunConfig
 from tpu_ray.prepare.tokenizer import TokenizerInfo
+from tpu_ray.families import family
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,6 @@ def hf_config(cfg: RunConfig, tok: TokenizerInfo):
 
     With `model.init_from` the checkpoint's own config.json is the config (dropout aside); else
     the family's published defaults and the run's sizes (train/model_config.py)."""
-    from tpu_ray.families import family
     from tpu_ray.train.model_config import check_pad_id, scratch_hf_config
 
     if not cfg.model.init_from:
@@ -54,7 +54,6 @@ def train_flops_per_token(cfg: RunConfig, vocab_size: int, model_config: Any = N
     flaubert: every position projected, tpu_ray.families `head=None`). `model_config`: the built
     model's transformers config (a checkpoint's funnel blocks); None: the from-scratch shape.
     """
-    from tpu_ray.families import family
     from tpu_ray.train.inputs import predictions_for
 
     s = cfg.model.sizes()

@@ -9,14 +9,13 @@ from __future__ import annotations
 from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.tokenizer import TokenizerInfo
+from tpu_ray.families import family
 
 
 def scratch_hf_config(cfg: RunConfig, tok: TokenizerInfo):
     """A transformers config for a model built from scratch: the family's published defaults and
     the run's sizes, through the family's field names, matched to the tokenizer."""
     from transformers import AutoConfig
-
-    from tpu_ray.families import family
 
     fam = family(cfg.model.model_type)
     check_pad_id(cfg, tok)
@@ -62,8 +61,6 @@ def scratch_config(model_type: str, cfg: RunConfig) -> dict[str, object]:
 def check_pad_id(cfg: RunConfig, tok: TokenizerInfo) -> None:
     """Refuse a tokenizer whose pad id is not the one the family's TF model hard-codes (RoBERTa: 1):
     its position ids would treat the token with that id as padding and real pads as text."""
-    from tpu_ray.families import family
-
     required = family(cfg.model.model_type).required_pad_id
     if required is not None and tok.pad_id != required:
         raise UserError(f"{cfg.tokenizer_dir}: pad token {tok.tokens.pad} has id {tok.pad_id}, but TF "

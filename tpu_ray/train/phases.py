@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from tpu_ray.config import RunConfig
 from tpu_ray.prepare.lengths import extra_lengths, shards_dir, subdir  # noqa: F401 (read from here too)
+from tpu_ray.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,6 @@ class PhasePositions:
         """The phase's own check (train/input_position.py) on the position within the phase."""
         from dataclasses import replace
 
-        from tpu_ray.errors import UserError
         from tpu_ray.train.input_position import InputPosition
 
         span = span_at(self.spans, step)

@@ -20,6 +20,9 @@ import tensorflow as tf
 
 from tpu_ray.config import TrainConfig
 from tpu_ray.errors import UserError
+from tpu_ray.cluster.tpu_slice import TpuSlice
+from tpu_ray.train.tpu_init import classify_tpu_error
+from tpu_ray.accelerators import tpu_accelerator_type, tpu_generation
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,6 @@ class StrategyInfo:
 def tpu_visible(cfg: TrainConfig) -> bool:
     """Cheap TPU detection that never waits on a metadata server: a reserved slice, a named TPU or
     TPU chips on this host, found as Ray finds them (ray/_private/accelerators/tpu.py, not a public API)."""
-    from tpu_ray.cluster.tpu_slice import TpuSlice
-
     return bool(TpuSlice.current() or cfg.tpu_name or os.environ.get("TPU_NAME") or local_tpu_chips())
 
 
@@ -69,8 +70,6 @@ def tpu_target(cfg: TrainConfig) -> tuple[str, bool]:
     says it (TpuSlice: its name on a multi-host slice, else "local"); train.tpu_name was a
     constraint on that reservation, never a second opinion. Not placed by Ray (train.placement=local
     on a TPU VM or beside a TPU Node), train.tpu_name or TPU_NAME name the TPU, else "local"."""
-    from tpu_ray.cluster.tpu_slice import TpuSlice
-
     reserved = TpuSlice.current()
     if reserved is not None:
         return reserved.tf_name, True
@@ -131,8 +130,6 @@ def _tpu_strategy(cfg: TrainConfig) -> tuple[Any, str]:
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, OSError, tf.errors.OpError) as exc:  # OSError: URLError of a lookup
-        from tpu_ray.train.tpu_init import classify_tpu_error
-
         raise classify_tpu_error(exc, name, local_tpu_chips(), reserved=reserved) from None
     strategy = tf.distribute.TPUStrategy(resolver)
     devices = tf.config.list_logical_devices("TPU")
@@ -144,9 +141,6 @@ def _tpu_generation() -> str | None:
     """The device name ("TPU v4" for a v4-16): the reserved slice's pod type, else the accelerator type
     as Ray finds it (env, else VM metadata); None (logged) when unknown. TPUClusterResolver has no
     accelerator-type attribute to ask."""
-    from tpu_ray.accelerators import tpu_accelerator_type, tpu_generation
-    from tpu_ray.cluster.tpu_slice import TpuSlice
-
     reserved = TpuSlice.current()
     generation = tpu_generation(reserved.pod_type if reserved else tpu_accelerator_type())
     return generation.device if generation else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING
+from tpu_ray.errors import UserError
 
 if TYPE_CHECKING:
     from tpu_ray.config import RunConfig
@@ -54,7 +55,6 @@ def sampled_word_bound(cfg: RunConfig, words: tuple[bool, ...], tok: TokenizerIn
     import numpy as np
     import tensorflow as tf
 
-    from tpu_ray.errors import UserError
     from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.train.inputs import parse_batch, whole_word_bound
 
