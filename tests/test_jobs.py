@@ -335,14 +335,33 @@ def test_submitter_uses_the_local_token(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
         env["RAY_AUTH_TOKEN_PATH"] = f"{head.temp_dir}/auth_token"
         cmd = [str(VENV_BIN / "tpu-ray"), "status", "no-such-job", "--address", head.address]
-        found = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        found, refused = _side_by_side(tmp_path, cmd, env, env | {"RAY_AUTH_MODE": "disabled"}, timeout=120)
         assert found.returncode == 2
         assert "does not exist" in found.stderr and "auth" not in found.stderr.lower(), found.stderr
-        refused = subprocess.run(cmd, env=env | {"RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
-                                 timeout=120)
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines()[-1].startswith(
             f"tpu-ray: error: the Ray cluster at {head.address} requires its auth token"), refused.stderr
+
+
+def _side_by_side(tmp: Path, cmd: list[str], *envs: dict[str, str],
+                  timeout: float) -> list[subprocess.CompletedProcess]:
+    """`cmd` once per environment, the processes side by side (output to files: neither blocks on a
+    full pipe while the other is waited for)."""
+    procs = []
+    try:
+        for i, env in enumerate(envs):
+            logs = tmp / f"proc-{i}.out", tmp / f"proc-{i}.err"
+            with open(logs[0], "w") as stdout, open(logs[1], "w") as stderr:
+                procs.append((logs, subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)))
+        done = []
+        for (stdout, stderr), proc in procs:
+            proc.wait(timeout=timeout)
+            done.append(subprocess.CompletedProcess(cmd, proc.returncode, stdout.read_text(), stderr.read_text()))
+        return done
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_example_configs_load_and_target_what_their_names_say():
