@@ -28,14 +28,10 @@ SAVE_PRETRAINED = REPO / "tests" / "interop" / "save_pretrained.py"
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory, small_corpus, ray_local):
-    """A tpu-ray run (roberta, tiny) trained 30 steps on the corpus, and its RUN/model."""
-    from tpu_ray.pipeline import Pipeline
-
-    root = tmp_path_factory.mktemp("source")
-    cfg = tiny_config(root / "run", small_corpus, **{"train.steps": 30, "model.dropout": 0.0})
-    Pipeline(cfg).run()
-    return root / "run"
+def source(tiny_roberta_run):
+    """A tpu-ray run (roberta, tiny) trained 30 steps on the corpus, and its RUN/model (conftest.py's,
+    shared with tests/test_vocabulary.py)."""
+    return tiny_roberta_run
 
 
 @pytest.fixture(scope="module")
