@@ -213,16 +213,30 @@ def test_ray_job_submit_pretrain_succeeds_with_a_complete_run_dir(ray_head, job_
     assert log.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run_dir}"
 
 
+@pytest.fixture(scope="module")
+def failing_jobs(ray_head, tmp_path_factory) -> dict:
+    """Both failing submissions, each `ray job submit` as a person types it, side by side:
+    {case: (the submit process, its job, the reason its log must end with)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tmp = tmp_path_factory.mktemp("failing-jobs")
+    missing = tmp / "no-such-corpus.txt"
+    cases = {"bad_value": (["train.steps=-5"], "train.steps=-5: Input should be greater than 0"),
+             "missing_corpus": (["--corpus", str(missing)], str(missing))}
+
+    def submitted(case: str):
+        args, reason = cases[case]
+        return *_ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", str(QUICKSTART_REL),
+                                "--output-dir", str(tmp / case / "run"), *args), reason
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        return dict(zip(cases, pool.map(submitted, cases)))
+
+
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 @pytest.mark.parametrize("case", ["bad_value", "missing_corpus"])
-def test_failing_job_ends_failed_with_the_reason_last(ray_head, tmp_path, case):
-    if case == "bad_value":
-        args, reason = ["train.steps=-5"], "train.steps=-5: Input should be greater than 0"
-    else:
-        missing = tmp_path / "no-such-corpus.txt"
-        args, reason = ["--corpus", str(missing)], str(missing)
-    proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", str(QUICKSTART_REL),
-                                "--output-dir", str(tmp_path / "run"), *args)
+def test_failing_job_ends_failed_with_the_reason_last(failing_jobs, case):
+    proc, job, reason = failing_jobs[case]
     log = job.logs()
     assert proc.returncode != 0
     assert job.status() == "FAILED"
