@@ -63,6 +63,18 @@ def tiny_tokenizer_dir(tmp_path_factory, small_corpus) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_roberta_run(tmp_path_factory, small_corpus, ray_local) -> Path:
+    """A tpu-ray run (roberta, tiny, Unigram 800, dropout 0) trained 30 steps on the small corpus: the
+    checkpoint tests/test_init_from.py continues from and tests/test_vocabulary.py extends (one run
+    for both when they share a process). Read only: tests copy what they change."""
+    from tpu_ray.pipeline import Pipeline
+
+    run = tmp_path_factory.mktemp("tiny-roberta") / "run"
+    Pipeline(tiny_config(run, small_corpus, **{"train.steps": 30, "model.dropout": 0.0})).run()
+    return run
+
+
+@pytest.fixture(scope="session")
 def mixed_run(tmp_path_factory):
     """A real three-source run (domain 0.8, general 0.2, general_test evaluation only), 40 steps:
     tests/test_mixture.py and tests/test_eval_set.py read it."""

@@ -24,9 +24,25 @@ NOISE = ("absl::InitializeLog", "Could not find cuda drivers", "cuInit", "classe
          "were initialized from the model checkpoint", "Device set to use", "Token authentication is enabled")
 
 
-def _cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpu_ray.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env or _env())
+def _clis(tmp: Path, *argvs: list[str], timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """`python -m tpu_ray.cli ARGV` for each argv, in a user's environment, the processes side by side
+    (output to files: neither blocks on a full pipe while the other is waited for)."""
+    procs = []
+    try:
+        for i, argv in enumerate(argvs):
+            logs = tmp / f"cli-{i}.out", tmp / f"cli-{i}.err"
+            with open(logs[0], "w") as stdout, open(logs[1], "w") as stderr:
+                procs.append((argv, logs, subprocess.Popen([sys.executable, "-m", "tpu_ray.cli", *argv], cwd=REPO,
+                                                           stdout=stdout, stderr=stderr, env=_env())))
+        done = []
+        for argv, (stdout, stderr), proc in procs:
+            proc.wait(timeout=timeout)
+            done.append(subprocess.CompletedProcess(argv, proc.returncode, stdout.read_text(), stderr.read_text()))
+        return done
+    finally:
+        for _, _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def _env(**extra: str) -> dict:
@@ -247,12 +263,12 @@ def test_eval_names_the_run_like_report(interrupted_run, capsys):
 def test_verbose_shows_the_library_lines(interrupted_run, tmp_path):
     """fill-mask on the exported model: quiet by default, the libraries' own lines with --verbose."""
     run_dir = _resumed(interrupted_run)
-    quiet = _cli("fill-mask", "--model", str(run_dir), "a [MASK] b", "--top-k", "2")
+    quiet, loud = _clis(tmp_path, ["fill-mask", "--model", str(run_dir), "a [MASK] b", "--top-k", "2"],
+                        ["fill-mask", "--model", str(run_dir / "model"), "a [MASK] b", "--verbose"])
     assert quiet.returncode == 0, quiet.stderr
     assert len(quiet.stdout.splitlines()) == 2
     for line in NOISE:
         assert line not in quiet.stderr, line
-    loud = _cli("fill-mask", "--model", str(run_dir / "model"), "a [MASK] b", "--verbose")
     assert loud.returncode == 0, loud.stderr
     assert "absl::InitializeLog" in loud.stderr and "Device set to use" in loud.stderr, loud.stderr
 

@@ -40,21 +40,37 @@ print(json.dumps({"vocab": info.vocab_size, "rss": resource.getrusage(resource.R
 """
 
 
-def _tokenizer_peak(corpus: Path, out: Path) -> dict:
-    cfg = {"output_dir": str(out), "corpus": {"source": str(corpus)}, "tokenizer": {"vocab_size": 800,
-           "train_bytes": 4 << 20}, "shard": {"unit_bytes": 2 << 20}}
-    done = subprocess.run([sys.executable, "-c", TOKENIZER_CHILD, json.dumps(cfg)], capture_output=True, text=True,
-                          cwd=REPO, timeout=900)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1]) | {"stderr": done.stderr}
+def _tokenizer_peaks(*runs: tuple[Path, Path]) -> list[dict]:
+    """Each (corpus, out) tokenized in a child process of its own, the children side by side: each
+    peak is its own process's ru_maxrss, whatever else runs beside it."""
+    procs = []
+    try:
+        for corpus, out in runs:
+            cfg = {"output_dir": str(out), "corpus": {"source": str(corpus)}, "tokenizer": {"vocab_size": 800,
+                   "train_bytes": 4 << 20}, "shard": {"unit_bytes": 2 << 20}}
+            # Files, not pipes: neither child blocks on a full pipe while the other is waited for.
+            logs = out.with_name(out.name + ".out"), out.with_name(out.name + ".err")
+            with open(logs[0], "w") as stdout, open(logs[1], "w") as stderr:
+                procs.append((logs, subprocess.Popen([sys.executable, "-c", TOKENIZER_CHILD, json.dumps(cfg)],
+                                                     cwd=REPO, stdout=stdout, stderr=stderr)))
+        peaks = []
+        for (stdout, stderr), proc in procs:
+            proc.wait(timeout=900)
+            err = stderr.read_text()
+            assert proc.returncode == 0, err
+            peaks.append(json.loads(stdout.read_text().strip().splitlines()[-1]) | {"stderr": err})
+        return peaks
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_tokenizer_on_a_20mb_line_stays_near_normal_memory(tmp_path):
     """Was: the whole line one unit, one sequence for the trainer (50 MB: 4.4 GB RSS, 81 s). Now the
     trainer sees lines of at most corpus.max_line_bytes from units of about unit_bytes."""
     one, normal = hostile_and_normal(tmp_path)
-    hostile = _tokenizer_peak(one, tmp_path / "a")
-    base = _tokenizer_peak(normal, tmp_path / "b")
+    hostile, base = _tokenizer_peaks((one, tmp_path / "a"), (normal, tmp_path / "b"))
     print(f"tokenizer peak RSS: one {LINE_MB} MB line {hostile['rss'] / 2**20:.0f} MB, "
           f"same text with newlines {base['rss'] / 2**20:.0f} MB")
     assert hostile["vocab"] >= 400  # a real vocabulary came out of it

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +27,10 @@ SAVE_PRETRAINED = REPO / "tests" / "interop" / "save_pretrained.py"
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory, small_corpus, ray_local):
-    """A tpu-ray run (roberta, tiny) trained 30 steps on the corpus, and its RUN/model."""
-    from tpu_ray.pipeline import Pipeline
-
-    root = tmp_path_factory.mktemp("source")
-    cfg = tiny_config(root / "run", small_corpus, **{"train.steps": 30, "model.dropout": 0.0})
-    Pipeline(cfg).run()
-    return root / "run"
+def source(tiny_roberta_run):
+    """A tpu-ray run (roberta, tiny) trained 30 steps on the corpus, and its RUN/model (conftest.py's,
+    shared with tests/test_vocabulary.py)."""
+    return tiny_roberta_run
 
 
 @pytest.fixture(scope="module")
@@ -214,16 +209,20 @@ def _pipeline_error(tmp: Path, corpus: Path, init_from: Path, **over) -> str:
     return msg
 
 
-def test_a_directory_without_weights_is_refused_on_the_cli_with_exit_2(tf_dir, tmp_path, small_corpus):
+def test_a_directory_without_weights_is_refused_on_the_cli_with_exit_2(tf_dir, tmp_path, small_corpus, capfd):
+    """The CLI in this process (its exit code and everything written to the stderr file descriptor)."""
+    from tpu_ray.cli import main
+
     bad = tmp_path / "noweights"
     shutil.copytree(tf_dir, bad)
     (bad / "tf_model.h5").unlink()
-    proc = subprocess.run([sys.executable, "-m", "tpu_ray.cli", "tokenizer", "--output-dir", str(tmp_path / "r"),
-                           "--corpus", str(small_corpus), f"model.init_from={bad}"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "no weights (tf_model.h5 or model.safetensors)" in lines[0], proc.stderr
+    capfd.readouterr()
+    code = main(["tokenizer", "--output-dir", str(tmp_path / "r"), "--corpus", str(small_corpus),
+                 f"model.init_from={bad}"])
+    stderr = capfd.readouterr().err
+    assert code == 2, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no weights (tf_model.h5 or model.safetensors)" in lines[0], stderr
 
 
 def test_a_tokenizer_whose_vocabulary_disagrees_with_the_embedding(tf_dir, tmp_path, small_corpus):

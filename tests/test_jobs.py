@@ -213,16 +213,30 @@ def test_ray_job_submit_pretrain_succeeds_with_a_complete_run_dir(ray_head, job_
     assert log.strip().splitlines()[-1] == f"tpu-ray pretrain: SUCCEEDED run_dir={run_dir}"
 
 
+@pytest.fixture(scope="module")
+def failing_jobs(ray_head, tmp_path_factory) -> dict:
+    """Both failing submissions, each `ray job submit` as a person types it, side by side:
+    {case: (the submit process, its job, the reason its log must end with)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tmp = tmp_path_factory.mktemp("failing-jobs")
+    missing = tmp / "no-such-corpus.txt"
+    cases = {"bad_value": (["train.steps=-5"], "train.steps=-5: Input should be greater than 0"),
+             "missing_corpus": (["--corpus", str(missing)], str(missing))}
+
+    def submitted(case: str):
+        args, reason = cases[case]
+        return *_ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", str(QUICKSTART_REL),
+                                "--output-dir", str(tmp / case / "run"), *args), reason
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        return dict(zip(cases, pool.map(submitted, cases)))
+
+
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 @pytest.mark.parametrize("case", ["bad_value", "missing_corpus"])
-def test_failing_job_ends_failed_with_the_reason_last(ray_head, tmp_path, case):
-    if case == "bad_value":
-        args, reason = ["train.steps=-5"], "train.steps=-5: Input should be greater than 0"
-    else:
-        missing = tmp_path / "no-such-corpus.txt"
-        args, reason = ["--corpus", str(missing)], str(missing)
-    proc, job = _ray_job_submit(ray_head, "python", "jobs/pretrain.py", "--config", str(QUICKSTART_REL),
-                                "--output-dir", str(tmp_path / "run"), *args)
+def test_failing_job_ends_failed_with_the_reason_last(failing_jobs, case):
+    proc, job, reason = failing_jobs[case]
     log = job.logs()
     assert proc.returncode != 0
     assert job.status() == "FAILED"
@@ -335,14 +349,33 @@ def test_submitter_uses_the_local_token(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
         env["RAY_AUTH_TOKEN_PATH"] = f"{head.temp_dir}/auth_token"
         cmd = [str(VENV_BIN / "tpu-ray"), "status", "no-such-job", "--address", head.address]
-        found = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        found, refused = _side_by_side(tmp_path, cmd, env, env | {"RAY_AUTH_MODE": "disabled"}, timeout=120)
         assert found.returncode == 2
         assert "does not exist" in found.stderr and "auth" not in found.stderr.lower(), found.stderr
-        refused = subprocess.run(cmd, env=env | {"RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
-                                 timeout=120)
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines()[-1].startswith(
             f"tpu-ray: error: the Ray cluster at {head.address} requires its auth token"), refused.stderr
+
+
+def _side_by_side(tmp: Path, cmd: list[str], *envs: dict[str, str],
+                  timeout: float) -> list[subprocess.CompletedProcess]:
+    """`cmd` once per environment, the processes side by side (output to files: neither blocks on a
+    full pipe while the other is waited for)."""
+    procs = []
+    try:
+        for i, env in enumerate(envs):
+            logs = tmp / f"proc-{i}.out", tmp / f"proc-{i}.err"
+            with open(logs[0], "w") as stdout, open(logs[1], "w") as stderr:
+                procs.append((logs, subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)))
+        done = []
+        for (stdout, stderr), proc in procs:
+            proc.wait(timeout=timeout)
+            done.append(subprocess.CompletedProcess(cmd, proc.returncode, stdout.read_text(), stderr.read_text()))
+        return done
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_example_configs_load_and_target_what_their_names_say():

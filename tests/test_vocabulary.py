@@ -12,8 +12,6 @@ are tests/test_model_types.py's test_an_extended_vocabulary_grows_the_model.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -125,14 +123,10 @@ def test_a_users_word_encodes_as_one_new_token_in_text(lines, kind):
 
 # --- a continued run, end to end ------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def source(tmp_path_factory, small_corpus, ray_local) -> Path:
-    """A tpu-ray run (roberta, tiny, Unigram 800) trained a few steps: the checkpoint to extend."""
-    from tpu_ray.pipeline import Pipeline
-
-    root = tmp_path_factory.mktemp("vocab-source")
-    Pipeline(tiny_config(root / "run", small_corpus, **{"train.steps": 4, "model.dropout": 0.0,
-                                                        "train.checkpoint_every": 4})).run()
-    return root / "run"
+def source(tiny_roberta_run) -> Path:
+    """A tpu-ray run (roberta, tiny, Unigram 800) trained a few steps: the checkpoint to extend
+    (conftest.py's, shared with tests/test_init_from.py)."""
+    return tiny_roberta_run
 
 
 def _extended_cfg(tmp: Path, corpus: Path, source: Path, **over):
@@ -228,23 +222,31 @@ def test_a_bad_tokens_file_is_one_line(source, tmp_path, small_corpus, content, 
     (["tokenizer.add_tokens_file=words.txt"], "extends a checkpoint's vocabulary: set model.init_from"),
 ])
 @pytest.mark.quick
-def test_bad_extension_options_exit_2_in_one_line(tmp_path, small_corpus, args, why):
-    proc = subprocess.run([sys.executable, "-m", "tpu_ray.cli", "tokenizer", "--output-dir", str(tmp_path / "r"),
-                           "--corpus", str(small_corpus), *args], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and why in lines[0], proc.stderr
+def test_bad_extension_options_exit_2_in_one_line(tmp_path, small_corpus, args, why, capfd):
+    """The CLI in this process (its exit code and everything written to the stderr file descriptor)."""
+    from tpu_ray.cli import main
+
+    capfd.readouterr()
+    code = main(["tokenizer", "--output-dir", str(tmp_path / "r"), "--corpus", str(small_corpus), *args])
+    stderr = capfd.readouterr().err
+    assert code == 2, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and why in lines[0], stderr
 
 
-def test_a_duplicate_in_the_tokens_file_exits_2_on_the_cli(source, tmp_path, small_corpus):
+def test_a_duplicate_in_the_tokens_file_exits_2_on_the_cli(source, tmp_path, small_corpus, capfd):
+    """The CLI in this process (its exit code and everything written to the stderr file descriptor)."""
+    from tpu_ray.cli import main
+
     path = tmp_path / "tokens.txt"
     path.write_text("enzyme\nEnzyme\nenzyme\n")
-    proc = subprocess.run([sys.executable, "-m", "tpu_ray.cli", "tokenizer", "--output-dir", str(tmp_path / "r"),
-                           "--corpus", str(small_corpus), f"model.init_from={source / 'model'}",
-                           f"tokenizer.add_tokens_file={path}"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "line 3: 'enzyme' duplicates line 1" in lines[0], proc.stderr
+    capfd.readouterr()
+    code = main(["tokenizer", "--output-dir", str(tmp_path / "r"), "--corpus", str(small_corpus),
+                 f"model.init_from={source / 'model'}", f"tokenizer.add_tokens_file={path}"])
+    stderr = capfd.readouterr().err
+    assert code == 2, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "line 3: 'enzyme' duplicates line 1" in lines[0], stderr
 
 
 @pytest.mark.quick
