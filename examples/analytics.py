@@ -41,8 +41,9 @@ cfg = RunConfig.from_dict({**settings, "name": "pandas", "output_dir": str(out /
 first = Pipeline(cfg, corpus=paragraphs).run()
 
 # 2. Deduplicated with Ray Data on the cluster (never collected here), at another learning rate.
+# Two partitions suit this small set: the default (200) writes 200 tiny blocks, one parquet file each.
 ds = ray.data.from_pandas(df[df["chars"] > 0])
-deduped = ds.groupby("text").map_groups(lambda g: g.head(1), batch_format="pandas")
+deduped = ds.groupby("text", num_partitions=2).map_groups(lambda g: g.head(1), batch_format="pandas")
 cfg = RunConfig.from_dict({**settings, "name": "ray", "output_dir": str(out / "ray")})
 second = Pipeline(cfg.override({"train.learning_rate": 3e-3}), corpus=deduped).run()
 
