@@ -2,9 +2,17 @@
 
 Columns, each its own test so the matrix reads off `pytest -v`: from scratch with one trace of the
 step; steps_per_execution 4 == 1 (dropout 0); bfloat16 finite; continued from its own export
-(the checkpoint's weights really loaded); the export loads in PyTorch Transformers 5 to the same
-logits. Tiny models (hidden 32, 2 layers, vocab ~300, seq_len 32). Two representative types run
-in the default suite; the rest of the matrix is marked slow.
+(the checkpoint's weights really loaded: from tf_model.h5 alone, and from model.safetensors alone
+with an extended vocabulary); continued from a PyTorch-written model.safetensors; the export loads
+in PyTorch Transformers 5 to the same logits. Two representative types run in the default suite;
+the rest of the matrix is marked slow.
+
+What it costs: nearly all of it is TensorFlow tracing the train and eval steps, once per training
+run, so each type trains five times in all and each run traces as little as shows its behaviour.
+One from-scratch run (hidden 32, one layer, Funnel two: `layers`; vocab ~300, seq_len 32) is the
+checkpoint every other column reads, made once per type (`scratch_runs`; each type is its own
+xdist group, tests/timing.py, so once per run); a run whose evaluation nothing here asserts trains
+on shards without a validation split (`train_split_only`: no eval step traced).
 """
 
 from __future__ import annotations
@@ -119,14 +127,21 @@ def family_setup(tmp: Path, model_type: str, lines: list[str]) -> tuple[str, Pat
     return tok_dir, tmp / "shards"
 
 
+def layers(model_type: str) -> int:
+    """One layer shows every column's behaviour and traces in about two thirds of two layers' time;
+    Funnel keeps two: its blocks are its layers, and the pooling between two blocks is what its
+    looser spe bound and its PyTorch caveat (families.pytorch_differs) are about."""
+    return 2 if model_type == "funnel" else 1
+
+
 def type_config(run: Path, model_type: str, tok_dir: str, shards: Path, **over):
     from tpu_ray.config import RunConfig
 
     base = {
         "name": "m", "output_dir": str(run), "tokenizer": {"path": tok_dir},
         "shard": {"seq_len": SEQ, "dir": str(shards)},
-        "model": {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-                  "intermediate_size": 64, "dropout": 0.0},
+        "model": {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": layers(model_type),
+                  "num_attention_heads": 2, "intermediate_size": 64, "dropout": 0.0},
         "train": {"steps": 4, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 1, "log_every": 1,
                   "eval_every": 4, "checkpoint_every": 4, "shuffle_buffer": 64,
                   "placement": "local"},
@@ -162,13 +177,27 @@ def test_from_scratch_traces_the_step_once(scratch_runs, model_type):
     assert np.isfinite(summary["final_loss"]) and np.isfinite(summary["eval_loss"])
 
 
+def train_split_only(shards: Path, out: Path) -> Path:
+    """A copy of `shards` without its validation split: a run on it evaluates nothing (no eval step
+    traced), for a run whose evaluation nothing here asserts. Each type's evaluation is asserted by
+    its from-scratch and bfloat16 runs; a continued run's evaluation of its checkpoint at step 0 by
+    tests/test_init_from.py."""
+    import shutil
+
+    out.mkdir(parents=True)
+    for f in shards.glob("train-*.tfrecord"):
+        shutil.copy(f, out / f.name)
+    return out
+
+
 @pytest.mark.parametrize("model_type", TYPES)
 def test_four_steps_per_execution_equal_one(scratch_runs, tmp_path, model_type):
     from tpu_ray.train.loop import train
 
     tok_dir, shards, run1, _ = scratch_runs(model_type)
-    summary = train(type_config(tmp_path / "spe4", model_type, tok_dir, shards, **{"train.steps_per_execution": 4}))
-    assert summary["train_traces"] == 1
+    summary = train(type_config(tmp_path / "spe4", model_type, tok_dir, train_split_only(shards, tmp_path / "shards"),
+                                **{"train.steps_per_execution": 4}))
+    assert summary["train_traces"] == 1 and summary["eval_loss"] is None  # the same batches, no evaluation
     # Funnel's pooling sums reassociate differently inside the 4-step loop: measured 1.9e-5.
     bound = 5e-5 if model_type == "funnel" else 1e-5
     assert weight_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "spe4")) < bound
@@ -201,21 +230,25 @@ def _assert_mixed_precision_refused(tmp_path: Path, model_type: str, tok_dir: st
     refuse_precision(cfg, "float32")  # CPU's auto: trains
 
 
-@pytest.mark.parametrize("weights", ["tf_model.h5", "model.safetensors"])
-@pytest.mark.parametrize("model_type", TYPES)
-def test_continued_from_its_export_starts_from_its_weights(scratch_runs, tmp_path, model_type, weights):
-    """init_from RUN/model: after one step at lr 1e-9 the weights are the checkpoint's (a fresh
-    model's differ by far more), so the weights were loaded, not re-initialised. From tf_model.h5,
-    and from the PyTorch-layout model.safetensors alone (tpu-ray's numpy converter, no torch)."""
+def export_with_only(run1: Path, weights: str, source: Path) -> Path:
+    """A copy of the run's export holding `weights` (tf_model.h5 or model.safetensors) and not the other."""
     import shutil
 
+    shutil.copytree(run1 / "model", source)
+    (source / ("model.safetensors" if weights == "tf_model.h5" else "tf_model.h5")).unlink()
+    return source
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_continued_from_its_h5_export_starts_from_its_weights(scratch_runs, tmp_path, model_type):
+    """init_from RUN/model with tf_model.h5 alone: after one step at lr 1e-9 the weights are the
+    checkpoint's (a fresh model's differ by far more), so the weights were loaded, not re-initialised.
+    From the PyTorch-layout model.safetensors alone: test_an_extended_vocabulary_grows_the_model."""
     from tpu_ray.pipeline import Pipeline
 
     tok_dir, shards, run1, _ = scratch_runs(model_type)
-    source = tmp_path / "source"
-    shutil.copytree(run1 / "model", source)
-    (source / ("model.safetensors" if weights == "tf_model.h5" else "tf_model.h5")).unlink()
-    cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{
+    source = export_with_only(run1, "tf_model.h5", tmp_path / "source")
+    cfg = type_config(tmp_path / "cont", model_type, tok_dir, train_split_only(shards, tmp_path / "shards"), **{
         "model.init_from": str(source), "tokenizer.path": None, "train.steps": 1, "train.warmup_steps": 0,
         "train.learning_rate": 1e-9, "train.checkpoint_every": 1, "train.eval_every": 1})
     p = Pipeline(cfg)
@@ -323,25 +356,26 @@ def _torch_logits(side: TorchSide, model_dir: Path, texts: list[str], tmp: Path)
 
 @pytest.mark.parametrize("model_type", TYPES)
 def test_an_extended_vocabulary_grows_the_model(scratch_runs, torch_side, lines, tmp_path, model_type):
-    """Issue 33: tokenizer.extend_tokens on a checkpoint of every family. After one step at lr 1e-9
-    the old ids' rows (embedding, output bias, an untied decoder) are the checkpoint's, each new
-    row the mean of the rows of its pieces under the checkpoint's tokenizer; every other weight is
-    the checkpoint's; the export loads in PyTorch Transformers 5 to TF's logits on text of new tokens."""
-    import shutil
-
+    """Issue 33: tokenizer.extend_tokens on a checkpoint of every family, continued from its export's
+    PyTorch-layout model.safetensors alone (tpu-ray's numpy converter, no torch; the column
+    "continued from its export" of that file: the checkpoint's config and weights are where the run
+    starts). After one step at lr 1e-9 the old ids' rows (embedding, output bias, an untied decoder)
+    are the checkpoint's, each new row the mean of the rows of its pieces under the checkpoint's
+    tokenizer; every other weight is the checkpoint's; the export loads in PyTorch Transformers 5 to
+    TF's logits on text of new tokens."""
     from tpu_ray.pipeline import Pipeline
     from tpu_ray.prepare.vocabulary import read_record
 
     tok_dir, shards, run1, _ = scratch_runs(model_type)
-    source = tmp_path / "source"
-    shutil.copytree(run1 / "model", source)
+    source = export_with_only(run1, "model.safetensors", tmp_path / "source")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(lines) + "\n")
-    cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{
+    cfg = type_config(tmp_path / "cont", model_type, tok_dir, train_split_only(shards, tmp_path / "shards"), **{
         "model.init_from": str(source), "tokenizer.path": None, "tokenizer.extend_tokens": 24,
         "corpus.source": str(corpus), "train.steps": 1, "train.warmup_steps": 0, "train.learning_rate": 1e-9,
         "train.checkpoint_every": 1, "train.eval_every": 1})
     p = Pipeline(cfg)
+    assert p.cfg.model.model_type == model_type and p.cfg.model.hidden_size == 32
     p.tokenizer()
     p.train()
     record = read_record(p.cfg.tokenizer_dir)
