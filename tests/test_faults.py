@@ -235,8 +235,9 @@ def test_batch_not_divisible_by_replicas_then_fixed(tmp_path, small_corpus, tiny
     assert "train.batch_size=15 is not divisible by the 2 replicas" in line
     proc = tpu_ray(*args, "train.batch_size=16", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # Once checkpoints exist they pin the config: now a different batch size is refused.
-    line = error_line(tpu_ray(*args, "--resume", "train.batch_size=8", cwd=tmp_path))
+    # Once checkpoints exist they pin the config: now a different batch size is refused (before
+    # TensorFlow picks its devices: this command runs in this process).
+    line = error_line(cli(*args, "--resume", "train.batch_size=8", cwd=tmp_path))
     assert "belongs to a different config (train.batch_size: saved 16, now 8)" in line
 
 
@@ -278,7 +279,7 @@ def test_two_runs_into_one_directory_second_is_refused_naming_the_holder(tmp_pat
             assert first.poll() is None, first.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "the first run never took the lock"
             time.sleep(0.2)
-        second = tpu_ray(*args, cwd=tmp_path, timeout=300)
+        second = cli(*args, cwd=tmp_path)  # refused at the lock, before Ray or TensorFlow: in this process
         line = error_line(second)
         assert f"{run}: in use by host {os.uname().nodename} pid {first.pid}" in line and "(tpu-ray run)" in line
         out, err = first.communicate(timeout=600)
