@@ -380,17 +380,15 @@ def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
         "ray.io/accelerator-type": "TPU-" + pod_type.split("-")[0].upper()})
 
 
-@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp_path, shards_dir,
-                                                                           tiny_tokenizer_dir, small_corpus):
-    """Nodes that look like a v4-8 host and a two-host v4-16 slice: each run lands on its slice's
-    worker 0 with the environment TensorFlow needs there, reserves every host of that slice, and
-    releases them afterwards. Sharding actors on the same cluster stay off the TPU hosts."""
+@pytest.fixture(scope="class")
+def tpu_like_cluster():
+    """One multi-node Ray cluster for the TPU-placement tests of TestTpuLikeSlices, built once: a CPU
+    head (as in cluster.yaml), a v4-8 host (slice-a) and a two-host v4-16 slice (slice-b, worker 1
+    joining first). A test that needs another host adds it; the suite's local cluster is put back."""
+    from types import SimpleNamespace
+
     import ray
     from ray.cluster_utils import Cluster
-    from ray.util.placement_group import placement_group_table
-
-    from tpu_ray.cluster.placement import run_training
 
     if ray.is_initialized():
         ray.shutdown()
@@ -400,15 +398,37 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         v4_8 = _tpu_host(cluster, "v4-8", "slice-a", 0)
         v4_16 = [_tpu_host(cluster, "v4-16", "slice-b", w) for w in (1, 0)]  # worker 1 joins first
         ray.init(address=cluster.address, log_to_driver=False)
+        yield SimpleNamespace(cluster=cluster, head=head, v4_8=v4_8, v4_16=v4_16)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        start_local_ray()  # put the suite's cluster back for the tests after these
+
+
+@pytest.mark.slow  # a 4-node cluster and several TensorFlow start-ups: minutes on 2 cores
+class TestTpuLikeSlices:
+    def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(self, tpu_like_cluster, tmp_path,
+                                                                                 shards_dir, tiny_tokenizer_dir,
+                                                                                 small_corpus):
+        """Nodes that look like a v4-8 host and a two-host v4-16 slice: each run lands on its slice's
+        worker 0 with the environment TensorFlow needs there, reserves every host of that slice, and
+        releases them afterwards. Sharding actors on the same cluster stay off the TPU hosts."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        from tpu_ray.cluster.placement import run_training
+
+        head, v4_8, v4_16 = tpu_like_cluster.head, tpu_like_cluster.v4_8, tpu_like_cluster.v4_16
         common = {"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.placement": "tpu",
                   "train.strategy": "cpu"}  # placed like a TPU job, trained on this CPU
         from tpu_ray.errors import UserError
 
+        groups_before = dict(placement_group_table())
         with pytest.raises(UserError, match=r"^output_dir=.*: training on a TPU node on a 4-node Ray cluster "
                                             r"needs a directory every node can read"):
             run_training(_cfg(tmp_path / "local", shards_dir, tiny_tokenizer_dir,
                               **common, **{"train.tpu_topology": "v4-8"}))
-        assert not placement_group_table()  # refused before reserving anything
+        assert placement_group_table() == groups_before  # refused before reserving anything
         common["ray.shared_filesystem"] = True  # every node of this test cluster is this machine
         small = run_training(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
                                   **common, **{"train.tpu_topology": "v4-8"}))
@@ -435,35 +455,24 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         summary = make_shards(shard_cfg, actors=3,
                               on_unit_done=lambda n, pool: seen.update(ray.get([a.node_id.remote() for a in pool])))
         assert summary.units >= 3 and seen == {head.node_id}
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        start_local_ray()  # put the suite's cluster back for the tests after this one
 
+    def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(self, tpu_like_cluster, tmp_path, shards_dir,
+                                                                          tiny_tokenizer_dir):
+        """Two single-host v4-8-like slices: after the run's first committed checkpoint the node that
+        trains is removed; the run reserves the other slice, resumes from that checkpoint, ends at the
+        final step, and the metrics show one node_lost and the step it resumed from."""
+        import threading
 
-@pytest.mark.slow  # a 3-node cluster and two TensorFlow start-ups: ~3.5 min on 2 cores
-def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, shards_dir, tiny_tokenizer_dir):
-    """Two single-host v4-8-like slices: after the run's first committed checkpoint the node that
-    trains is removed; the run reserves the other slice, resumes from that checkpoint, ends at the
-    final step, and the metrics show one node_lost and the step it resumed from."""
-    import threading
+        from ray.util.placement_group import placement_group_table
 
-    import ray
-    from ray.cluster_utils import Cluster
-    from ray.util.placement_group import placement_group_table
+        from tpu_ray.cluster.placement import run_training
 
-    from tpu_ray.cluster.placement import run_training
-
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster()
-    try:
-        cluster.add_node(num_cpus=1)  # the CPU head: the driver's side
-        hosts = {h.node_id: h for h in (_tpu_host(cluster, "v4-8", name, 0) for name in ("slice-a", "slice-b"))}
-        ray.init(address=cluster.address, log_to_driver=False)
+        cluster = tpu_like_cluster.cluster  # the last test of the class: it removes a node
+        second = _tpu_host(cluster, "v4-8", "slice-c", 0)  # the other single-host slice
+        hosts = {h.node_id: h for h in (tpu_like_cluster.v4_8, second)}
         run_dir = tmp_path / "run"
-        # The node goes as soon as ckpt-5 is committed: ~75 steps (seconds) are left to remove it in.
-        steps, every = 80, 5
+        # The node goes as soon as ckpt-5 is committed: ~95 steps (seconds) are left to remove it in.
+        steps, every = 100, 5
         cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
                    **{"train.steps": steps, "train.checkpoint_every": every, "train.log_every": every,
                       "train.eval_every": 1000, "train.placement": "tpu", "train.strategy": "cpu",
@@ -478,19 +487,23 @@ def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, 
 
         thread = threading.Thread(target=run)
         thread.start()
-        deadline = time.monotonic() + 300
-        while not (run_dir / "checkpoints" / "checkpoint").exists():
-            assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
-            assert time.monotonic() < deadline, "no committed checkpoint within 300 s"
-            time.sleep(0.2)
+
         def training_nodes() -> set[str]:  # where the slice's head bundle (the TF client) is
             return {node for pg in placement_group_table().values() if pg["state"] == "CREATED"
                     for b, node in pg["bundles_to_node_id"].items() if "TPU-v4-8-head" in pg["bundles"][b]}
 
+        # The slice is reserved before training starts: looked up first, so that its node goes the
+        # moment the first checkpoint is committed.
+        deadline = time.monotonic() + 300
         while len(training_nodes()) != 1:
+            assert thread.is_alive(), f"training ended before its slice was seen: {outcome}"
             assert time.monotonic() < deadline, placement_group_table()
             time.sleep(0.5)
         victim = training_nodes().pop()
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
+            assert time.monotonic() < deadline, "no committed checkpoint within 300 s"
+            time.sleep(0.2)
         cluster.remove_node(hosts[victim], allow_graceful=False)
         thread.join(timeout=600)
         assert not thread.is_alive() and "error" not in outcome, outcome
@@ -505,10 +518,6 @@ def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, 
         resumed = [e for e in events if e["event"] == "resume"]
         assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
         assert resumed[0]["samples"] == resumed[0]["step"] * cfg.train.batch_size  # no sample skipped or repeated
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        start_local_ray()
 
 
 @pytest.mark.slow  # 4 Ray nodes, two TF workers started twice: a few minutes on 2 cores
@@ -534,8 +543,8 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
         nodes = {n.node_id: n for n in (cluster.add_node(num_cpus=1) for _ in range(3))}
         ray.init(address=cluster.address, log_to_driver=False)
         run_dir = tmp_path / "run"
-        # The node goes as soon as ckpt-5 is committed: ~55 multi-worker steps are left to remove it in.
-        steps, every = 60, 5
+        # The node goes as soon as ckpt-5 is committed: ~95 multi-worker steps are left to remove it in.
+        steps, every = 100, 5
         cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
                    **{"train.steps": steps, "train.checkpoint_every": every, "train.log_every": every,
                       "train.eval_every": 1000, "train.workers": 2, "train.workers_network_closed": True,
@@ -550,15 +559,27 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
 
         thread = threading.Thread(target=run)
         thread.start()
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's state API lets it override the address
+
+        def worker_nodes() -> list[str]:
+            return [a.node_id for a in list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")],
+                                                   limit=1000)
+                    if "TrainWorker" in a.class_name and a.node_id in nodes]
+
+        # Where the workers run is looked up while they start (a state-API query takes seconds on a busy
+        # machine), so that the node goes the moment the first checkpoint is committed.
         deadline = time.monotonic() + 400
+        workers = worker_nodes()
+        while len(workers) < 2:
+            assert thread.is_alive(), f"training ended before its workers were seen: {outcome}"
+            assert time.monotonic() < deadline, f"no two Ray Train workers within 400 s: {workers}"
+            time.sleep(0.5)
+            workers = worker_nodes()
+        assert len(workers) == 2, workers
         while not (run_dir / "checkpoints" / "checkpoint").exists():
             assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
             assert time.monotonic() < deadline, "no committed checkpoint within 400 s"
             time.sleep(0.2)
-        monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's state API lets it override the address
-        workers = [a.node_id for a in list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")], limit=1000)
-                   if "TrainWorker" in a.class_name and a.node_id in nodes]
-        assert len(workers) == 2, workers
         cluster.remove_node(nodes[workers[0]], allow_graceful=False)
         thread.join(timeout=900)
         assert not thread.is_alive() and "error" not in outcome, outcome
