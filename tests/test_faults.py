@@ -279,7 +279,7 @@ def test_two_runs_into_one_directory_second_is_refused_naming_the_holder(tmp_pat
             assert first.poll() is None, first.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "the first run never took the lock"
             time.sleep(0.2)
-        second = cli(*args, cwd=tmp_path)  # refused at the lock, before Ray or TensorFlow: in this process
+        second = tpu_ray(*args, cwd=tmp_path, timeout=300)
         line = error_line(second)
         assert f"{run}: in use by host {os.uname().nodename} pid {first.pid}" in line and "(tpu-ray run)" in line
         out, err = first.communicate(timeout=600)
