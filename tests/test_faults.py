@@ -235,8 +235,9 @@ def test_batch_not_divisible_by_replicas_then_fixed(tmp_path, small_corpus, tiny
     assert "train.batch_size=15 is not divisible by the 2 replicas" in line
     proc = tpu_ray(*args, "train.batch_size=16", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # Once checkpoints exist they pin the config: now a different batch size is refused.
-    line = error_line(tpu_ray(*args, "--resume", "train.batch_size=8", cwd=tmp_path))
+    # Once checkpoints exist they pin the config: now a different batch size is refused (before
+    # TensorFlow picks its devices: this command runs in this process).
+    line = error_line(cli(*args, "--resume", "train.batch_size=8", cwd=tmp_path))
     assert "belongs to a different config (train.batch_size: saved 16, now 8)" in line
 
 

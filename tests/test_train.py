@@ -128,10 +128,14 @@ def _train_cmd(cfg_path: Path, *extra: str) -> list[str]:
 def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shards_dir, tiny_tokenizer_dir):
     from tpu_ray.cli import main
 
-    # 120 steps: after step 25 is seen there are ~95 left (seconds, not one poll) to kill it in.
+    # 60 steps, a checkpoint every 5: once step 15 is logged, ckpt-5 and ckpt-10 are committed and ~45
+    # steps are left (seconds, not one poll) to kill it in.
     # dropout 0: nothing random but data and masks, which resume reproduces; so the weights must match.
-    over = {"train.steps": 120, "train.checkpoint_every": 10, "train.log_every": 5, "train.eval_every": 120,
-            "model.dropout": 0.0}
+    # placement local: the killed process and the resume train in their own process, no Ray cluster
+    # started for them (what is killed is the training process; Ray's start-up only cost time).
+    steps, every = 60, 5
+    over = {"train.steps": steps, "train.checkpoint_every": every, "train.log_every": every,
+            "train.eval_every": steps, "model.dropout": 0.0, "train.placement": "local"}
     cfg_path = tmp_path / "cfg.yaml"
     run_dir = tmp_path / "killed"
     cfg_path.write_text(_cfg(run_dir, shards_dir, tiny_tokenizer_dir, **over).to_yaml())
@@ -141,17 +145,17 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while not any(r["step"] >= 25 for r in _records(run_dir, "train")):
+        while not any(r["step"] >= 3 * every for r in _records(run_dir, "train")):
             assert proc.poll() is None, ("training ended before it could be killed:\n"
                                          + (tmp_path / "killed.log").read_text()[-3000:])
-            assert time.monotonic() < deadline, "training never reached step 25"
+            assert time.monotonic() < deadline, f"training never reached step {3 * every}"
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
         log.close()
     killed_at = max(r["step"] for r in _records(run_dir, "train"))
-    assert killed_at < 120
+    assert killed_at < steps
 
     # Every checkpoint a killed run left behind loads completely.
     import tensorflow as tf
@@ -163,15 +167,15 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, shar
         reader = tf.train.load_checkpoint(path)
         assert "step/.ATTRIBUTES/VARIABLE_VALUE" in reader.get_variable_to_shape_map()
     last_ckpt_step = int(tf.train.load_checkpoint(state.model_checkpoint_path).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
-    assert 20 <= last_ckpt_step <= killed_at and last_ckpt_step % 10 == 0
+    assert 2 * every <= last_ckpt_step <= killed_at and last_ckpt_step % every == 0
 
-    # Without --resume the run directory is refused; with it the run continues to step 120.
+    # Without --resume the run directory is refused; with it the run continues to the last step.
     assert main(["train", "--config", str(cfg_path)]) == 2
     assert main(["train", "--config", str(cfg_path), "--resume"]) == 0
     resumed = [r for r in _records(run_dir, "event") if r["event"] == "resume"]
     assert resumed and resumed[-1]["step"] == last_ckpt_step
     after = {r["step"]: r for r in _records(run_dir, "train") if r["time"] > resumed[-1]["time"]}
-    assert max(after) == 120 and min(after) == last_ckpt_step + 5
+    assert max(after) == steps and min(after) == last_ckpt_step + every
 
     # The learning-rate schedule continues from the right step: same values as an uninterrupted run.
     straight_dir = tmp_path / "straight"
@@ -376,17 +380,15 @@ def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
         "ray.io/accelerator-type": "TPU-" + pod_type.split("-")[0].upper()})
 
 
-@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp_path, shards_dir,
-                                                                           tiny_tokenizer_dir, small_corpus):
-    """Nodes that look like a v4-8 host and a two-host v4-16 slice: each run lands on its slice's
-    worker 0 with the environment TensorFlow needs there, reserves every host of that slice, and
-    releases them afterwards. Sharding actors on the same cluster stay off the TPU hosts."""
+@pytest.fixture(scope="class")
+def tpu_like_cluster():
+    """One multi-node Ray cluster for the TPU-placement tests of TestTpuLikeSlices, built once: a CPU
+    head (as in cluster.yaml), a v4-8 host (slice-a) and a two-host v4-16 slice (slice-b, worker 1
+    joining first). A test that needs another host adds it; the suite's local cluster is put back."""
+    from types import SimpleNamespace
+
     import ray
     from ray.cluster_utils import Cluster
-    from ray.util.placement_group import placement_group_table
-
-    from tpu_ray.cluster.placement import run_training
 
     if ray.is_initialized():
         ray.shutdown()
@@ -396,15 +398,37 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         v4_8 = _tpu_host(cluster, "v4-8", "slice-a", 0)
         v4_16 = [_tpu_host(cluster, "v4-16", "slice-b", w) for w in (1, 0)]  # worker 1 joins first
         ray.init(address=cluster.address, log_to_driver=False)
+        yield SimpleNamespace(cluster=cluster, head=head, v4_8=v4_8, v4_16=v4_16)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        start_local_ray()  # put the suite's cluster back for the tests after these
+
+
+@pytest.mark.slow  # a 4-node cluster and several TensorFlow start-ups: minutes on 2 cores
+class TestTpuLikeSlices:
+    def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(self, tpu_like_cluster, tmp_path,
+                                                                                 shards_dir, tiny_tokenizer_dir,
+                                                                                 small_corpus):
+        """Nodes that look like a v4-8 host and a two-host v4-16 slice: each run lands on its slice's
+        worker 0 with the environment TensorFlow needs there, reserves every host of that slice, and
+        releases them afterwards. Sharding actors on the same cluster stay off the TPU hosts."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        from tpu_ray.cluster.placement import run_training
+
+        head, v4_8, v4_16 = tpu_like_cluster.head, tpu_like_cluster.v4_8, tpu_like_cluster.v4_16
         common = {"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.placement": "tpu",
                   "train.strategy": "cpu"}  # placed like a TPU job, trained on this CPU
         from tpu_ray.errors import UserError
 
+        groups_before = dict(placement_group_table())
         with pytest.raises(UserError, match=r"^output_dir=.*: training on a TPU node on a 4-node Ray cluster "
                                             r"needs a directory every node can read"):
             run_training(_cfg(tmp_path / "local", shards_dir, tiny_tokenizer_dir,
                               **common, **{"train.tpu_topology": "v4-8"}))
-        assert not placement_group_table()  # refused before reserving anything
+        assert placement_group_table() == groups_before  # refused before reserving anything
         common["ray.shared_filesystem"] = True  # every node of this test cluster is this machine
         small = run_training(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
                                   **common, **{"train.tpu_topology": "v4-8"}))
@@ -431,37 +455,28 @@ def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(tmp
         summary = make_shards(shard_cfg, actors=3,
                               on_unit_done=lambda n, pool: seen.update(ray.get([a.node_id.remote() for a in pool])))
         assert summary.units >= 3 and seen == {head.node_id}
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        start_local_ray()  # put the suite's cluster back for the tests after this one
 
+    def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(self, tpu_like_cluster, tmp_path, shards_dir,
+                                                                          tiny_tokenizer_dir):
+        """Two single-host v4-8-like slices: after the run's first committed checkpoint the node that
+        trains is removed; the run reserves the other slice, resumes from that checkpoint, ends at the
+        final step, and the metrics show one node_lost and the step it resumed from."""
+        import threading
 
-@pytest.mark.slow  # a 3-node cluster and two TensorFlow start-ups: ~3.5 min on 2 cores
-def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, shards_dir, tiny_tokenizer_dir):
-    """Two single-host v4-8-like slices: after the run's first committed checkpoint the node that
-    trains is removed; the run reserves the other slice, resumes from that checkpoint, ends at the
-    final step, and the metrics show one node_lost and the step it resumed from."""
-    import threading
+        from ray.util.placement_group import placement_group_table
 
-    import ray
-    from ray.cluster_utils import Cluster
-    from ray.util.placement_group import placement_group_table
+        from tpu_ray.cluster.placement import run_training
 
-    from tpu_ray.cluster.placement import run_training
-
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster()
-    try:
-        cluster.add_node(num_cpus=1)  # the CPU head: the driver's side
-        hosts = {h.node_id: h for h in (_tpu_host(cluster, "v4-8", name, 0) for name in ("slice-a", "slice-b"))}
-        ray.init(address=cluster.address, log_to_driver=False)
+        cluster = tpu_like_cluster.cluster  # the last test of the class: it removes a node
+        second = _tpu_host(cluster, "v4-8", "slice-c", 0)  # the other single-host slice
+        hosts = {h.node_id: h for h in (tpu_like_cluster.v4_8, second)}
         run_dir = tmp_path / "run"
+        # The node goes as soon as ckpt-5 is committed: ~95 steps (seconds) are left to remove it in.
+        steps, every = 100, 5
         cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
-                   **{"train.steps": 400, "train.checkpoint_every": 20, "train.log_every": 20, "train.eval_every": 1000,
-                      "train.placement": "tpu", "train.strategy": "cpu", "train.tpu_topology": "v4-8",
-                      "ray.shared_filesystem": True})
+                   **{"train.steps": steps, "train.checkpoint_every": every, "train.log_every": every,
+                      "train.eval_every": 1000, "train.placement": "tpu", "train.strategy": "cpu",
+                      "train.tpu_topology": "v4-8", "ray.shared_filesystem": True})
         outcome: dict = {}
 
         def run() -> None:
@@ -472,37 +487,37 @@ def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(tmp_path, 
 
         thread = threading.Thread(target=run)
         thread.start()
-        deadline = time.monotonic() + 300
-        while not (run_dir / "checkpoints" / "checkpoint").exists():
-            assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
-            assert time.monotonic() < deadline, "no committed checkpoint within 300 s"
-            time.sleep(0.2)
+
         def training_nodes() -> set[str]:  # where the slice's head bundle (the TF client) is
             return {node for pg in placement_group_table().values() if pg["state"] == "CREATED"
                     for b, node in pg["bundles_to_node_id"].items() if "TPU-v4-8-head" in pg["bundles"][b]}
 
+        # The slice is reserved before training starts: looked up first, so that its node goes the
+        # moment the first checkpoint is committed.
+        deadline = time.monotonic() + 300
         while len(training_nodes()) != 1:
+            assert thread.is_alive(), f"training ended before its slice was seen: {outcome}"
             assert time.monotonic() < deadline, placement_group_table()
             time.sleep(0.5)
         victim = training_nodes().pop()
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
+            assert time.monotonic() < deadline, "no committed checkpoint within 300 s"
+            time.sleep(0.2)
         cluster.remove_node(hosts[victim], allow_graceful=False)
         thread.join(timeout=600)
         assert not thread.is_alive() and "error" not in outcome, outcome
         summary = outcome["summary"]
-        assert summary["steps"] == 400 and summary["failures"] == 1 and summary["node_id"] != victim
+        assert summary["steps"] == steps and summary["failures"] == 1 and summary["node_id"] != victim
         events = _records(run_dir, "event")
         lost = [e for e in events if e["event"] == "node_lost"]
-        assert len(lost) == 1 and lost[0]["last_checkpoint_step"] >= 20 and lost[0]["lost_s"] >= 0
+        assert len(lost) == 1 and lost[0]["last_checkpoint_step"] >= every and lost[0]["lost_s"] >= 0
         back = [e for e in events if e["event"] == "resumed_after_failure"]
         assert len(back) == 1 and back[0]["step"] == lost[0]["last_checkpoint_step"]
         assert back[0]["node_id"] == summary["node_id"]
         resumed = [e for e in events if e["event"] == "resume"]
         assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
         assert resumed[0]["samples"] == resumed[0]["step"] * cfg.train.batch_size  # no sample skipped or repeated
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        start_local_ray()
 
 
 @pytest.mark.slow  # 4 Ray nodes, two TF workers started twice: a few minutes on 2 cores
@@ -528,8 +543,10 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
         nodes = {n.node_id: n for n in (cluster.add_node(num_cpus=1) for _ in range(3))}
         ray.init(address=cluster.address, log_to_driver=False)
         run_dir = tmp_path / "run"
+        # The node goes as soon as ckpt-5 is committed: ~95 multi-worker steps are left to remove it in.
+        steps, every = 100, 5
         cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
-                   **{"train.steps": 300, "train.checkpoint_every": 20, "train.log_every": 20,
+                   **{"train.steps": steps, "train.checkpoint_every": every, "train.log_every": every,
                       "train.eval_every": 1000, "train.workers": 2, "train.workers_network_closed": True,
                       "ray.shared_filesystem": True})
         outcome: dict = {}
@@ -542,46 +559,65 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
 
         thread = threading.Thread(target=run)
         thread.start()
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's state API lets it override the address
+
+        def worker_nodes() -> list[str]:
+            return [a.node_id for a in list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")],
+                                                   limit=1000)
+                    if "TrainWorker" in a.class_name and a.node_id in nodes]
+
+        # Where the workers run is looked up while they start (a state-API query takes seconds on a busy
+        # machine), so that the node goes the moment the first checkpoint is committed.
         deadline = time.monotonic() + 400
+        workers = worker_nodes()
+        while len(workers) < 2:
+            assert thread.is_alive(), f"training ended before its workers were seen: {outcome}"
+            assert time.monotonic() < deadline, f"no two Ray Train workers within 400 s: {workers}"
+            time.sleep(0.5)
+            workers = worker_nodes()
+        assert len(workers) == 2, workers
         while not (run_dir / "checkpoints" / "checkpoint").exists():
             assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
             assert time.monotonic() < deadline, "no committed checkpoint within 400 s"
             time.sleep(0.2)
-        monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's state API lets it override the address
-        workers = [a.node_id for a in list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")], limit=1000)
-                   if "TrainWorker" in a.class_name and a.node_id in nodes]
-        assert len(workers) == 2, workers
         cluster.remove_node(nodes[workers[0]], allow_graceful=False)
         thread.join(timeout=900)
         assert not thread.is_alive() and "error" not in outcome, outcome
         summary = outcome["summary"]
         assert summary["failures"] == 1
-        assert [w["steps"] for w in summary["workers"]] == [300, 300]
+        assert [w["steps"] for w in summary["workers"]] == [steps, steps]
         assert summary["workers"][0]["weights_sha256"] == summary["workers"][1]["weights_sha256"]
         events = _records(run_dir, "event")
         lost = [e for e in events if e["event"] == "node_lost"]
-        assert len(lost) == 1 and lost[0]["failure_kind"] == "lost_capacity" and lost[0]["last_checkpoint_step"] >= 20
+        assert len(lost) == 1 and lost[0]["failure_kind"] == "lost_capacity" and lost[0]["last_checkpoint_step"] >= every
         back = [e for e in events if e["event"] == "resumed_after_failure"]
         assert len(back) == 1 and back[0]["step"] == lost[0]["last_checkpoint_step"] and back[0]["workers"] == 2
         resumed = [e for e in events if e["event"] == "resume"]
         assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
+        assert (run_dir / "model" / "config.json").exists()  # the chief exported into the local run dir
     finally:
         ray.shutdown()
         cluster.shutdown()
         start_local_ray()
 
 
-@pytest.mark.slow  # about 1-2 minutes on 2 cores: the slow set (CI runs it too)
-def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_path, shards_dir,
-                                                                         tiny_tokenizer_dir, ray_local):
+@pytest.mark.slow  # about 2-3 minutes on 2 cores: the slow set (CI runs it too)
+def test_two_ray_workers_end_in_sync_and_resume_from_a_gs_run_dir_on_every_worker(gcs_emulator, tmp_path, shards_dir,
+                                                                                tiny_tokenizer_dir, ray_local):
+    """Two Ray Train workers under MultiWorkerMirroredStrategy end in sync, each reading its own equal
+    share of the records. The multi-node layout: a shared gs:// run directory (emulator). The chief
+    uploads checkpoints and Ray Train's bookkeeping there; on --resume every worker restores the
+    chief's checkpoint. (The chief's export into a local run directory: the multi-worker node-loss test.)"""
+    from tpu_ray import storage
     from tpu_ray.cluster.placement import run_training
 
-    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
-               **{"train.steps": 6, "train.log_every": 3, "train.eval_every": 6, "train.workers": 2,
-                  "train.workers_network_closed": True})
-    summary = run_training(cfg)
-    workers = summary["workers"]
-    assert len(workers) == 2 and all(w["steps"] == 6 for w in workers)
+    run = f"{gcs_emulator.make_bucket()}/run"
+    cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
+               **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 100, "train.checkpoint_every": 4,
+                  "train.workers": 2, "train.workers_network_closed": True}).override({"output_dir": run})
+    first = run_training(cfg)
+    workers = first["workers"]
+    assert len(workers) == 2 and [w["steps"] for w in workers] == [4, 4]
     assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]
     counts = {str(p): int(p.stem.rsplit("-", 1)[1]) for p in shards_dir.glob("train-*.tfrecord")}
 
@@ -594,23 +630,7 @@ def test_two_ray_workers_under_multiworker_mirrored_strategy_end_in_sync(tmp_pat
     assert read[0] and read[1] and not read[0] & read[1]  # each worker reads its own records
     assert len(read[0]) - len(read[1]) in (-1, 0, 1)  # equal shares, whatever the files' sizes
     assert read[0] | read[1] == {(f, i) for f, n in counts.items() for i in range(n)}
-    assert (tmp_path / "run" / "model" / "config.json").exists()  # the chief exported
-
-
-@pytest.mark.slow  # about 1-2 minutes on 2 cores: the slow set (CI runs it too)
-def test_multiworker_training_into_a_gs_run_dir_resumes_on_every_worker(gcs_emulator, tmp_path, shards_dir,
-                                                                      tiny_tokenizer_dir, ray_local):
-    """The multi-node layout: a shared gs:// run directory (emulator). The chief uploads checkpoints
-    and Ray Train's bookkeeping there; on --resume every worker restores the chief's checkpoint."""
-    from tpu_ray import storage
-    from tpu_ray.cluster.placement import run_training
-
-    run = f"{gcs_emulator.make_bucket()}/run"
-    cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
-               **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 100, "train.checkpoint_every": 4,
-                  "train.workers": 2, "train.workers_network_closed": True}).override({"output_dir": run})
-    first = run_training(cfg)
-    assert [w["steps"] for w in first["workers"]] == [4, 4]
+    assert storage.exists(f"{run}/model/config.json")  # the chief exported
     assert 'model_checkpoint_path: "ckpt-4"' in storage.read_text(f"{run}/checkpoints/checkpoint")
     assert storage.glob(f"{run}/ray_train/*")  # Ray Train's bookkeeping beside the run, not in /tmp
 
