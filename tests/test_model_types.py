@@ -9,8 +9,8 @@ the rest of the matrix is marked slow.
 
 What it costs: nearly all of it is TensorFlow tracing the train and eval steps, once per training
 run, so each type trains five times in all and each run traces as little as shows its behaviour.
-One from-scratch run (hidden 32, one layer, Funnel two: `layers`; vocab ~300, seq_len 32) is the
-checkpoint every other column reads, made once per type (`scratch_runs`; each type is its own
+One from-scratch run (hidden 32, two layers: the export maps each layer index, a swap of two
+would show; vocab ~300, seq_len 32) is the checkpoint every other column reads, made once per type (`scratch_runs`; each type is its own
 xdist group, tests/timing.py, so once per run); a run whose evaluation nothing here asserts trains
 on shards without a validation split (`train_split_only`: no eval step traced).
 """
@@ -127,20 +127,13 @@ def family_setup(tmp: Path, model_type: str, lines: list[str]) -> tuple[str, Pat
     return tok_dir, tmp / "shards"
 
 
-def layers(model_type: str) -> int:
-    """One layer shows every column's behaviour and traces in about two thirds of two layers' time;
-    Funnel keeps two: its blocks are its layers, and the pooling between two blocks is what its
-    looser spe bound and its PyTorch caveat (families.pytorch_differs) are about."""
-    return 2 if model_type == "funnel" else 1
-
-
 def type_config(run: Path, model_type: str, tok_dir: str, shards: Path, **over):
     from tpu_ray.config import RunConfig
 
     base = {
         "name": "m", "output_dir": str(run), "tokenizer": {"path": tok_dir},
         "shard": {"seq_len": SEQ, "dir": str(shards)},
-        "model": {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": layers(model_type),
+        "model": {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": 2,
                   "num_attention_heads": 2, "intermediate_size": 64, "dropout": 0.0},
         "train": {"steps": 4, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 1, "log_every": 1,
                   "eval_every": 4, "checkpoint_every": 4, "shuffle_buffer": 64,

@@ -416,7 +416,7 @@ class TestTpuLikeSlices:
         import ray
         from ray.util.placement_group import placement_group_table
 
-        from tpu_ray.cluster.placement import run_training
+        from tpu_ray.train.launch import launch
 
         head, v4_8, v4_16 = tpu_like_cluster.head, tpu_like_cluster.v4_8, tpu_like_cluster.v4_16
         common = {"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.placement": "tpu",
@@ -426,11 +426,11 @@ class TestTpuLikeSlices:
         groups_before = dict(placement_group_table())
         with pytest.raises(UserError, match=r"^output_dir=.*: training on a TPU node on a 4-node Ray cluster "
                                             r"needs a directory every node can read"):
-            run_training(_cfg(tmp_path / "local", shards_dir, tiny_tokenizer_dir,
+            launch(_cfg(tmp_path / "local", shards_dir, tiny_tokenizer_dir,
                               **common, **{"train.tpu_topology": "v4-8"}))
         assert placement_group_table() == groups_before  # refused before reserving anything
         common["ray.shared_filesystem"] = True  # every node of this test cluster is this machine
-        small = run_training(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
+        small = launch(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
                                   **common, **{"train.tpu_topology": "v4-8"}))
         assert small["node_id"] == v4_8.node_id and small["slice_nodes"] == [v4_8.node_id]
         # One host: TensorFlow's PJRT TPU client, set in the task's runtime_env (no login shell).
@@ -438,7 +438,7 @@ class TestTpuLikeSlices:
                                     "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so", "TPU_ACCELERATOR_TYPE": "v4-8"}
         # Two hosts, the slice named in the config: train.tpu_name picks the slice Ray reserves, and
         # TensorFlow's TPU_NAME is the reserved slice's name (issue 23.1), one client, no libtpu.
-        big = run_training(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
+        big = launch(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
                                 **common, **{"train.tpu_topology": "v4-16", "train.tpu_name": "slice-b"}))
         assert big["node_id"] == v4_16[1].node_id  # worker 0
         assert big["slice_nodes"] == [v4_16[1].node_id, v4_16[0].node_id]
@@ -465,7 +465,7 @@ class TestTpuLikeSlices:
 
         from ray.util.placement_group import placement_group_table
 
-        from tpu_ray.cluster.placement import run_training
+        from tpu_ray.train.launch import launch
 
         cluster = tpu_like_cluster.cluster  # the last test of the class: it removes a node
         second = _tpu_host(cluster, "v4-8", "slice-c", 0)  # the other single-host slice
@@ -481,7 +481,7 @@ class TestTpuLikeSlices:
 
         def run() -> None:
             try:
-                outcome["summary"] = run_training(cfg)
+                outcome["summary"] = launch(cfg)
             except BaseException as exc:  # reported by the assertion below
                 outcome["error"] = exc
 
@@ -533,7 +533,7 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
 
-    from tpu_ray.cluster.placement import run_training
+    from tpu_ray.train.launch import launch
 
     if ray.is_initialized():
         ray.shutdown()
@@ -553,7 +553,7 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
 
         def run() -> None:
             try:
-                outcome["summary"] = run_training(cfg)
+                outcome["summary"] = launch(cfg)
             except BaseException as exc:  # reported by the assertion below
                 outcome["error"] = exc
 
@@ -609,13 +609,13 @@ def test_two_ray_workers_end_in_sync_and_resume_from_a_gs_run_dir_on_every_worke
     uploads checkpoints and Ray Train's bookkeeping there; on --resume every worker restores the
     chief's checkpoint. (The chief's export into a local run directory: the multi-worker node-loss test.)"""
     from tpu_ray import storage
-    from tpu_ray.cluster.placement import run_training
+    from tpu_ray.train.launch import launch
 
     run = f"{gcs_emulator.make_bucket()}/run"
     cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
                **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 100, "train.checkpoint_every": 4,
                   "train.workers": 2, "train.workers_network_closed": True}).override({"output_dir": run})
-    first = run_training(cfg)
+    first = launch(cfg)
     workers = first["workers"]
     assert len(workers) == 2 and [w["steps"] for w in workers] == [4, 4]
     assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]
@@ -634,7 +634,7 @@ def test_two_ray_workers_end_in_sync_and_resume_from_a_gs_run_dir_on_every_worke
     assert 'model_checkpoint_path: "ckpt-4"' in storage.read_text(f"{run}/checkpoints/checkpoint")
     assert storage.glob(f"{run}/ray_train/*")  # Ray Train's bookkeeping beside the run, not in /tmp
 
-    second = run_training(cfg.override({"train.steps": 8, "train.extend_schedule": True}), resume=True)
+    second = launch(cfg.override({"train.steps": 8, "train.extend_schedule": True}), resume=True)
     workers = second["workers"]
     assert [w["steps"] for w in workers] == [8, 8]
     assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]  # both resumed from step 4
@@ -646,12 +646,12 @@ def test_two_ray_workers_end_in_sync_and_resume_from_a_gs_run_dir_on_every_worke
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir, ray_local):
     from tpu_ray.errors import UserError
-    from tpu_ray.cluster.placement import run_training
+    from tpu_ray.train.launch import launch
 
     cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.workers": 2, "train.batch_size": 15,
                                                                      "train.workers_network_closed": True})
     with pytest.raises(UserError, match=r"^train.batch_size=15 is not divisible by the 2 replicas") as err:
-        run_training(cfg)
+        launch(cfg)
     assert "\n" not in str(err.value)
 
 
