@@ -250,6 +250,18 @@ def test_resume_leaves_one_train_row_per_step(interrupted_run):
 
 
 @pytest.mark.slow  # reads interrupted_run, a 30 s training, with the slow Ctrl-C test
+def test_train_prints_the_summary_table_that_run_prints(interrupted_run, capsys):
+    """`tpu-ray train` ends with the run's summary table, as `tpu-ray run` does (it printed JSON)."""
+    from tpu_ray.report import text_summary
+
+    cfg_path, run_dir, _, _ = interrupted_run
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg_path), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.strip() == text_summary(str(run_dir)).strip() and "loss" in printed
+
+
+@pytest.mark.slow  # reads interrupted_run, a 30 s training, with the slow Ctrl-C test
 def test_eval_names_the_run_like_report(interrupted_run, capsys):
     """`tpu-ray eval RUN` reads RUN/config.yaml and evaluates the last checkpoint."""
     run_dir = _resumed(interrupted_run)

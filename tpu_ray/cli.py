@@ -131,8 +131,9 @@ def cmd_shard(args) -> int:
 def cmd_train(args) -> int:
     from tpu_ray.pipeline import Pipeline
 
-    summary = Pipeline(load_config(args)).train(resume=args.resume, force=args.force)
-    print(json.dumps({k: summary.get(k) for k in ("steps", "final_loss", "eval_loss", "perplexity", "model_dir")}))
+    cfg = load_config(args)
+    Pipeline(cfg).train(resume=args.resume, force=args.force)
+    _print_summary(cfg.run_dir)  # the table `run` prints (RUN/summary.json holds the same figures as JSON)
     return 0
 
 
