@@ -51,6 +51,27 @@ def test_the_command_line_exits_2_on_a_bad_downstream_entry(tmp_path, small_corp
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.quick
+def test_a_resumed_run_fine_tunes_only_the_snapshots_it_has_not_recorded(tmp_path, small_corpus):
+    """Every `every` steps and at the last one, except where an earlier attempt of the run already
+    recorded this task (a resumed run must not append a second score for step 2)."""
+    from tpu_ray.downstream.during import DuringTraining, check_downstream
+
+    task = tmp_path / "task"
+    task.mkdir()
+    for split, n in (("train", 6), ("validation", 4)):
+        rows = [{"text": f"sample {i} of {split}", "label": ["a", "b"][i % 2]} for i in range(n)]
+        (task / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _cfg(tmp_path, small_corpus, [{"task": str(task), "every": 2}]).override({"train.steps": 5})
+    (planned,) = check_downstream(cfg)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "downstream", "step": 2, "task_hash": planned.task.digest(),
+                                                   "time": 1.0}) + "\n")
+    during = DuringTraining(cfg, [planned])
+    assert [step for step in range(1, 6) if during.due(step)] == [4, 5]
+
+
 @pytest.mark.slow  # a run plus two fine-tunings in Ray workers that import TensorFlow: ~1-2 min on 2 cores
 def test_a_run_records_a_downstream_score_at_two_snapshots(tmp_path, small_corpus, ray_local):
     from tpu_ray.downstream.tasks import load_task

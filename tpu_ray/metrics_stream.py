@@ -142,14 +142,6 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def _clean(v: Any) -> Any:
-    if hasattr(v, "item"):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
 # ----------------------------------------------------------------------------------------- reading
 
 BASE_COLUMNS = ["kind", "step", "time"]

@@ -22,6 +22,7 @@ from tpu_ray.downstream.finetune import FinetuneSpec
 from tpu_ray.downstream.sweep import Summary, Trial, record, settle, submit_trials
 from tpu_ray.downstream.tasks import Task, load_task
 from tpu_ray.errors import UserError
+from tpu_ray.metrics_stream import read_records
 from tpu_ray.cluster.cpu_nodes import off_tpu_options
 
 log = logging.getLogger("tpu_ray.downstream")
@@ -66,7 +67,10 @@ class DuringTraining:
         self._seen: set[int] = set()
         self._pending: dict[tuple[int, int], dict[Any, Trial]] = {}  # (step, entry) -> running trials
         self._grids: dict[tuple[int, int], list[Trial]] = {}
-        self._options = _off_tpu_hosts()
+        self._options: dict[str, Any] | None = None  # Ray options of the trials, asked once
+        # (step, task hash) pairs a resumed run recorded before: not fine-tuned again
+        self._recorded = {(r.get("step"), r.get("task_hash")) for r in read_records(self.run_dir)
+                          if r.get("kind") == "downstream"}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="tpu-ray-downstream", daemon=True)
         self._lock = threading.Lock()
@@ -113,12 +117,18 @@ class DuringTraining:
                 found.append(step)
         return sorted(found)
 
+    def due(self, step: int) -> list[Planned]:
+        """The entries that fine-tune the snapshot at `step`: at their `every` and at the run's last
+        step, unless an earlier attempt of this run already recorded them there."""
+        return [p for p in self.planned if (step % p.every == 0 or step == self.last_step)
+                and (step, p.task.digest()) not in self._recorded]
+
     def _start(self, step: int) -> None:
         self._seen.add(step)
         model_dir = rundir.path(rundir.snapshot_dir(self.run_dir, step), rundir.MODEL_DIR)
-        for p in self.planned:
-            if step % p.every and step != self.last_step:
-                continue
+        for p in self.due(step):
+            if self._options is None:
+                self._options = _off_tpu_hosts()
             pending = submit_trials(model_dir, p.task, p.spec, self._options)
             self._pending[(step, p.index)] = pending
             self._grids[(step, p.index)] = list(pending.values())
