@@ -74,7 +74,7 @@ class DuringTraining:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="tpu-ray-downstream", daemon=True)
         self._lock = threading.Lock()
-        self.recorded: list[Summary] = []
+        self.summaries: list[Summary] = []  # what this run recorded, in the order the trials ended
 
     def __enter__(self) -> DuringTraining:
         self._thread.start()
@@ -152,7 +152,7 @@ class DuringTraining:
         summary = Summary(task=p.task.name, task_hash=p.task.digest(), step=step, trials=self._grids.pop((step, index)),
                           metric=p.task.metrics[0], chance=p.task.chance())
         record(self.run_dir, summary)
-        self.recorded.append(summary)
+        self.summaries.append(summary)
         log.info("eval.downstream @ step %d: %s", step, summary.lines()[-1])
 
 
