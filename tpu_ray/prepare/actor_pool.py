@@ -23,7 +23,7 @@ STALL_S = 120.0
 
 
 def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress,
-                 max_retries: int = 3, stall_s: float = STALL_S) -> None:
+                 max_retries: int = 3) -> None:
     """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor, at most
     `max_retries` times (then `UnitFailedError`: a poison unit must not be retried forever).
 
@@ -54,8 +54,8 @@ def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_do
             progress.tick()
         if ready:
             last_result = time.monotonic()
-        elif not warned and time.monotonic() - last_result > stall_s:
-            warned = _warn_if_unstarted(pool, stall_s)
+        elif not warned and time.monotonic() - last_result > STALL_S:
+            warned = _warn_if_unstarted(pool, STALL_S)
         for ref in ready:
             actor, unit = running.pop(ref)
             try:

@@ -18,7 +18,6 @@ class MetricsWriter(metrics_stream.MetricsWriter):
 
     def __init__(self, run_dir: str, remote_every_s: float = 30.0, tensorboard: bool = True):
         super().__init__(run_dir, remote_every_s, mirror=_tensorboard if tensorboard else None)
-        self.tensorboard = tensorboard
 
 
 def _tensorboard(run_dir: str) -> metrics_stream.Mirror:
