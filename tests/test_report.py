@@ -203,6 +203,29 @@ def test_write_report(run_dir):
     assert "&lt;b&gt;not html&lt;/b&gt;" in page  # the config is escaped, not rendered
 
 
+def test_the_html_report_shows_downstream_scores_and_their_plot(tmp_path):
+    """A run with downstream records: the report's Downstream table holds the best learning rate's
+    mean ± sd per task and step (counted here independently) and downstream.png plots them; a run
+    without (test_write_report) gets neither."""
+    import statistics
+
+    from tests.test_downstream_tasks import _recorded
+    from tpu_ray.report import DOWNSTREAM_PLOT
+
+    run = make_run(tmp_path / "run", partial=False)
+    _recorded(run, "h" * 64, 200, [0.5, 0.6, 0.7], failed=1)
+    _recorded(run, "h" * 64, 500, [0.8, 0.9])
+    paths = write_report(str(run), str(tmp_path / "out"))
+    assert set(paths) == {*PLOTS, DOWNSTREAM_PLOT, "report.html"}
+    _check_png(paths[DOWNSTREAM_PLOT])
+    page = Path(paths["report.html"]).read_text()
+    for step, values, failed in ((200, [0.5, 0.6, 0.7], ", 1 failed"), (500, [0.8, 0.9], "")):
+        assert f"<th>builtin:stdlib-packages @ step {step}</th>" in page
+        expected = f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+        assert f"<td>accuracy {expected} ({len(values)} seeds{failed}, lr 0.0003)</td>" in page
+    assert f'src="{DOWNSTREAM_PLOT}"' in page
+
+
 def test_write_report_out_dir_and_null_mfu(tmp_path):
     run = make_run(tmp_path / "run", mfu=False, partial=False, summary=False)
     (run / "config.yaml").unlink()

@@ -1,5 +1,5 @@
-"""The report's plots (loss, evaluation loss per source, throughput and MFU, learning rate, accuracy)
-as PNG files, drawn with matplotlib's object API (no pyplot state, so plotting is safe in threads and notebooks)."""
+"""The report's plots (loss, evaluation loss per source, throughput and MFU, learning rate, accuracy,
+downstream scores) as PNG files, drawn with matplotlib's object API (no pyplot state, so plotting is safe in threads and notebooks)."""
 
 from __future__ import annotations
 
@@ -141,3 +141,20 @@ def plot_eval_sources(ev_sources: pd.DataFrame, path: str) -> None:
             ax.plot(rows["step"], loss, "o-", label=label, lw=1.5, ms=5)
             drew = True
     finish(fig, ax, path, drew, "upper right")
+
+
+def plot_downstream(best: pd.DataFrame, path: str) -> None:
+    """Each fine-tuning task's score against the checkpoint step it fine-tuned (eval.downstream, or
+    `tpu-ray finetune` of a run's checkpoints): the best learning rate's mean, its sd over seeds as
+    an error bar. `best`: tpu_ray.downstream.history.best's table. A score without a step (a model
+    outside a run) is drawn at step 0."""
+    fig, ax = new_figure("Downstream: fine-tuned score per checkpoint", "checkpoint step",
+                         "score (the task's headline metric)")
+    drew = False
+    for (task, task_hash), rows in best.groupby(["task", "task_hash"], sort=True, dropna=False):
+        rows = rows.assign(step=rows["step"].fillna(0)).sort_values("step")
+        metric = rows["metric"].iloc[-1]
+        label = f"{task} ({metric}, data {str(task_hash)[:8]})"
+        ax.errorbar(rows["step"], rows["mean"], yerr=rows["sd"], fmt="o-", capsize=3, lw=1.5, ms=5, label=label)
+        drew = True
+    finish(fig, ax, path, drew, "lower right")

@@ -25,12 +25,13 @@ from tpu_ray.metrics_stream import (  # noqa: F401 (the reading API, also import
     BASE_COLUMNS, KIND_COLUMNS, TEXT_COLUMNS, _check_run_dir, _read_metrics, _read_text, load_metrics, read_records)
 from tpu_ray.redact import redact
 from tpu_ray.rundir import CONFIG_FILE, SHARDS_DIR, SUMMARY_FILE
-from tpu_ray.plots import plot_accuracy, plot_eval_sources, plot_loss, plot_lr, plot_throughput
+from tpu_ray.plots import plot_accuracy, plot_downstream, plot_eval_sources, plot_loss, plot_lr, plot_throughput
 from tpu_ray.tables import as_number, by_step, column_values, diverged_step, last_finite_row, median_value, mfu_text
 
 log = logging.getLogger("tpu_ray.report")
 
 PLOTS = ("loss.png", "eval_sources.png", "throughput.png", "learning_rate.png", "accuracy.png")
+DOWNSTREAM_PLOT = "downstream.png"  # only for a run with downstream scores (eval.downstream, tpu-ray finetune)
 REPORT_FILE = "report.html"
 
 # ----------------------------------------------------------------------------------------- reading
@@ -144,8 +145,18 @@ def _source_rows(df: pd.DataFrame) -> list[tuple[str, str]]:
     return rows
 
 
+def _downstream_rows(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """Each task's best-learning-rate score per checkpoint step: the lines of the text summary, as rows."""
+    from tpu_ray.downstream.history import best, score_text
+
+    table = best(df)
+    return [(f"{r['task']}" + ("" if pd.isna(r["step"]) else f" @ step {int(r['step'])}"), score_text(r))
+            for _, r in table.sort_values(["task", "step"], na_position="first").iterrows()]
+
+
 def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None,
-          shards: Sequence[tuple[str, str]] = (), sources: Sequence[tuple[str, str]] = ()) -> str:
+          shards: Sequence[tuple[str, str]] = (), sources: Sequence[tuple[str, str]] = (),
+          downstream: Sequence[tuple[str, str]] = ()) -> str:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>tpu-ray report: {html.escape(run_dir)}</title><style>{_CSS}</style></head><body>",
@@ -160,8 +171,10 @@ def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None,
         parts += ["<h2>Shards</h2>", _table(list(shards))]
     if sources:
         parts += ["<h2>Evaluation per source</h2>", _table(list(sources))]
+    if downstream:
+        parts += ["<h2>Downstream (fine-tuned, best learning rate)</h2>", _table(list(downstream))]
     parts.append("<h2>Plots</h2>")
-    for name in PLOTS:
+    for name in (*PLOTS, *([DOWNSTREAM_PLOT] if downstream else [])):
         parts.append(f'<div><img src="{name}" alt="{name[:-4].replace("_", " ")}"></div>')
     parts.append("<h2>config.yaml</h2>")
     parts.append(f"<pre>{html.escape(config_text)}</pre>" if config_text is not None
@@ -171,7 +184,8 @@ def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None,
 
 
 def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
-    """Write loss.png, eval_sources.png, throughput.png, learning_rate.png, accuracy.png and report.html.
+    """Write loss.png, eval_sources.png, throughput.png, learning_rate.png, accuracy.png and report.html,
+    and downstream.png for a run with downstream scores.
 
     `out_dir` defaults to `run_dir`. A remote (gs://) destination is rendered into a local temp
     directory and uploaded. Returns {file name: path written}.
@@ -188,14 +202,20 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     # Rendered into a temp directory, then each file committed by rename: a link planted in place
     # of report.html or a plot is replaced, never followed (it could point at any file of ours).
     with tempfile.TemporaryDirectory(prefix="tpu-ray-report-") as local:
-        lp = {name: os.path.join(local, name) for name in (*PLOTS, REPORT_FILE)}
+        downstream = _downstream_rows(df)
+        names = (*PLOTS, *([DOWNSTREAM_PLOT] if downstream else []), REPORT_FILE)
+        lp = {name: os.path.join(local, name) for name in names}
         plot_loss(train, ev, lp["loss.png"])
         plot_eval_sources(df[df["kind"] == "eval_source"] if len(df) else df, lp["eval_sources.png"])
         plot_throughput(train, lp["throughput.png"])
         plot_lr(train, lp["learning_rate.png"])
         plot_accuracy(train, ev, lp["accuracy.png"])
+        if downstream:
+            from tpu_ray.downstream.history import best
+
+            plot_downstream(best(df), lp[DOWNSTREAM_PLOT])
         page = redact(_html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir),
-                            _source_rows(df)))
+                            _source_rows(df), downstream))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
             f.write(page)
         storage.makedirs(out_dir)

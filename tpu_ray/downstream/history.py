@@ -41,11 +41,15 @@ def best(df: pd.DataFrame) -> pd.DataFrame:
     return table.loc[idx].reset_index(drop=True)
 
 
+def score_text(r: pd.Series) -> str:
+    """`metric mean ± sd (n seeds[, k failed], lr x)` of one row of `best`/`scores`."""
+    failed = f", {r['failed']} failed" if r["failed"] else ""
+    return f"{r['metric']} {r['mean']:.4f} ± {r['sd']:.4f} ({r['seeds']} seeds{failed}, lr {r['learning_rate']:g})"
+
+
 def _line(r: pd.Series) -> str:
     step = "" if pd.isna(r["step"]) else f" at step {int(r['step'])}"
-    failed = f", {r['failed']} failed" if r["failed"] else ""
-    return (f"  {r['task']}{step}: {r['metric']} {r['mean']:.4f} ± {r['sd']:.4f} "
-            f"({r['seeds']} seeds{failed}, lr {r['learning_rate']:g})")
+    return f"  {r['task']}{step}: {score_text(r)}"
 
 
 def summary_lines(df: pd.DataFrame) -> list[str]:
