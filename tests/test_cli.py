@@ -364,7 +364,12 @@ def test_run_result_repr_is_short_and_summary_has_the_numbers():
 
 
 @pytest.mark.slow  # the whole pipeline in a fresh process: Ray, TensorFlow, about two minutes here
-def test_pipeline_run_from_python_shows_progress_without_library_noise(tmp_path, small_corpus):
+def test_pipeline_run_from_python_shows_progress_without_library_noise_on_a_loopback_only_cluster(
+        tmp_path, small_corpus):
+    """The pipeline from Python in a fresh process: our progress lines, no library noise. The Ray
+    cluster that run started for itself (ray.address=local) is still up afterwards, and it is read
+    too (issue 15, class 7: GCS, raylet and the agents listened on every interface): its node
+    address and every socket its processes listen on are loopback only."""
     code = f"""
 from tpu_ray import RunConfig, Pipeline
 cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({{
@@ -375,7 +380,7 @@ cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({{
 result = Pipeline(cfg).run()
 print(repr(result))
 print(sorted(result.summary()))
-"""
+{LOOPBACK_CHECK}"""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=_env(),
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -385,3 +390,25 @@ print(sorted(result.summary()))
         assert line not in proc.stderr, line
     first = proc.stdout.splitlines()[0]
     assert first.startswith("RunResult(run_dir=") and len(first) < 160, first
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["node_ip"] == "127.0.0.1"
+    assert seen["listening"], "no listening socket found"
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in seen["listening"]), seen
+
+
+# The cluster the process started for itself (ensure_ray, ray.address=local): its node address and the
+# addresses its processes (GCS, raylet, dashboard agent, workers) listen on.
+LOOPBACK_CHECK = """
+import json, ray
+import psutil  # Ray ships it (its thirdparty_files are on sys.path once ray is imported)
+node = ray._private.worker._global_node
+listening = set()
+for proc in psutil.Process().children(recursive=True):
+    try:
+        conns = proc.net_connections(kind="inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        continue
+    listening |= {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
+ray.shutdown()
+print(json.dumps({"node_ip": node.node_ip_address, "listening": sorted(listening)}))
+"""

@@ -6,7 +6,8 @@ asserts what the user sees: one line naming the file and the fix (exit 2), or a 
 resume; never a silent restart, never the wrong file blamed. `cli` runs the command line's `main` in
 this process (training placed locally, no Ray: nothing outlives the call, and no TensorFlow start-up
 per command); `tpu_ray` runs it as a separate process where the process is the point (a Ray address,
-two racing writers, CPU replicas that TensorFlow fixes at its start).
+two racing writers); `in_one_process` runs several commands in one fresh process, each through `main`,
+where only a fresh TensorFlow is the point (CPU replicas, which TensorFlow fixes at its start).
 """
 
 from __future__ import annotations
@@ -35,6 +36,31 @@ def tpu_ray(*args: str, cwd: Path, timeout: float = 600, wait: bool = True):
     if not wait:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+IN_ONE_PROCESS = """
+import contextlib, io, json, sys
+from tpu_ray.cli import main
+done = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    done.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(done))
+"""
+
+
+def in_one_process(*argvs: list[str], cwd: Path, timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """Commands that need a fresh process (train.cpu_replicas: TensorFlow fixes its CPU devices at its
+    start) run one after another in one fresh process, each through the command line's `main` as
+    `cli` runs it here: one process and one TensorFlow start for all of them, in `tpu_ray`'s shape."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run([sys.executable, "-c", IN_ONE_PROCESS, json.dumps([list(a) for a in argvs])], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [subprocess.CompletedProcess(["tpu-ray", *argv], code, out, err)
+            for argv, (code, out, err) in zip(argvs, json.loads(proc.stdout.strip().splitlines()[-1]))]
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -231,9 +257,10 @@ def test_batch_not_divisible_by_replicas_then_fixed(tmp_path, small_corpus, tiny
                                                                               "train.cpu_replicas": 2})
     (tmp_path / "cfg.yaml").write_text(cfg.to_yaml())
     args = ("train", "--config", str(tmp_path / "cfg.yaml"), *TRAIN)
-    line = error_line(tpu_ray(*args, "train.batch_size=15", cwd=tmp_path))
+    # Refused, then the fixed command: both in one fresh process with 2 CPU devices (one TensorFlow start).
+    refused, proc = in_one_process([*args, "train.batch_size=15"], [*args, "train.batch_size=16"], cwd=tmp_path)
+    line = error_line(refused)
     assert "train.batch_size=15 is not divisible by the 2 replicas" in line
-    proc = tpu_ray(*args, "train.batch_size=16", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Once checkpoints exist they pin the config: now a different batch size is refused (before
     # TensorFlow picks its devices: this command runs in this process).
@@ -249,7 +276,8 @@ def test_unreachable_ray_is_one_line_in_seconds_then_fixed(tmp_path, small_corpu
             "tokenizer.vocab_size=200", "shard.unit_bytes=65536", "ray.num_cpus=1"]
     line = error_line(tpu_ray(*base, "ray.address=127.0.0.1:1", cwd=tmp_path, timeout=120))
     assert "ray.address=127.0.0.1:1: no Ray cluster answers there" in line
-    assert tpu_ray("tokenizer", *base[1:], cwd=tmp_path).returncode == 0
+    done = cli("tokenizer", *base[1:], cwd=tmp_path)  # no Ray, no TensorFlow: no process of its own needed
+    assert done.returncode == 0, done.stderr[-3000:]
     proc = tpu_ray(*base, "ray.address=local", cwd=tmp_path)  # a cluster of its own, not another user's
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "shards" / "manifest.json").read_text())["complete"]
@@ -279,8 +307,8 @@ def test_two_runs_into_one_directory_second_is_refused_naming_the_holder(tmp_pat
             assert first.poll() is None, first.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "the first run never took the lock"
             time.sleep(0.2)
-        second = tpu_ray(*args, cwd=tmp_path, timeout=300)
-        line = error_line(second)
+        # The second writer: this process (refused at the lock, before Ray or TensorFlow would start).
+        line = error_line(cli(*args, cwd=tmp_path))
         assert f"{run}: in use by host {os.uname().nodename} pid {first.pid}" in line and "(tpu-ray run)" in line
         out, err = first.communicate(timeout=600)
     finally:
