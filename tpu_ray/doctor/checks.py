@@ -103,6 +103,7 @@ class Doctor:
         self.shards: Any = None  # the ShardSet, when the run has a manifest
         self.shards_ok = False
         self._unreachable: dict[str, str] = {}
+        self.branch_step = 0  # train.branch_from: the step its plan starts at (check_branch)
         self._tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-doctor-")
 
     # -- reporting ---------------------------------------------------------------------------
@@ -376,6 +377,14 @@ class Doctor:
             self.check_branch()
         if t.phases:
             self.check_phases()
+        self.check_plan()
+
+    def check_plan(self) -> None:
+        """The run's plan (train/plan.py): its spans, each on a row, as the trainer will run them."""
+        from tpu_ray.train.plan import plan
+
+        for line in plan(self.cfg, start=self.branch_step).rows():
+            self.add("plan", PASS, line)
 
     def check_phases(self) -> None:
         """train.phases: the phases, their batches on this target, and each shorter phase's shards."""
@@ -413,6 +422,7 @@ class Doctor:
         except UserError as exc:
             self.add("branch", FAIL, str(exc))
             return
+        self.branch_step = branch.step
         self.add("branch", PASS, f"from {branch.checkpoint} at step {branch.step:,} ({self.cfg.train.steps - branch.step:,} "
                  f"steps under this run's schedule: {describe(branch.config.train)}; no jump at the branch step)")
 
