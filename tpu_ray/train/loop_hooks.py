@@ -64,9 +64,8 @@ class LoopState:
     last_finite: dict[str, Any] | None = None
     diverged_at: int | None = None
     warned_unscored: bool = False
-    # train.phases: the current phase's view of the config (its seq_len, batch, masking); None: the run's.
-    view: Any = None
-    phase: int | None = None  # the current phase's index (what its FLOPs per token are kept by)
+    # The span of the plan running now (train/plan.py: its seq_len, batch, masking); None: the run's own.
+    span: Any = None
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
@@ -78,7 +77,7 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     t, info = cfg.train, s.info
     level = logging.INFO if info.is_chief else logging.DEBUG
     flops_token = train_flops_per_token(cfg, s.tok.vocab_size, s.model.config)
-    phase_flops = PhaseFlops(s.tok.vocab_size, s.model.config)
+    phase_flops = PhaseFlops(cfg, s.tok.vocab_size, s.model.config)
     peak = peak_flops(info.device, t.peak_flops)
     state.interval = Interval()
 
@@ -94,10 +93,11 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     def log_train(step: StepInfo) -> None:
         if not state.interval.steps:  # already logged at this step (a non-finite one): no empty record
             return
-        v = state.view or cfg  # a phase's own seq_len, batch and FLOPs per token (train.phases)
-        flops = flops_token if state.view is None else phase_flops.of(state.phase or 0, v)
-        record = state.interval.record(s, v.train.batch_size, v.shard.seq_len, flops, peak, info.replicas)
-        record["seq_len"] = v.shard.seq_len
+        span = state.span  # the span's own seq_len, batch and FLOPs per token (train.phases)
+        gb, seq_len = (t.batch_size, cfg.shard.seq_len) if span is None else (span.batch_size, span.seq_len)
+        flops = flops_token if span is None else phase_flops.of(span)
+        record = state.interval.record(s, gb, seq_len, flops, peak, info.replicas)
+        record["seq_len"] = seq_len
         finite = math.isfinite(record["loss"])
         if not finite:  # the JSON stores NaN as null: say why it is missing
             record["nonfinite"] = True
@@ -145,18 +145,18 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
 
 
 class PhaseFlops:
-    """Training FLOPs per token of each phase, kept by the phase's index: a view's `id()` is no key
-    (a later phase's view may take a freed view's id, and with it that phase's FLOPs)."""
+    """Training FLOPs per token of each span, kept by the span's index (an object's `id()` is no key:
+    a later phase's object may take a freed one's id, and with it that phase's FLOPs)."""
 
-    def __init__(self, vocab_size: int, model_config: Any):
-        self.vocab_size, self.model_config = vocab_size, model_config
+    def __init__(self, cfg: RunConfig, vocab_size: int, model_config: Any):
+        self.cfg, self.vocab_size, self.model_config = cfg, vocab_size, model_config
         self.by_phase: dict[int, float] = {}
 
-    def of(self, phase: int, view: RunConfig) -> float:
-        """Phase `phase`'s FLOPs per token (`view`: its config view, read the first time only)."""
-        if phase not in self.by_phase:
-            self.by_phase[phase] = train_flops_per_token(view, self.vocab_size, self.model_config)
-        return self.by_phase[phase]
+    def of(self, span: Any) -> float:
+        """Span `span`'s FLOPs per token (train/phases.Span: its length and masking rate)."""
+        if span.index not in self.by_phase:
+            self.by_phase[span.index] = train_flops_per_token(self.cfg, self.vocab_size, self.model_config, span)
+        return self.by_phase[span.index]
 
 
 def weights_finite(model: Any) -> bool:
