@@ -19,7 +19,6 @@ execution crosses a hook's or the span's boundary) -> finish (export, summary).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import tempfile
@@ -29,7 +28,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tpu_ray import rundir, storage
@@ -533,57 +531,11 @@ def weights_digest(model: Any) -> str:
 
 
 def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
-    """A function returning the evaluation of every source's fixed set (train/eval_set.py), or None
-    when no source has validation samples. Its result: the figures pooled over the training sources
-    (over every source when none of those has validation text), and under "sources" each source's."""
-    from tpu_ray.train.eval_set import eval_dataset, eval_set, eval_spec
+    """`evaluate(step)` -> train/evaluation.Evaluation over every source's fixed set, with this
+    model's eval step and the run's masking; None when no source has validation samples."""
+    from tpu_ray.train.evaluation import evaluator as make_evaluator
 
-    cfg, strategy, replicas = s.cfg, s.info.strategy, s.info.replicas
-    contents = {storage.join(shards.directory, e.path): e.sha256 or "" for e in shards.entries}
-    sets = [es for name in shards.source_names()
-            if (es := eval_set(name, shards.files("validation", name), cfg.eval.samples, contents, s.tok.sha256,
-                               cfg.eval.mask_prob, cfg.shard.seq_len)) is not None]
-    if not sets:
-        log.warning("no evaluation: the shards hold no validation samples")
-        return None
-    spec = eval_spec(mask_spec(cfg, s.tok), cfg.eval.mask_prob, cfg.shard.seq_len)
-    eval_step = make_eval_step(s)
-    datasets = {es.source: strategy.distribute_datasets_from_function(
-        lambda ctx, es=es: eval_dataset(es, cfg.shard.seq_len, per_replica, replicas, spec,
-                                        ctx=None if ctx.num_input_pipelines == 1 else ctx)) for es in sets}
-    pooled = [es.source for es in sets if not shards.evaluation_only(es.source)] or [es.source for es in sets]
-
-    def figures(sums: np.ndarray, identity: str) -> dict[str, Any]:
-        loss_sum, correct, count, nbytes, dropped, unknown = (float(x) for x in sums)
-        loss = loss_sum / max(count, 1.0)
-        bpb = loss_sum / math.log(2) / nbytes if nbytes and not unknown else None  # shards without bytes: none
-        return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0), "perplexity": math.exp(min(loss, 700.0)),
-                "bits_per_byte": bpb, "eval_tokens": int(count),
-                "eval_set": identity, "eval_mask_prob": cfg.eval.mask_prob, "eval_unscored_targets": int(dropped)}
-
-    warned: set[str] = set()
-
-    def evaluate() -> dict[str, Any]:
-        per_source = {}
-        for es in sets:
-            total = tf.zeros([6])
-            for batch in datasets[es.source]:
-                total += eval_step(batch)
-            per_source[es.source] = total.numpy()
-            if per_source[es.source][5] and es.source not in warned:
-                warned.add(es.source)
-                log.warning("no bits per byte for source %r: its validation shards were written without each "
-                            "token's bytes of text (before tpu-ray recorded them); write the shards again "
-                            "for the figure", es.source)
-        identity = hashlib.sha256(json.dumps(sorted(es.identity for es in sets if es.source in pooled)).encode())
-        result = figures(sum(per_source[n] for n in pooled), identity.hexdigest()[:16] if len(pooled) > 1
-                         else next(es.identity for es in sets if es.source == pooled[0]))
-        by_name = {es.source: es for es in sets}
-        result["sources"] = {n: {**figures(v, by_name[n].identity), "eval_samples": by_name[n].samples}
-                             for n, v in per_source.items()}
-        return result
-
-    return evaluate
+    return make_evaluator(s, shards, per_replica, make_eval_step(s), mask_spec(s.cfg, s.tok))
 
 
 def export(s: TrainSetup, last_eval: dict[str, Any] | None = None, out: str | None = None) -> str:

@@ -69,7 +69,8 @@ class LoopState:
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
-                  state: LoopState, evaluate, traces, position: Callable[[int], str] | None = None,
+                  state: LoopState, evaluate: Callable[[int], Any] | None, traces: Callable[[], int],
+                  position: Callable[[int], str] | None = None,
                   timer: Any = None, source_samples: Callable[[int], dict[str, int]] | None = None) -> Hooks:
     """accumulate (every execution) -> log (log_every) -> eval (eval_every) -> checkpoint
     (checkpoint_every, and when `timer` is due: train.checkpoint_every_minutes); each also at the
@@ -115,13 +116,9 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
         state.interval = Interval()
 
     def run_eval(step: StepInfo) -> None:
-        result = dict(evaluate())
-        sources = result.pop("sources", {})
-        for name, fields in sources.items():  # each source's own record (evaluate_sets)
-            record = metrics.write("eval_source", step=step.step, source=name, **fields)
-            if len(sources) > 1:  # one source: its line would repeat the pooled one below
-                log.log(level, eval_line(record))
-        state.last_eval = metrics.write("eval", step=step.step, **result)
+        state.last_eval, per_source = evaluate(step.step).record(metrics)  # train/evaluation.py
+        for record in per_source if len(per_source) > 1 else []:  # one source: its line repeats the pooled one
+            log.log(level, eval_line(record))
         log.log(level, eval_line(state.last_eval))
 
     hooks = Hooks()
