@@ -314,3 +314,18 @@ def test_doctor_checks_every_shard_that_training_checks(run):
     code, checks = doctor(run)  # no --full
     assert code == 1 and checks["shards"][0] == FAIL and entry["path"] in checks["shards"][1]
     assert "sha256" in checks["shards"][1]
+
+
+def test_doctor_prints_the_plan_one_row_per_span():
+    import io
+
+    from tpu_ray.doctor.checks import run_doctor
+
+    cfg = RunConfig.from_yaml("jobs/configs/quickstart.yaml").override({
+        "output_dir": "/nonexistent/doctor-plan", "train.steps": 100,
+        "train.phases": [{"steps": 90, "seq_len": 64}, {"steps": 10, "seq_len": 128}]})
+    out = io.StringIO()
+    run_doctor(cfg, "v4-8", out=out, xla=False)
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("PASS  plan ")]
+    assert len(rows) == 3, out.getvalue()
+    assert "steps 1-90 at seq_len 64" in rows[1] and "left unread" in rows[2]

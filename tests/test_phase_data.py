@@ -15,7 +15,7 @@ from tpu_ray.prepare.shard_set import ShardSet
 
 def _plan(cfg):
     """The run's spans, shard sets per length and the phases' data plan, as the loop builds them."""
-    from tpu_ray.train.loop import phase_data
+    from tpu_ray.train.span_data import phase_data
     from tpu_ray.train.phases import shards_dir, spans
 
     all_spans = spans(cfg)
@@ -103,32 +103,29 @@ def test_a_phase_at_another_length_starts_with_text_the_first_did_not_read(tmp_p
 
 
 @pytest.mark.quick
-def test_each_phase_keeps_its_own_flops_per_token_whatever_the_views_ids(tiny_tokenizer_dir, tmp_path):
+def test_each_phase_keeps_its_own_flops_per_token_by_its_index(tiny_tokenizer_dir, tmp_path):
     from tests.helpers import tiny_config
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.loop_hooks import PhaseFlops
     from tpu_ray.train.model import hf_config, train_flops_per_token
-    from tpu_ray.train.phases import spans, view
+    from tpu_ray.train.phases import spans
 
     cfg = tiny_config(tmp_path, tmp_path, **{"tokenizer.path": tiny_tokenizer_dir, "train.phases": [
         {"steps": 2, "seq_len": 32}, {"steps": 2, "seq_len": 64}, {"steps": 2, "seq_len": 16}]})
     tok = tokenizer_info(tiny_tokenizer_dir)
     model_config = hf_config(cfg, tok)
-    flops = PhaseFlops(tok.vocab_size, model_config)
-    seen = []
-    for span in spans(cfg):  # as the loop does: each view replaces the one before, whose id is then free
-        v = view(cfg, span)
-        seen.append((span.index, id(v), flops.of(span.index, v),
-                     train_flops_per_token(v, tok.vocab_size, model_config)))
-        del v
-    assert [f for _, _, f, _ in seen] == [want for _, _, _, want in seen]
-    assert len({f for _, _, f, _ in seen}) == 3  # three lengths, three figures
-    assert flops.of(0, view(cfg, spans(cfg)[1])) == seen[0][2]  # kept by the index, not by the view
+    flops = PhaseFlops(cfg, tok.vocab_size, model_config)
+    seen = [(flops.of(span), train_flops_per_token(cfg, tok.vocab_size, model_config, span)) for span in spans(cfg)]
+    assert [f for f, _ in seen] == [want for _, want in seen]
+    assert len({f for f, _ in seen}) == 3  # three lengths, three figures
+    from dataclasses import replace
+
+    assert flops.of(replace(spans(cfg)[1], index=0)) == seen[0][0]  # kept by the index
 
 
 def test_each_source_of_a_mixture_continues_where_its_text_read_ends(tmp_path, small_corpus, tiny_tokenizer_dir):
     from tests.test_phases import _shard_sources
-    from tpu_ray.train.loop import phase_data, phase_tracker
+    from tpu_ray.train.span_data import phase_data, phase_tracker
     from tpu_ray.train.mixture import mixture_of
     from tpu_ray.train.phases import shards_dir, spans
 
@@ -163,7 +160,7 @@ def test_a_later_phase_checkpoint_from_before_the_fix_is_another_data_order(tmp_
     from dataclasses import replace
 
     from tpu_ray.errors import UserError
-    from tpu_ray.train.loop import phase_tracker
+    from tpu_ray.train.span_data import phase_tracker
     from tpu_ray.train.phases import PhasePositions
 
     cfg = _shard(tmp_path / "run", small_corpus, tiny_tokenizer_dir, **{

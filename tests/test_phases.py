@@ -182,16 +182,17 @@ def test_the_shard_stage_on_ray_writes_and_resumes_every_phase_length(phased, tm
 def test_each_phase_masks_at_its_own_rate_with_its_own_static_bound(tiny_tokenizer_dir):
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.loop import mask_spec
-    from tpu_ray.train.phases import spans, view
+    from tpu_ray.train.plan import plan
 
     cfg = RunConfig.from_dict({"train": {"mask_count": "exact", "mask_prob": 0.15, "batch_size": 32,
                                          "phases": [{"steps": 90, "seq_len": 32, "mask_prob": 0.4, "batch_size": 64},
                                                     {"steps": 10, "seq_len": 64}]}})
     tok = tokenizer_info(tiny_tokenizer_dir)
-    got = [(v.shard.seq_len, v.train.batch_size, mask_spec(v, tok).mask_prob, mask_spec(v, tok).predictions)
-           for v in (view(cfg, s) for s in spans(cfg))]
+    spans = plan(cfg).spans
+    got = [(sp.seq_len, sp.batch_size, mask_spec(cfg, tok, sp.span).mask_prob, mask_spec(cfg, tok, sp.span).predictions)
+           for sp in spans]
     assert got == [(32, 64, 0.4, 13), (64, 32, 0.15, 10)]
-    assert view(cfg, spans(cfg)[0]).shards_dir.endswith("/seq-32") and view(cfg, spans(cfg)[1]).shards_dir == cfg.shards_dir
+    assert spans[0].shards_dir.endswith("/seq-32") and spans[1].shards_dir == cfg.shards_dir
 
 
 # ------------------------------------------------------------------ phases with a mixture (corpus.sources)

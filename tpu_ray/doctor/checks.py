@@ -103,6 +103,7 @@ class Doctor:
         self.shards: Any = None  # the ShardSet, when the run has a manifest
         self.shards_ok = False
         self._unreachable: dict[str, str] = {}
+        self.branch_step = 0  # train.branch_from: the step its plan starts at (check_branch)
         self._tmp = tempfile.TemporaryDirectory(prefix="tpu-ray-doctor-")
 
     # -- reporting ---------------------------------------------------------------------------
@@ -376,6 +377,14 @@ class Doctor:
             self.check_branch()
         if t.phases:
             self.check_phases()
+        self.check_plan()
+
+    def check_plan(self) -> None:
+        """The run's plan (train/plan.py): its spans, each on a row, as the trainer will run them."""
+        from tpu_ray.train.plan import plan
+
+        for line in plan(self.cfg, start=self.branch_step).rows():
+            self.add("plan", PASS, line)
 
     def check_phases(self) -> None:
         """train.phases: the phases, their batches on this target, and each shorter phase's shards."""
@@ -413,6 +422,7 @@ class Doctor:
         except UserError as exc:
             self.add("branch", FAIL, str(exc))
             return
+        self.branch_step = branch.step
         self.add("branch", PASS, f"from {branch.checkpoint} at step {branch.step:,} ({self.cfg.train.steps - branch.step:,} "
                  f"steps under this run's schedule: {describe(branch.config.train)}; no jump at the branch step)")
 
@@ -596,19 +606,19 @@ class Doctor:
 
     def check_memory_and_plan(self) -> None:
         from tpu_ray.train.model import train_flops_per_token
-        from tpu_ray.train.phases import spans, view
+        from tpu_ray.train.phases import spans
 
-        tgt = self.target
+        cfg, tgt = self.cfg, self.target
         tok, _ = self.vocab_and_spec()
         act_bytes = 2 if tgt.kind in ("tpu", "gpu") else 4
         # train.phases: the memory of the most demanding phase; the plan sums the phases' own steps.
-        views = [view(self.cfg, sp) for sp in spans(self.cfg)]
-        cfg = max(views, key=lambda v: sum(memory_per_replica(v, tok.vocab_size, max(1, v.train.batch_size
-                                                                                        // tgt.replicas),
-                                                              act_bytes).values()))
-        gb, seq = cfg.train.batch_size, cfg.shard.seq_len
+        all_spans = spans(cfg)
+        worst = max(all_spans, key=lambda sp: sum(memory_per_replica(cfg, tok.vocab_size, max(1, sp.batch_size
+                                                                                               // tgt.replicas),
+                                                                     act_bytes, span=sp).values()))
+        gb, seq = worst.batch_size, worst.seq_len
         per_replica = max(1, gb // tgt.replicas)
-        mem = memory_per_replica(cfg, tok.vocab_size, per_replica, act_bytes)
+        mem = memory_per_replica(cfg, tok.vocab_size, per_replica, act_bytes, span=worst)
         total = sum(mem.values())
         fixed = mem["weights"] + mem["gradients"] + mem["adam"]
         per_sample = (total - fixed) / per_replica
@@ -637,12 +647,13 @@ class Doctor:
         unit = "chip-hours" if tgt.kind == "tpu" else ("GPU-hours" if tgt.kind == "gpu" else "machine-hours")
         chips = tgt.chips if tgt.kind != "cpu" else 1
         parts, hours = [], 0.0
-        for sp, v in zip(spans(self.cfg), views):  # each phase at its own length, batch and FLOPs per token
-            b, length = v.train.batch_size, v.shard.seq_len
-            step_s = train_flops_per_token(v, tok.vocab_size) * b * length / (tgt.replicas * peak * ASSUMED_UTILIZATION)
+        for sp in all_spans:  # each phase at its own length, batch and FLOPs per token
+            b, length = sp.batch_size, sp.seq_len
+            step_s = (train_flops_per_token(cfg, tok.vocab_size, span=sp) * b * length
+                      / (tgt.replicas * peak * ASSUMED_UTILIZATION))
             hours += sp.steps * step_s / 3600
             parts.append(f"~{fmt_duration(step_s)}/step, {fmt_count(b * length / step_s)} tokens/s"
-                         + (f" x {sp.steps:,} steps at [{b}, {length}]" if len(views) > 1 else ""))
+                         + (f" x {sp.steps:,} steps at [{b}, {length}]" if len(all_spans) > 1 else ""))
         self.add("capacity plan", PASS,
                  f"{'; '.join(parts)} at {ASSUMED_UTILIZATION:.0%} of {tgt.replicas}x{peak / 1e12:.1f} TFLOP/s; "
                  f"{self.cfg.train.steps:,} steps = {hours:,.3g} h = "

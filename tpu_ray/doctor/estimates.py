@@ -3,6 +3,8 @@ batch) and the number formats the report prints. Unit-tested directly (tests/tes
 
 from __future__ import annotations
 
+from typing import Any
+
 from tpu_ray.config import RunConfig
 
 GB = 1 << 30
@@ -30,18 +32,20 @@ def param_count(cfg: RunConfig, vocab: int) -> int:
     return embeddings + layers * layer + head
 
 
-def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 2) -> dict[str, float]:
+def memory_per_replica(cfg: RunConfig, vocab: int, batch: int, act_bytes: int = 2, span: Any = None) -> dict[str, float]:
     """Bytes per replica: float32 weights + gradients + AdamW's two moments, activations kept for the
     backward pass (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) per layer at 16 bits, no
     recomputation), and the vocabulary logits (compute dtype, float32 copy, float32 gradient) of
-    the positions the MLM head scores (the trainer gathers `predictions_per_sequence` of them)."""
+    the positions the MLM head scores (the trainer gathers `predictions_per_sequence` of them).
+    `span`: a phase's length and masking rate (train/phases.Span); None: the run's own."""
     from tpu_ray.train.inputs import predictions_for
 
     s = cfg.model.sizes()
-    h, layers, heads, seq = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], cfg.shard.seq_len
+    seq = cfg.shard.seq_len if span is None else span.seq_len
+    h, layers, heads = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"]
     params = param_count(cfg, vocab)
     acts = layers * seq * batch * h * (34 + 5 * heads * seq / h) * act_bytes / 2
-    logits = batch * predictions_for(cfg.train, seq) * vocab * (act_bytes + 8)
+    logits = batch * predictions_for(cfg.train, seq, None if span is None else span.mask_prob) * vocab * (act_bytes + 8)
     return {"weights": 4.0 * params, "gradients": 4.0 * params, "adam": 8.0 * params,
             "activations": acts, "logits": logits}
 

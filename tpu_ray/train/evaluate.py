@@ -1,4 +1,5 @@
-"""Evaluate a run's latest checkpoint on its validation shards (loss, masked accuracy, perplexity)."""
+"""`tpu-ray eval`: a run's latest checkpoint evaluated on its validation shards, recorded as `eval_rerun`
+(what is computed and written: train/evaluation.py, the trainer's own evaluation path)."""
 
 from __future__ import annotations
 
@@ -37,14 +38,12 @@ def _evaluate_run(cfg: RunConfig) -> dict:
     if evaluate is None:
         raise UserError(f"{cfg.shards_dir}: no validation samples to evaluate on")
     with shards.naming_corrupt_files():
-        result = {"step": int(s.step_var.numpy()), **evaluate()}
+        result = evaluate(int(s.step_var.numpy()))
     # A rerun is its own kind: the training curve (kind eval) is history and stays as it was.
     metrics = MetricsWriter(cfg.run_dir)
-    for name, fields in result.get("sources", {}).items():  # each source's, beside the pooled figure
-        metrics.write(RERUN_KIND, step=result["step"], source=name, **fields, checkpoint=ckpts.latest_url)
-    metrics.write(RERUN_KIND, **{k: v for k, v in result.items() if k != "sources"}, checkpoint=ckpts.latest_url)
+    result.record(metrics, RERUN_KIND, RERUN_KIND, checkpoint=ckpts.latest_url)  # train/evaluation.py
     metrics.close()
-    return result
+    return result.as_dict()
 
 
 def check_eval_config(cfg: RunConfig) -> None:

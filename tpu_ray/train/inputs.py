@@ -156,10 +156,12 @@ def predictions_per_sequence(seq_len: int, mask_prob: float, whole_word: bool = 
     return min(seq_len, math.ceil(mean + 6 * spread * math.sqrt(mean * (1 - mask_prob))) + 1)
 
 
-def predictions_for(train: Any, seq_len: int) -> int:
+def predictions_for(train: Any, seq_len: int, mask_prob: float | None = None) -> int:
     """predictions_per_sequence for a run's TrainConfig: the one bound the trainer, the doctor's
-    memory estimate and the FLOPs count share (at the highest rate of a masking schedule)."""
-    highest = max(train.mask_prob, getattr(train, "mask_prob_end", None) or 0.0)  # a masking schedule's top
+    memory estimate and the FLOPs count share (at the highest rate of a masking schedule).
+    `mask_prob`: a phase's own rate (train.phases); None: train.mask_prob."""
+    rate = train.mask_prob if mask_prob is None else mask_prob
+    highest = max(rate, getattr(train, "mask_prob_end", None) or 0.0)  # a masking schedule's top
     return predictions_per_sequence(seq_len, highest, train.whole_word_mask, train.mask_count == "exact")
 
 

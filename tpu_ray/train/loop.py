@@ -1,6 +1,6 @@
 """Masked-LM training under a tf.distribute strategy, with checkpoints, resume, metrics and export.
 
-Why a little over 400 lines: build, the step functions and the loop's named steps read top to
+Why about 600 lines: build, the step functions and the loop's named steps read top to
 bottom as one program; the hooks' timing is hooks.py, their bodies loop_hooks.py.
 
 Why a custom loop rather than `model.fit`: we need (1) the loss and accuracy averaged over masked
@@ -9,15 +9,16 @@ train step's trace count and the host's input wait per interval, (3) resume at a
 the same data and masks. The loop is still Keras underneath: a transformers TF model, a tf-keras
 AdamW from train/optimizer.py, `steps_per_execution` steps per host round trip.
 
-`_train_loop` reads as its steps: restore_or_start -> train_input -> make_train_step ->
-default_hooks (loop_hooks.py: accumulate, log, eval, checkpoint, each with its own every=) ->
-executions (hooks.py: no execution crosses a hook's boundary) -> finish (export, summary).
+`_train_loop` runs every run the same way, as its steps: the plan (train/plan.py: the spans; a run
+without train.phases is one) and what each span reads (train/span_data.py) -> restore_or_start ->
+default_hooks (loop_hooks.py: accumulate, log, eval, checkpoint, each with its own every=) -> per
+span: train_input (the span's length, batch, masking) -> make_train_step -> executions (hooks.py: no
+execution crosses a hook's or the span's boundary) -> finish (export, summary).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import tempfile
@@ -27,7 +28,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tpu_ray import rundir, storage
@@ -36,7 +36,7 @@ from tpu_ray.train.generation import Generation
 from tpu_ray.train.hooks import Hooks, StepInfo, executions
 from tpu_ray.train.loop_hooks import LoopState, default_hooks
 from tpu_ray.config import RunConfig
-from tpu_ray.train.input_position import PositionTracker
+from tpu_ray.train.phases import Span
 from tpu_ray.train.inputs import IGNORE, MaskSpec, host_parts, masked_batches, predictions_for, train_dataset
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
@@ -208,9 +208,12 @@ def make_eval_step(s: TrainSetup):
     return eval_step
 
 
-def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
-    """The masking of training batches (train.mask_schedule=linear: the rate moves with the step)."""
+def mask_spec(cfg: RunConfig, tok: TokenizerInfo, span: Span | None = None) -> MaskSpec:
+    """The masking of training batches (train.mask_schedule=linear: the rate moves with the step);
+    `span`: a phase's length and rate (train/phases.py); None: the run's own."""
     t = cfg.train
+    seq_len = cfg.shard.seq_len if span is None else span.seq_len
+    mask_prob = t.mask_prob if span is None else span.mask_prob
     scheduled = t.mask_schedule == "linear" and t.mask_prob_end is not None
     words = None
     if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
@@ -219,10 +222,10 @@ def mask_spec(cfg: RunConfig, tok: TokenizerInfo) -> MaskSpec:
         words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
     # Every special token (XLM's <special0-9> too) is never masked nor drawn as a random replacement.
     specials = tuple(sorted({*tok.special_ids, *(i for i in tok.reserved_ids if i < tok.vocab_size)}))
-    predictions = predictions_for(t, cfg.shard.seq_len)
+    predictions = predictions_for(t, seq_len, mask_prob)
     if words is not None:  # the bound the corpus's own words need (long words would lose targets)
-        predictions = max(predictions, sampled_word_bound(cfg, words, tok))
-    return MaskSpec(t.mask_prob, tok.mask_id, tok.vocab_size, specials, predictions,
+        predictions = max(predictions, sampled_word_bound(cfg, words, tok, span))
+    return MaskSpec(mask_prob, tok.mask_id, tok.vocab_size, specials, predictions,
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
                     random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact",
                     mask_prob_end=t.mask_prob_end if scheduled else None, schedule_steps=t.steps)
@@ -250,6 +253,7 @@ def open_shards(cfg: RunConfig, tok: TokenizerInfo) -> ShardSet:
     seq_len, present with the manifest's sizes (contents too, when small), all from one listing.
     With train.phases, each shorter phase's set (train/phases.py) is checked the same way."""
     from tpu_ray.train.phases import extra_lengths
+    from tpu_ray.train.span_data import phase_shards
 
     shards = ShardSet.open(cfg.shards_dir)
     shards.require_complete()
@@ -259,23 +263,6 @@ def open_shards(cfg: RunConfig, tok: TokenizerInfo) -> ShardSet:
     shards.verify()
     for length in extra_lengths(cfg):
         phase_shards(cfg, tok, length)
-    return shards
-
-
-def phase_shards(cfg: RunConfig, tok: TokenizerInfo, seq_len: int) -> ShardSet:
-    """The checked shard set a phase at `seq_len` trains on (the run's own at shard.seq_len)."""
-    from tpu_ray.train.phases import shards_dir
-
-    where = shards_dir(cfg, seq_len)
-    shards = ShardSet.load(where)
-    if shards is None:
-        raise UserError(f"{where}: no shards at seq_len {seq_len} for train.phases; rerun `tpu-ray shard` with "
-                        f"this config (it cuts every phase's length in one pass)")
-    shards.require_complete()
-    shards.require_made_with(tok, seq_len, cfg.tokenizer_dir)
-    if not shards.files("train"):
-        raise UserError(f"{where}: no train shards at seq_len {seq_len}; give more text or shorter phases")
-    shards.verify(splits=("train",))
     return shards
 
 
@@ -320,34 +307,61 @@ def _train(cfg: RunConfig, tok: TokenizerInfo, shards: ShardSet, resume: bool, m
 
 def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
                 shards: ShardSet, t_start: float) -> dict[str, Any]:
-    """The loop, in named steps: restore, input, step functions, hooks, executions, summary."""
-    from tpu_ray.train.mixture import mixture_of
+    """The loop, in named steps: the plan, restore, hooks, then per span of the plan (a run without
+    train.phases is one span) its input and step functions (one compile per span: static shapes
+    within it) and its executions; the model, optimizer, step and hooks carried across; the summary."""
+    from tpu_ray.train.plan import plan as plan_of
+    from tpu_ray.train.span_data import span_data
 
-    info = s.info
-    if cfg.train.phases:
-        return _phases_loop(cfg, s, ckpts, metrics, resume, shards, t_start)
-    mixture = mixture_of(cfg, shards)
+    info, run_plan = s.info, plan_of(cfg)
+    for sp in run_plan.spans:
+        if sp.batch_size % info.replicas:
+            raise UserError(f"train.phases[{sp.span.index}].batch_size={sp.batch_size} is not divisible by the "
+                            f"{info.replicas} replicas; use a multiple of {info.replicas}")
+    data = span_data(cfg, run_plan, shards, s.tok)
+    source_samples = data.source_samples if data.mixture is not None else None
     start = restore_or_start(cfg, s, ckpts, metrics, resume)
-    iterator, files_read, positions = train_input(cfg, s, shards, start, ckpts, metrics, mixture)
-    train_step, train_steps = make_train_step(s)
     state = LoopState()
     # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
     timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
-    source_samples = getattr(positions, "source_samples", None)  # a mixture's draws per source
+    traced: list[Any] = []
     hooks = default_hooks(cfg, s, ckpts, metrics, state, evaluator(s, shards, cfg.train.batch_size // info.replicas),
-                          lambda: train_step.experimental_get_tracing_count()
-                          + train_steps.experimental_get_tracing_count(),
-                          position=lambda step: positions.at(step).to_json(), timer=timer,
+                          lambda: sum(f.experimental_get_tracing_count() for f in traced),
+                          position=lambda step: data.positions.at(step).to_json(), timer=timer,
                           source_samples=source_samples)
     add_snapshots(hooks, cfg, s)
-    _start_training(cfg, info, metrics, hooks, start)
-    step = start
-    for done in executions(start, cfg.train.steps, info.steps_per_execution, hooks,
-                           make_execute(s, iterator, train_step, train_steps)):
-        step = done.step
+    phases = ({"phases": [{"steps": sp.span.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
+                           "mask_prob": sp.mask_prob} for sp in run_plan.spans]} if run_plan.phased else {})
+    remaining = run_plan.remaining(start)  # the first even when resumed at the end: its position is checked
+
+    def span_input(span: Span, at: int, resumed_check: Any) -> tuple[Any, list[str]]:
+        iterator, mine, _ = train_input(cfg, s, span, data.sets[span.seq_len], at, ckpts, metrics,
+                                        data.trackers[span.index], resumed_check)
+        return iterator, mine
+
+    step, files_read = start, []
+    first = span_input(remaining[0].span, start, data.positions)  # the resume event comes before train_start
+    _start_training(cfg, info, metrics, hooks, start, **phases)
+    for sp in remaining:
+        span = sp.span
+        state.span = span  # the train records' seq_len, batch and FLOPs follow the span
+        iterator, mine = first if span is remaining[0].span else span_input(span, step, None)
+        files_read.extend(mine)
+        train_step, train_steps = make_train_step(s)
+        traced.extend((train_step, train_steps))
+        if run_plan.phased:  # a plain run's metrics stay as they were: no phase_start
+            log.info("phase %d of %d: steps %d-%d at seq_len %d, batch %d", span.index + 1, len(run_plan.spans),
+                     span.start + 1, span.end, span.seq_len, span.batch_size)
+            metrics.event("phase_start", stage="train", step=step, phase=span.index, seq_len=span.seq_len,
+                          batch_size=span.batch_size, mask_prob=span.mask_prob, end=span.end,
+                          text_read=data.text_read(span.index))
+        for done in executions(step, cfg.train.steps, info.steps_per_execution, hooks,
+                               make_execute(s, iterator, train_step, train_steps), stop=span.end):
+            step = done.step
+        if state.interval.steps:  # a train record per span: none mixes two phases' figures
+            hooks["log"].fn(StepInfo(step, step, cfg.train.steps, None, 0.0, math.nan))
     summary = finish(cfg, s, metrics, state, start, step, files_read, t_start)
-    if source_samples is not None:
-        summary["training"] = {"source_samples": source_samples(step)}  # what the batches drew, per source
+    summary.update(data.summary(step))  # a mixture's draws per source (and per phase)
     return summary
 
 
@@ -376,109 +390,6 @@ def _start_training(cfg: RunConfig, info: StrategyInfo, metrics: MetricsWriter, 
                   jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution, **extra)
     if start == 0 and cfg.model.init_from and "eval" in hooks:
         hooks["eval"].fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
-
-
-def _phases_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
-                 shards: ShardSet, t_start: float) -> dict[str, Any]:
-    """train.phases: the loop above once per phase, each with its own input (the phase's shards,
-    batch and masking) and its own step functions (one compile per phase: static shapes within
-    it), the model, optimizer, step and hooks carried across (train/phases.py)."""
-    from tpu_ray.train.mixture import mixture_of
-    from tpu_ray.train.phases import PhasePositions, span_at, spans, view
-
-    info, all_spans = s.info, spans(cfg)
-    for span in all_spans:
-        if span.batch_size % info.replicas:
-            raise UserError(f"train.phases[{span.index}].batch_size={span.batch_size} is not divisible by the "
-                            f"{info.replicas} replicas; use a multiple of {info.replicas}")
-    sets = {sp.seq_len: shards if sp.seq_len == cfg.shard.seq_len else phase_shards(cfg, s.tok, sp.seq_len)
-            for sp in all_spans}
-    mixture = mixture_of(cfg, shards)  # the weights from the main set's sample counts, in every phase
-    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], mixture) for sp in all_spans]
-    data = phase_data(cfg, all_spans, sets, mixture)  # each phase continues the text read so far
-    for index, tracker in enumerate(trackers):
-        tracker.phase_data, tracker.phase = data, index
-    positions = PhasePositions(all_spans, trackers)
-    source_samples = positions.source_samples if mixture is not None else None
-    start = restore_or_start(cfg, s, ckpts, metrics, resume)
-    state = LoopState()
-    timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
-    traced: list[Any] = []
-    hooks = default_hooks(cfg, s, ckpts, metrics, state, evaluator(s, shards, cfg.train.batch_size // info.replicas),
-                          lambda: sum(f.experimental_get_tracing_count() for f in traced),
-                          position=lambda step: positions.at(step).to_json(), timer=timer,
-                          source_samples=source_samples)
-    add_snapshots(hooks, cfg, s)
-    log_hook = hooks["log"]
-    _start_training(cfg, info, metrics, hooks, start,
-                    phases=[{"steps": sp.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
-                             "mask_prob": sp.mask_prob} for sp in all_spans])
-    step, files_read = start, []
-    for span in all_spans[span_at(all_spans, start).index:]:
-        if step >= cfg.train.steps:
-            break
-        pcfg = view(cfg, span)
-        state.view, state.phase = pcfg, span.index  # the train records' seq_len, batch and FLOPs follow the phase
-        iterator, mine, _ = train_input(pcfg, s, sets[span.seq_len], step, ckpts, metrics,
-                                        getattr(trackers[span.index], "mixture", None),
-                                        tracker=trackers[span.index], span_start=span.start,
-                                        resumed_check=positions if step == start else None)
-        files_read.extend(mine)
-        train_step, train_steps = make_train_step(s)
-        traced.extend((train_step, train_steps))
-        log.info("phase %d of %d: steps %d-%d at seq_len %d, batch %d", span.index + 1, len(all_spans), span.start + 1,
-                 span.end, span.seq_len, span.batch_size)
-        bound = next((t for t in trackers if t._bound), trackers[span.index])
-        metrics.event("phase_start", stage="train", step=step, phase=span.index, seq_len=span.seq_len,
-                      batch_size=span.batch_size, mask_prob=span.mask_prob, end=span.end,
-                      text_read=data.text_read(bound.pipelines)[span.index])
-        for done in executions(step, cfg.train.steps, info.steps_per_execution, hooks,
-                               make_execute(s, iterator, train_step, train_steps), stop=span.end):
-            step = done.step
-        if state.interval.steps:  # a train record per phase: none mixes two phases' figures
-            log_hook.fn(StepInfo(step, step, cfg.train.steps, None, 0.0, math.nan))
-    summary = finish(cfg, s, metrics, state, start, step, files_read, t_start)
-    if source_samples is not None:  # summed over the phases, and each phase's own
-        summary["training"] = {"source_samples": source_samples(step),
-                               "phase_source_samples": positions.phase_source_samples(step)}
-    return summary
-
-
-def phase_data(cfg: RunConfig, all_spans: list[Any], sets: dict[int, ShardSet], mixture: Any) -> Any:
-    """The phases' data plan (train/phase_data.py): each length's train files per source, and
-    the samples each phase takes from each source per input pipeline (the mixture's closed form)."""
-    from tpu_ray.train.mixture import counts_before, source_seed
-    from tpu_ray.train.phase_data import PhaseData, shard_files
-
-    names = ("corpus",) if mixture is None else mixture.names
-    files = {length: {n: shard_files(shards, None if mixture is None else n) for n in names}
-             for length, shards in sets.items()}
-    seeds = {"corpus": cfg.seed} if mixture is None else {n: source_seed(cfg.seed, k) for k, n in enumerate(names)}
-
-    def consumed(span: Any, pipelines: int) -> dict[str, int]:
-        per_step = span.batch_size // pipelines
-        if mixture is None:
-            return {"corpus": span.steps * per_step}
-        counts = counts_before(mixture.between(span.start, span.end), per_step, span.steps * per_step)
-        return {n: int(c) for n, c in zip(names, counts)}
-
-    return PhaseData(all_spans, cfg.train.shuffle_buffer, files, seeds, consumed)
-
-
-def phase_tracker(cfg: RunConfig, span: Any, shards: ShardSet, mixture: Any) -> Any:
-    """The position tracker of one phase's stream: its shard set, batch, and with a mixture the
-    stages in force over its steps (the same weights in every phase, a weight stage at its global step)."""
-    from tpu_ray.train.input_position import PositionTracker
-    from tpu_ray.train.mixture import MixtureTracker
-
-    if mixture is None:
-        return PositionTracker(shards.files("train"), span.batch_size, cfg.train.shuffle_buffer)
-    by_source = {n: shards.files("train", n) for n in mixture.names}
-    if empty := [n for n, files in by_source.items() if not files]:
-        raise UserError(f"{shards.directory}: no train samples of corpus.sources.{empty[0]} at seq_len "
-                        f"{span.seq_len} (train.phases[{span.index}]); rerun `tpu-ray shard` with this config")
-    return MixtureTracker(shards.files("train"), span.batch_size, cfg.train.shuffle_buffer,
-                          mixture.between(span.start, span.end), by_source)
 
 
 def refuse_precision(cfg: RunConfig, precision: str) -> None:
@@ -520,33 +431,25 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     return start  # the resume event is written by train_input, with the input position
 
 
-def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckpts: CheckpointStore,
-                metrics: MetricsWriter, mixture: Any = None, tracker: Any = None, span_start: int = 0,
-                resumed_check: Any = "self"):
-    """The distributed iterator over training batches, positioned after `start` steps, the list
-    of files this process reads (filled as the strategy builds each input pipeline), and the
-    position tracker; on resume the position is checked against the one stored with the checkpoint.
-    With a mixture (named sources), batches draw from the sources by weight (train/mixture.py).
-    A phase (train.phases) passes its `tracker`, the step its stream starts at (`span_start`) and
-    what checks a resumed position (`resumed_check`: the phases' positions, None after a phase change)."""
-    gb, seq_len = cfg.train.batch_size, cfg.shard.seq_len
-    spec = mask_spec(cfg, s.tok)
-    train_files = shards.files("train")
-    files = [p for p, _ in train_files]
+def train_input(cfg: RunConfig, s: TrainSetup, span: Span, shards: ShardSet, start: int, ckpts: CheckpointStore,
+                metrics: MetricsWriter, positions: Any, resumed_check: Any = None):
+    """The distributed iterator over span `span`'s training batches (its length, batch and masking,
+    read from `shards`), positioned after `start` steps, the list of files this process reads
+    (filled as the strategy builds each input pipeline), and the span's position tracker
+    `positions` (train/span_data.py; a mixture's draws by weight, train/mixture.py). A phase's
+    stream continues the text read so far (its tracker's phase_data). On resume the position is
+    checked by `resumed_check` (the run's positions; None after a span change) against the stored one."""
+    gb, seq_len = span.batch_size, span.seq_len
+    spec = mask_spec(cfg, s.tok, span)
+    files = [p for p, _ in shards.files("train")]
     files_read: list[str] = []
-    if mixture is not None:
-        from tpu_ray.train.mixture import MixtureTracker
+    continues = getattr(positions, "phase_data", None) is not None  # train.phases: a stream that continues
 
-        positions = tracker or MixtureTracker(train_files, gb, cfg.train.shuffle_buffer, mixture,
-                                              {n: shards.files("train", n) for n in mixture.names})
-
-        def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-            records, mine = positions.records(ctx, start - span_start)  # a phase's stream starts at its start
-            files_read.extend(mine)
-            return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
-                                  start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx)
-    else:
-        positions = tracker or PositionTracker(train_files, gb, cfg.train.shuffle_buffer)
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        records, mine = positions.records(ctx, start - span.start)  # a phase's stream starts at its start
+        files_read.extend(mine)
+        return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
+                              start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx)
 
     def plain_dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         parts = host_parts(files, positions.counts, ctx)  # an equal share of the records per pipeline
@@ -558,15 +461,15 @@ def train_input(cfg: RunConfig, s: TrainSetup, shards: ShardSet, start: int, ckp
         return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
                              cfg.train.shuffle_buffer, start_batch=start * per_pipeline, ctx=ctx,
                              counts=positions.counts,
-                             start_sample=(stream.offset + (start - span_start) * per_pipeline
-                                           * ctx.get_per_replica_batch_size(gb) if tracker is not None else None),
+                             start_sample=(stream.offset + (start - span.start) * per_pipeline
+                                           * ctx.get_per_replica_batch_size(gb) if continues else None),
                              first_epoch=stream.epoch, read_files=read)
 
-    dist = s.info.strategy.distribute_datasets_from_function(dataset_fn if mixture is not None else plain_dataset_fn)
-    checker = positions if resumed_check == "self" else resumed_check
-    if ckpts.latest and checker is not None:  # resumed: the stored position is checked before the first step
-        at = checker.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
-                                  cfg.train.accept_new_data_order)
+    mixed = hasattr(positions, "mixture")  # a MixtureTracker: batches drawn from named sources
+    dist = s.info.strategy.distribute_datasets_from_function(dataset_fn if mixed else plain_dataset_fn)
+    if ckpts.latest and resumed_check is not None:  # resumed: the stored position is checked before the first step
+        at = resumed_check.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
+                                        cfg.train.accept_new_data_order)
         metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
                       sample_in_epoch=at.sample_in_epoch, samples=at.samples)
     return iter(dist), files_read, positions
@@ -628,57 +531,11 @@ def weights_digest(model: Any) -> str:
 
 
 def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
-    """A function returning the evaluation of every source's fixed set (train/eval_set.py), or None
-    when no source has validation samples. Its result: the figures pooled over the training sources
-    (over every source when none of those has validation text), and under "sources" each source's."""
-    from tpu_ray.train.eval_set import eval_dataset, eval_set, eval_spec
+    """`evaluate(step)` -> train/evaluation.Evaluation over every source's fixed set, with this
+    model's eval step and the run's masking; None when no source has validation samples."""
+    from tpu_ray.train.evaluation import evaluator as make_evaluator
 
-    cfg, strategy, replicas = s.cfg, s.info.strategy, s.info.replicas
-    contents = {storage.join(shards.directory, e.path): e.sha256 or "" for e in shards.entries}
-    sets = [es for name in shards.source_names()
-            if (es := eval_set(name, shards.files("validation", name), cfg.eval.samples, contents, s.tok.sha256,
-                               cfg.eval.mask_prob, cfg.shard.seq_len)) is not None]
-    if not sets:
-        log.warning("no evaluation: the shards hold no validation samples")
-        return None
-    spec = eval_spec(mask_spec(cfg, s.tok), cfg.eval.mask_prob, cfg.shard.seq_len)
-    eval_step = make_eval_step(s)
-    datasets = {es.source: strategy.distribute_datasets_from_function(
-        lambda ctx, es=es: eval_dataset(es, cfg.shard.seq_len, per_replica, replicas, spec,
-                                        ctx=None if ctx.num_input_pipelines == 1 else ctx)) for es in sets}
-    pooled = [es.source for es in sets if not shards.evaluation_only(es.source)] or [es.source for es in sets]
-
-    def figures(sums: np.ndarray, identity: str) -> dict[str, Any]:
-        loss_sum, correct, count, nbytes, dropped, unknown = (float(x) for x in sums)
-        loss = loss_sum / max(count, 1.0)
-        bpb = loss_sum / math.log(2) / nbytes if nbytes and not unknown else None  # shards without bytes: none
-        return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0), "perplexity": math.exp(min(loss, 700.0)),
-                "bits_per_byte": bpb, "eval_tokens": int(count),
-                "eval_set": identity, "eval_mask_prob": cfg.eval.mask_prob, "eval_unscored_targets": int(dropped)}
-
-    warned: set[str] = set()
-
-    def evaluate() -> dict[str, Any]:
-        per_source = {}
-        for es in sets:
-            total = tf.zeros([6])
-            for batch in datasets[es.source]:
-                total += eval_step(batch)
-            per_source[es.source] = total.numpy()
-            if per_source[es.source][5] and es.source not in warned:
-                warned.add(es.source)
-                log.warning("no bits per byte for source %r: its validation shards were written without each "
-                            "token's bytes of text (before tpu-ray recorded them); write the shards again "
-                            "for the figure", es.source)
-        identity = hashlib.sha256(json.dumps(sorted(es.identity for es in sets if es.source in pooled)).encode())
-        result = figures(sum(per_source[n] for n in pooled), identity.hexdigest()[:16] if len(pooled) > 1
-                         else next(es.identity for es in sets if es.source == pooled[0]))
-        by_name = {es.source: es for es in sets}
-        result["sources"] = {n: {**figures(v, by_name[n].identity), "eval_samples": by_name[n].samples}
-                             for n, v in per_source.items()}
-        return result
-
-    return evaluate
+    return make_evaluator(s, shards, per_replica, make_eval_step(s), mask_spec(s.cfg, s.tok))
 
 
 def export(s: TrainSetup, last_eval: dict[str, Any] | None = None, out: str | None = None) -> str:

@@ -64,13 +64,13 @@ class LoopState:
     last_finite: dict[str, Any] | None = None
     diverged_at: int | None = None
     warned_unscored: bool = False
-    # train.phases: the current phase's view of the config (its seq_len, batch, masking); None: the run's.
-    view: Any = None
-    phase: int | None = None  # the current phase's index (what its FLOPs per token are kept by)
+    # The span of the plan running now (train/plan.py: its seq_len, batch, masking); None: the run's own.
+    span: Any = None
 
 
 def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
-                  state: LoopState, evaluate, traces, position: Callable[[int], str] | None = None,
+                  state: LoopState, evaluate: Callable[[int], Any] | None, traces: Callable[[], int],
+                  position: Callable[[int], str] | None = None,
                   timer: Any = None, source_samples: Callable[[int], dict[str, int]] | None = None) -> Hooks:
     """accumulate (every execution) -> log (log_every) -> eval (eval_every) -> checkpoint
     (checkpoint_every, and when `timer` is due: train.checkpoint_every_minutes); each also at the
@@ -78,7 +78,7 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     t, info = cfg.train, s.info
     level = logging.INFO if info.is_chief else logging.DEBUG
     flops_token = train_flops_per_token(cfg, s.tok.vocab_size, s.model.config)
-    phase_flops = PhaseFlops(s.tok.vocab_size, s.model.config)
+    phase_flops = PhaseFlops(cfg, s.tok.vocab_size, s.model.config)
     peak = peak_flops(info.device, t.peak_flops)
     state.interval = Interval()
 
@@ -94,10 +94,11 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
     def log_train(step: StepInfo) -> None:
         if not state.interval.steps:  # already logged at this step (a non-finite one): no empty record
             return
-        v = state.view or cfg  # a phase's own seq_len, batch and FLOPs per token (train.phases)
-        flops = flops_token if state.view is None else phase_flops.of(state.phase or 0, v)
-        record = state.interval.record(s, v.train.batch_size, v.shard.seq_len, flops, peak, info.replicas)
-        record["seq_len"] = v.shard.seq_len
+        span = state.span  # the span's own seq_len, batch and FLOPs per token (train.phases)
+        gb, seq_len = (t.batch_size, cfg.shard.seq_len) if span is None else (span.batch_size, span.seq_len)
+        flops = flops_token if span is None else phase_flops.of(span)
+        record = state.interval.record(s, gb, seq_len, flops, peak, info.replicas)
+        record["seq_len"] = seq_len
         finite = math.isfinite(record["loss"])
         if not finite:  # the JSON stores NaN as null: say why it is missing
             record["nonfinite"] = True
@@ -115,13 +116,9 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
         state.interval = Interval()
 
     def run_eval(step: StepInfo) -> None:
-        result = dict(evaluate())
-        sources = result.pop("sources", {})
-        for name, fields in sources.items():  # each source's own record (evaluate_sets)
-            record = metrics.write("eval_source", step=step.step, source=name, **fields)
-            if len(sources) > 1:  # one source: its line would repeat the pooled one below
-                log.log(level, eval_line(record))
-        state.last_eval = metrics.write("eval", step=step.step, **result)
+        state.last_eval, per_source = evaluate(step.step).record(metrics)  # train/evaluation.py
+        for record in per_source if len(per_source) > 1 else []:  # one source: its line repeats the pooled one
+            log.log(level, eval_line(record))
         log.log(level, eval_line(state.last_eval))
 
     hooks = Hooks()
@@ -145,18 +142,18 @@ def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
 
 
 class PhaseFlops:
-    """Training FLOPs per token of each phase, kept by the phase's index: a view's `id()` is no key
-    (a later phase's view may take a freed view's id, and with it that phase's FLOPs)."""
+    """Training FLOPs per token of each span, kept by the span's index (an object's `id()` is no key:
+    a later phase's object may take a freed one's id, and with it that phase's FLOPs)."""
 
-    def __init__(self, vocab_size: int, model_config: Any):
-        self.vocab_size, self.model_config = vocab_size, model_config
+    def __init__(self, cfg: RunConfig, vocab_size: int, model_config: Any):
+        self.cfg, self.vocab_size, self.model_config = cfg, vocab_size, model_config
         self.by_phase: dict[int, float] = {}
 
-    def of(self, phase: int, view: RunConfig) -> float:
-        """Phase `phase`'s FLOPs per token (`view`: its config view, read the first time only)."""
-        if phase not in self.by_phase:
-            self.by_phase[phase] = train_flops_per_token(view, self.vocab_size, self.model_config)
-        return self.by_phase[phase]
+    def of(self, span: Any) -> float:
+        """Span `span`'s FLOPs per token (train/phases.Span: its length and masking rate)."""
+        if span.index not in self.by_phase:
+            self.by_phase[span.index] = train_flops_per_token(self.cfg, self.vocab_size, self.model_config, span)
+        return self.by_phase[span.index]
 
 
 def weights_finite(model: Any) -> bool:

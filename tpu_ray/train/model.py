@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_ray import accelerators
 from tpu_ray.config import RunConfig
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 from tpu_ray.families import family
+
+if TYPE_CHECKING:
+    from tpu_ray.train.phases import Span
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,8 @@ def check_pad_id(cfg: RunConfig, tok: TokenizerInfo) -> None:
     check(cfg, tok)
 
 
-def train_flops_per_token(cfg: RunConfig, vocab_size: int, model_config: Any = None) -> float:
+def train_flops_per_token(cfg: RunConfig, vocab_size: int, model_config: Any = None,
+                          span: Span | None = None) -> float:
     """Model FLOPs per trained token (forward + backward = 3x forward, 2 FLOPs per MAC).
 
     Counts what executes, per family where it differs: every layer's projections and attention at
@@ -53,13 +57,15 @@ def train_flops_per_token(cfg: RunConfig, vocab_size: int, model_config: Any = N
     gathered positions of each sequence, except for families whose head is the whole model's (xlm,
     flaubert: every position projected, tpu_ray.families `head=None`). `model_config`: the built
     model's transformers config (a checkpoint's funnel blocks); None: the from-scratch shape.
+    `span`: a phase's length and masking rate (train/phases.py); None: the run's own.
     """
     from tpu_ray.train.inputs import predictions_for
 
     s = cfg.model.sizes()
-    h, layers, inter, seq = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"], cfg.shard.seq_len
+    seq = cfg.shard.seq_len if span is None else span.seq_len
+    h, layers, inter = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"]
     model_type = cfg.model.model_type
-    scored = predictions_for(cfg.train, seq)
+    scored = predictions_for(cfg.train, seq, None if span is None else span.mask_prob)
     transform = h * h  # the head's dense layer before the vocabulary projection (BERT, RoBERTa, ...)
     if family(model_type).head is None:  # the whole model is called: every position is projected
         scored = seq

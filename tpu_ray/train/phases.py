@@ -1,11 +1,10 @@
 """Sequence-length phases (`train.phases`, issue 32): most steps at a short length, the rest at the
 full one (BERT's 90% at 128 then 10% at 512), each phase with its own static shapes.
 
-Why spans and views: everything that depends on the shapes (the input pipeline, the masking bound,
-the FLOPs per token, the doctor's plan) already reads `cfg.shard.seq_len`, `cfg.train.batch_size`
-and `cfg.train.mask_prob`. A phase's *view* is the run's config with those three set to the phase's
-values (an unvalidated copy: the view is never saved nor loaded), so those functions serve each
-phase unchanged. A run without phases has one span, whose view is the config itself.
+Why spans: everything that depends on the shapes (the input pipeline, the masking bound, the FLOPs
+per token, the doctor's memory and time) takes the span it serves (its seq_len, batch and masking
+rate) beside the run's config; train/plan.py turns the spans into the run's plan, which the loop runs
+span after span. A run without phases has one span, with the run's own values.
 
 Where a phase's samples live: the shard stage cuts the same tokens at every phase's length in one
 reading of the corpus; the longest length (`shard.seq_len`) is the shard set as always, every other
@@ -60,17 +59,6 @@ def span_at(all_spans: list[Span], step: int) -> Span:
         if step < s.end:
             return s
     return all_spans[-1]
-
-
-def view(cfg: RunConfig, span: Span) -> RunConfig:
-    """`cfg` as phase `span` sees it: its seq_len, batch size, masking rate and shards (an
-    unvalidated copy, for reading only)."""
-    t = cfg.train
-    if not t.phases:
-        return cfg
-    train = t.model_copy(update={"batch_size": span.batch_size, "mask_prob": span.mask_prob})
-    shard = cfg.shard.model_copy(update={"seq_len": span.seq_len, "dir": shards_dir(cfg, span.seq_len)})
-    return cfg.model_copy(update={"shard": shard, "train": train})
 
 
 def trained_difference(before: RunConfig, now: RunConfig, step: int) -> str:

@@ -14,7 +14,7 @@ corpus of long words (a space-free CJK line under Metaspace is one word) needs m
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from tpu_ray.errors import UserError
 
 if TYPE_CHECKING:
@@ -48,28 +48,34 @@ def continuation_table(tokenizer_json: str) -> tuple[bool, ...]:
 _WORD_BOUNDS: dict[tuple, int] = {}
 
 
-def sampled_word_bound(cfg: RunConfig, words: tuple[bool, ...], tok: TokenizerInfo, rows_per_file: int = 64,
-                       max_files: int = 16) -> int:
+def sampled_word_bound(cfg: RunConfig, words: tuple[bool, ...], tok: TokenizerInfo, span: Any = None,
+                       rows_per_file: int = 64, max_files: int = 16) -> int:
     """inputs.whole_word_bound over a sample of the train shards (`rows_per_file` rows of up to
-    `max_files` files spread over the split), measured once per shard set and masking rate."""
+    `max_files` files spread over the split), measured once per shard set and masking rate.
+    `span`: a phase (train/phases.Span: its length's shards and its rate); None: the run's own."""
     import numpy as np
     import tensorflow as tf
 
     from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.train.inputs import parse_batch, whole_word_bound
 
+    from tpu_ray.prepare.lengths import shards_dir
+
+    seq_len = cfg.shard.seq_len if span is None else span.seq_len
+    mask_prob = cfg.train.mask_prob if span is None else span.mask_prob
+    where = shards_dir(cfg, seq_len)
     try:  # training opened and checked them already; a doctor's program check may have none here
-        files = sorted(ShardSet.open(cfg.shards_dir).files("train"))
+        files = sorted(ShardSet.open(where).files("train"))
     except (UserError, OSError):
         return 0
-    key = (cfg.shards_dir, tuple(files), cfg.train.mask_prob, cfg.shard.seq_len)
+    key = (where, tuple(files), mask_prob, seq_len)
     if key not in _WORD_BOUNDS:
         picked = [f for f, _ in files[:: max(1, len(files) // max_files)]][:max_files]
         rows = []
         for f in picked:
             for serialized in tf.data.TFRecordDataset(f).batch(rows_per_file).take(1):
-                rows.append(parse_batch(serialized, cfg.shard.seq_len)["input_ids"].numpy())
-        sample = np.concatenate(rows) if rows else np.zeros((0, cfg.shard.seq_len), np.int32)
+                rows.append(parse_batch(serialized, seq_len)["input_ids"].numpy())
+        sample = np.concatenate(rows) if rows else np.zeros((0, seq_len), np.int32)
         never = tuple(i for i in tok.special_ids if i != tok.unk_id)
-        _WORD_BOUNDS[key] = whole_word_bound(sample, words, cfg.train.mask_prob, never)
+        _WORD_BOUNDS[key] = whole_word_bound(sample, words, mask_prob, never)
     return _WORD_BOUNDS[key]

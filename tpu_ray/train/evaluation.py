@@ -1,0 +1,105 @@
+"""One evaluation path: what an evaluation computes and what it writes, for the trainer's periodic
+evaluation (loop_hooks.py, every train.eval_every steps) and `tpu-ray eval` (evaluate.py) alike.
+
+Why one module: the figures (loss, accuracy, perplexity, bits per byte over each source's fixed set,
+train/eval_set.py), their pooling over the training sources and the records they become were spread
+over the loop, its hooks and the eval command; a new figure is now one edit of `figures`, and both
+callers record the same `Evaluation` (each source's record, then the pooled one) under their kinds:
+`eval_source` and `eval` for the training curve, `eval_rerun` for a rerun (never mixed with it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpu_ray import storage
+from tpu_ray.prepare.shard_set import ShardSet
+
+log = logging.getLogger("tpu_ray.train.loop")  # the trainer's log lines keep the trainer's name
+
+SOURCE_KIND, POOLED_KIND = "eval_source", "eval"  # the training curve's records
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation at `step`: the figures pooled over the training sources (over every source when
+    none of those has validation text) and each source's own (with its eval_samples)."""
+
+    step: int
+    pooled: dict[str, Any]
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The pooled figures with `step` and, under "sources", each source's (what `tpu-ray eval` returns)."""
+        return {"step": self.step, **self.pooled, "sources": self.sources}
+
+    def record(self, metrics: Any, source_kind: str = SOURCE_KIND, pooled_kind: str = POOLED_KIND,
+               **extra: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Write each source's record, then the pooled one (`extra`: fields every record carries);
+        returns (the pooled record, the sources' records) as written."""
+        per_source = [metrics.write(source_kind, step=self.step, source=name, **fields, **extra)
+                      for name, fields in self.sources.items()]
+        return metrics.write(pooled_kind, step=self.step, **self.pooled, **extra), per_source
+
+
+def figures(sums: Any, identity: str, mask_prob: float) -> dict[str, Any]:
+    """An evaluation's figures from its summed (loss, correct, count, bytes, unscored, unknown bytes)."""
+    loss_sum, correct, count, nbytes, dropped, unknown = (float(x) for x in sums)
+    loss = loss_sum / max(count, 1.0)
+    bpb = loss_sum / math.log(2) / nbytes if nbytes and not unknown else None  # shards without bytes: none
+    return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0), "perplexity": math.exp(min(loss, 700.0)),
+            "bits_per_byte": bpb, "eval_tokens": int(count),
+            "eval_set": identity, "eval_mask_prob": mask_prob, "eval_unscored_targets": int(dropped)}
+
+
+def evaluator(s: Any, shards: ShardSet, per_replica: int, eval_step: Callable[[Any], Any],
+              train_spec: Any) -> Callable[[int], Evaluation] | None:
+    """`evaluate(step)` over every source's fixed set (train/eval_set.py) -> Evaluation, or None when
+    no source has validation samples. `eval_step`: the loop's summed per-batch step; `train_spec`: the
+    run's masking, which the evaluation's own rate replaces (eval_set.eval_spec)."""
+    import tensorflow as tf
+
+    from tpu_ray.train.eval_set import eval_dataset, eval_set, eval_spec
+
+    cfg, strategy, replicas = s.cfg, s.info.strategy, s.info.replicas
+    contents = {storage.join(shards.directory, e.path): e.sha256 or "" for e in shards.entries}
+    sets = [es for name in shards.source_names()
+            if (es := eval_set(name, shards.files("validation", name), cfg.eval.samples, contents, s.tok.sha256,
+                               cfg.eval.mask_prob, cfg.shard.seq_len)) is not None]
+    if not sets:
+        log.warning("no evaluation: the shards hold no validation samples")
+        return None
+    spec = eval_spec(train_spec, cfg.eval.mask_prob, cfg.shard.seq_len)
+    datasets = {es.source: strategy.distribute_datasets_from_function(
+        lambda ctx, es=es: eval_dataset(es, cfg.shard.seq_len, per_replica, replicas, spec,
+                                        ctx=None if ctx.num_input_pipelines == 1 else ctx)) for es in sets}
+    pooled = [es.source for es in sets if not shards.evaluation_only(es.source)] or [es.source for es in sets]
+    by_name = {es.source: es for es in sets}
+    warned: set[str] = set()
+
+    def evaluate(step: int) -> Evaluation:
+        per_source = {}
+        for es in sets:
+            total = tf.zeros([6])
+            for batch in datasets[es.source]:
+                total += eval_step(batch)
+            per_source[es.source] = total.numpy()
+            if per_source[es.source][5] and es.source not in warned:
+                warned.add(es.source)
+                log.warning("no bits per byte for source %r: its validation shards were written without each "
+                            "token's bytes of text (before tpu-ray recorded them); write the shards again "
+                            "for the figure", es.source)
+        identity = hashlib.sha256(json.dumps(sorted(es.identity for es in sets if es.source in pooled)).encode())
+        result = figures(sum(per_source[n] for n in pooled), identity.hexdigest()[:16] if len(pooled) > 1
+                         else by_name[pooled[0]].identity, cfg.eval.mask_prob)
+        sources = {n: {**figures(v, by_name[n].identity, cfg.eval.mask_prob), "eval_samples": by_name[n].samples}
+                   for n, v in per_source.items()}
+        return Evaluation(step, result, sources)
+
+    return evaluate
