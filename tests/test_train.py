@@ -439,6 +439,7 @@ class TestTpuLikeSlices:
         assert big["node_id"] == v4_16[1].node_id  # worker 0
         assert big["slice_nodes"] == [v4_16[1].node_id, v4_16[0].node_id]
         assert big["steps"] == 4
+        assert (tmp_path / "b" / "model" / "config.json").exists()  # exported into the shared local run dir
         assert big["tpu_env"] == {"TPU_NAME": "slice-b", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}
         assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
 
@@ -533,8 +534,9 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
     from the chief's checkpoint in gs, the run ends at the final step in sync, each worker having read
     its own equal share of the records, and the metrics stream records node_lost and
     resumed_after_failure as the TPU path does. The chief uploads checkpoints, the export and Ray
-    Train's bookkeeping to the run. (One launch for what two tests launched three times: a Ray Train
-    launch costs over a minute of start-up on 2 cores, its steps a fraction of a second.)"""
+    Train's bookkeeping to the run; a run directory on this machine only is refused there. (One launch
+    for what two tests launched three times: a Ray Train launch costs over a minute of start-up on 2
+    cores, its steps a fraction of a second.)"""
     import threading
 
     import ray
@@ -542,6 +544,7 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
     from ray.util.state import list_actors
 
     from tpu_ray import storage
+    from tpu_ray.errors import UserError
     from tpu_ray.train.launch import launch
 
     run = f"{gcs_emulator.make_bucket()}/run"
@@ -558,6 +561,11 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
                    **{"train.steps": steps, "train.checkpoint_every": every, "train.log_every": every,
                       "train.eval_every": 1000, "train.workers": 2, "train.workers_network_closed": True}
                    ).override({"output_dir": run})
+        # A run directory on this machine only, not declared shared, is refused on a multi-node cluster
+        # before any worker starts: every worker resumes from the chief's checkpoints there.
+        with pytest.raises(UserError, match=r"^output_dir='.*/local': train.workers=2 on a 4-node Ray cluster "
+                                            r"needs a run directory every node can read"):
+            launch(cfg.override({"output_dir": str(tmp_path / "local")}))
         outcome: dict = {}
 
         def run_training() -> None:
