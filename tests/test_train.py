@@ -394,7 +394,8 @@ def tpu_like_cluster():
         ray.shutdown()
     cluster = Cluster()
     try:
-        head = cluster.add_node(num_cpus=1)  # a CPU head, as in cluster.yaml
+        # A CPU head, as in cluster.yaml. No dashboard: nothing here asks it, and its ~10 processes cost CPU.
+        head = cluster.add_node(num_cpus=1, include_dashboard=False)
         v4_8 = _tpu_host(cluster, "v4-8", "slice-a", 0)
         v4_16 = [_tpu_host(cluster, "v4-16", "slice-b", w) for w in (1, 0)]  # worker 1 joins first
         ray.init(address=cluster.address, log_to_driver=False)
@@ -418,7 +419,7 @@ class TestTpuLikeSlices:
 
         from tpu_ray.train.launch import launch
 
-        head, v4_8, v4_16 = tpu_like_cluster.head, tpu_like_cluster.v4_8, tpu_like_cluster.v4_16
+        head, v4_16 = tpu_like_cluster.head, tpu_like_cluster.v4_16
         common = {"train.steps": 4, "train.log_every": 2, "train.eval_every": 4, "train.placement": "tpu",
                   "train.strategy": "cpu"}  # placed like a TPU job, trained on this CPU
         from tpu_ray.errors import UserError
@@ -430,12 +431,7 @@ class TestTpuLikeSlices:
                               **common, **{"train.tpu_topology": "v4-8"}))
         assert placement_group_table() == groups_before  # refused before reserving anything
         common["ray.shared_filesystem"] = True  # every node of this test cluster is this machine
-        small = launch(_cfg(tmp_path / "a", shards_dir, tiny_tokenizer_dir,
-                                  **common, **{"train.tpu_topology": "v4-8"}))
-        assert small["node_id"] == v4_8.node_id and small["slice_nodes"] == [v4_8.node_id]
-        # One host: TensorFlow's PJRT TPU client, set in the task's runtime_env (no login shell).
-        assert small["tpu_env"] == {"PJRT_DEVICE": "TPU", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
-                                    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so", "TPU_ACCELERATOR_TYPE": "v4-8"}
+        # (A one-host v4-8 slice, its node and its environment: the run of the next test, which trains there.)
         # Two hosts, the slice named in the config: train.tpu_name picks the slice Ray reserves, and
         # TensorFlow's TPU_NAME is the reserved slice's name (issue 23.1), one client, no libtpu.
         big = launch(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
@@ -443,6 +439,7 @@ class TestTpuLikeSlices:
         assert big["node_id"] == v4_16[1].node_id  # worker 0
         assert big["slice_nodes"] == [v4_16[1].node_id, v4_16[0].node_id]
         assert big["steps"] == 4
+        assert (tmp_path / "b" / "model" / "config.json").exists()  # exported into the shared local run dir
         assert big["tpu_env"] == {"TPU_NAME": "slice-b", "TPU_LOAD_LIBRARY": "0", "TPU_ACCELERATOR_TYPE": "v4-16"}
         assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
 
@@ -460,7 +457,9 @@ class TestTpuLikeSlices:
                                                                           tiny_tokenizer_dir):
         """Two single-host v4-8-like slices: after the run's first committed checkpoint the node that
         trains is removed; the run reserves the other slice, resumes from that checkpoint, ends at the
-        final step, and the metrics show one node_lost and the step it resumed from."""
+        final step, and the metrics show one node_lost and the step it resumed from. Each attempt runs
+        on its one-host slice's worker 0 with TensorFlow's PJRT environment, reserving that host only,
+        and releases it afterwards (this run is also the previous test's one-host v4-8 case)."""
         import threading
 
         from ray.util.placement_group import placement_group_table
@@ -509,6 +508,12 @@ class TestTpuLikeSlices:
         assert not thread.is_alive() and "error" not in outcome, outcome
         summary = outcome["summary"]
         assert summary["steps"] == steps and summary["failures"] == 1 and summary["node_id"] != victim
+        assert summary["node_id"] in hosts and summary["slice_nodes"] == [summary["node_id"]]  # the v4-8 host
+        # One host: TensorFlow's PJRT TPU client, set in the task's runtime_env (no login shell).
+        assert summary["tpu_env"] == {"PJRT_DEVICE": "TPU", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+                                      "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so",
+                                      "TPU_ACCELERATOR_TYPE": "v4-8"}
+        assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())  # released
         events = _records(run_dir, "event")
         lost = [e for e in events if e["event"] == "node_lost"]
         assert len(lost) == 1 and lost[0]["last_checkpoint_step"] >= every and lost[0]["lost_s"] >= 0
@@ -521,20 +526,28 @@ class TestTpuLikeSlices:
 
 
 @pytest.mark.slow  # 4 Ray nodes, two TF workers started twice: a few minutes on 2 cores
-def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tmp_path, shards_dir,
-                                                                           tiny_tokenizer_dir, monkeypatch):
-    """Two Ray Train workers (MultiWorkerMirroredStrategy) on three 1-CPU nodes: after the first
-    committed checkpoint the node of one worker is removed; the run starts the worker group again
-    on the nodes left, every worker resumes from that checkpoint, the run ends at the final step in
-    sync, and the metrics stream records node_lost and resumed_after_failure as the TPU path does."""
+def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_checkpoint(gcs_emulator, tmp_path, shards_dir,
+                                                                                     tiny_tokenizer_dir, monkeypatch):
+    """Two Ray Train workers (MultiWorkerMirroredStrategy) on three 1-CPU nodes, the multi-node layout:
+    a shared gs:// run directory (emulator). After the first committed checkpoint the node of one
+    worker is removed; the run starts the worker group again on the nodes left, every worker resumes
+    from the chief's checkpoint in gs, the run ends at the final step in sync, each worker having read
+    its own equal share of the records, and the metrics stream records node_lost and
+    resumed_after_failure as the TPU path does. The chief uploads checkpoints, the export and Ray
+    Train's bookkeeping to the run; a run directory on this machine only is refused there. (One launch
+    for what two tests launched three times: a Ray Train launch costs over a minute of start-up on 2
+    cores, its steps a fraction of a second.)"""
     import threading
 
     import ray
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
 
+    from tpu_ray import storage
+    from tpu_ray.errors import UserError
     from tpu_ray.train.launch import launch
 
+    run = f"{gcs_emulator.make_bucket()}/run"
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster()
@@ -542,22 +555,26 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
         cluster.add_node(num_cpus=0)  # the head: the driver and Ray Train's controller
         nodes = {n.node_id: n for n in (cluster.add_node(num_cpus=1) for _ in range(3))}
         ray.init(address=cluster.address, log_to_driver=False)
-        run_dir = tmp_path / "run"
         # The node goes as soon as ckpt-5 is committed: ~95 multi-worker steps are left to remove it in.
         steps, every = 100, 5
-        cfg = _cfg(run_dir, shards_dir, tiny_tokenizer_dir,
+        cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
                    **{"train.steps": steps, "train.checkpoint_every": every, "train.log_every": every,
-                      "train.eval_every": 1000, "train.workers": 2, "train.workers_network_closed": True,
-                      "ray.shared_filesystem": True})
+                      "train.eval_every": 1000, "train.workers": 2, "train.workers_network_closed": True}
+                   ).override({"output_dir": run})
+        # A run directory on this machine only, not declared shared, is refused on a multi-node cluster
+        # before any worker starts: every worker resumes from the chief's checkpoints there.
+        with pytest.raises(UserError, match=r"^output_dir='.*/local': train.workers=2 on a 4-node Ray cluster "
+                                            r"needs a run directory every node can read"):
+            launch(cfg.override({"output_dir": str(tmp_path / "local")}))
         outcome: dict = {}
 
-        def run() -> None:
+        def run_training() -> None:
             try:
                 outcome["summary"] = launch(cfg)
             except BaseException as exc:  # reported by the assertion below
                 outcome["error"] = exc
 
-        thread = threading.Thread(target=run)
+        thread = threading.Thread(target=run_training)
         thread.start()
         monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's state API lets it override the address
 
@@ -576,7 +593,7 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
             time.sleep(0.5)
             workers = worker_nodes()
         assert len(workers) == 2, workers
-        while not (run_dir / "checkpoints" / "checkpoint").exists():
+        while not storage.exists(f"{run}/checkpoints/checkpoint"):
             assert thread.is_alive(), f"training ended before its first checkpoint: {outcome}"
             assert time.monotonic() < deadline, "no committed checkpoint within 400 s"
             time.sleep(0.2)
@@ -585,62 +602,38 @@ def test_losing_a_multiworker_node_resumes_from_the_last_checkpoint_by_itself(tm
         assert not thread.is_alive() and "error" not in outcome, outcome
         summary = outcome["summary"]
         assert summary["failures"] == 1
-        assert [w["steps"] for w in summary["workers"]] == [steps, steps]
-        assert summary["workers"][0]["weights_sha256"] == summary["workers"][1]["weights_sha256"]
-        events = _records(run_dir, "event")
+        workers = summary["workers"]  # what each worker of the resumed group read and ended with
+        assert len(workers) == 2 and [w["steps"] for w in workers] == [steps, steps]
+        assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]  # both resumed from the chief's ckpt
+        events = [e for e in _gs_records(run) if e.get("kind") == "event"]
         lost = [e for e in events if e["event"] == "node_lost"]
         assert len(lost) == 1 and lost[0]["failure_kind"] == "lost_capacity" and lost[0]["last_checkpoint_step"] >= every
         back = [e for e in events if e["event"] == "resumed_after_failure"]
         assert len(back) == 1 and back[0]["step"] == lost[0]["last_checkpoint_step"] and back[0]["workers"] == 2
         resumed = [e for e in events if e["event"] == "resume"]
         assert [e["step"] for e in resumed] == [lost[0]["last_checkpoint_step"]]
-        assert (run_dir / "model" / "config.json").exists()  # the chief exported into the local run dir
+        assert resumed[0]["checkpoint"] == f"{run}/checkpoints/ckpt-{int(lost[0]['last_checkpoint_step'])}"  # in gs
+
+        # Each worker read its own equal share of the records (the resumed group's shares: a worker's
+        # share does not depend on the step it starts at), together all of them.
+        counts = {str(p): int(p.stem.rsplit("-", 1)[1]) for p in shards_dir.glob("train-*.tfrecord")}
+
+        def records(entry: str) -> set[tuple[str, int]]:  # "path" (whole file) or "path[a:b]" (part of it)
+            path, _, span = entry.partition("[")
+            a, b = map(int, span.rstrip("]").split(":")) if span else (0, counts[path])
+            return {(path, i) for i in range(a, b)}
+
+        read = [set().union(*map(records, w["files_read"])) for w in workers]
+        assert read[0] and read[1] and not read[0] & read[1]  # each worker reads its own records
+        assert len(read[0]) - len(read[1]) in (-1, 0, 1)  # equal shares, whatever the files' sizes
+        assert read[0] | read[1] == {(f, i) for f, n in counts.items() for i in range(n)}
+        assert storage.exists(f"{run}/model/config.json")  # the chief exported into the gs run dir
+        assert f'model_checkpoint_path: "ckpt-{steps}"' in storage.read_text(f"{run}/checkpoints/checkpoint")
+        assert storage.glob(f"{run}/ray_train/*")  # Ray Train's bookkeeping beside the run, not in /tmp
     finally:
         ray.shutdown()
         cluster.shutdown()
         start_local_ray()
-
-
-@pytest.mark.slow  # about 2-3 minutes on 2 cores: the slow set (CI runs it too)
-def test_two_ray_workers_end_in_sync_and_resume_from_a_gs_run_dir_on_every_worker(gcs_emulator, tmp_path, shards_dir,
-                                                                                tiny_tokenizer_dir, ray_local):
-    """Two Ray Train workers under MultiWorkerMirroredStrategy end in sync, each reading its own equal
-    share of the records. The multi-node layout: a shared gs:// run directory (emulator). The chief
-    uploads checkpoints and Ray Train's bookkeeping there; on --resume every worker restores the
-    chief's checkpoint. (The chief's export into a local run directory: the multi-worker node-loss test.)"""
-    from tpu_ray import storage
-    from tpu_ray.train.launch import launch
-
-    run = f"{gcs_emulator.make_bucket()}/run"
-    cfg = _cfg(tmp_path / "unused", shards_dir, tiny_tokenizer_dir,
-               **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 100, "train.checkpoint_every": 4,
-                  "train.workers": 2, "train.workers_network_closed": True}).override({"output_dir": run})
-    first = launch(cfg)
-    workers = first["workers"]
-    assert len(workers) == 2 and [w["steps"] for w in workers] == [4, 4]
-    assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]
-    counts = {str(p): int(p.stem.rsplit("-", 1)[1]) for p in shards_dir.glob("train-*.tfrecord")}
-
-    def records(entry: str) -> set[tuple[str, int]]:  # "path" (whole file) or "path[a:b]" (part of it)
-        path, _, span = entry.partition("[")
-        a, b = map(int, span.rstrip("]").split(":")) if span else (0, counts[path])
-        return {(path, i) for i in range(a, b)}
-
-    read = [set().union(*map(records, w["files_read"])) for w in workers]
-    assert read[0] and read[1] and not read[0] & read[1]  # each worker reads its own records
-    assert len(read[0]) - len(read[1]) in (-1, 0, 1)  # equal shares, whatever the files' sizes
-    assert read[0] | read[1] == {(f, i) for f, n in counts.items() for i in range(n)}
-    assert storage.exists(f"{run}/model/config.json")  # the chief exported
-    assert 'model_checkpoint_path: "ckpt-4"' in storage.read_text(f"{run}/checkpoints/checkpoint")
-    assert storage.glob(f"{run}/ray_train/*")  # Ray Train's bookkeeping beside the run, not in /tmp
-
-    second = launch(cfg.override({"train.steps": 8, "train.extend_schedule": True}), resume=True)
-    workers = second["workers"]
-    assert [w["steps"] for w in workers] == [8, 8]
-    assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]  # both resumed from step 4
-    events = _gs_records(run)
-    assert [e["step"] for e in events if e.get("event") == "resume"] == [4]
-    assert storage.exists(f"{run}/model/config.json")
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
