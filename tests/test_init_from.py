@@ -71,9 +71,14 @@ def pt5_dir(source, tmp_path_factory) -> Path:
     return out
 
 
+_MODELS: dict[str, object] = {}  # each model _first_batch_loss reads, built once in this module
+
+
 def _first_batch_loss(cfg, model_dir: str | None) -> float:
     """Masked-LM loss of a model on the continued run's first training batch (same masks):
-    the checkpoint's own weights (`model_dir`), or a fresh model of the run's config (None)."""
+    the checkpoint's own weights (`model_dir`), or a fresh model of the run's config (None). The
+    continued runs here start from one checkpoint: its model and the fresh one (keyed by their
+    config and seed) are built once, not once per test."""
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
 
@@ -87,11 +92,15 @@ def _first_batch_loss(cfg, model_dir: str | None) -> float:
     files = [p for p, _ in shard_files(cfg.shards_dir, "train")]
     batch = next(iter(train_dataset(files, cfg.shard.seq_len, cfg.train.batch_size, mask_spec(cfg, tok), cfg.seed,
                                     cfg.train.shuffle_buffer)))
-    if model_dir:
-        model = TFAutoModelForMaskedLM.from_pretrained(model_dir, use_safetensors=False)
-    else:
-        tf.keras.utils.set_random_seed(cfg.seed)
-        model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
+    config = {k: v for k, v in json.loads(hf_config(cfg, tok).to_json_string()).items() if k != "_name_or_path"}
+    key = model_dir or f"fresh, seed {cfg.seed}: {json.dumps(config, sort_keys=True)}"
+    if key not in _MODELS:
+        if model_dir:
+            _MODELS[key] = TFAutoModelForMaskedLM.from_pretrained(model_dir, use_safetensors=False)
+        else:
+            tf.keras.utils.set_random_seed(cfg.seed)
+            _MODELS[key] = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
+    model = _MODELS[key]
     loss_sum, _, count = masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False))
     return float(loss_sum / count)
 
@@ -123,36 +132,61 @@ def _check_continued(cfg, source: Path) -> None:
     assert abs(fresh - own) > 0.3  # a fresh model's loss is far off: the weights were loaded
 
 
-@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-def test_continue_from_a_tensorflow_save_pretrained_directory(tf_dir, source, tmp_path, small_corpus, caplog):
-    """Also issue 45.3: config.yaml and the model card said the defaults a continued config leaves in
+@pytest.mark.slow  # a continued pipeline run and two resumes: about a minute on 2 cores
+def test_continue_from_a_tensorflow_save_pretrained_directory_then_resume_without_it(tf_dir, source, tmp_path,
+                                                                                   small_corpus, caplog):
+    """Continued from a TensorFlow save_pretrained directory: the checkpoint's tokenizer and weights.
+    Also issue 45.3: config.yaml and the model card said the defaults a continued config leaves in
     (another tokenizer kind and size, another preset), and doctor FAILed the valid config comparing
     the default vocabulary with the checkpoint's embedding rows; and (45.5) this single-source run
-    logs each evaluation once, not once for its source and once pooled."""
+    logs each evaluation once, not once for its source and once pooled.
+    Then the same run resumed: the first stage copied the checkpoint into RUN/init (source and hash
+    in source.json, config.yaml and summary.json); a resume reads that copy: with the source deleted
+    it continues with exactly the losses of a resume with the source in place. (One continued run
+    for both, which were two tests continuing the same directory.)"""
     import logging
 
     import yaml
 
     from tests.test_doctor import doctor  # doctor reads the checkpoint's config as training does
+    from tpu_ray.pipeline import Pipeline
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
+    src = tmp_path / "src"  # a copy: deleted below
+    shutil.copytree(tf_dir, src)
     left_in = {"tokenizer.kind": "wordpiece", "tokenizer.vocab_size": 5000, "model.preset": "small"}
     with caplog.at_level(logging.INFO, logger="tpu_ray.train.loop"):
-        cfg = _continue(tmp_path, small_corpus, str(tf_dir), **left_in)
+        cfg = _continue(tmp_path, small_corpus, str(src), **left_in, **{"train.checkpoint_every": 2})
     assert cfg.model.model_type == "roberta" and cfg.model.hidden_size == 64
     _check_continued(cfg, source)
     evals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval")]
     assert [e.split(":")[0] for e in evals] == ["eval @ step 0", "eval @ step 2"], evals  # the start's and the end's
-    text = (Path(cfg.run_dir) / "config.yaml").read_text()
-    assert f"init_from: {tf_dir}" in text
+    run = Path(cfg.run_dir)
+    text = (run / "config.yaml").read_text()
+    assert f"init_from: {src}" in text
     vocab, saved = tokenizer_info(str(source / "tokenizer")).vocab_size, yaml.safe_load(text)
     assert saved["tokenizer"]["kind"] == "unigram" and saved["tokenizer"]["vocab_size"] == vocab, saved["tokenizer"]
     assert saved["model"]["preset"] == "tiny" and saved["model"]["hidden_size"] == 64
-    card = (Path(cfg.run_dir) / "model" / "README.md").read_text()
+    card = (run / "model" / "README.md").read_text()
     assert f"- tokenizer: unigram, vocabulary {vocab}" in card and "hidden 64, 2 layers" in card, card[:800]
-    code, checks = doctor(tiny_config(Path(cfg.run_dir), small_corpus, **{"model.init_from": str(tf_dir), **left_in}))
+    code, checks = doctor(tiny_config(run, small_corpus, **{"model.init_from": str(src), **left_in}))
     assert checks["vocab"][0] == "PASS" and checks["positions"][0] == "PASS", checks
     assert "FAIL" not in {status for status, _ in checks.values()}, checks
+
+    record = json.loads((run / "init" / "source.json").read_text())
+    assert record["source"] == str(src) and record["sha256"] == cfg.model.init_sha256
+    assert {"config.json", "tf_model.h5", "tokenizer.json"} <= set(record["files"])
+    assert f"init_sha256: {record['sha256']}" in (run / "config.yaml").read_text()
+    assert json.loads((run / "summary.json").read_text())["init_from"]["sha256"] == record["sha256"]
+    twin = tmp_path / "twin"
+    shutil.copytree(run, twin)
+    more = {"model.init_from": str(src), "model.dropout": 0.0, "train.steps": 4, "train.log_every": 1,
+            "train.checkpoint_every": 2, "train.extend_schedule": True}
+    with_source = Pipeline(tiny_config(run, small_corpus, **more)).train(resume=True)
+    shutil.rmtree(src)  # the source is gone: the twin resumes from its own copy
+    without = Pipeline(tiny_config(twin, small_corpus, **more)).train(resume=True)
+    assert with_source["resumed_from"] == without["resumed_from"] == 2 and without["steps"] == 4
+    assert _losses(str(twin), range(3, 5)) == pytest.approx(_losses(str(run), range(3, 5)), rel=1e-6)
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
@@ -339,33 +373,6 @@ def test_a_gs_model_directory_is_staged_and_loads(gcs_emulator, tf_dir, tmp_path
 def _losses(run_dir: str, steps: range) -> list[float]:
     by_step = {r["step"]: r["loss"] for r in _records(Path(run_dir), "train")}
     return [by_step[s] for s in steps]
-
-
-@pytest.mark.slow  # a continued pipeline run and two resumes: about a minute on 2 cores
-def test_a_continued_run_resumes_after_its_source_is_deleted_with_the_same_losses(tf_dir, tmp_path, small_corpus):
-    """The first stage copies the checkpoint into RUN/init (source and hash in source.json,
-    config.yaml and summary.json); a resume reads that copy: with the source deleted it continues
-    with exactly the losses of a resume with the source in place."""
-    from tpu_ray.pipeline import Pipeline
-
-    src = tmp_path / "src"
-    shutil.copytree(tf_dir, src)
-    cfg = _continue(tmp_path, small_corpus, str(src), **{"train.checkpoint_every": 2})
-    run = Path(cfg.run_dir)
-    record = json.loads((run / "init" / "source.json").read_text())
-    assert record["source"] == str(src) and record["sha256"] == cfg.model.init_sha256
-    assert {"config.json", "tf_model.h5", "tokenizer.json"} <= set(record["files"])
-    assert f"init_sha256: {record['sha256']}" in (run / "config.yaml").read_text()
-    assert json.loads((run / "summary.json").read_text())["init_from"]["sha256"] == record["sha256"]
-    twin = tmp_path / "twin"
-    shutil.copytree(run, twin)
-    more = {"model.init_from": str(src), "model.dropout": 0.0, "train.steps": 4, "train.log_every": 1,
-            "train.checkpoint_every": 2, "train.extend_schedule": True}
-    with_source = Pipeline(tiny_config(run, small_corpus, **more)).train(resume=True)
-    shutil.rmtree(src)  # the source is gone: the twin resumes from its own copy
-    without = Pipeline(tiny_config(twin, small_corpus, **more)).train(resume=True)
-    assert with_source["resumed_from"] == without["resumed_from"] == 2 and without["steps"] == 4
-    assert _losses(str(twin), range(3, 5)) == pytest.approx(_losses(str(run), range(3, 5)), rel=1e-6)
 
 
 def test_after_the_first_stage_the_source_is_never_read_again(tf_dir, source, tmp_path, small_corpus):

@@ -8,7 +8,9 @@ in PyTorch Transformers 5 to the same logits. Two representative types run in th
 the rest of the matrix is marked slow.
 
 What it costs: nearly all of it is TensorFlow tracing the train and eval steps, once per training
-run, so each type trains five times in all and each run traces as little as shows its behaviour.
+run, so each type trains four times in all (from scratch, 4 steps per execution, bfloat16, an
+extended vocabulary) and each run traces as little as shows its behaviour; loading tf_model.h5 is
+checked on the trainer's own model without a training step.
 One from-scratch run (hidden 32, two layers: the export maps each layer index, a swap of two
 would show; vocab ~300, seq_len 32) is the checkpoint every other column reads, made once per type (`scratch_runs`; each type is its own
 xdist group, tests/timing.py, so once per run); a run whose evaluation nothing here asserts trains
@@ -234,20 +236,31 @@ def export_with_only(run1: Path, weights: str, source: Path) -> Path:
 
 @pytest.mark.parametrize("model_type", TYPES)
 def test_continued_from_its_h5_export_starts_from_its_weights(scratch_runs, tmp_path, model_type):
-    """init_from RUN/model with tf_model.h5 alone: after one step at lr 1e-9 the weights are the
-    checkpoint's (a fresh model's differ by far more), so the weights were loaded, not re-initialised.
-    From the PyTorch-layout model.safetensors alone: test_an_extended_vocabulary_grows_the_model."""
+    """init_from RUN/model with tf_model.h5 alone: the config is the checkpoint's, and the model the
+    trainer builds for it (tpu_ray.train.loop.build, in the run's own copy of the source, as a fresh
+    start's restore_or_start loads it) holds the checkpoint's weights, saved as a training checkpoint
+    is: loaded, not re-initialised. No training step: a step at lr ~0 only blurred the equality, and a
+    continued run's training step of every type is test_an_extended_vocabulary_grows_the_model's
+    (from the PyTorch-layout model.safetensors alone); a continued roberta run from a TensorFlow
+    save_pretrained directory end to end: tests/test_init_from.py."""
     from tpu_ray.pipeline import Pipeline
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.init_from import load_weights
+    from tpu_ray.train.loop import build, checkpoint_store
+    from tpu_ray.train.strategy import select
 
     tok_dir, shards, run1, _ = scratch_runs(model_type)
     source = export_with_only(run1, "tf_model.h5", tmp_path / "source")
-    cfg = type_config(tmp_path / "cont", model_type, tok_dir, train_split_only(shards, tmp_path / "shards"), **{
-        "model.init_from": str(source), "tokenizer.path": None, "train.steps": 1, "train.warmup_steps": 0,
-        "train.learning_rate": 1e-9, "train.checkpoint_every": 1, "train.eval_every": 1})
+    cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{
+        "model.init_from": str(source), "tokenizer.path": None})
     p = Pipeline(cfg)
     assert p.cfg.model.model_type == model_type and p.cfg.model.hidden_size == 32
-    p.tokenizer()
-    p.train()
+    p.tokenizer()  # the run's own copy of the checkpoint (RUN/init) and its tokenizer
+    cfg = p.cfg
+    s = build(cfg, select(cfg.train), tokenizer_info(cfg.tokenizer_dir))
+    assert load_weights(s.model, cfg).endswith("tf_model.h5")
+    with checkpoint_store(s) as ckpts:
+        assert ckpts.save(0, final=True)
     # The optimizer starts fresh, so its slots differ by design: the model weights are compared.
     assert weight_difference(checkpoint_weights(run1), checkpoint_weights(tmp_path / "cont")) < 1e-5
 
