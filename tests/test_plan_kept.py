@@ -84,3 +84,18 @@ def test_a_mixture_keeps_its_losses(tmp_path, small_corpus, kept_tokenizer):
         "train.steps": 4, "shard.seq_len": 32, **STEPS})
     train(cfg)
     _compare("mixture", _losses(tmp_path / "run"))
+
+
+def test_a_branch_keeps_its_losses(phased_shards, tmp_path):
+    """A wsd decay branched at step 2 off a constant run: the branch's losses after the branch step."""
+    from tpu_ray.pipeline import Pipeline
+
+    base = phased_shards.override({"shard.dir": phased_shards.shards_dir, "train.phases": None, "train.steps": 4,
+                                   "shard.seq_len": 64, **STEPS, "train.checkpoint_every": 2,
+                                   "train.schedule": "constant", "train.warmup_steps": 1})
+    Pipeline(base.override({"output_dir": str(tmp_path / "stable")})).train()  # writes config.yaml: a branch reads it
+    Pipeline(base.override({"output_dir": str(tmp_path / "branch"), "train.schedule": "wsd", "train.decay_steps": 2,
+                         "train.branch_from": str(tmp_path / "stable" / "checkpoints" / "ckpt-2")})).train()
+    got = _losses(tmp_path / "branch")
+    assert sorted(got, key=int) == ["3", "4"]  # the branch trains on from its step
+    _compare("branch", got)
