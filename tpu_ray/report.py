@@ -145,11 +145,11 @@ def _source_rows(df: pd.DataFrame) -> list[tuple[str, str]]:
     return rows
 
 
-def _downstream_rows(df: pd.DataFrame) -> list[tuple[str, str]]:
-    """Each task's best-learning-rate score per checkpoint step: the lines of the text summary, as rows."""
-    from tpu_ray.downstream.history import best, score_text
+def _downstream_rows(table: pd.DataFrame) -> list[tuple[str, str]]:
+    """Each task's best-learning-rate score per checkpoint step (`table`: downstream.history.best's),
+    as the text summary's lines say it, as rows."""
+    from tpu_ray.downstream.history import score_text
 
-    table = best(df)
     return [(f"{r['task']}" + ("" if pd.isna(r["step"]) else f" @ step {int(r['step'])}"), score_text(r))
             for _, r in table.sort_values(["task", "step"], na_position="first").iterrows()]
 
@@ -202,7 +202,10 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     # Rendered into a temp directory, then each file committed by rename: a link planted in place
     # of report.html or a plot is replaced, never followed (it could point at any file of ours).
     with tempfile.TemporaryDirectory(prefix="tpu-ray-report-") as local:
-        downstream = _downstream_rows(df)
+        from tpu_ray.downstream.history import best
+
+        scores = best(df)  # each task's best learning rate per step: the table's rows and the plot's points
+        downstream = _downstream_rows(scores)
         names = (*PLOTS, *([DOWNSTREAM_PLOT] if downstream else []), REPORT_FILE)
         lp = {name: os.path.join(local, name) for name in names}
         plot_loss(train, ev, lp["loss.png"])
@@ -211,9 +214,7 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
         plot_lr(train, lp["learning_rate.png"])
         plot_accuracy(train, ev, lp["accuracy.png"])
         if downstream:
-            from tpu_ray.downstream.history import best
-
-            plot_downstream(best(df), lp[DOWNSTREAM_PLOT])
+            plot_downstream(scores, lp[DOWNSTREAM_PLOT])
         page = redact(_html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir),
                             _source_rows(df), downstream))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:

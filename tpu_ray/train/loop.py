@@ -335,9 +335,8 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     remaining = run_plan.remaining(start)  # the first even when resumed at the end: its position is checked
 
     def span_input(span: Span, at: int, resumed_check: Any) -> tuple[Any, list[str]]:
-        iterator, mine, _ = train_input(cfg, s, span, data.sets[span.seq_len], at, ckpts, metrics,
-                                        data.trackers[span.index], resumed_check)
-        return iterator, mine
+        return train_input(cfg, s, span, data.sets[span.seq_len], at, ckpts, metrics, data.trackers[span.index],
+                           resumed_check)
 
     step, files_read = start, []
     first = span_input(remaining[0].span, start, data.positions)  # the resume event comes before train_start
@@ -435,8 +434,8 @@ def train_input(cfg: RunConfig, s: TrainSetup, span: Span, shards: ShardSet, sta
                 metrics: MetricsWriter, positions: Any, resumed_check: Any = None):
     """The distributed iterator over span `span`'s training batches (its length, batch and masking,
     read from `shards`), positioned after `start` steps, the list of files this process reads
-    (filled as the strategy builds each input pipeline), and the span's position tracker
-    `positions` (train/span_data.py; a mixture's draws by weight, train/mixture.py). A phase's
+    (filled as the strategy builds each input pipeline). `positions`: the span's position tracker
+    (train/span_data.py; a mixture's draws by weight, train/mixture.py). A phase's
     stream continues the text read so far (its tracker's phase_data). On resume the position is
     checked by `resumed_check` (the run's positions; None after a span change) against the stored one."""
     gb, seq_len = span.batch_size, span.seq_len
@@ -472,7 +471,7 @@ def train_input(cfg: RunConfig, s: TrainSetup, span: Span, shards: ShardSet, sta
                                         cfg.train.accept_new_data_order)
         metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
                       sample_in_epoch=at.sample_in_epoch, samples=at.samples)
-    return iter(dist), files_read, positions
+    return iter(dist), files_read
 
 
 def make_execute(s: TrainSetup, iterator, train_step, train_steps):
