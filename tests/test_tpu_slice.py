@@ -48,7 +48,7 @@ def test_worker_1_joining_after_worker_0_is_reserved_and_tpu_name_picks_the_slic
             except BaseException as exc:  # reported by the assertions below
                 outcome["error"] = exc
 
-        thread = threading.Thread(target=reserve)
+        thread = threading.Thread(target=reserve, daemon=True)  # never holds the worker open
         thread.start()
 
         def head_placed_on() -> set[str]:

@@ -484,7 +484,7 @@ class TestTpuLikeSlices:
             except BaseException as exc:  # reported by the assertion below
                 outcome["error"] = exc
 
-        thread = threading.Thread(target=run)
+        thread = threading.Thread(target=run, daemon=True)  # never holds the worker open
         thread.start()
 
         def training_nodes() -> set[str]:  # where the slice's head bundle (the TF client) is
@@ -580,7 +580,7 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
             except BaseException as exc:  # reported by the assertion below
                 outcome["error"] = exc
 
-        thread = threading.Thread(target=run_training)
+        thread = threading.Thread(target=run_training, daemon=True)  # never holds the worker open
         thread.start()
         monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray's state API lets it override the address
 
