@@ -2,7 +2,7 @@
 
 Issue 13: the quickstart used to end on the word-frequency plateau (fill-mask answered `the`, `,`,
 `.`). This runs the README's command in a fresh process (a local Ray cluster, the built-in corpus,
-the full 1,000 steps: about 2.5 minutes on 2 idle cores, twice that beside other tests, hence slow) and checks the README's promise: its
+the full 2,000 steps: about 6 minutes on 2 cores, hence slow) and checks the README's promise: its
 example is answered correctly in the top 3, far above the answer's frequency in the training data.
 """
 
@@ -73,8 +73,8 @@ def test_readme_quickstart_answers_its_example_from_context(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     # The CLI prints one line per prediction, best first: "<score>  '<token>'  <sentence>".
     # Issue 45.4: the README showed another run's block. The run is deterministic on one machine, but
-    # another CPU (CI's) rounds the steps' float maths differently: with 2,000 steps the CI run gave 'list'
-    # 0.3047 and 'tuple' 0.1870 where README.md said 0.2727 and 0.1686, and reordered the tail. So: the same two
+    # another CPU (CI's) rounds 2,000 steps of float maths differently: the CI run gave 'list' 0.3047 and
+    # 'tuple' 0.1870 where README.md says 0.2727 and 0.1686, and reordered the tail. So: the same two
     # first answers in order, each within 0.05 of README's figure, and 3 of README's 5 words in the top 5.
     ran, shown = _block_rows(_printed_block(proc.stdout)), _block_rows(_printed_block("README.md"))
     assert [w for w, _ in ran[:2]] == [w for w, _ in shown[:2]], (ran, shown)
