@@ -72,7 +72,8 @@ def test_readme_quickstart_answers_its_example_from_context(tmp_path):
     proc = subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # The CLI prints one line per prediction, best first: "<score>  '<token>'  <sentence>".
-    # Issue 45.4: the README showed another run's block. The run is deterministic on one machine, but
+    # Issue 45.4: the README showed another run's block. The run repeated bit for bit on one machine (a
+    # 1,000-step recipe did not: docs/benchmarks.md), but
     # another CPU (CI's) rounds 2,000 steps of float maths differently: the CI run gave 'list' 0.3047 and
     # 'tuple' 0.1870 where README.md says 0.2727 and 0.1686, and reordered the tail. So: the same two
     # first answers in order, each within 0.05 of README's figure, and 3 of README's 5 words in the top 5.
