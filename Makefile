@@ -55,7 +55,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(PY) -m pip install -q "uv>=0.9"
-	VIRTUAL_ENV=$(VENV) $(UV) pip install -e ".[test]"
+	VIRTUAL_ENV=$(VENV) $(UV) pip install --compile-bytecode -e ".[test]"
 	touch $@
 
 extras: browser interop
