@@ -1,6 +1,8 @@
 # One command sets up and runs the tests on a fresh machine: `make test` (what .ci/run calls).
 #   1. .venv with tpu-ray and its test extra, once (again when pyproject.toml changes): `python3 -m venv`,
-#      then uv (from PyPI, into the venv) installs -e ".[test]": the same packages pip would, in seconds;
+#      then uv (from PyPI, into the venv) installs -e ".[test]": the same packages pip would, in seconds,
+#      compiled to bytecode as pip does (uv does not unless told: where PYTHONDONTWRITEBYTECODE is set,
+#      as on this project's machines, every process then compiled TensorFlow again, 12.6 s a time);
 #   2. Chromium for the browser test: apt-get where it can (root and apt-get present), else the test
 #      skips, saying why (with TPU_RAY_REQUIRE_EXTRAS=1, as CI sets, a missing Chromium fails here);
 #   3. the PyTorch interop venvs (.venv-interop/, tests/interop/setup_venvs.sh, ~1 GB linked from uv's

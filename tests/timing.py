@@ -69,12 +69,55 @@ class _Clock:
                  for n, s in ranked}, indent=1) + "\n")
 
 
+HEAVY_IMPORTS = ("tensorflow", "ray", "transformers")  # imported by most of the suite's processes
+
+
+def uncompiled(packages: tuple[str, ...] = HEAVY_IMPORTS) -> list[str]:
+    """The packages whose `__init__` has no bytecode beside it, when Python will not write any
+    (PYTHONDONTWRITEBYTECODE, set on this project's machines): each process then compiles them from
+    source again. uv installs without bytecode unless told (`--compile-bytecode`; pip compiles by
+    default), and that cost `import tensorflow` 12.6 s instead of 5.2 on 2 cores, in every test
+    process, Ray worker and subprocess: more than half of the multi-worker node-loss test's CPU."""
+    import importlib.util
+    import sys
+
+    if not sys.dont_write_bytecode:
+        return []  # the first import writes the bytecode the later ones read
+    missing = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)  # a top-level name: found, not imported
+        if spec and spec.origin and spec.origin.endswith(".py") and not os.path.exists(
+                importlib.util.cache_from_source(spec.origin)):
+            missing.append(name)
+    return missing
+
+
+def _check_bytecode() -> None:
+    """Said once at the start; a failure under TPU_RAY_REQUIRE_EXTRAS (CI), whose install must be
+    the one the Makefile makes."""
+    missing = uncompiled()
+    if not missing:
+        return
+    import sys
+    import sysconfig
+
+    # uv compiles only what one install command installs: a venv made before needs compileall.
+    line = (f"tests: {', '.join(missing)} in {sys.prefix} have no bytecode and PYTHONDONTWRITEBYTECODE is set: "
+            "every process compiles them again (import tensorflow 12.6 s instead of 5.2 on 2 cores); fix: "
+            f"{sys.executable} -m compileall -q -j 0 {sysconfig.get_paths()['purelib']} (a venv that make setup "
+            "creates has it)")
+    if os.environ.get("TPU_RAY_REQUIRE_EXTRAS"):
+        raise pytest.UsageError(line)
+    print(line, file=sys.stderr)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # group_of's marks; xdist registers the marker too, but not when it is off (-p no:xdist).
     config.addinivalue_line("markers", "xdist_group(name): the unit of work one xdist worker takes (timing.py)")
     # Under xdist the workers' reports reach the controller, which prints; workers stay quiet.
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(_Clock(), "tpu_ray_clock")
+        _check_bytecode()
     if _selects_quick_only(config):
         os.environ[QUICK_ENV] = "1"
     # xdist sorts the groups by their number of tests unless told not to: a one-test group that runs
