@@ -10,7 +10,9 @@ the reference `model.fit` trains once, then tpu-ray trains one run per recipe:
 - cosine;
 - phases: the first 85% of the steps at half the sequence length, the last 15% at the full one;
 - phases + wsd: both;
-- falling masking rate: 30% linearly to 15% (train.mask_schedule=linear).
+- falling masking rate: 30% linearly to 15% (train.mask_schedule=linear);
+- linear + bias, wsd + bias: the head's output bias started at the training tokens' log
+  frequencies (model.output_bias=unigram, issue 49).
 
 Every run's checkpoints (every `--snapshot-every` steps) are scored on the held-out test text after
 training (learning.py's evaluation, 15% masked), each stamped with its commit time since the run
@@ -57,6 +59,8 @@ def recipes(steps: int, seq_len: int) -> dict[str, dict]:
         "phases": {"train.phases": phases},
         "phases+wsd": {"train.phases": phases, **wsd},
         "mask 30%->15%": {"train.mask_schedule": "linear", "train.mask_prob_end": 0.15},
+        "linear + bias": {"model.output_bias": "unigram"},
+        "wsd + bias": {**wsd, "model.output_bias": "unigram"},
     }
 
 

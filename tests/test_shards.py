@@ -527,6 +527,43 @@ def test_a_unit_that_kills_its_actor_once_is_retried_and_gives_the_same_bytes(
     assert _digest_dir(Path(cfg.shards_dir)) == _digest_dir(Path(ref.shards_dir))
 
 
+def test_an_actor_that_answers_nothing_is_replaced_and_its_unit_done_by_another(ray_local, tmp_path, caplog):
+    """An actor Ray has alive that answers no call (here wedged in its one thread; in a run seen
+    here, one whose ALIVE notification the driver never got) is replaced once the pool goes
+    `stall_s` without a finished unit, and its unit is done by the new actor. An actor still
+    waiting for its CPUs is not taken for one."""
+    import time
+
+    from tpu_ray.prepare.actor_pool import run_on_pool, unanswering_actors
+    from tpu_ray.prepare.readers.base import WorkUnit
+
+    wedge = tmp_path / "wedge-once"
+    wedge.touch()
+
+    @ray_local.remote(num_cpus=0, max_concurrency=1)
+    class Worker:
+        def process(self, unit: dict) -> dict:
+            if wedge.exists():  # the first unit to come wedges its actor for good
+                wedge.unlink()
+                time.sleep(3600)
+            return {"unit": unit["index"]}
+
+    never = Worker.options(num_cpus=64).remote()  # more CPUs than the suite's cluster has: pending
+    units = [WorkUnit(index=i, source=f"part-{i}", fmt="text", start=0, split_at=0, end=0) for i in range(3)]
+    pool, done = [Worker.remote(), Worker.remote()], {}
+    first = list(pool)
+    with caplog.at_level("WARNING", logger="tpu_ray.prepare.shards"):
+        run_on_pool(pool, units, "process", Worker.remote, lambda u, r: done.setdefault(u.index, r), None,
+                    max_retries=1, stall_s=3)
+    assert done == {i: {"unit": i} for i in range(3)}
+    assert len(pool) == 2 and len(set(pool) - set(first)) == 1  # one actor replaced
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert re.fullmatch(r"actor on unit \d answered nothing for 3 s though Ray has it alive; replaced, "
+                        r"retry 1 of 1", line), line
+    assert unanswering_actors([never, *pool], wait_s=1) == []  # pending and healthy: neither is lost
+    ray_local.kill(never)
+
+
 def test_a_pool_whose_actors_cannot_start_says_so_with_the_free_cpus(ray_local, caplog):
     """A shard pool that makes no progress because an actor never got its CPUs names that, with the
     cluster's free CPUs, instead of a progress bar that never moves."""

@@ -335,6 +335,10 @@ class ModelConfig(_Section):
     # None -> the model type's published value (RoBERTa 1e-5, BERT 1e-12).
     layer_norm_eps: float | None = Field(None, gt=0, lt=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)  # hidden and attention dropout (0: none, for short runs)
+    # The masked-LM head's output bias at a fresh start: zeros (Hugging Face's), or unigram: the log
+    # frequencies of the training shards' tokens, so that step 0 predicts word frequencies
+    # (tpu_ray/train/output_bias.py; issue 49). Not with init_from or train.branch_from.
+    output_bias: Literal["zeros", "unigram"] = "zeros"
 
     @field_validator("model_type")
     @classmethod
@@ -566,6 +570,9 @@ class RunConfig(_Section):
                              f"address); close them with a firewall that admits only the cluster's nodes "
                              f"(docs/cluster.md, 'What is exposed, to whom'), then set "
                              f"train.workers_network_closed=true, or train with train.workers=1")
+        if self.model.output_bias == "unigram" and (self.model.init_from or t.branch_from):
+            raise ValueError("model.output_bias=unigram sets a fresh model's output bias; a run from "
+                             "model.init_from or train.branch_from starts from trained weights: use zeros")
         if why := _phases_refusal(self):
             raise ValueError(why)
         if why := _schedule_refusal(self):

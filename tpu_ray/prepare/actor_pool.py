@@ -23,9 +23,11 @@ STALL_S = 120.0
 
 
 def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_done, progress,
-                 max_retries: int = 3) -> None:
+                 max_retries: int = 3, stall_s: float = STALL_S) -> None:
     """Keep every actor busy with one unit; a unit whose actor died goes to a fresh actor, at most
-    `max_retries` times (then `UnitFailedError`: a poison unit must not be retried forever).
+    `max_retries` times (then `UnitFailedError`: a poison unit must not be retried forever). So
+    does the unit of an actor that answers nothing while Ray's control store has it alive, once
+    `stall_s` pass without a finished unit (unanswering_actors).
 
     Finished actors get their next unit before the driver records the finished ones (manifest
     write, progress), so no actor waits on the driver's bookkeeping.
@@ -54,8 +56,29 @@ def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_do
             progress.tick()
         if ready:
             last_result = time.monotonic()
-        elif not warned and time.monotonic() - last_result > STALL_S:
-            warned = _warn_if_unstarted(pool, STALL_S)
+        elif time.monotonic() - last_result > stall_s:
+            busy = {actor: (ref, unit) for ref, (actor, unit) in running.items()}
+            lost = unanswering_actors(list(busy), wait_s=min(10.0, stall_s))
+            for actor in lost:
+                ref, unit = busy[actor]
+                del running[ref]
+                deaths[unit.index] = deaths.get(unit.index, 0) + 1
+                if deaths[unit.index] > max_retries:
+                    raise UnitFailedError(f"unit {unit.index} ({describe_unit(unit)}): its actor answered nothing "
+                                          f"for {stall_s:.0f} s, {deaths[unit.index]} times; see the shard actors' "
+                                          f"logs (ray logs) for where they hang") from None
+                log.warning("actor on unit %d answered nothing for %.0f s though Ray has it alive; replaced, "
+                            "retry %d of %d", unit.index, stall_s, deaths[unit.index], max_retries)
+                ray.kill(actor)
+                pool.remove(actor)
+                replacement = new_actor()
+                pool.append(replacement)
+                idle.append(replacement)
+                queue.append(unit)
+            if lost:
+                last_result = time.monotonic()
+            elif not warned:
+                warned = _warn_if_unstarted(pool, stall_s)
         for ref in ready:
             actor, unit = running.pop(ref)
             try:
@@ -87,6 +110,24 @@ def unstarted_actors(pool: list, wait_s: float = 2.0) -> list:
     refs = {actor.__ray_ready__.remote(): actor for actor in pool}
     _, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
     return [refs[ref] for ref in waiting]
+
+
+def unanswering_actors(actors: list, wait_s: float = 10.0) -> list:
+    """The actors that Ray's control store (GCS) has alive but that answer no call within `wait_s`.
+
+    A pool's actors run two calls at once (max_concurrency=2), so a busy one still answers. Seen
+    here (Ray 2.60, a driver that had run several clusters in turn): the driver never got an
+    actor's ALIVE notification, so every call to it waited in the driver for ever while the actor
+    sat idle; a wedged actor looks the same. Asking the GCS directly (not through the driver's
+    view) tells them apart from actors still waiting for resources."""
+    from ray._private import state
+
+    alive = []
+    for actor in unstarted_actors(actors, wait_s):
+        info = state.actors(actor_id=actor._actor_id.hex()) or {}
+        if info.get("State") == "ALIVE":
+            alive.append(actor)
+    return alive
 
 
 def _warn_if_unstarted(pool: list, stall_s: float) -> bool:

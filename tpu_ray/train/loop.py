@@ -320,7 +320,7 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
                             f"{info.replicas} replicas; use a multiple of {info.replicas}")
     data = span_data(cfg, run_plan, shards, s.tok)
     source_samples = data.source_samples if data.mixture is not None else None
-    start = restore_or_start(cfg, s, ckpts, metrics, resume)
+    start = restore_or_start(cfg, s, ckpts, metrics, resume, shards)
     state = LoopState()
     # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
     timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
@@ -399,10 +399,11 @@ def refuse_precision(cfg: RunConfig, precision: str) -> None:
 
 
 def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
-                     resume: bool) -> int:
+                     resume: bool, shards: ShardSet | None = None) -> int:
     """The step to start from: 0, or the latest checkpoint's with --resume (refused without it).
     A fresh start with model.init_from loads the checkpoint's weights (optimizer and schedule fresh);
-    one with train.branch_from the stable run's checkpoint whole (train/branch.py)."""
+    one with train.branch_from the stable run's checkpoint whole (train/branch.py); one with
+    model.output_bias=unigram sets the head's bias from `shards` (train/output_bias.py)."""
     if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
         metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
     if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
@@ -416,6 +417,8 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
             loaded = load_weights(s.model, cfg)
             log.info("initialised from %s", loaded)
             metrics.event("init_from", stage="train", step=0, source=cfg.model.init_from, weights=loaded)
+        if cfg.model.output_bias == "unigram":
+            start_output_bias(cfg, s, shards, metrics)
         return 0
     if not resume:
         raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
@@ -428,6 +431,26 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     start = int(s.step_var.numpy())
     log.info("resumed from %s at step %d", ckpts.latest_url, start)
     return start  # the resume event is written by train_input, with the input position
+
+
+def start_output_bias(cfg: RunConfig, s: TrainSetup, shards: ShardSet | None, metrics: MetricsWriter) -> None:
+    """model.output_bias=unigram: the head's bias at the log frequencies of the training tokens; the
+    event records how many were counted and the loss a frequency-only model has on them (nats)."""
+    import numpy as np
+
+    from tpu_ray.train.output_bias import set_output_bias, token_log_frequencies
+
+    spec = mask_spec(cfg, s.tok)
+    files = [p for p, _ in shards.files("train")] if shards is not None else []
+    log_p, counted = token_log_frequencies(files, cfg.shard.seq_len, s.tok.vocab_size, spec.never_masked)
+    name = set_output_bias(s.model, log_p)
+    maskable = np.ones(len(log_p), bool)
+    maskable[[i for i in spec.never_masked if i < len(log_p)]] = False
+    p = np.exp(log_p[maskable].astype(np.float64))
+    entropy = float(-(p * np.log(p)).sum() / p.sum())
+    log.info("output bias %s set from %d training tokens: a frequency-only loss of %.3f nats", name, counted, entropy)
+    metrics.event("output_bias", stage="train", step=0, init="unigram", variable=name, tokens_counted=counted,
+                  frequency_loss=round(entropy, 4))
 
 
 def train_input(cfg: RunConfig, s: TrainSetup, span: Span, shards: ShardSet, start: int, ckpts: CheckpointStore,
