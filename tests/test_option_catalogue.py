@@ -341,6 +341,7 @@ CONFIG_ROWS: dict[str, object] = {
     "model.max_position_embeddings": Num(0, 1 << 20, lo_open=True),
     "model.layer_norm_eps": fraction(lo_open=True),
     "model.dropout": fraction(),  # 0: no dropout
+    "model.output_bias": Enum(),
     "train.steps": gt0("huge: trains until stopped; --resume continues"),
     "train.batch_size": Num(0, 1 << 20, lo_open=True),
     "train.learning_rate": gt0("huge: diverges, and training stops at the first non-finite loss naming the "
