@@ -436,18 +436,13 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
 def start_output_bias(cfg: RunConfig, s: TrainSetup, shards: ShardSet | None, metrics: MetricsWriter) -> None:
     """model.output_bias=unigram: the head's bias at the log frequencies of the training tokens; the
     event records how many were counted and the loss a frequency-only model has on them (nats)."""
-    import numpy as np
+    from tpu_ray.train.output_bias import frequency_loss, set_output_bias, token_log_frequencies
 
-    from tpu_ray.train.output_bias import set_output_bias, token_log_frequencies
-
-    spec = mask_spec(cfg, s.tok)
+    never = mask_spec(cfg, s.tok).never_masked
     files = [p for p, _ in shards.files("train")] if shards is not None else []
-    log_p, counted = token_log_frequencies(files, cfg.shard.seq_len, s.tok.vocab_size, spec.never_masked)
+    log_p, counted = token_log_frequencies(files, cfg.shard.seq_len, s.tok.vocab_size, never)
     name = set_output_bias(s.model, log_p)
-    maskable = np.ones(len(log_p), bool)
-    maskable[[i for i in spec.never_masked if i < len(log_p)]] = False
-    p = np.exp(log_p[maskable].astype(np.float64))
-    entropy = float(-(p * np.log(p)).sum() / p.sum())
+    entropy = frequency_loss(log_p, never)
     log.info("output bias %s set from %d training tokens: a frequency-only loss of %.3f nats", name, counted, entropy)
     metrics.event("output_bias", stage="train", step=0, init="unigram", variable=name, tokens_counted=counted,
                   frequency_loss=round(entropy, 4))

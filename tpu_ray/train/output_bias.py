@@ -37,7 +37,8 @@ def token_log_frequencies(files: Sequence[str], seq_len: int, vocab_size: int, n
     counts = np.zeros(vocab_size, np.int64)
     for batch in ids.as_numpy_iterator():
         counts += np.bincount(batch.ravel(), minlength=vocab_size)[:vocab_size]
-        if counts.sum() >= max_tokens:
+        max_tokens -= batch.size
+        if max_tokens <= 0:
             break
     never = [i for i in never_counted if 0 <= i < vocab_size]
     counts[never] = 0
@@ -46,6 +47,15 @@ def token_log_frequencies(files: Sequence[str], seq_len: int, vocab_size: int, n
     log_p = np.log((counts + SMOOTHING) / (counted + SMOOTHING * maskable))
     log_p[never] = log_p.min()
     return log_p.astype(np.float32), counted
+
+
+def frequency_loss(log_p: np.ndarray, never_counted: Sequence[int]) -> float:
+    """The loss (nats) a frequency-only model has on the counted tokens: the entropy of p over the
+    maskable ids (renormalised: the smoothing's mass included)."""
+    keep = np.ones(len(log_p), bool)
+    keep[[i for i in never_counted if 0 <= i < len(log_p)]] = False
+    p = np.exp(log_p[keep].astype(np.float64))
+    return float(-(p * np.log(p)).sum() / p.sum())
 
 
 def set_output_bias(model, log_p: np.ndarray) -> str:
