@@ -41,6 +41,15 @@ def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_do
     finished: list[tuple[WorkUnit, dict]] = []
     deaths: dict[int, int] = {}
     last_result, warned = time.monotonic(), False
+
+    def retry_on_new_actor(actor, unit: WorkUnit) -> None:
+        """The unit back in the queue, its actor (dead or given up on) swapped for a fresh one."""
+        pool.remove(actor)
+        replacement = new_actor()
+        pool.append(replacement)
+        idle.append(replacement)
+        queue.append(unit)
+
     while queue or running or finished:
         while queue and idle:
             actor = idle.pop()
@@ -70,11 +79,7 @@ def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_do
                 log.warning("actor on unit %d answered nothing for %.0f s though Ray has it alive; replaced, "
                             "retry %d of %d", unit.index, stall_s, deaths[unit.index], max_retries)
                 ray.kill(actor)
-                pool.remove(actor)
-                replacement = new_actor()
-                pool.append(replacement)
-                idle.append(replacement)
-                queue.append(unit)
+                retry_on_new_actor(actor, unit)
             if lost:
                 last_result = time.monotonic()
             elif not warned:
@@ -89,11 +94,7 @@ def run_on_pool(pool: list, units: list[WorkUnit], method: str, new_actor, on_do
                     raise UnitFailedError(unit_failure_line(unit, deaths[unit.index], exc)) from None
                 log.warning("actor died while on unit %d (%s); retry %d of %d on a new actor",
                             unit.index, type(exc).__name__, deaths[unit.index], max_retries)
-                pool.remove(actor)
-                replacement = new_actor()
-                pool.append(replacement)
-                idle.append(replacement)
-                queue.append(unit)
+                retry_on_new_actor(actor, unit)
                 continue
             except RayTaskError as exc:
                 cause = exc.cause if hasattr(exc, "cause") else None
