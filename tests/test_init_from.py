@@ -154,13 +154,17 @@ def test_continue_from_a_tensorflow_save_pretrained_directory_then_resume_withou
 
     src = tmp_path / "src"  # a copy: deleted below
     shutil.copytree(tf_dir, src)
-    left_in = {"tokenizer.kind": "wordpiece", "tokenizer.vocab_size": 5000, "model.preset": "small"}
+    # Also a fresh model's start (issue 49): the bias and the initialisation scale are the checkpoint's.
+    left_in = {"tokenizer.kind": "wordpiece", "tokenizer.vocab_size": 5000, "model.preset": "small",
+               "model.output_bias": "unigram", "model.initializer_range": 0.2}
     with caplog.at_level(logging.INFO, logger="tpu_ray.train.loop"):
         cfg = _continue(tmp_path, small_corpus, str(src), **left_in, **{"train.checkpoint_every": 2})
     assert cfg.model.model_type == "roberta" and cfg.model.hidden_size == 64
     _check_continued(cfg, source)
     evals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval")]
     assert [e.split(":")[0] for e in evals] == ["eval @ step 0", "eval @ step 2"], evals  # the start's and the end's
+    assert any("model.output_bias=unigram is for a fresh model" in r.getMessage() for r in caplog.records)
+    assert not [r for r in _records(Path(cfg.run_dir), "event") if r["event"] == "output_bias"]
     run = Path(cfg.run_dir)
     text = (run / "config.yaml").read_text()
     assert f"init_from: {src}" in text

@@ -342,6 +342,7 @@ CONFIG_ROWS: dict[str, object] = {
     "model.layer_norm_eps": fraction(lo_open=True),
     "model.dropout": fraction(),  # 0: no dropout
     "model.output_bias": Enum(),
+    "model.initializer_range": Num(0, 1, lo_open=True),
     "train.steps": gt0("huge: trains until stopped; --resume continues"),
     "train.batch_size": Num(0, 1 << 20, lo_open=True),
     "train.learning_rate": gt0("huge: diverges, and training stops at the first non-finite loss naming the "

@@ -1,5 +1,6 @@
-"""model.output_bias=unigram (issue 49): a fresh model's head starts at the training tokens' log
-frequencies, so its first loss is the word-frequency baseline's, not ln V's."""
+"""How a fresh model starts (issue 49). model.output_bias=unigram: the head starts at the training
+tokens' log frequencies, so its first loss is the word-frequency baseline's, not ln V's;
+model.initializer_range: the scale of the random weights."""
 
 from __future__ import annotations
 
@@ -73,9 +74,34 @@ def test_the_head_starts_at_the_log_frequencies_of_the_training_tokens(tmp_path,
 
 
 @pytest.mark.quick
-def test_a_run_from_trained_weights_refuses_a_unigram_bias(tmp_path):
+def test_an_initializer_range_for_a_type_without_one_is_refused(tmp_path):
     from tests.helpers import tiny_config
 
-    for over in ({"model.init_from": str(tmp_path / "ckpt")}, {"train.branch_from": str(tmp_path / "stable")}):
-        with pytest.raises(UserError, match=r"model.output_bias=unigram .* starts from trained weights: use zeros"):
-            tiny_config(tmp_path / "run", tmp_path / "c.txt", **{"model.output_bias": "unigram", **over})
+    with pytest.raises(UserError, match=r"model.initializer_range: xlm has no initializer_range .* leave it unset"):
+        tiny_config(tmp_path / "run", tmp_path / "c.txt", **{"model.model_type": "xlm", "model.initializer_range": 0.05})
+
+
+def test_initializer_range_scales_a_fresh_models_weights(tmp_path, tiny_tokenizer_dir):
+    """model.initializer_range is the std of a fresh model's embeddings and dense kernels (issue 49)."""
+    import tensorflow as tf
+    from transformers import TFAutoModelForMaskedLM
+
+    from tests.helpers import tiny_config
+    from tpu_ray.prepare.tokenizer import tokenizer_info
+    from tpu_ray.train.model import hf_config
+
+    tok = tokenizer_info(tiny_tokenizer_dir)
+    stds = {}
+    for scale in (None, 0.1):
+        cfg = tiny_config(tmp_path / "run", tmp_path / "c.txt", **{"model.initializer_range": scale})
+        tf.keras.utils.set_random_seed(0)
+        model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
+        model(model.dummy_inputs)
+        weights = {w.name: w.numpy() for w in model.weights}
+        word = next(v for k, v in weights.items() if "word_embeddings" in k)
+        query = next(v for k, v in weights.items() if "query/kernel" in k)
+        stds[scale] = (float(word.std()), float(query.std()))
+    # A truncated normal at 2 std has 0.88 of the std asked for; the ratio of two is the ratio asked for.
+    assert stds[None][0] == pytest.approx(0.02 * 0.88, rel=0.05)
+    assert stds[0.1][0] / stds[None][0] == pytest.approx(5, rel=0.05)
+    assert stds[0.1][1] / stds[None][1] == pytest.approx(5, rel=0.1)

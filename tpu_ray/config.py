@@ -337,8 +337,13 @@ class ModelConfig(_Section):
     dropout: float = Field(0.1, ge=0.0, lt=1.0)  # hidden and attention dropout (0: none, for short runs)
     # The masked-LM head's output bias at a fresh start: zeros (Hugging Face's), or unigram: the log
     # frequencies of the training shards' tokens, so that step 0 predicts word frequencies
-    # (tpu_ray/train/output_bias.py; issue 49). Not with init_from or train.branch_from.
+    # (tpu_ray/train/output_bias.py; issue 49). A run from init_from or train.branch_from keeps the
+    # trained bias it starts from (logged), so one config serves the fresh run and its continuations.
     output_bias: Literal["zeros", "unigram"] = "zeros"
+    # The standard deviation of a fresh model's weight initialisation (transformers' initializer_range);
+    # None -> the model type's published value (0.02 for most). Trained weights (init_from, branch_from)
+    # are loaded over it.
+    initializer_range: float | None = Field(None, gt=0, le=1)
 
     @field_validator("model_type")
     @classmethod
@@ -570,9 +575,9 @@ class RunConfig(_Section):
                              f"address); close them with a firewall that admits only the cluster's nodes "
                              f"(docs/cluster.md, 'What is exposed, to whom'), then set "
                              f"train.workers_network_closed=true, or train with train.workers=1")
-        if self.model.output_bias == "unigram" and (self.model.init_from or t.branch_from):
-            raise ValueError("model.output_bias=unigram sets a fresh model's output bias; a run from "
-                             "model.init_from or train.branch_from starts from trained weights: use zeros")
+        if self.model.initializer_range is not None and self.model.model_type in ("xlm", "flaubert"):
+            raise ValueError(f"model.initializer_range: {self.model.model_type} has no initializer_range "
+                             f"(it initialises with init_std and embed_init_std); leave it unset")
         if why := _phases_refusal(self):
             raise ValueError(why)
         if why := _schedule_refusal(self):

@@ -417,7 +417,9 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
             loaded = load_weights(s.model, cfg)
             log.info("initialised from %s", loaded)
             metrics.event("init_from", stage="train", step=0, source=cfg.model.init_from, weights=loaded)
-        if cfg.model.output_bias == "unigram":
+        if cfg.model.output_bias == "unigram" and cfg.model.init_from:
+            log.info("model.output_bias=unigram is for a fresh model: the head's bias is model.init_from's")
+        elif cfg.model.output_bias == "unigram":
             start_output_bias(cfg, s, shards, metrics)
         return 0
     if not resume:

@@ -27,6 +27,8 @@ def scratch_hf_config(cfg: RunConfig, tok: TokenizerInfo):
             sizes[name] = value
     extra = {k: v for k in ("layer_norm_eps", "type_vocab_size") if (v := cfg.model.published(k)) is not None}
     extra.update(scratch_config(fam.model_type, cfg))
+    if cfg.model.initializer_range is not None:
+        extra["initializer_range"] = cfg.model.initializer_range
     if fam.model_type in ("xlm", "flaubert"):  # XLM names its special ids itself
         extra.update(pad_index=tok.pad_id, eos_index=tok.sep_id, bos_index=tok.cls_id, unk_index=tok.unk_id,
                      mask_index=tok.mask_id, causal=False)
