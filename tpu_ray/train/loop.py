@@ -407,6 +407,8 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
         metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
     if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
+        if cfg.model.output_bias == "unigram" and (cfg.train.branch_from or cfg.model.init_from):
+            log.info("model.output_bias=unigram is for a fresh model: the head's bias is the trained one it starts from")
         if cfg.train.branch_from:  # a decay branched off a stable run: its checkpoint, this run's schedule
             from tpu_ray.train.branch import restore as restore_branch
 
@@ -417,9 +419,7 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
             loaded = load_weights(s.model, cfg)
             log.info("initialised from %s", loaded)
             metrics.event("init_from", stage="train", step=0, source=cfg.model.init_from, weights=loaded)
-        if cfg.model.output_bias == "unigram" and cfg.model.init_from:
-            log.info("model.output_bias=unigram is for a fresh model: the head's bias is model.init_from's")
-        elif cfg.model.output_bias == "unigram":
+        if cfg.model.output_bias == "unigram" and not cfg.model.init_from:
             start_output_bias(cfg, s, shards, metrics)
         return 0
     if not resume:
