@@ -1,7 +1,8 @@
 """Time to quality of the schedules (issue 32), against the reference `model.fit` recipe, in one run.
 
 On benchmarks/learning.py's setting (WikiText-2, hidden 128, 2 layers, 1,500 steps, lr 2e-3,
-warm-up 100, 30% masked with an exact count: what jobs/configs ship), one tokenizer and one set of
+warm-up 100, 30% masked with an exact count: what jobs/configs ship; each row sets its schedule and
+output bias), one tokenizer and one set of
 shards (cut at the full length and, from the same tokenization, at half of it for the phases row),
 the reference `model.fit` trains once, then tpu-ray trains one run per recipe:
 
@@ -12,7 +13,8 @@ the reference `model.fit` trains once, then tpu-ray trains one run per recipe:
 - phases + wsd: both;
 - falling masking rate: 30% linearly to 15% (train.mask_schedule=linear);
 - linear + bias, wsd + bias: the head's output bias started at the training tokens' log
-  frequencies (model.output_bias=unigram, issue 49).
+  frequencies (model.output_bias=unigram, issue 49); wsd + bias is what jobs/configs/quickstart.yaml
+  ships and learning.py's default.
 
 Every run's checkpoints (every `--snapshot-every` steps) are scored on the held-out test text after
 training (learning.py's evaluation, 15% masked), each stamped with its commit time since the run
@@ -51,16 +53,21 @@ def recipes(steps: int, seq_len: int) -> dict[str, dict]:
     """Each row's overrides of tpu-ray's side (learning.py's settings otherwise)."""
     short = round(steps * 0.85)
     phases = [{"steps": short, "seq_len": seq_len // 2}, {"steps": steps - short, "seq_len": seq_len}]
-    wsd = {"train.schedule": "wsd", "train.decay_fraction": 0.2, "train.decay_shape": "1-sqrt"}
+    # Every row names its schedule and output bias: learning.py's defaults are the shipped recipe's.
+    zeros = {"model.output_bias": "zeros", "model.initializer_range": None}  # transformers' own start
+    bias = {"model.output_bias": "unigram"}
+    linear = {"train.schedule": "linear", **zeros}
+    wsd = {"train.schedule": "wsd", "train.decay_fraction": 0.2, "train.decay_shape": "1-sqrt", **zeros}
     return {
-        "linear": {},
+        "linear": linear,
         "wsd": wsd,
-        "cosine": {"train.schedule": "cosine"},
-        "phases": {"train.phases": phases},
+        "cosine": {"train.schedule": "cosine", **zeros},
+        "phases": {"train.phases": phases, **linear},
         "phases+wsd": {"train.phases": phases, **wsd},
-        "mask 30%->15%": {"train.mask_schedule": "linear", "train.mask_prob_end": 0.15},
-        "linear + bias": {"model.output_bias": "unigram"},
-        "wsd + bias": {**wsd, "model.output_bias": "unigram"},
+        "mask 30%->15%": {"train.mask_schedule": "linear", "train.mask_prob_end": 0.15, **linear},
+        "linear + bias": {**linear, **bias},
+        "wsd + bias": {**wsd, **bias},
+        "wsd + bias + init 0.04": {**wsd, **bias, "model.initializer_range": 0.04},  # what quickstart.yaml ships
     }
 
 

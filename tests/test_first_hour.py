@@ -144,10 +144,18 @@ def _argument_default(path, flag: str):
 
 @pytest.mark.quick
 def test_the_learning_benchmarks_default_is_the_recipe_jobs_configs_ship():
-    """A benchmark's default is what ships: `python benchmarks/learning.py` masks as jobs/configs do."""
+    """A benchmark's default is what ships: `python benchmarks/learning.py` masks as jobs/configs do
+    and trains with the quickstart's schedule, output bias and initialisation scale."""
     bench = REPO / "benchmarks" / "learning.py"
     count, prob = _argument_default(bench, "--mask-count"), _argument_default(bench, "--mask-prob")
     for path in sorted((REPO / "jobs" / "configs").glob("*.yaml")):
         train = yaml.safe_load(path.read_text()).get("train", {})
         if "mask_count" in train:
             assert (train["mask_count"], train["mask_prob"]) == (count, prob), path.name
+    # Issue 49: the schedule and the output bias the benchmark measured are the quickstart's.
+    quickstart = yaml.safe_load((REPO / "jobs" / "configs" / "quickstart.yaml").read_text())
+    shipped = (quickstart["train"]["schedule"], quickstart["train"]["decay_fraction"],
+               quickstart["train"]["decay_shape"], quickstart["model"]["output_bias"],
+               quickstart["model"]["initializer_range"])
+    assert shipped == tuple(_argument_default(bench, flag) for flag in
+                            ("--schedule", "--decay-fraction", "--decay-shape", "--output-bias", "--initializer-range"))

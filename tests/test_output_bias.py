@@ -72,6 +72,16 @@ def test_the_head_starts_at_the_log_frequencies_of_the_training_tokens(tmp_path,
     first = _records(tmp_path / "run", "train")[0]["loss"]
     assert abs(first - entropy) < 0.25, (first, entropy, math.log(maskable))
 
+    # The lever is in the model card and the report, with what the event counted.
+    from tpu_ray.report import write_report
+
+    card = (tmp_path / "run" / "model" / "README.md").read_text()
+    assert "- recipe: peak learning rate 1e-09, linear: warm-up 0" in card
+    assert "output bias unigram, initializer_range the type's default" in card, card
+    page = (tmp_path / "run" / "report.html").read_text() if write_report(str(tmp_path / "run")) else ""
+    assert f"log frequencies of {event['tokens_counted']:,} training tokens" in page
+    assert f"frequency-only loss of {event['frequency_loss']:.4f} nats" in page
+
 
 @pytest.mark.quick
 def test_an_initializer_range_for_a_type_without_one_is_refused(tmp_path):

@@ -108,6 +108,24 @@ def _shard_rows(run_dir: str) -> list[tuple[str, str]]:
     return shards.describe() if shards.entries else []
 
 
+def _recipe_rows(run_dir: str, df: pd.DataFrame) -> list[tuple[str, str]]:
+    """The recipe the saved config names, and what the output-bias event counted (issue 49: every
+    lever in the report). A damaged config is shown, not raised."""
+    from tpu_ray.saved_config import read_saved_config
+    from tpu_ray.train.recipe import recipe_text
+
+    try:
+        cfg = read_saved_config(run_dir)
+    except (UserError, OSError, ValueError) as exc:
+        return [("recipe", f"cannot be read: {exc}")]
+    rows = [("recipe", recipe_text(cfg))] if cfg else []
+    events = df[(df["kind"] == "event") & (df["event"] == "output_bias")] if "event" in df.columns else df.iloc[0:0]
+    for _, e in events.iterrows():
+        rows.append(("output bias", f"{e.get('init')}: log frequencies of {int(e['tokens_counted']):,} training "
+                                    f"tokens; a frequency-only loss of {_fmt(e.get('frequency_loss'), '.4f')} nats"))
+    return rows
+
+
 def _stage_rows(df: pd.DataFrame) -> list[tuple[str, str]]:
     if df.empty or "event" not in df.columns:
         return []
@@ -215,7 +233,7 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
         plot_accuracy(train, ev, lp["accuracy.png"])
         if downstream:
             plot_downstream(scores, lp[DOWNSTREAM_PLOT])
-        page = redact(_html(run_dir, _stats(df, summary), _stage_rows(df), summary, config_text, _shard_rows(run_dir),
+        page = redact(_html(run_dir, [*_stats(df, summary), *_recipe_rows(run_dir, df)], _stage_rows(df), summary, config_text, _shard_rows(run_dir),
                             _source_rows(df), downstream))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
             f.write(page)

@@ -77,6 +77,8 @@ def _command(run_dir: str) -> str | None:
 def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None,
                mask: str = "[MASK]") -> str:
     """README.md of the exported model: what it was trained on, how long, how well, and how."""
+    from tpu_ray.train.recipe import recipe_text
+
     t = cfg.train
     tokens = step * t.batch_size * cfg.shard.seq_len
     ev = last_eval or {}  # the trainer's last eval record (read from memory: gs:// metrics may still be held)
@@ -105,6 +107,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         f"{sizes['num_attention_heads']} heads ({origin}), sequence length {cfg.shard.seq_len}",
         f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
         f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
+        f"- recipe: {recipe_text(cfg)}",
         quality,
         f"- made by: {made_by}",
         "",
