@@ -221,7 +221,10 @@ def run_reference(cfg, args, batch: dict):
                 state["off"] += time.perf_counter() - t0
                 snaps.append((time.perf_counter() - t - state["off"], step + 1, weights))
 
-    model, _ = reference_fit(cfg, args.steps, lr=args.lr, warmup_steps=args.warmup, seq_len=args.seq_len,
+    # The reference starts as transformers builds a model (its initializer_range; the output bias is
+    # tpu-ray's trainer's own): a start lever of tpu-ray's recipe must not move the baseline.
+    as_built = cfg.override({"model.initializer_range": None, "model.output_bias": "zeros"})
+    model, _ = reference_fit(as_built, args.steps, lr=args.lr, warmup_steps=args.warmup, seq_len=args.seq_len,
                              batch=args.batch, callbacks=[Snapshot()])
     seconds = time.perf_counter() - t - state["off"]
     final = evaluate(model, batch)
