@@ -56,6 +56,32 @@ def test_builtin_corpus_is_real_python_documentation_and_deterministic(tmp_path)
     assert open(path, encoding="utf-8").read() == text
 
 
+def test_builtin_corpus_does_not_depend_on_the_environment_or_the_process():
+    """CI's quickstart trained on another text than a developer's: setuptools' own distutils (one
+    text per setuptools version) stood in for the stdlib's, and Ray, once imported, replaces
+    inspect.isgenerator. Only modules of the Python build count, and a fresh process (Ray not yet
+    imported) writes the same text as this one."""
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    import ray  # noqa: F401  (imported here: the fresh process below has not imported it)
+    import yaml
+
+    from tpu_ray.prepare.readers.builtin import _from_the_standard_library, builtin_python_docs
+
+    assert _from_the_standard_library(json) and _from_the_standard_library(sys)
+    assert not _from_the_standard_library(yaml)  # site-packages
+    text = builtin_python_docs()
+    assert "Python Module Distribution Utilities" not in text
+    code = ("import hashlib, sys; from tpu_ray.prepare.readers.builtin import builtin_python_docs; "
+            "assert 'ray' not in sys.modules; print(hashlib.sha256(builtin_python_docs().encode()).hexdigest())")
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert fresh.stdout.split()[-1] == hashlib.sha256(text.encode()).hexdigest()
+
+
 @pytest.mark.quick
 def test_a_vocabulary_far_below_the_one_asked_warns_with_the_reason(caplog):
     """Issue 15, class 5: 800 asked, a few dozen learnt from one short line: a warning says why."""

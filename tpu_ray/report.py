@@ -233,7 +233,8 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
         plot_accuracy(train, ev, lp["accuracy.png"])
         if downstream:
             plot_downstream(scores, lp[DOWNSTREAM_PLOT])
-        page = redact(_html(run_dir, [*_stats(df, summary), *_recipe_rows(run_dir, df)], _stage_rows(df), summary, config_text, _shard_rows(run_dir),
+        stats = [*_stats(df, summary), *_recipe_rows(run_dir, df)]
+        page = redact(_html(run_dir, stats, _stage_rows(df), summary, config_text, _shard_rows(run_dir),
                             _source_rows(df), downstream))
         with open(lp[REPORT_FILE], "w", encoding="utf-8") as f:
             f.write(page)

@@ -5,7 +5,9 @@ Written once into the run directory as a plain text file, then planned and read 
 
 from __future__ import annotations
 
+import os
 import sys
+import sysconfig
 
 from tpu_ray import storage
 from tpu_ray.config import BUILTIN_CORPUS
@@ -14,20 +16,41 @@ from tpu_ray.prepare.readers import register
 from tpu_ray.prepare.readers.base import CorpusFile, PlanContext, SourceReader, WorkUnit
 
 # Modules whose import has side effects (opens a browser, prints, needs a display) or that are
-# test suites; left out of the built-in corpus.
+# test suites; left out of the built-in corpus. distutils too: setuptools replaces it with its own
+# copy (a different text per setuptools version), and Python 3.12 removed it.
 _SKIP_MODULES = {
     "antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle", "turtledemo",
     "test", "lib2to3", "ensurepip", "venv", "pydoc_data", "xxsubtype", "xxlimited", "_testcapi",
+    "distutils",
 }
+
+
+def _from_the_standard_library(module) -> bool:
+    """Whether the module was loaded from the Python build itself (built in, or under its stdlib
+    directories, not a site-packages): a package installed in the environment can shadow a stdlib
+    name, which would make the corpus, and every run trained on it, depend on the environment."""
+    where = getattr(module, "__file__", None)
+    if where is None:
+        return True
+    parts = os.path.realpath(where).split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    roots = {os.path.realpath(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib")}
+    return any(os.path.realpath(where).startswith(root + os.sep) for root in roots)
 
 
 def builtin_python_docs() -> str:
     """The CPython documentation as text: pydoc's topic pages plus stdlib module docstrings.
 
-    Deterministic for a given Python build: topics sorted by name, modules sorted by name.
+    Deterministic for a given Python build, whatever else the environment holds: topics sorted by
+    name, modules sorted by name, only modules loaded from the build's own standard library.
     """
     import importlib
     import inspect
+
+    # Ray replaces stdlib functions when imported (inspect.isgenerator): imported first, so the text
+    # is the same whether or not the caller had imported it (the pipeline always has).
+    import ray  # noqa: F401
     from pydoc_data.topics import topics
 
     parts = [topics[name].strip() for name in sorted(topics)]
@@ -37,6 +60,8 @@ def builtin_python_docs() -> str:
         try:
             module = importlib.import_module(name)
         except Exception:  # not built on this platform (e.g. winreg): skip
+            continue
+        if not _from_the_standard_library(module):
             continue
         docs = [inspect.getdoc(module) or ""]
         for attr in sorted(getattr(module, "__all__", None) or dir(module)):
