@@ -163,7 +163,6 @@ def test_continue_from_a_tensorflow_save_pretrained_directory_then_resume_withou
     _check_continued(cfg, source)
     evals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval")]
     assert [e.split(":")[0] for e in evals] == ["eval @ step 0", "eval @ step 2"], evals  # the start's and the end's
-    assert any("model.output_bias=unigram is for a fresh model" in r.getMessage() for r in caplog.records)
     assert not [r for r in _records(Path(cfg.run_dir), "event") if r["event"] == "output_bias"]
     run = Path(cfg.run_dir)
     text = (run / "config.yaml").read_text()
@@ -171,7 +170,9 @@ def test_continue_from_a_tensorflow_save_pretrained_directory_then_resume_withou
     vocab, saved = tokenizer_info(str(source / "tokenizer")).vocab_size, yaml.safe_load(text)
     assert saved["tokenizer"]["kind"] == "unigram" and saved["tokenizer"]["vocab_size"] == vocab, saved["tokenizer"]
     assert saved["model"]["preset"] == "tiny" and saved["model"]["hidden_size"] == 64
+    assert saved["model"]["output_bias"] == "zeros" and saved["model"]["initializer_range"] is None
     card = (run / "model" / "README.md").read_text()
+    assert "- recipe: peak learning rate" in card and "weights from model.init_from" in card, card[:800]
     assert f"- tokenizer: unigram, vocabulary {vocab}" in card and "hidden 64, 2 layers" in card, card[:800]
     code, checks = doctor(tiny_config(run, small_corpus, **{"model.init_from": str(src), **left_in}))
     assert checks["vocab"][0] == "PASS" and checks["positions"][0] == "PASS", checks

@@ -500,8 +500,8 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 
 def _as_trained(cfg: RunConfig, sizes: dict[str, int]) -> dict[str, Any]:
     """The config fields a continued run takes from what it trains: tokenizer.kind and vocab_size of
-    the tokenizer it uses (the checkpoint's, or tokenizer.path), and model.preset when the
-    checkpoint's sizes are a preset's. Why: config.yaml, the model card and `doctor` read them, and
+    the tokenizer it uses (the checkpoint's, or tokenizer.path), model.preset when the
+    checkpoint's sizes are a preset's, and the fresh-start fields at their defaults. Why: config.yaml, the model card and `doctor` read them, and
     a continued config leaves their defaults in (a "unigram 8000, preset tiny" card for a BPE-2000
     hidden-128 model, and a doctor FAIL comparing 8000 tokens with 2000 embedding rows)."""
     from tokenizers import Tokenizer
@@ -520,6 +520,10 @@ def _as_trained(cfg: RunConfig, sizes: dict[str, int]) -> dict[str, Any]:
     preset = next((name for name, p in MODEL_PRESETS.items() if all(sizes.get(k) == v for k, v in p.items())), None)
     if preset:
         out["model.preset"] = preset
+    # A fresh model's start does not apply to trained weights: left in from a fresh run's config
+    # (the quickstart's), they would name a start that never happened and hold a resume to it.
+    out["model.output_bias"] = "zeros"
+    out["model.initializer_range"] = None
     return out
 
 
