@@ -32,11 +32,11 @@ def _from_the_standard_library(module) -> bool:
     where = getattr(module, "__file__", None)
     if where is None:
         return True
-    parts = os.path.realpath(where).split(os.sep)
-    if "site-packages" in parts or "dist-packages" in parts:
+    path = os.path.realpath(where)
+    if {"site-packages", "dist-packages"} & set(path.split(os.sep)):
         return False
     roots = {os.path.realpath(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib")}
-    return any(os.path.realpath(where).startswith(root + os.sep) for root in roots)
+    return any(path.startswith(root + os.sep) for root in roots)
 
 
 def builtin_python_docs() -> str:
