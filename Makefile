@@ -10,9 +10,10 @@
 #      TPU_RAY_REQUIRE_EXTRAS=1: fail); a failed build removes only the venvs it makes (t4, t5);
 #   4. the default suite, then the slow set, each a pytest run on $(JOBS) workers (pytest-xdist: a
 #      file's tests stay on one worker, so its module fixtures are made once; tests/timing.py groups
-#      them and starts the longest first). Two runs, not one: the slow set's tests that build and
-#      tear down Ray clusters start in fresh processes (a Ray 2.60 driver that has been through many
-#      ray.init/shutdown cycles can fail a reference-counter check and die, seen once here);
+#      them and starts the longest first). Two runs, not one: a failing default suite stops here
+#      before the slow set starts. Tests that build their own multi-node Ray cluster run in fresh
+#      processes (@pytest.mark.own_process, tests/own_process.py: a Ray 2.60 driver that has left one
+#      cluster for another can stop hearing from its actors, or die on a reference-counter check);
 #   5. the TPU package set (make tpu-set): the TPU-shaped tests again, on the [tpu] extra's TensorFlow
 #      version as the CPU wheel (tests/tpu_set/run.sh, .venv-tpu-set).
 # Any failing step or test fails the command, "no tests collected" (pytest's exit 5) included.

@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_ADDRESS", "local")
 
 from tests.helpers import REPO, WIKITEXT, start_local_ray, tiny_config, wikitext_slice  # noqa: F401
 
-pytest_plugins = ["tests.timing", "tests.gcs_emulator"]
+pytest_plugins = ["tests.timing", "tests.gcs_emulator", "tests.own_process"]
 
 
 @pytest.fixture(scope="session")

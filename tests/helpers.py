@@ -21,7 +21,7 @@ def start_local_ray():
     """The suite's real local Ray cluster (2 CPUs, no dashboard), started if it is not running.
 
     address="local": always a fresh cluster of our own, never one a `ray start` left running.
-    Tests that swap in a multi-node `Cluster` call this afterwards to put it back.
+    Tests that build a multi-node `Cluster` run in a process of their own (own_process) instead.
     """
     import gc
 

@@ -196,14 +196,13 @@ def test_a_dict_without_sources_in_the_config_names_the_sources(tmp_path, docs):
 
 
 @pytest.mark.slow
+@pytest.mark.own_process  # a 2-node cluster of its own (tests/own_process.py)
 def test_a_local_run_dir_on_two_nodes_is_refused(tmp_path, docs):  # noqa: F811
     """Ray Data writes each block on the node that holds it: a node-local run directory would get
     the corpus scattered over the nodes. Refused in one line before anything is written."""
     import ray
     from ray.cluster_utils import Cluster
 
-    start_local_ray()
-    ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=1)
@@ -216,7 +215,6 @@ def test_a_local_run_dir_on_two_nodes_is_refused(tmp_path, docs):  # noqa: F811
     finally:
         ray.shutdown()
         cluster.shutdown()
-        start_local_ray()
 
 
 @pytest.mark.parametrize("kind", ["pandas.DataFrame", "ray.data.Dataset"])

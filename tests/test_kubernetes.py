@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import start_local_ray
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kubernetes"
@@ -217,6 +216,7 @@ def _kuberay_host(monkeypatch, pod_type: str, topology: str, slice_name: str, wo
 
 
 @pytest.mark.slow  # a Ray cluster of 1 + 4 nodes: ~30 s on 2 cores
+@pytest.mark.own_process  # that cluster in a process of its own (tests/own_process.py)
 def test_the_slice_reservation_works_from_kuberay_labels_and_environment(monkeypatch):
     """The tpu-v5e-16 group's 4 pods as Ray labels them on GKE: tpu-ray reserves the whole slice by
     its head resource and drives it by the TPU_NAME KubeRay's webhook gave it (no TPU VM metadata)."""
@@ -251,4 +251,3 @@ def test_the_slice_reservation_works_from_kuberay_labels_and_environment(monkeyp
     finally:
         ray.shutdown()
         cluster.shutdown()
-        start_local_ray()  # put the suite's cluster back: later tests' session fixtures (ray_local) rely on it

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import manifest_json, shard_files, start_local_ray, tiny_config, wikitext_slice
+from tests.helpers import manifest_json, shard_files, tiny_config, wikitext_slice
 from tpu_ray.prepare import shards as shards_mod
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.shard_set import ShardSet
@@ -356,14 +356,15 @@ def test_gs_corpus_to_gs_shards_gives_the_local_bytes(gcs_emulator, tmp_path, re
 
 
 @pytest.fixture(scope="class")
-def ray_two_nodes(ray_local):
+def ray_two_nodes():
     """A real 2-node cluster (ray.cluster_utils.Cluster, 1 CPU each) in place of the session's
-    single node, built once for the tests of TestOnTwoNodes; the single node is restarted afterwards
-    for the tests that follow."""
+    single node, built once for the tests of TestOnTwoNodes (which run in a process of their own:
+    own_process, so the single node is not put back)."""
+    import ray
     from ray.cluster_utils import Cluster
 
-    ray = ray_local
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=1)
@@ -373,10 +374,10 @@ def ray_two_nodes(ray_local):
     finally:
         ray.shutdown()
         cluster.shutdown()
-        start_local_ray()
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
+@pytest.mark.own_process  # its 2-node cluster in a process of its own (tests/own_process.py)
 class TestOnTwoNodes:
     """Sharding on one 2-node cluster, shared by both tests (a cluster costs seconds to start)."""
 

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from tests.helpers import start_local_ray
 
 
 def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
@@ -18,6 +17,7 @@ def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
+@pytest.mark.own_process  # a multi-node cluster of its own (tests/own_process.py)
 def test_worker_1_joining_after_worker_0_is_reserved_and_tpu_name_picks_the_slice():
     """Two v4-16 slices' worker 0 are up; train.tpu_name=slice-b must reserve slice-b (not whichever
     head Ray picks). Worker 1 of slice-b joins only after worker 0's head resource is placed: the
@@ -83,4 +83,3 @@ def test_worker_1_joining_after_worker_0_is_reserved_and_tpu_name_picks_the_slic
     finally:
         ray.shutdown()
         cluster.shutdown()
-        start_local_ray()  # put the suite's cluster back for the tests after this one

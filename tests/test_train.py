@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, start_local_ray, tiny_config
+from tests.helpers import REPO, tiny_config
 from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
 SEQ_LEN = 64
@@ -384,7 +384,8 @@ def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
 def tpu_like_cluster():
     """One multi-node Ray cluster for the TPU-placement tests of TestTpuLikeSlices, built once: a CPU
     head (as in cluster.yaml), a v4-8 host (slice-a) and a two-host v4-16 slice (slice-b, worker 1
-    joining first). A test that needs another host adds it; the suite's local cluster is put back."""
+    joining first). A test that needs another host adds it. The class runs in a process of its own
+    (own_process), so the suite's local cluster is not put back."""
     from types import SimpleNamespace
 
     import ray
@@ -403,10 +404,10 @@ def tpu_like_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
-        start_local_ray()  # put the suite's cluster back for the tests after these
 
 
 @pytest.mark.slow  # a 4-node cluster and several TensorFlow start-ups: minutes on 2 cores
+@pytest.mark.own_process  # that cluster in a process of its own (tests/own_process.py)
 class TestTpuLikeSlices:
     def test_training_reserves_the_whole_tpu_like_slice_and_runs_on_its_worker_0(self, tpu_like_cluster, tmp_path,
                                                                                  shards_dir, tiny_tokenizer_dir,
@@ -526,6 +527,7 @@ class TestTpuLikeSlices:
 
 
 @pytest.mark.slow  # 4 Ray nodes, two TF workers started twice: a few minutes on 2 cores
+@pytest.mark.own_process  # that cluster in a process of its own (tests/own_process.py)
 def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_checkpoint(gcs_emulator, tmp_path, shards_dir,
                                                                                      tiny_tokenizer_dir, monkeypatch):
     """Two Ray Train workers (MultiWorkerMirroredStrategy) on three 1-CPU nodes, the multi-node layout:
@@ -639,7 +641,6 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
     finally:
         ray.shutdown()
         cluster.shutdown()
-        start_local_ray()
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
