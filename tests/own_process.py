@@ -64,6 +64,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         report = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, rep["outcome"],
                                    longrepr, rep["when"], duration=rep["duration"])
         item.ihook.pytest_runtest_logreport(report=report)
+    # What pytest's own protocol does after a test: tear down the fixtures the next test does not
+    # share (a module's, when this was its last test), else that test's setup finds them still up.
+    item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
