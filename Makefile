@@ -1,19 +1,21 @@
 # One command sets up and runs the tests on a fresh machine: `make test` (what .ci/run calls).
 #   1. .venv with tpu-ray and its test extra, once (again when pyproject.toml changes): `python3 -m venv`,
-#      then uv (from PyPI, into the venv) installs -e ".[test]": the same packages pip would, in seconds,
-#      compiled to bytecode as pip does (uv does not unless told: where PYTHONDONTWRITEBYTECODE is set,
-#      as on this project's machines, every process then compiled TensorFlow again, 12.6 s a time);
+#      then uv (from PyPI, into the venv) installs -e ".[test]": the same packages pip would, in seconds;
+#      tests/compile_bytecode.sh compiles them to bytecode as pip does (uv does not unless told, and
+#      its --compile-bytecode failed intermittently): where PYTHONDONTWRITEBYTECODE is set, as on
+#      this project's machines, every process otherwise compiled TensorFlow again, 12.6 s a time;
 #   2. Chromium for the browser test: apt-get where it can (root and apt-get present), else the test
 #      skips, saying why (with TPU_RAY_REQUIRE_EXTRAS=1, as CI sets, a missing Chromium fails here);
 #   3. the PyTorch interop venvs (.venv-interop/, tests/interop/setup_venvs.sh, ~1 GB linked from uv's
 #      cache), once: where they cannot be built (no network) their tests skip, saying why (with
 #      TPU_RAY_REQUIRE_EXTRAS=1: fail); a failed build removes only the venvs it makes (t4, t5);
-#   4. the default suite, then the slow set, each a pytest run on $(JOBS) workers (pytest-xdist: a
+#   4. the default suite and the slow set, one pytest run on $(JOBS) workers (pytest-xdist: a
 #      file's tests stay on one worker, so its module fixtures are made once; tests/timing.py groups
-#      them and starts the longest first). Two runs, not one: a failing default suite stops here
-#      before the slow set starts. Tests that build their own multi-node Ray cluster run in fresh
-#      processes (@pytest.mark.own_process, tests/own_process.py: a Ray 2.60 driver that has left one
-#      cluster for another can stop hearing from its actors, or die on a reference-counter check);
+#      them and starts the longest first). One run, not two: a session's fixtures are made once and
+#      neither worker idles at the end of the default suite (29 min 10 s with two runs from a fresh
+#      clone at 77fbfe3). Tests that build their own multi-node Ray cluster run in fresh processes
+#      (@pytest.mark.own_process, tests/own_process.py: a Ray 2.60 driver that has left one cluster
+#      for another can stop hearing from its actors, or die on a reference-counter check);
 #   5. the TPU package set (make tpu-set): the TPU-shaped tests again, on the [tpu] extra's TensorFlow
 #      version as the CPU wheel (tests/tpu_set/run.sh, .venv-tpu-set).
 # Any failing step or test fails the command, "no tests collected" (pytest's exit 5) included.
@@ -34,8 +36,7 @@ XDIST := $(if $(filter 1,$(JOBS)),-p no:xdist,-n $(JOBS) --dist loadgroup)
 .PHONY: test test-fast test-quick durations setup extras browser interop
 
 test: setup extras
-	$(PY) -m pytest $(XDIST)
-	$(PY) -m pytest $(XDIST) -m slow
+	$(PY) -m pytest $(XDIST) -m "slow or not slow"
 	$(MAKE) tpu-set
 
 test-fast: setup
@@ -46,11 +47,10 @@ test-quick: setup
 
 durations: setup extras
 	mkdir -p build
-	start=$$(date +%s); $(PY) -m pytest $(XDIST) --durations-json build/durations-default.json; rc=$$?; \
-	$(PY) -m pytest $(XDIST) -m slow --durations-json build/durations-slow.json || rc=1; \
-	secs=$$(( $$(date +%s) - start )); \
-	$(PY) tests/durations_table.py build/durations-default.json build/durations-slow.json \
-		--wall "the two pytest runs took $$((secs / 60)) min $$((secs % 60)) s"; \
+	start=$$(date +%s); $(PY) -m pytest $(XDIST) -m "slow or not slow" --durations-json build/durations.json; \
+	rc=$$?; secs=$$(( $$(date +%s) - start )); \
+	$(PY) tests/durations_table.py build/durations.json \
+		--wall "the pytest run took $$((secs / 60)) min $$((secs % 60)) s"; \
 	exit $$rc
 
 setup: $(VENV)/.installed
@@ -58,7 +58,8 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(PY) -m pip install -q "uv>=0.9"
-	VIRTUAL_ENV=$(VENV) $(UV) pip install --compile-bytecode -e ".[test]"
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -e ".[test]"
+	tests/compile_bytecode.sh $(VENV)
 	touch $@
 
 extras: browser interop

@@ -18,7 +18,7 @@ def test_a_package_without_bytecode_is_named_until_it_is_compiled(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     assert uncompiled(("heavy_pkg",)) == ["heavy_pkg"]
-    py_compile.compile(str(package / "__init__.py"))  # what uv's --compile-bytecode does for each file
+    py_compile.compile(str(package / "__init__.py"))  # what tests/compile_bytecode.sh does for each file
     assert uncompiled(("heavy_pkg",)) == []
     # Where Python writes bytecode itself, the first import pays once: nothing to say.
     (package / "__pycache__").rename(tmp_path / "gone")

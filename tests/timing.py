@@ -75,8 +75,8 @@ HEAVY_IMPORTS = ("tensorflow", "ray", "transformers")  # imported by most of the
 def uncompiled(packages: tuple[str, ...] = HEAVY_IMPORTS) -> list[str]:
     """The packages whose `__init__` has no bytecode beside it, when Python will not write any
     (PYTHONDONTWRITEBYTECODE, set on this project's machines): each process then compiles them from
-    source again. uv installs without bytecode unless told (`--compile-bytecode`; pip compiles by
-    default), and that cost `import tensorflow` 12.6 s instead of 5.2 on 2 cores, in every test
+    source again. uv installs without bytecode unless told (tests/compile_bytecode.sh compiles; pip
+    does by default), and that cost `import tensorflow` 12.6 s instead of 5.2 on 2 cores, in every test
     process, Ray worker and subprocess: more than half of the multi-worker node-loss test's CPU."""
     import importlib.util
     import sys

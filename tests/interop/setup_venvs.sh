@@ -23,7 +23,8 @@ build() {  # build NAME TRANSFORMERS_SPEC
     rm -rf "$dir"
     "$uv" venv -q --python "$py" "$dir"
     # torch pinned: a bare `torch` requirement pulls a multi-GB CUDA build.
-    VIRTUAL_ENV="$dir" "$uv" pip install -q --compile-bytecode "${links[@]}" "torch==2.13.0" "$2" safetensors tokenizers numpy
+    VIRTUAL_ENV="$dir" "$uv" pip install -q "${links[@]}" "torch==2.13.0" "$2" safetensors tokenizers numpy
+    tests/compile_bytecode.sh "$dir"
     if "$dir/bin/python" -c "import tensorflow" 2>/dev/null; then
         echo "$dir: tensorflow is importable; the interop venvs must not have it" >&2; exit 1
     fi

@@ -29,7 +29,8 @@ open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 print("tpu-set:", ", ".join(lines))
 PY
 [ -x "$VENV/bin/python" ] || "$UV" venv -q --python "$PYTHON" "$VENV"
-VIRTUAL_ENV="$VENV" "$UV" pip install -q --compile-bytecode --override "$overrides" -e ".[test]"
+VIRTUAL_ENV="$VENV" "$UV" pip install -q --override "$overrides" -e ".[test]"
+tests/compile_bytecode.sh "$VENV"
 "$VENV/bin/python" -c "import tensorflow as tf, tf_keras, transformers; print('tpu-set: tensorflow', tf.__version__, \
 'tf-keras', tf_keras.__version__, 'transformers', transformers.__version__)"
 # Two xdist workers, as `make test` runs (tests/timing.py groups a file's tests on one worker).
