@@ -9,13 +9,14 @@
 #   3. the PyTorch interop venvs (.venv-interop/, tests/interop/setup_venvs.sh, ~1 GB linked from uv's
 #      cache), once: where they cannot be built (no network) their tests skip, saying why (with
 #      TPU_RAY_REQUIRE_EXTRAS=1: fail); a failed build removes only the venvs it makes (t4, t5);
-#   4. the default suite and the slow set, one pytest run on $(JOBS) workers (pytest-xdist: a
+#   4. the default suite, then the slow set, each a pytest run on $(JOBS) workers (pytest-xdist: a
 #      file's tests stay on one worker, so its module fixtures are made once; tests/timing.py groups
-#      them and starts the longest first). One run, not two: a session's fixtures are made once and
-#      neither worker idles at the end of the default suite (29 min 10 s with two runs from a fresh
-#      clone at 77fbfe3). Tests that build their own multi-node Ray cluster run in fresh processes
-#      (@pytest.mark.own_process, tests/own_process.py: a Ray 2.60 driver that has left one cluster
-#      for another can stop hearing from its actors, or die on a reference-counter check);
+#      them and starts the longest first). Two runs, not one: a failing default suite stops here
+#      before the slow set starts, and one run was no faster (a fresh clone's make test: 29 min 30 s
+#      with one, 29 min 10 s with two). Tests that build their own multi-node Ray cluster run in
+#      fresh processes (@pytest.mark.own_process, tests/own_process.py: a Ray 2.60 driver that has
+#      left one cluster for another can stop hearing from its actors, or die on a reference-counter
+#      check);
 #   5. the TPU package set (make tpu-set): the TPU-shaped tests again, on the [tpu] extra's TensorFlow
 #      version as the CPU wheel (tests/tpu_set/run.sh, .venv-tpu-set).
 # Any failing step or test fails the command, "no tests collected" (pytest's exit 5) included.
@@ -36,7 +37,8 @@ XDIST := $(if $(filter 1,$(JOBS)),-p no:xdist,-n $(JOBS) --dist loadgroup)
 .PHONY: test test-fast test-quick durations setup extras browser interop
 
 test: setup extras
-	$(PY) -m pytest $(XDIST) -m "slow or not slow"
+	$(PY) -m pytest $(XDIST)
+	$(PY) -m pytest $(XDIST) -m slow
 	$(MAKE) tpu-set
 
 test-fast: setup
@@ -47,10 +49,11 @@ test-quick: setup
 
 durations: setup extras
 	mkdir -p build
-	start=$$(date +%s); $(PY) -m pytest $(XDIST) -m "slow or not slow" --durations-json build/durations.json; \
-	rc=$$?; secs=$$(( $$(date +%s) - start )); \
-	$(PY) tests/durations_table.py build/durations.json \
-		--wall "the pytest run took $$((secs / 60)) min $$((secs % 60)) s"; \
+	start=$$(date +%s); $(PY) -m pytest $(XDIST) --durations-json build/durations-default.json; rc=$$?; \
+	$(PY) -m pytest $(XDIST) -m slow --durations-json build/durations-slow.json || rc=1; \
+	secs=$$(( $$(date +%s) - start )); \
+	$(PY) tests/durations_table.py build/durations-default.json build/durations-slow.json \
+		--wall "the two pytest runs took $$((secs / 60)) min $$((secs % 60)) s"; \
 	exit $$rc
 
 setup: $(VENV)/.installed

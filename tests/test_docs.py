@@ -404,8 +404,8 @@ def test_the_readmes_test_command_is_what_ci_runs():
 def test_make_test_sets_up_everything_and_runs_both_suites():
     plan = subprocess.run(["make", "-n", "-B", "test"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     steps = ['-m venv .venv', 'uv pip install -e ".[test]"', "tests/compile_bytecode.sh .venv", "apt-get install -y chromium",
-             "tests/interop/setup_venvs.sh", '.venv/bin/python -m pytest -n 2 --dist loadgroup -m "slow or not slow"\n',
-             "tests/tpu_set/run.sh"]
+             "tests/interop/setup_venvs.sh", ".venv/bin/python -m pytest -n 2 --dist loadgroup\n",
+             ".venv/bin/python -m pytest -n 2 --dist loadgroup -m slow\n", "tests/tpu_set/run.sh"]
     at = [plan.find(s) for s in steps]
     assert -1 not in at and at == sorted(at), plan
     assert re.search(r"setup_venvs\.sh (\S+); then touch \1/\.built", plan), plan  # built once, where tests look
