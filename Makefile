@@ -13,10 +13,10 @@
 #      file's tests stay on one worker, so its module fixtures are made once; tests/timing.py groups
 #      them and starts the longest first). Two runs, not one: a failing default suite stops here
 #      before the slow set starts, and one run was no faster (a fresh clone's make test: 29 min 30 s
-#      with one, 29 min 10 s with two). Tests that build their own multi-node Ray cluster run in
-#      fresh processes (@pytest.mark.own_process, tests/own_process.py: a Ray 2.60 driver that has
-#      left one cluster for another can stop hearing from its actors, or die on a reference-counter
-#      check);
+#      with one, 29 min 10 s with two). Tests that run Ray Train in the driver or build their own
+#      multi-node Ray cluster run in fresh processes (@pytest.mark.own_process, tests/own_process.py:
+#      after those, a Ray 2.60 driver stopped hearing from its actors, twice, or died on a
+#      reference-counter check);
 #   5. the TPU package set (make tpu-set): the TPU-shaped tests again, on the [tpu] extra's TensorFlow
 #      version as the CPU wheel (tests/tpu_set/run.sh, .venv-tpu-set).
 # Any failing step or test fails the command, "no tests collected" (pytest's exit 5) included.

@@ -4,13 +4,18 @@ A pytest plugin (conftest.py loads it). `@pytest.mark.own_process` on a test (or
 tests then share one process, so a class-scoped cluster is built once) runs it in a child pytest,
 and the child's setup/call/teardown reports are reported here as the test's own.
 
-Why: a Ray 2.60 driver that has shut down one cluster and joined another can stop receiving its
-actors' state (seen in CI at 5aa8e51: after the slow set's multi-node tests ran in an xdist worker,
-that worker's next local cluster started shard actors that Ray's control store had ALIVE and that
-never answered the driver; the mixture fixture waited 4 x 120 s and failed). An xdist worker then
-only ever joins the suite's one local cluster; the multi-node clusters come and go in processes
-that end with them. Neither pytest-xdist (workers restart only after a crash) nor pytest-forked
-(a fork of a process that holds TensorFlow and Ray threads) gives a fresh interpreter per test.
+Why: a Ray 2.60 driver can stop receiving its actors' state from Ray's control store (GCS), for
+good: every later actor it starts is ALIVE in the GCS and never answers it. Seen in CI at 5aa8e51
+(the mixture fixture's shard actors, 4 x 120 s) and in a fresh clone's slow set at 3157486
+(test_downstream_during's). The second time the driver's Ray log shows when: the last actor
+notification it ever got came as the TrainController actor of an earlier in-process Ray Train
+launch (test_train's user-error test) was destroyed ("A worker is dead. subscription_failure_callback
+will be invoked"). A driver that shut one cluster down and joined another also once died on a
+reference-counter check. So the tests that run Ray Train in the driver or build multi-node clusters
+run in processes that end with them, and an xdist worker's driver only ever runs plain actors and
+tasks on the suite's one local cluster. Neither pytest-xdist (workers restart only after a crash)
+nor pytest-forked (a fork of a process that holds TensorFlow and Ray threads) gives a fresh
+interpreter per test.
 """
 
 from __future__ import annotations

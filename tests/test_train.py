@@ -644,7 +644,8 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir, ray_local):
+@pytest.mark.own_process  # Ray Train in the driver: its controller's death later left the driver deaf (own_process.py)
+def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir):
     from tpu_ray.errors import UserError
     from tpu_ray.train.launch import launch
 
