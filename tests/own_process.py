@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timing import without_group
+
 CHILD_ENV = "TPU_RAY_OWN_PROCESS_REPORTS"  # set in the child: where it writes its reports
 MARK = "own_process"
 TAIL = 20_000  # characters of a child's output kept when it ends without a report
@@ -41,11 +43,6 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(tests/own_process.py)")
     if os.environ.get(CHILD_ENV):
         config.pluginmanager.register(_ChildReports(Path(os.environ[CHILD_ENV])), "tpu_ray_own_process_child")
-
-
-def _plain(nodeid: str) -> str:
-    """A node id without pytest-xdist's "@<group>" suffix (timing.without_group's rule)."""
-    return nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
 
 
 def _group(item: pytest.Item) -> str | None:
@@ -63,7 +60,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     if item.nodeid not in _results:
         members = [i for i in item.session.items if _group(i) == group]
-        _results.update(_run_child(item, [_plain(i.nodeid) for i in members], [i.nodeid for i in members]))
+        _results.update(_run_child(item, [without_group(i.nodeid) for i in members], [i.nodeid for i in members]))
     for rep in _results.pop(item.nodeid):
         longrepr = tuple(rep["longrepr"]) if isinstance(rep["longrepr"], list) else rep["longrepr"]
         report = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, rep["outcome"],
