@@ -1,4 +1,4 @@
-"""Tests that build their own Ray cluster run in a fresh Python process.
+"""Tests that run Ray Train in the driver or build their own Ray cluster run in a fresh Python process.
 
 A pytest plugin (conftest.py loads it). `@pytest.mark.own_process` on a test (or a class: its
 tests then share one process, so a class-scoped cluster is built once) runs it in a child pytest,
@@ -20,6 +20,7 @@ interpreter per test.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -36,10 +37,11 @@ MARK = "own_process"
 TAIL = 20_000  # characters of a child's output kept when it ends without a report
 
 _results: dict[str, list[dict]] = {}  # node id -> the child's reports, for a group's later tests
+_children = itertools.count()  # numbers each child's temp dir and report file in this process
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{MARK}: builds its own Ray cluster; runs in a fresh Python process "
+    config.addinivalue_line("markers", f"{MARK}: runs Ray Train in the driver or builds its own Ray cluster; runs in a fresh Python process "
                                        "(tests/own_process.py)")
     if os.environ.get(CHILD_ENV):
         config.pluginmanager.register(_ChildReports(Path(os.environ[CHILD_ENV])), "tpu_ray_own_process_child")
@@ -76,7 +78,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _run_child(item: pytest.Item, plain_ids: list[str], ids: list[str]) -> dict[str, list[dict]]:
     """Run the group's tests in one child pytest; each test's reports, by the parent's node id."""
     base = item.config._tmp_path_factory.getbasetemp()  # the child's temp dirs inside this run's
-    n = sum(1 for _ in base.glob("own-process-*.jsonl"))
+    n = next(_children)
     out = base / f"own-process-{n}"
     reports = base / f"own-process-{n}.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
