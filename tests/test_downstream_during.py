@@ -83,15 +83,21 @@ def test_a_run_records_a_downstream_score_at_two_snapshots(tmp_path, small_corpu
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     scores = [r for r in records if r["kind"] == "downstream"]
-    assert sorted(r["step"] for r in scores) == [2, 4], scores
+    assert sorted(r["step"] for r in scores) == [0, 2, 4], scores  # step 0: the starting model, the baseline
     task = load_task(TASK)
     for r in scores:
         assert (r["status"], r["task"], r["task_hash"], r["seed"]) == ("ok", TASK, task.digest(), 0), r
-        assert r["train_examples"] == 32 and 0 <= r["accuracy"] <= 1
-    for step in (2, 4):  # the models they fine-tuned: the trainer's at those steps
+        assert r["train_examples"] == 32 and 0 <= r["accuracy"] <= 1 and 0 <= r["test_accuracy"] <= 1
+        assert r["report_split"] == "test" and r["chance"] == pytest.approx(task.chance())
+    for step in (0, 2, 4):  # the models they fine-tuned: the trainer's at those steps
         config = json.loads((run / "downstream" / f"step-{step:08d}" / "model" / "config.json").read_text())
         assert config["tpu_ray_export"]["step"] == step
     train_end = next(r for r in records if r["kind"] == "event" and r["event"] == "stage_end" and r["stage"] == "train")
     assert all(r["time"] <= train_end["time"] for r in scores)  # recorded within the train stage
     table = load_metrics(str(run), kind="downstream")
-    assert list(table["step"]) == [2, 4]
+    assert list(table["step"]) == [0, 2, 4]
+    from tpu_ray.downstream.history import best
+
+    curve = best(load_metrics(str(run)))
+    assert list(curve["step"]) == [0, 2, 4] and set(curve["split"]) == {"test"}
+    assert list(curve["mean"]) == pytest.approx([r["test_accuracy"] for r in sorted(scores, key=lambda r: r["step"])])

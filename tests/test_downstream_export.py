@@ -67,11 +67,47 @@ def trial(tiny_model_dir, ner_task, tmp_path_factory):
 
 def test_token_classification_trains_and_reports_entity_f1(trial, ner_task):
     result, _ = trial
-    assert set(result["metrics"]) == {"entity_f1", "token_accuracy"}
+    scores = result["scores"]["validation"]
+    assert set(scores) == {"entity_f1", "token_accuracy"}
     assert result["train_examples"] == 8 * len(ner_task.splits["train"])
     # 10 held-out sentences of 2 entities each; a model that tags every word O scores entity F1 0.
-    assert result["metrics"]["entity_f1"] > 0.5, result
-    assert result["metrics"]["token_accuracy"] > 0.6, result
+    assert scores["entity_f1"] > 0.5, result
+    assert scores["token_accuracy"] > 0.6, result
+    assert len(result["validation_by_epoch"]) == 8 and 1 <= result["best_epoch"] <= 8
+    assert scores["entity_f1"] == max(result["validation_by_epoch"])  # the best epoch's, chosen on validation
+
+
+def test_the_recorded_entity_f1_is_a_hand_count_of_the_exported_models_predictions(trial, ner_task):
+    """The exported model is the best epoch's: its predictions on validation, mapped to tag names here
+    and counted entity by entity (type and span equal, CoNLL's chunking), give the entity F1 the
+    trial reported."""
+    result, export = trial
+    gold_entities, pred_entities = set(), set()
+    for i, row in enumerate(ner_task.splits["validation"]):
+        ids, logits, id2label = _logits_tf(export, row["text"])
+        from transformers import AutoTokenizer
+
+        word_ids = AutoTokenizer.from_pretrained(str(export))(row["text"], is_split_into_words=True).word_ids()
+        first = {}
+        for pos, w in enumerate(word_ids):
+            if w is not None and w not in first:
+                first[w] = id2label[int(logits[pos].argmax())]
+        pred = [first.get(w, "O") for w in range(len(row["text"]))]
+        gold = [ner_task.label_names[t] for t in row["label"]]
+        for tags, into in ((gold, gold_entities), (pred, pred_entities)):
+            # CoNLL's chunks: one starts at B-X, or at I-X after O or another type; it ends before B-, O
+            # or another type
+            start, kind = None, None
+            for j, tag in enumerate([*tags, "O"]):
+                prefix, typ = (tag[0], tag[2:]) if tag != "O" else ("O", None)
+                if start is not None and (prefix in ("B", "O") or typ != kind):
+                    into.add((i, start, j, kind))
+                    start = None
+                if prefix == "B" or (prefix == "I" and start is None):
+                    start, kind = j, typ
+    hits = len(gold_entities & pred_entities)
+    f1 = 2 * hits / (len(gold_entities) + len(pred_entities)) if hits else 0.0
+    assert result["scores"]["validation"]["entity_f1"] == pytest.approx(f1)
 
 
 def _logits_tf(export: Path, words: list[str]) -> tuple[list[int], np.ndarray, dict]:

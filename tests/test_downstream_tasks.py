@@ -136,7 +136,7 @@ def test_glue_task_from_local_parquet_keeps_its_class_names_and_fields(tmp_path)
     yaml_path = tmp_path / "mrpc.yaml"
     yaml_path.write_text(f"glue: mrpc\ndata: {tmp_path}\n")
     task = load_task(str(yaml_path))
-    assert task.name == "glue/mrpc" and task.metrics == ["accuracy", "f1"]
+    assert task.name == "glue/mrpc" and task.metrics == ["f1", "accuracy"]  # GLUE's headline for MRPC: F1
     assert task.label_names == ["not_equivalent", "equivalent"]
     assert task.splits["validation"][0] == {"text": "a 0", "text_pair": "b 0", "label": 1}
 
@@ -153,6 +153,9 @@ BAD = {
                               _rows(["a"], pair=True), "pair field 'text_pair' is None"),
     "wrong shape": ([{"text": "t", "label": "b"}, {"text": {"a": 1}, "label": "a"}], _rows(["a"]),
                     "row 2: field 'text' is {'a': 1}"),
+    # integer labels are classes by value: validation's 3 is unseen, never read as index 3 ('5')
+    "unseen integer label": (_rows([1, 2, 4, 5]), _rows([5, 3, 0]), "row 2: 'label' is 3, a label the train split"),
+    "unseen integer label 0": (_rows([1, 2, 4, 5]), _rows([5, 0]), "row 2: 'label' is 0, a label the train split"),
 }
 
 
@@ -182,7 +185,13 @@ def assert_refused_before_anything_runs(train: list, val: list, expected: str, t
 @pytest.mark.parametrize("args, expected", [
     (["finetune.learning_rate=1e-4"], "finetune.learning_rate='1e-4': unknown option"),
     (["finetune.learning_rates=[0]"], "finetune.learning_rates=[0]"),
+    (["finetune.learning_rates=[1e-4,1e-4]"], "a learning rate twice"),
     (["finetune.epochs=0"], "finetune.epochs=0: must be a whole number >= 1"),
+    (["finetune.cpus_per_trial=0"], "finetune.cpus_per_trial=0: must be a number > 0"),
+    (["finetune.cpus_per_trial=-1"], "finetune.cpus_per_trial=-1: must be a number > 0"),
+    (["finetune.gpus_per_trial=-1"], "finetune.gpus_per_trial=-1: must be a number >= 0"),
+    (["finetune.weight_decay=-5"], "finetune.weight_decay=-5: must be a number in [0, 1)"),
+    (["finetune.max_train_examples=-400"], "finetune.max_train_examples=-400: a whole number >= 0"),
 ])
 def test_bad_finetune_option_is_refused(args, expected, tmp_path, capsys):
     rc = main(["finetune", str(tmp_path), "--task", "builtin:stdlib-packages", *args])
@@ -214,8 +223,13 @@ def test_metrics_against_independent_counts():
     assert score(["entity_f1"], gold, pred2)["entity_f1"] == pytest.approx(0.5)
 
 
+def _ok(seed, lr, val, test=None):
+    scores = {"validation": {"accuracy": val}, **({"test": {"accuracy": test}} if test is not None else {})}
+    return Trial(seed=seed, learning_rate=lr, result={"scores": scores, "truncated_share": 0.0})
+
+
 def test_a_failed_seed_is_reported_and_not_averaged_in():
-    ok = [Trial(seed=s, learning_rate=1e-4, result={"metrics": {"accuracy": v}}) for s, v in ((0, 0.5), (1, 0.7))]
+    ok = [_ok(0, 1e-4, 0.5), _ok(1, 1e-4, 0.7)]
     failed = Trial(seed=2, learning_rate=1e-4, status="failed", error="the training loss became nan")
     summary = Summary(task="t", task_hash="h", step=None, trials=[*ok, failed], metric="accuracy", chance=0.25)
     mean, sd, n = summary.stats(1e-4)
@@ -223,40 +237,118 @@ def test_a_failed_seed_is_reported_and_not_averaged_in():
     text = "\n".join(summary.lines())
     assert "over 2 of 3 seeds" in text and "seed 2 failed: the training loss became nan" in text
     assert "0.6000 ± 0.1414" in text
+    assert "validation accuracy: 0.6000" in text and "optimistic" in text  # no test split: named for what it is
 
 
-def _recorded(run_dir, task_hash, step, accuracies, failed=0):
-    from tpu_ray.downstream.sweep import record
+def test_summary_reports_test_at_the_rate_chosen_on_validation_and_warns_at_the_grid_edge():
+    trials = [_ok(s, 1e-4, 0.6, 0.70) for s in range(2)] + [_ok(s, 3e-4, 0.8, 0.5 + s / 10) for s in range(2)]
+    summary = Summary(task="t", task_hash="h", step=None, trials=trials, metric="accuracy", chance=0.25,
+                      report_split="test")
+    assert summary.best_lr == 3e-4 and summary.seed_scores() == {0: 0.5, 1: 0.6}
+    text = "\n".join(summary.lines())
+    assert "t test accuracy: 0.5500 ± 0.0707 over 2 seeds at lr 0.0003 (held out; lr chosen on validation, 0.8000" in text
+    assert "the chosen learning rate 0.0003 is the grid's largest" in text and "add 9e-04" in text
+    inner = Summary(task="t", task_hash="h", step=None, metric="accuracy", chance=None, report_split="test",
+                    trials=trials + [_ok(0, 1e-3, 0.7, 0.7)])
+    assert inner.edge_warning() is None
 
-    trials = [Trial(seed=s, learning_rate=3e-4, result={"metrics": {"accuracy": a}, "train_examples": 10,
-                                                       "examples_per_s": 1.0, "final_loss": 0.5})
-              for s, a in enumerate(accuracies)]
-    trials += [Trial(seed=len(accuracies) + i, learning_rate=3e-4, status="failed", error="boom") for i in range(failed)]
-    trials += [Trial(seed=0, learning_rate=1e-4, result={"metrics": {"accuracy": 0.1}, "train_examples": 10,
-                                                         "examples_per_s": 1.0, "final_loss": 0.5})]
-    record(str(run_dir), Summary(task="builtin:stdlib-packages", task_hash=task_hash, step=step, trials=trials,
-                                 metric="accuracy", chance=0.3))
+
+def test_default_grid_fits_the_model_and_max_length_is_run_glues(tmp_path):
+    from tpu_ray.downstream.finetune import FinetuneSpec, default_learning_rates
+
+    assert FinetuneSpec().max_length == 128 and FinetuneSpec().learning_rates is None
+    for width, grid in ((768, [1e-5, 2e-5, 3e-5]), (1024, [1e-5, 2e-5, 3e-5]), (128, [1e-4, 3e-4, 1e-3])):
+        (tmp_path / "config.json").write_text(json.dumps({"hidden_size": width}))
+        assert default_learning_rates(str(tmp_path))[0] == grid
 
 
-def test_downstream_records_are_appended_and_shown_by_report_and_compare(tmp_path):
-    """Records written by the sweep's own writer: the report's line is the best lr's mean ± sd (counted
-    here independently), a second sweep appends, and compare marks runs on different data."""
-    import statistics
+def test_integer_labels_are_classes_by_value(tmp_path):
+    d = tmp_path / "ints"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows([1, 2, 4, 5])))
+    (d / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows([5, 1, 4])))
+    task = load_task(str(d))
+    assert task.label_names == ["1", "2", "4", "5"]
+    assert [task.label_names[r["label"]] for r in task.splits["validation"]] == ["5", "1", "4"]
 
-    from tests.test_report import make_run
-    from tpu_ray.comparison import comparison_text
-    from tpu_ray.report import load_metrics, text_summary
 
-    a, b = make_run(tmp_path / "a", partial=False), make_run(tmp_path / "b", partial=False)
-    _recorded(a, "h" * 64, 500, [0.5, 0.6, 0.7], failed=1)
-    _recorded(a, "h" * 64, 500, [0.9])  # a second sweep: appended, its seed 0 beside the first
-    _recorded(b, "g" * 64, 500, [0.4, 0.5])
-    down = load_metrics(str(a), kind="downstream")
-    assert len(down) == 5 + 2  # both sweeps' trials, the failed one included
-    text = text_summary(str(a))
-    values = [0.5, 0.6, 0.7, 0.9]
-    expected = f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
-    assert f"builtin:stdlib-packages at step 500: accuracy {expected} (4 seeds, 1 failed, lr 0.0003)" in text
-    cmp = comparison_text([str(a), str(b)])
-    assert "downstream builtin:stdlib-packages:" in cmp
-    assert "not comparable: the runs were fine-tuned on different data" in cmp
+def test_integer_labels_with_class_names_are_indices(tmp_path):
+    """A ClassLabel (as every Hub dataset ships labels) or label_names: an integer is an index."""
+    import datasets
+
+    feats = datasets.Features({"text": datasets.Value("string"),
+                               "label": datasets.ClassLabel(names=["neg", "neutral", "pos"])})
+    for split, labels in (("train", [0, 2, 1, 2]), ("validation", [2, 0]), ("test", [1, 1, 0])):
+        datasets.Dataset.from_dict({"text": [f"text {i}" for i in range(len(labels))], "label": labels},
+                                   features=feats).to_parquet(str(tmp_path / f"{split}.parquet"))
+    task = load_task(str(tmp_path))
+    assert task.label_names == ["neg", "neutral", "pos"] and task.report_split == "test"
+    assert [r["label"] for r in task.splits["validation"]] == [2, 0]
+    assert [r["label"] for r in task.splits["test"]] == [1, 1, 0]
+    assert task.chance() == pytest.approx(2 / 3)  # the reported split's largest class
+
+
+def test_an_unlabelled_test_split_is_dropped_and_a_labelled_one_reported(tmp_path, caplog):
+    d = tmp_path / "t"
+    d.mkdir()
+    _write(d / "train.csv", _rows(["a", "b", "a"]))
+    _write(d / "validation.csv", _rows(["a", "b"]))
+    (d / "test.csv").write_text("text\nno label here\n")
+    task = load_task(str(d))
+    assert "test" not in task.splits and task.report_split == "validation"
+    assert "the test split has no labels" in caplog.text
+    _write(d / "test.csv", _rows(["b", "b", "a"]))
+    assert load_task(str(d)).report_split == "test"
+
+
+def test_a_train_sample_is_drawn_not_the_first_rows():
+    from tpu_ray.downstream.tasks import Task
+
+    rows = [{"text": f"t{i}", "label": 0 if i < 50 else 1} for i in range(100)]  # sorted by label
+    task = Task(name="t", kind="classification", splits={"train": rows, "validation": rows[:2]},
+                label_names=["a", "b"], metrics=["accuracy"])
+    sample = task.train_rows(20)
+    assert len(sample) == 20 and {r["label"] for r in sample} == {0, 1}
+    assert sample == task.train_rows(20)  # the same for every trial
+    assert task.train_rows(0) == rows and task.train_rows(500) == rows
+
+
+def test_export_dir_through_a_link_or_over_an_earlier_sweep_is_refused(tmp_path, capsys):
+    d = tmp_path / "task"
+    d.mkdir()
+    _write(d / "train.csv", _rows(["a", "b"]))
+    _write(d / "validation.csv", _rows(["a"]))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    (model / "tf_model.h5").write_bytes(b"weights")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    earlier = tmp_path / "earlier"
+    (earlier / "lr0.001-seed1").mkdir(parents=True)
+    for export, expected in ((tmp_path / "link", "a link"), (earlier, "holds lr0.001-seed1")):
+        rc = main(["finetune", str(model), "--task", str(d), "--output-dir", str(tmp_path / "out"), "--seeds", "2",
+                   "finetune.learning_rates=[1e-3]", f"finetune.export_dir={export}"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and expected in err and len(err.splitlines()) == 1, err
+    assert not any(target.iterdir())
+
+
+def test_finetune_refuses_a_record_directory_another_command_holds(tmp_path, capsys):
+    from tpu_ray.runlock import RunLock
+
+    d = tmp_path / "task"
+    d.mkdir()
+    _write(d / "train.csv", _rows(["a", "b"]))
+    _write(d / "validation.csv", _rows(["a"]))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    out = tmp_path / "out"
+    out.mkdir()
+    with RunLock(str(out), "tpu-ray run"):
+        rc = main(["finetune", str(model), "--task", str(d), "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "tpu-ray run" in err, err
+    assert not (out / "metrics.jsonl").exists()

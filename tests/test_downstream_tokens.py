@@ -132,9 +132,10 @@ def test_token_task_records_show_entity_f1_in_metrics_and_report(tmp_path, capsy
     column and the report's line is its mean ± sd over seeds."""
     from tpu_ray.downstream.sweep import Summary, Trial, record
 
-    trials = [Trial(seed=s, learning_rate=3e-3, result={"metrics": {"entity_f1": f, "token_accuracy": 0.9},
+    trials = [Trial(seed=s, learning_rate=3e-3, result={"scores": {"validation": {"entity_f1": f, "token_accuracy": 0.9}},
                                                          "train_examples": 38, "examples_per_s": 10.0,
-                                                         "final_loss": 0.1}) for s, f in enumerate([0.5, 0.7])]
+                                                         "final_loss": 0.1, "best_epoch": 2, "truncated_share": 0.0,
+                                                         "max_length": 128}) for s, f in enumerate([0.5, 0.7])]
     record(str(tmp_path), Summary(task="ner", task_hash="h", step=None, trials=trials, metric="entity_f1",
                                   chance=None))
     capsys.readouterr()
@@ -142,4 +143,4 @@ def test_token_task_records_show_entity_f1_in_metrics_and_report(tmp_path, capsy
     table = capsys.readouterr().out
     assert "entity_f1" in table and "0.700" in table and "token_acc" in table, table
     assert main(["report", str(tmp_path)]) == 0
-    assert "ner: entity_f1 0.6000 ± 0.1414 (2 seeds, lr 0.003)" in capsys.readouterr().out
+    assert "ner: validation entity_f1 0.6000 ± 0.1414 (2 seeds, lr 0.003; on validation" in capsys.readouterr().out

@@ -7,13 +7,14 @@ import difflib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 from tpu_ray.errors import EXIT_USAGE, UserError, failure_line, guarded  # noqa: F401 - EXIT_USAGE, UserError re-exported
 from tpu_ray.logs import setup_logging
-from tpu_ray.downstream.run import finetune
+from tpu_ray.downstream.run import finetune_models
 
 DESCRIPTION = """\
 Pretrain a Hugging Face masked language model (RoBERTa by default) with TensorFlow, from raw text
@@ -260,10 +261,19 @@ def cmd_metrics(args) -> int:
 def cmd_finetune(args) -> int:
     from tpu_ray.config import parse_overrides
 
-    summary = finetune(args.model, args.task, seeds=args.seeds, output_dir=args.output_dir,
-                       overrides=parse_overrides(args.overrides or []))
-    print("\n".join(summary.lines()))
-    return 0 if summary.best_lr is not None else 1
+    # argparse gives every positional to the models (nargs="+" is greedy): key=value ones are overrides
+    is_override = re.compile(r"^[a-z_]+\.[a-z_.]+=").match
+    models = [m for m in args.model if not is_override(m)]
+    overrides = [m for m in args.model if is_override(m)] + list(args.overrides or [])
+    summaries, verdicts = finetune_models(models, args.task, seeds=args.seeds, output_dir=args.output_dir,
+                                          overrides=parse_overrides(overrides))
+    for summary in summaries:
+        print("\n".join(([f"{summary.label}:"] if len(summaries) > 1 else []) + summary.lines()))
+    if verdicts:
+        print(f"did pretraining help? ({summaries[0].task}, paired by seed, each model at its own learning rate "
+              f"chosen on validation)")
+        print("\n".join(f"  {v.words()}" for v in verdicts))
+    return 0 if all(s.best_lr is not None for s in summaries) else 1
 
 
 def _print_summary(run_dir: str) -> None:
@@ -347,8 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="stream the log until the job ends; exit 0 only if it succeeded")
     p = add("finetune", cmd_finetune, "fine-tune a run's model on a labelled task over seeds x learning rates "
             "(Ray tasks) and record the scores", common=False)
-    p.add_argument("model", metavar="RUN_OR_MODEL", type=nonempty("a run directory or a model directory"),
-                   help="a run directory (its model/) or an exported model directory")
+    p.add_argument("model", metavar="RUN_OR_MODEL", nargs="+", type=nonempty("a run directory or a model directory"),
+                   help="a run directory (its model/) or an exported model directory; two or more: each is "
+                        "fine-tuned, then the first is compared with each other one (a verdict with its 95%% interval)")
     p.add_argument("--task", required=True, type=nonempty("a task"),
                    help="builtin:stdlib-packages, glue/NAME, a task YAML, or a directory with train.* and "
                         "validation.* (csv/tsv/jsonl/parquet; fields text, text_pair, label, or a token task's tokens, tags)")

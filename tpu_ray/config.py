@@ -255,7 +255,7 @@ class EvalConfig(_Section):
     # with other recipes compare (ModernBERT and MosaicBERT train at 30% and evaluate at 15%).
     mask_prob: float = Field(0.15, gt=0, lt=1)
     # Downstream tasks fine-tuned on snapshots of the model while it trains (Ray tasks on CPU nodes,
-    # beside the training): [{task: builtin:docstrings, every: 1000, seeds: 3}]. Each records
+    # beside the training): [{task: builtin:stdlib-packages, every: 1000, seeds: 3}]. Each records
     # `kind: downstream` at its step.
     downstream: list[DownstreamEval] = Field(default_factory=list)
 

@@ -95,7 +95,9 @@ def find_user_error(exc: BaseException | None) -> UserError | None:
     """The UserError behind wrapped exceptions (Ray's RayTaskError.cause, `raise ... from` chains)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, UserError):
+        # Ray's RayTaskError(UserError) is a UserError too, but its text is the remote traceback:
+        # the error it wraps (.cause) is the one line to report.
+        if isinstance(exc, UserError) and not isinstance(getattr(exc, "cause", None), UserError):
             return exc
         seen.add(id(exc))
         exc = getattr(exc, "cause", None) or exc.__cause__

@@ -144,17 +144,28 @@ def plot_eval_sources(ev_sources: pd.DataFrame, path: str) -> None:
 
 
 def plot_downstream(best: pd.DataFrame, path: str) -> None:
-    """Each fine-tuning task's score against the checkpoint step it fine-tuned (eval.downstream, or
-    `tpu-ray finetune` of a run's checkpoints): the best learning rate's mean, its sd over seeds as
-    an error bar. `best`: tpu_ray.downstream.history.best's table. A score without a step (a model
-    outside a run) is drawn at step 0."""
+    """Each fine-tuning task's score against the checkpoint step it fine-tuned (eval.downstream from
+    step 0, or `tpu-ray finetune` of a run's checkpoints): the mean over seeds on the reported split
+    (test where the task has one) at the curve's learning rate, its sd as an error bar, and the
+    task's chance (the best constant answer) as a dashed line of the same colour. `best`:
+    tpu_ray.downstream.history.best's table. A score without a step (a model outside a run) is drawn
+    at step 0."""
     fig, ax = new_figure("Downstream: fine-tuned score per checkpoint", "checkpoint step",
                          "score (the task's headline metric)")
     drew = False
-    for (task, task_hash), rows in best.groupby(["task", "task_hash"], sort=True, dropna=False):
+    for (task, task_hash, _), rows in best.groupby(["task", "task_hash", "settings_key"], sort=True, dropna=False):
         rows = rows.assign(step=rows["step"].fillna(0)).sort_values("step")
-        metric = rows["metric"].iloc[-1]
-        label = f"{task} ({metric}, data {str(task_hash)[:8]})"
-        ax.errorbar(rows["step"], rows["mean"], yerr=rows["sd"], fmt="o-", capsize=3, lw=1.5, ms=5, label=label)
+        metric, split = rows["metric"].iloc[-1], rows["split"].iloc[-1]
+        label = f"{task} ({split} {metric}, lr {rows['learning_rate'].iloc[-1]:g}, data {str(task_hash)[:8]})"
+        line = ax.errorbar(rows["step"], rows["mean"], yerr=rows["sd"], fmt="o-", capsize=3, lw=1.5, ms=5, label=label)
+        chance = pd.to_numeric(rows["chance"], errors="coerce").dropna()
+        if len(chance):
+            ax.axhline(chance.iloc[-1], ls="--", lw=1, color=line[0].get_color(), label=f"{task}: chance")
         drew = True
-    finish(fig, ax, path, drew, "lower right")
+    if drew:  # room left of step 0 (not finish's x from 0), so its error bar's caps are whole
+        ax.legend(loc="lower right")
+        right = max(float(best["step"].fillna(0).max()), 1.0)
+        ax.set_xlim(left=-0.04 * right, right=right * 1.04)
+    else:
+        no_data(ax)
+    fig.savefig(path)

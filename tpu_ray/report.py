@@ -190,7 +190,7 @@ def _html(run_dir: str, stats, stages, summary: dict, config_text: str | None,
     if sources:
         parts += ["<h2>Evaluation per source</h2>", _table(list(sources))]
     if downstream:
-        parts += ["<h2>Downstream (fine-tuned, best learning rate)</h2>", _table(list(downstream))]
+        parts += ["<h2>Downstream (fine-tuned; one learning rate per task, chosen on validation)</h2>", _table(list(downstream))]
     parts.append("<h2>Plots</h2>")
     for name in (*PLOTS, *([DOWNSTREAM_PLOT] if downstream else [])):
         parts.append(f'<div><img src="{name}" alt="{name[:-4].replace("_", " ")}"></div>')

@@ -14,6 +14,13 @@ in Ray 2.60 its failure policy is not pluggable (`create_failure_policy` always 
 DefaultFailurePolicy) and retries every worker-group error, bad input included, up to
 max_failures times, while our kinds say a bad batch size fails the same way again. A worker whose
 actor or node died is lost capacity (retried); a typed error of a worker keeps its kind.
+
+Never in the user's process: `launch_multiworker` runs each attempt's `fit()` in a Ray task whose
+worker process exits with it (`max_calls=1`), so Ray Train's TrainController is owned by that
+process, not by the driver. A Ray 2.60 driver that had owned a TrainController could stop hearing
+from every actor it started after the controller was collected (docs/testing.md): a recovery
+retry's second `fit()`, a second `Pipeline.run()` in one notebook and a later stage's shard actors
+never answered.
 """
 
 from __future__ import annotations
@@ -48,9 +55,57 @@ def _worker_loop(config: dict[str, Any]) -> None:
     ray.train.report({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
 
 
+def launch_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig, bool], dict]) -> dict[str, Any]:
+    """One multi-worker attempt (`train_multiworker`) in a Ray task and process of its own, on this
+    process's node (the run directory and Ray Train's bookkeeping are where this process sees them);
+    raises what the attempt raised: a typed error as itself, a lost launcher as Ray says."""
+    import ray
+
+    _check_shared_run_dir(cfg)  # one line before any process starts
+    options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0, "max_calls": 1, "name": "tpu_ray.train_launcher"}
+    node = _this_node()
+    if node is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+    task = ray.remote(_launch_task).options(**options)
+    ref = task.remote(cfg.model_dump(mode="json"), resume, train, storage.forwarded_env())
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        user_error = find_user_error(exc)
+        if user_error is not None:
+            raise user_error from None
+        raise
+    except BaseException:  # interrupted here (Ctrl-C): the workers go with the launcher's process
+        try:
+            ray.cancel(ref, force=True)
+        except Exception as exc:  # the launcher has ended already
+            log.debug("cancelling the training launcher: %s", exc)
+        raise
+
+
+def _this_node() -> str | None:
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # a Ray Client driver has no node of its own: any node with the run directory
+        return None
+
+
+def _launch_task(cfg_dict: dict[str, Any], resume: bool, train: Callable[[RunConfig, bool], dict],
+                 env: dict[str, str]) -> dict[str, Any]:
+    """Body of the launcher task: the driver's storage environment, then Ray Train's `fit()`."""
+    os.environ.update(env)  # before storage's first use; this process ends with the task (max_calls=1)
+    setup_logging()
+    return train_multiworker(RunConfig.from_dict(cfg_dict), resume, train)
+
+
 def train_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig, bool], dict]) -> dict[str, Any]:
     """`train(cfg, resume)` on `train.workers` Ray workers (see placement.run_training for `train`);
-    checks that they all ended with the same weights."""
+    checks that they all ended with the same weights. Runs Ray Train's `fit()` in this process: call
+    it through `launch_multiworker`, never in a user's process."""
     from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
     from ray.train.tensorflow import TensorflowTrainer

@@ -226,12 +226,12 @@ def run_training(cfg: RunConfig, resume: bool, train: TrainFn) -> dict:
     reference and settles the TPU runtime's environment before calling it.
     """
     if cfg.train.workers > 1:
-        from tpu_ray.cluster.multiworker import train_multiworker
+        from tpu_ray.cluster.multiworker import launch_multiworker
         from tpu_ray.cluster.recovery import run_with_recovery
 
         def attempt(resume: bool, wait_s: float | None, on_reserved) -> dict:
             on_reserved({"placement": "multiworker", "workers": cfg.train.workers})
-            return train_multiworker(cfg, resume, train)
+            return launch_multiworker(cfg, resume, train)  # Ray Train's fit() in a process of its own
 
         return run_with_recovery(cfg, resume, attempt)
     if cfg.train.placement == "local" or (cfg.train.placement == "auto" and not _ray_up()):

@@ -18,8 +18,8 @@ from typing import Any
 
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
-from tpu_ray.downstream.finetune import FinetuneSpec
-from tpu_ray.downstream.sweep import Summary, Trial, record, settle, submit_trials
+from tpu_ray.downstream.finetune import FinetuneSpec, default_learning_rates, model_fingerprint
+from tpu_ray.downstream.sweep import Summary, Trial, grid, record, settle, submit_trials
 from tpu_ray.downstream.tasks import Task, load_task
 from tpu_ray.errors import UserError
 from tpu_ray.metrics_stream import read_records
@@ -129,9 +129,10 @@ class DuringTraining:
         for p in self.due(step):
             if self._options is None:
                 self._options = _off_tpu_hosts()
-            pending = submit_trials(model_dir, p.task, p.spec, self._options)
+            trials = grid(p.spec, p.spec.learning_rates or default_learning_rates(model_dir)[0])
+            pending = submit_trials(model_dir, p.task, p.spec, trials, self._options)
             self._pending[(step, p.index)] = pending
-            self._grids[(step, p.index)] = list(pending.values())
+            self._grids[(step, p.index)] = trials
             log.info("eval.downstream: fine-tuning the step-%d model on %s (%d trials)", step, p.task.name,
                      len(pending))
 
@@ -142,18 +143,27 @@ class DuringTraining:
             pending = self._pending[key]
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=None if wait else 0)
             for ref in ready:
-                settle(ref, pending.pop(ref))
+                t = pending.pop(ref)
+                settle(ref, t, t_metric(self.planned, key[1]))
             if not pending:
                 del self._pending[key]
                 self._record(*key)
 
     def _record(self, step: int, index: int) -> None:
         p = next(x for x in self.planned if x.index == index)
+        model_dir = rundir.path(rundir.snapshot_dir(self.run_dir, step), rundir.MODEL_DIR)
         summary = Summary(task=p.task.name, task_hash=p.task.digest(), step=step, trials=self._grids.pop((step, index)),
-                          metric=p.task.metrics[0], chance=p.task.chance())
+                          metric=p.task.metrics[0], chance=p.task.chance(), report_split=p.task.report_split,
+                          model=model_fingerprint(model_dir), label=f"step {step}", settings=p.spec.settings(),
+                          settings_key=p.spec.settings_key())
         record(self.run_dir, summary)
         self.summaries.append(summary)
         log.info("eval.downstream @ step %d: %s", step, summary.lines()[-1])
+
+
+def t_metric(planned: list[Planned], index: int) -> str:
+    """The headline metric of eval.downstream entry `index` (for the progress line)."""
+    return next(p for p in planned if p.index == index).task.metrics[0]
 
 
 def _off_tpu_hosts() -> dict[str, Any]:

@@ -10,6 +10,7 @@ minutes-long fine-tune.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -23,18 +24,28 @@ from tpu_ray.downstream import tokens
 from tpu_ray.downstream.metrics import score
 
 
+# The default grid, by the model's width. A published base-size (or larger) checkpoint gets its papers'
+# grid: RoBERTa's GLUE sweep is {1e-5, 2e-5, 3e-5} (Liu et al. 2019, table 10), BERT's {2e-5 .. 5e-5}.
+# A small model (hidden < 768, as tpu-ray's quickstart) needs larger steps: on the built-in task a
+# 128-wide model picked 3e-4 at the edge of [1e-4, 3e-4] and gained 11 points at 1e-3, so its grid
+# reaches 1e-3. A best value at either edge of the grid is warned about (sweep.Summary).
+BASE_WIDTH = 768
+PAPERS_GRID = [1e-5, 2e-5, 3e-5]
+SMALL_MODEL_GRID = [1e-4, 3e-4, 1e-3]
+
+
 @dataclass
 class FinetuneSpec:
     """What a sweep does (`finetune.KEY=value` on the command line)."""
 
     seeds: int = 5
-    learning_rates: list[float] = field(default_factory=lambda: [1e-4, 3e-4])
-    epochs: int = 3
+    learning_rates: list[float] | None = None  # None: by the model's width (default_learning_rates)
+    epochs: int = 3  # the most; each epoch is scored on validation and the best one kept
     batch_size: int = 32
-    max_length: int = 64  # capped at what the model's position embeddings allow
+    max_length: int = 128  # as run_glue.py; capped at what the model's position embeddings allow
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
-    max_train_examples: int = 0  # 0: all of train (a smaller number: a quick check)
+    max_train_examples: int = 0  # 0: all of train; N: a sample of N rows (fixed seed), a quick check
     cpus_per_trial: float = 1.0  # Ray resources of one trial
     gpus_per_trial: float = 0.0
     export_dir: str = ""  # each trial's fine-tuned model + tokenizer in export_dir/lr<lr>-seed<seed> ("" : none)
@@ -61,12 +72,76 @@ class FinetuneSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"finetune.{name}={value!r}: must be a whole number >= 1")
+        n = self.max_train_examples
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise UserError(f"finetune.max_train_examples={n!r}: a whole number >= 0 (0: all of train)")
         lrs = self.learning_rates
-        if not isinstance(lrs, list) or not lrs or not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1 for x in lrs):
+        if lrs is not None and (not isinstance(lrs, list) or not lrs or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1 for x in lrs)):
             raise UserError(f"finetune.learning_rates={lrs!r}: give a list of numbers in (0, 1), e.g. [1e-4,3e-4]")
-        if not 0 <= self.warmup_ratio < 1:
-            raise UserError(f"finetune.warmup_ratio={self.warmup_ratio!r}: must be in [0, 1)")
+        if lrs is not None and len(set(lrs)) != len(lrs):
+            raise UserError(f"finetune.learning_rates={lrs!r}: a learning rate twice; give each once")
+        for name, low, high in (("warmup_ratio", 0, 1), ("weight_decay", 0, 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
+                raise UserError(f"finetune.{name}={value!r}: must be a number in [{low}, {high})")
+        for name, least in (("cpus_per_trial", "> 0"), ("gpus_per_trial", ">= 0")):
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or value < 0 or (value == 0 and least == "> 0"):
+                raise UserError(f"finetune.{name}={value!r}: must be a number {least}")
+
+    def settings(self) -> dict[str, Any]:
+        """What changes a trial's score besides its seed, learning rate, model and task: recorded with
+        every trial, and scores group by it (a quick check is never averaged with a full sweep)."""
+        return {"epochs": self.epochs, "batch_size": self.batch_size, "max_length": self.max_length,
+                "warmup_ratio": float(self.warmup_ratio), "weight_decay": float(self.weight_decay),
+                "max_train_examples": self.max_train_examples, "selection": SELECTION}
+
+    def settings_key(self) -> str:
+        return hashlib.sha256(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+# How a trial's score is chosen (part of the settings key: records chosen another way never mix):
+# each epoch scored on validation, the best one kept (its weights exported), every split's score at it.
+SELECTION = "best-epoch-on-validation"
+
+
+def default_learning_rates(model_dir: str) -> tuple[list[float], str]:
+    """(grid, why) for a model with no finetune.learning_rates given: by its hidden size."""
+    width = _config(model_dir).get("hidden_size") or 0
+    if width >= BASE_WIDTH:
+        return list(PAPERS_GRID), f"hidden size {width} >= {BASE_WIDTH}: the RoBERTa paper's GLUE grid"
+    return list(SMALL_MODEL_GRID), f"hidden size {width} < {BASE_WIDTH}: a small model's grid"
+
+
+def _config(model_dir: str) -> dict[str, Any]:
+    """The model's config.json (local or gs://: eval.downstream's snapshots live in the run directory)."""
+    from tpu_ray import storage
+
+    data = json.loads(storage.read_text(storage.join(model_dir, "config.json")))
+    return data if isinstance(data, dict) else {}
+
+
+def model_fingerprint(model_dir: str) -> str:
+    """What identifies a checkpoint's weights in records: its export provenance (the config and
+    step it was made from) where tpu-ray exported it, else the sha256 of its weights file. Two sweeps
+    of one checkpoint (finetune twice, or eval.downstream's last snapshot and RUN/model) share it."""
+    from tpu_ray.train.export import PROVENANCE_KEY
+
+    made = _config(model_dir).get(PROVENANCE_KEY)
+    if isinstance(made, dict) and made.get("config_sha256") and made.get("step") is not None:
+        body = json.dumps(made, sort_keys=True).encode()
+        return "export-" + hashlib.sha256(body).hexdigest()[:16]
+    for name in ("tf_model.h5", "model.safetensors", "pytorch_model.bin"):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    digest.update(block)
+            return "weights-" + digest.hexdigest()[:16]
+    raise UserError(f"{model_dir}: no weights file (tf_model.h5 or model.safetensors); give an exported model")
 
 
 def _number(value: Any) -> Any:
@@ -103,8 +178,10 @@ def _encode(tok: Any, rows: list[dict], pair: bool, max_length: int, type_vocab:
 
 def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, spec: FinetuneSpec,
                    save_to: str | None = None) -> dict[str, Any]:
-    """Fine-tune once and score the validation split; `save_to` keeps the fine-tuned model there
-    (tf_model.h5, config.json with the label names, model.safetensors in PyTorch's layout, tokenizer)."""
+    """Fine-tune once, scoring every labelled split after each epoch; the epoch with the best
+    validation score is the trial's (as Trainer's load_best_model_at_end), chosen on validation only,
+    so its test score stays held out. `save_to` keeps that epoch's model there (tf_model.h5,
+    config.json with the label names, model.safetensors in PyTorch's layout, tokenizer)."""
     import numpy as np
     import tensorflow as tf
     import tf_keras
@@ -127,7 +204,7 @@ def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, 
     model = auto.from_pretrained(model_dir, use_safetensors=False, **head)
     length = min(spec.max_length, model.config.max_position_embeddings - 2)  # RoBERTa's offset of 2
     type_vocab = model.config.type_vocab_size
-    train = task.splits["train"][: spec.max_train_examples or None]
+    train = task.train_rows(spec.max_train_examples)
     if task.kind == "tokens":
         x, y, _ = tokens.encode_words(tok, train, length, type_vocab)
     else:
@@ -139,31 +216,75 @@ def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, 
                                     num_warmup_steps=int(spec.warmup_ratio * steps),
                                     weight_decay_rate=spec.weight_decay)
     model.compile(optimizer=optimizer)  # the model's own loss for its problem_type (tokens: -100 skipped)
-    start = time.perf_counter()
-    history = model.fit(data, epochs=spec.epochs, verbose=0)
-    seconds = time.perf_counter() - start
-    val = task.splits["validation"]
+    evals = {split: _eval_inputs(tok, task, split, length, type_vocab) for split in task.eval_splits}
+    headline = task.metrics[0]
+    seconds, losses, per_epoch, best, kept = 0.0, [], [], None, None
+    for epoch in range(spec.epochs):  # one fit per epoch: the schedule runs on, over every epoch's steps
+        start = time.perf_counter()
+        loss = model.fit(data, epochs=epoch + 1, initial_epoch=epoch, verbose=0).history["loss"][-1]
+        seconds += time.perf_counter() - start
+        losses.append(float(loss))
+        if not math.isfinite(loss):
+            raise RuntimeError(f"the training loss became {loss} in epoch {epoch + 1} "
+                               f"(learning rate {learning_rate} too high?)")
+        scores = {split: _score(model, task, inputs, spec.batch_size) for split, inputs in evals.items()}
+        value = scores["validation"][headline]
+        per_epoch.append(value)
+        if math.isfinite(value) and (best is None or value > per_epoch[best - 1]):
+            best, kept = epoch + 1, scores
+            if save_to:
+                weights = model.get_weights()
+    if best is None:  # e.g. a correlation over constant predictions: undefined, the trial failed
+        raise RuntimeError(f"validation {headline} was {per_epoch[-1]} after every epoch "
+                           f"(constant predictions?); nothing to keep")
+    reported = kept[task.report_split][headline]
+    if not math.isfinite(reported):  # one rule everywhere: a score that is not a number fails the trial
+        raise RuntimeError(f"{task.report_split} {headline} was {reported} at the best epoch ({best}) "
+                           f"(constant predictions?)")
+    if save_to:
+        model.set_weights(weights)
+        export_finetuned(model, tok, save_to)
+    n = len(train)
+    return {"scores": kept, "best_epoch": best, "validation_by_epoch": per_epoch, "train_examples": n * spec.epochs,
+            "train_steps": steps, "train_seconds": seconds, "examples_per_s": n * spec.epochs / seconds,
+            "final_loss": losses[-1], "max_length": length,
+            "truncated_share": truncated_share(tok, task, train, length)}
+
+
+def _eval_inputs(tok: Any, task: Task, split: str, length: int, type_vocab: int) -> tuple[Any, Any, Any]:
+    """(model inputs, gold labels, word ids or None) of one evaluation split, encoded once."""
+    rows = task.splits[split]
     if task.kind == "tokens":
-        vx, _, word_ids = tokens.encode_words(tok, val, length, type_vocab)
-        out = model.predict(vx, batch_size=2 * spec.batch_size, verbose=0).logits.argmax(-1)
+        x, _, word_ids = tokens.encode_words(tok, rows, length, type_vocab)
+        return x, rows, word_ids
+    return _encode(tok, rows, task.has_pair, length, type_vocab), rows, None
+
+
+def _score(model: Any, task: Task, inputs: tuple[Any, Any, Any], batch_size: int) -> dict[str, float]:
+    x, rows, word_ids = inputs
+    logits = model.predict(x, batch_size=2 * batch_size, verbose=0).logits
+    if task.kind == "tokens":
         fill = tokens.outside_label(task.label_names)
         name = task.label_names.__getitem__
         preds = [list(map(name, tokens.word_predictions(ids, p, len(r["label"]), fill)))
-                 for ids, p, r in zip(word_ids, out, val)]
-        gold = [list(map(name, r["label"])) for r in val]  # seqeval reads the tag names (B-, I-, O)
+                 for ids, p, r in zip(word_ids, logits.argmax(-1), rows)]
+        gold = [list(map(name, r["label"])) for r in rows]  # seqeval reads the tag names (B-, I-, O)
     else:
-        out = model.predict(_encode(tok, val, task.has_pair, length, type_vocab),
-                            batch_size=2 * spec.batch_size, verbose=0).logits
-        preds = out[:, 0].astype(float).tolist() if task.kind == "regression" else out.argmax(-1).tolist()
-        gold = [r["label"] for r in val]
-    losses = history.history["loss"]
-    if not all(math.isfinite(v) for v in losses):
-        raise RuntimeError(f"the training loss became {losses[-1]} (learning rate {learning_rate} too high?)")
-    if save_to:
-        export_finetuned(model, tok, save_to)
-    return {"metrics": score(task.metrics, gold, preds), "train_examples": len(train) * spec.epochs,
-            "train_steps": steps, "train_seconds": seconds, "examples_per_s": len(train) * spec.epochs / seconds,
-            "final_loss": float(losses[-1]), "max_length": length}
+        preds = logits[:, 0].astype(float).tolist() if task.kind == "regression" else logits.argmax(-1).tolist()
+        gold = [r["label"] for r in rows]
+    return score(task.metrics, gold, preds)
+
+
+def truncated_share(tok: Any, task: Task, train: list[dict], length: int) -> float:
+    """The share of examples (train and every evaluation split) that `length` tokens cut short: a
+    truncated example is scored on what is left of it, so this says how much the cap costs."""
+    rows = train + [r for split in task.eval_splits for r in task.splits[split]]
+    if task.kind == "tokens":
+        enc = tok([r["text"] for r in rows], is_split_into_words=True, truncation=False)
+    else:
+        enc = tok([r["text"] for r in rows], [r["text_pair"] for r in rows] if task.has_pair else None,
+                  truncation=False)
+    return sum(len(ids) > length for ids in enc["input_ids"]) / len(rows)
 
 
 def export_finetuned(model: Any, tok: Any, directory: str) -> None:

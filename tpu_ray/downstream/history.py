@@ -1,30 +1,61 @@
-"""Downstream scores as history: the `kind: downstream` records of a run, summarised for the report
-and set side by side for `compare` (runs are comparable on a task only when its data hash is equal)."""
+"""Downstream scores as history: the `kind: downstream` records of a run, counted once each, grouped by
+what changes a score, the learning rate chosen on validation, and runs set side by side with a verdict.
+
+Each trial counts once: its identity is (task hash, checkpoint, settings, learning rate, seed), and
+of several records of one identity the first finished one is kept (the one the sweep that ran it
+reported; a later record of the same trial, from a sweep run again by hand, adds no information,
+and counting it would shrink the standard deviation with a seed counted twice). Scores group by the
+settings that change them (epochs, batch, max_length, examples, warm-up, weight decay: the
+`settings_key`), so a quick check is never averaged with a full sweep."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
+
 from tpu_ray.downstream.tasks import DEFAULT_METRICS
+from tpu_ray.downstream.verdict import paired
+
+CURVE = ["task", "task_hash", "settings_key"]  # one curve over checkpoint steps: one learning rate chosen
+POINT = [*CURVE, "step", "model"]  # one checkpoint's sweep
+IDENTITY = ["task_hash", "model", "settings_key", "learning_rate", "seed"]
+UNRECORDED = "unrecorded"  # records written before the settings were: they group together
 
 
-def scores(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (task, task_hash, step, learning_rate): the headline metric's mean, sample sd and
-    the number of finished and failed seeds. `df`: load_metrics' frame (any kinds)."""
-    cols = ["task", "task_hash", "step", "learning_rate", "metric", "mean", "sd", "seeds", "failed"]
+def trials(df: pd.DataFrame) -> pd.DataFrame:
+    """The downstream records, one per trial identity (see the module docstring), with `score` (the
+    reported split's headline) and `val_score` (validation's headline) as columns."""
     if df.empty or "kind" not in df.columns or not (df["kind"] == "downstream").any():
-        return pd.DataFrame(columns=cols)
-    rows = []
-    down = df[df["kind"] == "downstream"]
-    keys = ["task", "task_hash", "step", "learning_rate", "metric"]
-    for key, group in down.groupby(keys, dropna=False, sort=True):
-        metric = key[4] if isinstance(key[4], str) else _headline(group)  # records written before `metric`
-        ok = group[group["status"] == "ok"]
-        values = pd.to_numeric(ok[metric], errors="coerce").dropna() if metric in ok.columns else pd.Series([])
-        rows.append([*key[:4], metric, values.mean() if len(values) else float("nan"),
-                     values.std(ddof=1) if len(values) > 1 else 0.0, len(values), int((group["status"] != "ok").sum())])
-    return pd.DataFrame(rows, columns=cols)
+        return pd.DataFrame(columns=[*POINT, "learning_rate", "seed", "status", "metric", "split", "score",
+                                     "val_score"])
+    down = df[df["kind"] == "downstream"].copy()
+    for col in ("model", "settings_key", "report_split", "metric", "chance"):
+        if col not in down.columns:
+            down[col] = None
+    down["settings_key"] = down["settings_key"].fillna(UNRECORDED)
+    # a record from before checkpoints were fingerprinted: its step names the checkpoint within the run
+    down["model"] = down["model"].fillna(down["step"].map(lambda s: f"step-{s}"))
+    down["split"] = down["report_split"].fillna("validation")
+    down["metric"] = [m if isinstance(m, str) else _headline(down) for m in down["metric"]]
+    down["val_score"] = [_number(r.get(r["metric"])) for _, r in down.iterrows()]
+    down["score"] = [_number(r.get(r["metric"] if r["split"] == "validation" else f"{r['split']}_{r['metric']}"))
+                     for _, r in down.iterrows()]
+    # one rule for a score that is not a number, as sweep.Summary applies it: the trial failed
+    bad = (down["status"] == "ok") & ~(down["score"].map(math.isfinite) & down["val_score"].map(math.isfinite))
+    down.loc[bad, "status"] = "failed"
+    down["_ok"] = down["status"] == "ok"
+    down["_order"] = range(len(down))
+    down = down.sort_values(["_ok", "_order"], ascending=[False, True]).drop_duplicates(IDENTITY, keep="first")
+    return down.sort_values("_order").drop(columns=["_ok", "_order"])
+
+
+def _number(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _headline(group: pd.DataFrame) -> str:
@@ -32,19 +63,67 @@ def _headline(group: pd.DataFrame) -> str:
     return next((m for m in names if m in group.columns and group[m].notna().any()), names[0])
 
 
+def scores(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per checkpoint sweep and learning rate: validation's mean and sd, the reported split's
+    mean and sd (test where the task has one), seeds finished and failed."""
+    cols = [*POINT, "learning_rate", "metric", "split", "val_mean", "val_sd", "mean", "sd", "seeds", "failed", "chance"]
+    t = trials(df)
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for key, group in t.groupby([*POINT, "learning_rate"], dropna=False, sort=True):
+        ok = group[group["status"] == "ok"]
+        n = len(ok)
+        chance = pd.to_numeric(group["chance"], errors="coerce").dropna()
+        rows.append([*key, group["metric"].iloc[-1], group["split"].iloc[-1],
+                     ok["val_score"].mean() if n else math.nan, ok["val_score"].std(ddof=1) if n > 1 else 0.0,
+                     ok["score"].mean() if n else math.nan, ok["score"].std(ddof=1) if n > 1 else 0.0,
+                     n, int(len(group) - n), chance.iloc[-1] if len(chance) else math.nan])
+    return pd.DataFrame(rows, columns=cols)
+
+
+def chosen_lr(table: pd.DataFrame) -> float:
+    """One curve's learning rate, chosen on validation once for all its checkpoints: the best mean
+    validation score averaged over the steps, among the rates every step ran (all, if none did).
+    Choosing again at every step would report a maximum over noisy means at each point."""
+    done = table.dropna(subset=["val_mean"])
+    points = done.groupby(["step", "model"], dropna=False).ngroups
+    every = done.groupby("learning_rate").filter(lambda g: len(g) == points)
+    pool = every if not every.empty else done
+    return float(pool.groupby("learning_rate")["val_mean"].mean().idxmax())
+
+
 def best(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, task_hash, step): the learning rate with the highest mean."""
-    table = scores(df).dropna(subset=["mean"])
-    if table.empty:
-        return table
-    idx = table.groupby(["task", "task_hash", "step"], dropna=False)["mean"].idxmax()
-    return table.loc[idx].reset_index(drop=True)
+    """Per checkpoint sweep: the row at its curve's learning rate (chosen_lr)."""
+    table = scores(df)
+    if table.empty or table["val_mean"].isna().all():
+        return table.iloc[0:0]
+    out = []
+    for _, curve in table.groupby(CURVE, dropna=False, sort=True):
+        if curve["val_mean"].isna().all():
+            continue
+        lr = chosen_lr(curve)
+        out.append(curve[curve["learning_rate"] == lr])
+    return pd.concat(out).reset_index(drop=True)
+
+
+def seed_scores(df: pd.DataFrame, row: pd.Series) -> dict[int, float]:
+    """seed -> the reported split's score, for one row of `best` (its sweep and learning rate)."""
+    t = trials(df)
+    mine = t[(t["status"] == "ok") & (t["learning_rate"] == row["learning_rate"])]
+    for col in POINT:
+        mine = mine[mine[col].isna()] if pd.isna(row[col]) else mine[mine[col] == row[col]]
+    return {int(r["seed"]): float(r["score"]) for _, r in mine.iterrows()}
 
 
 def score_text(r: pd.Series) -> str:
-    """`metric mean ± sd (n seeds[, k failed], lr x)` of one row of `best`/`scores`."""
+    """`split metric mean ± sd (n seeds[, k failed], lr x[, validation v])` of one row of `best`/`scores`."""
     failed = f", {r['failed']} failed" if r["failed"] else ""
-    return f"{r['metric']} {r['mean']:.4f} ± {r['sd']:.4f} ({r['seeds']} seeds{failed}, lr {r['learning_rate']:g})"
+    val = f"; validation {r['val_mean']:.4f}, the lr chosen on it" if r["split"] != "validation" else \
+        "; on validation, the split the lr was chosen on"
+    chance = f"; chance {r['chance']:.4f}" if not pd.isna(r.get("chance")) else ""
+    return (f"{r['split']} {r['metric']} {r['mean']:.4f} ± {r['sd']:.4f} ({r['seeds']} seeds{failed}, "
+            f"lr {r['learning_rate']:g}{val}{chance})")
 
 
 def _line(r: pd.Series) -> str:
@@ -53,32 +132,46 @@ def _line(r: pd.Series) -> str:
 
 
 def summary_lines(df: pd.DataFrame) -> list[str]:
-    """The report's downstream lines: the best learning rate's mean ± sd per task and checkpoint step."""
+    """The report's downstream lines: per task and checkpoint step, the score at the curve's learning rate."""
     table = best(df)
     if table.empty:
         return []
-    return ["downstream (fine-tuned, best learning rate):", *(_line(r) for _, r in table.iterrows())]
+    return ["downstream (fine-tuned; one learning rate per task, chosen on validation):",
+            *(_line(r) for _, r in table.sort_values(["task", "step"], na_position="first").iterrows())]
 
 
 def comparison_lines(metrics: Sequence[pd.DataFrame], labels: Sequence[str]) -> list[str]:
-    """Each task's best score per run (its latest step), marked not comparable where the data differs.
+    """Each task's score per run (its latest checkpoint), and the first run against each other one:
+    the difference paired by seed with its 95% interval, in words (downstream.verdict). Runs fine-tuned
+    on different data or with other settings are marked not comparable, with no verdict.
     `metrics`: each run's records as report.load_metrics gives them (the caller loads them: report
     imports this module, so this module does not import report)."""
-    per_run = {label: best(df) for df, label in zip(metrics, labels)}
-    tasks = sorted({t for table in per_run.values() for t in table["task"]})
+    per_run = {label: (df, best(df)) for df, label in zip(metrics, labels)}
+    tasks = sorted({t for _, table in per_run.values() for t in table["task"]})
     lines: list[str] = []
     for task in tasks:
         lines.append(f"downstream {task}:")
-        hashes = set()
-        for label, table in per_run.items():
+        latest: dict[str, pd.Series] = {}
+        for label, (_, table) in per_run.items():
             rows = table[table["task"] == task]
             if rows.empty:
                 lines.append(f"  {label}: not fine-tuned on it")
                 continue
-            last = rows.sort_values("step", na_position="first").iloc[-1]
-            hashes.add(last["task_hash"])
+            latest[label] = last = rows.sort_values("step", na_position="first").iloc[-1]
             lines.append(f"  {label}{_line(last)[len(task) + 2:]}")
+        hashes = {r["task_hash"] for r in latest.values()}
+        settings = {r["settings_key"] for r in latest.values()}
         if len(hashes) > 1:
             lines.append(f"  not comparable: the runs were fine-tuned on different data for {task} "
                          f"(task hashes {', '.join(sorted(h[:12] for h in hashes))})")
+        elif len(settings) > 1:
+            lines.append(f"  not comparable: the runs were fine-tuned with other settings for {task} (epochs, batch, "
+                         f"max_length or examples; settings {', '.join(sorted(map(str, settings)))}): fine-tune them "
+                         f"again with the same finetune.* options")
+        elif len(latest) > 1:
+            (base, b), *others = latest.items()
+            for label, r in others:
+                v = paired(base, seed_scores(per_run[base][0], b), label, seed_scores(per_run[label][0], r),
+                           str(b["metric"]), str(b["split"]))
+                lines.append(f"  verdict: {v.words()}")
     return lines

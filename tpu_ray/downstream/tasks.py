@@ -14,7 +14,9 @@ import glob
 import hashlib
 import json
 import math
+import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,24 +24,12 @@ from tpu_ray.errors import UserError
 from tpu_ray.downstream.builtin import builtin_rows
 from tpu_ray.downstream.metrics import METRICS
 
+log = logging.getLogger("tpu_ray.downstream")
 BUILTIN_TASK = "builtin:stdlib-packages"
 KINDS = ("classification", "regression", "tokens")
 DEFAULT_METRICS = {"classification": ["accuracy", "macro_f1", "matthews"],
                    "regression": ["pearson", "spearman"], "tokens": ["entity_f1", "token_accuracy"]}
 _FORMATS = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-# GLUE's own field names and the metrics the papers report per task (GLUE paper, table 1).
-GLUE = {
-    "cola": ("sentence", None, "classification", ["matthews", "accuracy"]),
-    "sst2": ("sentence", None, "classification", ["accuracy"]),
-    "mrpc": ("sentence1", "sentence2", "classification", ["accuracy", "f1"]),
-    "qqp": ("question1", "question2", "classification", ["accuracy", "f1"]),
-    "stsb": ("sentence1", "sentence2", "regression", ["pearson", "spearman"]),
-    "mnli": ("premise", "hypothesis", "classification", ["accuracy"]),
-    "qnli": ("question", "sentence", "classification", ["accuracy"]),
-    "rte": ("sentence1", "sentence2", "classification", ["accuracy"]),
-    "wnli": ("sentence1", "sentence2", "classification", ["accuracy"]),
-}
-_GLUE_VALIDATION = {"mnli": "validation_matched"}
 
 
 def builtin_task(rows: tuple[dict[str, list[dict]], list[str]] | None = None) -> Task:
@@ -64,18 +54,41 @@ class Task:
     def has_pair(self) -> bool:
         return any(r.get("text_pair") is not None for r in self.splits["train"])
 
+    @property
+    def eval_splits(self) -> list[str]:
+        """Every labelled split scored after each epoch: validation (where the learning rate and the
+        epoch are chosen), test where the task has one, and a task's extra ones (MNLI's mismatched)."""
+        return [s for s in self.splits if s != "train"]
+
+    @property
+    def report_split(self) -> str:
+        """The split whose score is reported: test where the task has a labelled one (held out from
+        every choice), else validation (the selection split: an optimistic figure, named so)."""
+        return "test" if "test" in self.splits else "validation"
+
+    def train_rows(self, limit: int = 0) -> list[dict[str, Any]]:
+        """Train, or a sample of `limit` rows of it drawn with a fixed seed (the same for every trial),
+        never the first rows: a file sorted by label would give one class."""
+        rows = self.splits["train"]
+        if not limit or limit >= len(rows):
+            return rows
+        import random
+
+        return [rows[i] for i in sorted(random.Random(0).sample(range(len(rows)), limit))]
+
     def digest(self) -> str:
         """sha256 of the task's data as it is trained on: two runs compare only if it is equal."""
         body = json.dumps({"kind": self.kind, "labels": self.label_names,
                            "rows_by_split": {k: self.splits[k] for k in sorted(self.splits)}}, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()
 
-    def chance(self) -> float | None:
-        """The accuracy of the best constant answer on validation (its largest class's share): what a
-        model that ignores the text can reach at most, whichever class it learned to answer."""
-        if self.kind != "classification":
+    def chance(self, split: str | None = None) -> float | None:
+        """The accuracy of the best constant answer on `split` (the reported one by default): its
+        largest class's share, what a model that ignores the text can reach at most. Only where the
+        headline metric is accuracy: a constant answer scores 0 in Matthews correlation and F1 differs."""
+        if self.kind != "classification" or self.metrics[:1] != ["accuracy"]:
             return None
-        val = [r["label"] for r in self.splits["validation"]]
+        val = [r["label"] for r in self.splits[split or self.report_split]]
         return max(val.count(c) for c in set(val)) / len(val)
 
     def describe(self) -> str:
@@ -116,7 +129,7 @@ def _from_yaml(path: str) -> Task:
         raise UserError(f"{path}: a task YAML is a mapping (data:, text_field:, label_field:, ...), "
                         f"got {type(doc).__name__}")
     known = {"name", "data", "glue", "kind", "text_field", "pair_field", "label_field", "label_names", "metrics",
-             "train", "validation"}
+             "train", "validation", "test"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise UserError(f"{path}: unknown key {unknown[0]!r}; a task YAML takes {', '.join(sorted(known))}")
@@ -125,7 +138,10 @@ def _from_yaml(path: str) -> Task:
     if doc.get("glue"):
         return _glue(str(doc["glue"]), where(str(doc["data"])) if doc.get("data") else None, path)
     if doc.get("train") or doc.get("validation"):
-        files = {s: sorted(glob.glob(where(str(doc[s])))) for s in ("train", "validation") if doc.get(s)}
+        files = {s: sorted(glob.glob(where(str(doc[s])))) for s in ("train", "validation", "test") if doc.get(s)}
+        missing = [s for s in ("test",) if doc.get(s) and not files[s]]
+        if missing:
+            raise UserError(f"{path}: test: {doc['test']} matches no file; fix the path or drop the key")
     elif doc.get("data"):
         files = _split_files(where(str(doc["data"])))
     else:
@@ -135,32 +151,28 @@ def _from_yaml(path: str) -> Task:
 
 
 def _glue(name: str, data: str | None, where: str) -> Task:
-    if name not in GLUE:
-        raise UserError(f"{where}: unknown GLUE task {name!r}; one of {', '.join(GLUE)}")
-    text, pair, kind, metrics = GLUE[name]
-    opts = {"text_field": text, "pair_field": pair, "label_field": "label", "kind": kind, "metrics": metrics}
-    if data is not None:  # the task's files as GLUE ships them, or a local copy of the Hub's parquet
-        return _from_files(f"glue/{name}", _split_files(data, _GLUE_VALIDATION.get(name, "validation")), opts, data)
-    import datasets
+    """A GLUE task: its files as GLUE distributes them (or a local copy of the Hub's), else the Hub."""
+    from tpu_ray.downstream import glue
 
-    try:
-        ds = datasets.load_dataset("nyu-mll/glue", name)
-    except Exception as exc:  # offline, no cache: say how to give the files instead
-        raise UserError(f"glue/{name}: could not load it from the Hub ({type(exc).__name__}); download it once, "
-                        f"or give a task YAML with glue: {name} and data: DIR (train.*, validation.*)") from None
-    splits = {"train": ds["train"], "validation": ds[_GLUE_VALIDATION.get(name, "validation")]}
-    return _check(f"glue/{name}", {s: (d.to_list(), f"glue/{name}:{s}", d.features) for s, d in splits.items()},
-                  opts)
+    if name not in glue.GLUE:
+        raise UserError(f"{where}: unknown GLUE task {name!r}; one of {', '.join(glue.GLUE)}")
+    spec = glue.GLUE[name]
+    raw = glue.read_glue_dir(name, data) if data is not None else glue.load_glue_hub(name)
+    opts = {"text_field": spec.text_field, "pair_field": spec.pair_field, "label_field": "label", "kind": spec.kind,
+            "metrics": list(spec.metrics), "label_names": list(spec.label_names) or None}
+    return _check(f"glue/{name}", raw, opts)
 
 
-def _split_files(data: str, validation: str = "validation") -> dict[str, list[str]]:
-    """A directory's files by split (`train.*`, `validation.*`; `dev.*` as GLUE names it)."""
+def _split_files(data: str) -> dict[str, list[str]]:
+    """A directory's files by split: `train.*`, `validation.*` (`dev.*` as GLUE names it) and, where
+    there is one, `test.*` (scored, never used to choose)."""
     if not os.path.isdir(data):
         raise UserError(f"{data}: not a directory; a task's data is a directory with train.* and validation.* files")
     if os.path.exists(os.path.join(data, "dataset_dict.json")):  # datasets' save_to_disk
-        return {"train": [os.path.join(data, "train")], "validation": [os.path.join(data, validation)]}
+        return {s: [os.path.join(data, s)] for s in ("train", "validation", "test")
+                if os.path.isdir(os.path.join(data, s))}
     files: dict[str, list[str]] = {}
-    for split, names in (("train", ("train",)), ("validation", (validation, "validation", "dev"))):
+    for split, names in (("train", ("train",)), ("validation", ("validation", "dev")), ("test", ("test",))):
         for stem in names:
             found = sorted(p for p in glob.glob(os.path.join(data, stem + ".*")) if _fmt(p, quiet=True))
             if found:
@@ -227,6 +239,7 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
     pair_f = None if words else opts.get("pair_field", "text_pair")
     label_f = str(opts.get("label_field") or ("tags" if words and ("tags" in first_row or "label" not in first_row)
                                               else "label"))
+    raw = _labelled_test_only(raw, label_f)
     rows: dict[str, list[dict]] = {}
     for split, (data, path, _features) in raw.items():
         if not data:
@@ -244,13 +257,13 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
     for m in metrics:
         if m not in METRICS:
             raise UserError(f"{name}: unknown metric {m!r}; one of {', '.join(METRICS)}")
-    names = _label_names(raw["train"][2], label_f, rows["train"], kind)
+    names, indexed = _label_names(raw["train"][2], label_f, rows["train"], kind)
     given = opts.get("label_names")
     if given is not None:  # integer labels named by the task config (a NER set's ClassLabel names lost in a file)
         if not isinstance(given, list) or not given or len(set(map(str, given))) != len(given):
             raise UserError(f"{name}: label_names={_show(given)}; give a list of distinct class names, "
                             f"index i naming label i")
-        names = [str(n) for n in given]
+        names, indexed = [str(n) for n in given], True
     out: dict[str, list[dict]] = {}
     for split, data in rows.items():
         path = raw[split][1]
@@ -269,14 +282,48 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
                     raise UserError(f"{path}: row {i + 1}: pair field {pair_f!r} is {_show(pair)}; every row of a "
                                     f"pair task needs both texts (drop the row, or set pair_field: null)")
                 rec["text_pair"] = pair
-            rec["label"] = _label(r.get(label_f), kind, names, f"{path}: row {i + 1}: {label_f!r}", len(text))
+            rec["label"] = _label(r.get(label_f), kind, names, indexed, f"{path}: row {i + 1}: {label_f!r}", len(text))
             recs.append(rec)
         out[split] = recs
-    seen = {v for r in out["train"] for v in (r["label"] if kind == "tokens" else [r["label"]])}
+    seen = _classes(out["train"], kind)
     if kind in ("classification", "tokens") and len(seen) < 2:
         raise UserError(f"{raw['train'][1]}: field {label_f!r} has one class only ({names[next(iter(seen))]!r}); "
                         f"a classifier needs at least two")
+    if kind == "tokens" and "entity_f1" in metrics and not any(_IOB_TAG.match(n) for n in names):
+        raise UserError(f"{raw['train'][1]}: the tags are {_show(names)}, with no IOB name (B-X, I-X, O), so entity "
+                        f"F1 would find no entity and score 0; name them with label_names: [O, B-PER, I-PER, ...] "
+                        f"in a task YAML (index i naming tag i), or score metrics: [token_accuracy]")
+    for split in out:  # a class the model never saw trained, scored as missed: refused, by value
+        unseen = sorted(_classes(out[split], kind) - seen) if kind != "regression" else []
+        if unseen:
+            row = next(i for i, r in enumerate(out[split]) if set(_classes([r], kind)) & set(unseen))
+            raise UserError(f"{raw[split][1]}: row {row + 1}: {label_f!r} is {names[unseen[0]]!r}, a label the train "
+                            f"split never had (train has {', '.join(names[c] for c in sorted(seen))[:200]}); fix the "
+                            f"row or add the class to train")
     return Task(name=name, kind=kind, splits=out, label_names=names, metrics=metrics)
+
+
+_IOB_TAG = re.compile(r"^[BIESLU]-.")  # seqeval's schemes (IOB1/2, IOE, IOBES, BILOU) name an entity's tags so
+
+
+def _classes(records: list[dict], kind: str) -> set[int]:
+    if kind == "regression":
+        return set()
+    return {v for r in records for v in (r["label"] if kind == "tokens" else [r["label"]])}
+
+
+def _labelled_test_only(raw: dict[str, tuple[list[dict], str, Any]], label_f: str) -> dict:
+    """Drop a test split that carries no labels (the field absent, or every label -1 as the Hub's GLUE
+    and many Hub sets ship test), saying so; a test split with some labels goes on to be checked."""
+    test = raw.get("test")
+    if test is None or not test[0]:
+        return {k: v for k, v in raw.items() if k != "test"}
+    labels = [r.get(label_f) for r in test[0]]
+    if all(v is None or v == -1 for v in labels):
+        log.warning("%s: the test split has no labels (%s); scores are reported on validation", test[1],
+                    "every label is -1" if label_f in test[0][0] else f"no field {label_f!r}")
+        return {k: v for k, v in raw.items() if k != "test"}
+    return raw
 
 
 def _infer_kind(rows: list[dict], text_f: str, label_f: str) -> str:
@@ -289,20 +336,26 @@ def _infer_kind(rows: list[dict], text_f: str, label_f: str) -> str:
     return "classification"
 
 
-def _label_names(features: Any, label_f: str, train: list[dict], kind: str) -> list[str]:
-    """Class names: the ClassLabel's names when the data carries them, else train's values sorted."""
+def _label_names(features: Any, label_f: str, train: list[dict], kind: str) -> tuple[list[str], bool]:
+    """(class names, indexed): the ClassLabel's names when the data carries them (an integer label is
+    then an index into them), else train's values sorted (every label is then mapped by its value)."""
     if kind == "regression":
-        return []
+        return [], False
     feat = features[label_f] if features is not None and label_f in features else None
     feat = getattr(feat, "feature", feat)  # a Sequence(ClassLabel) for tokens
     if getattr(feat, "names", None):
-        return list(feat.names)
-    values = {v for r in train for v in (r.get(label_f) if kind == "tokens" else [r.get(label_f)])
-              if isinstance(v, (str, int)) and not isinstance(v, bool)}
-    return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))]
+        return list(feat.names), True
+    values = {_whole(v) for r in train for v in (r.get(label_f) if kind == "tokens" and isinstance(
+        r.get(label_f), list) else [r.get(label_f)]) if isinstance(_whole(v), (str, int)) and not isinstance(v, bool)}
+    return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))], False
 
 
-def _label(value: Any, kind: str, names: list[str], where: str, n_words: int) -> Any:
+def _whole(value: Any) -> Any:
+    """1.0 -> 1: a label column with a missing value reads as floats; its classes are still 0, 1, ..."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _label(value: Any, kind: str, names: list[str], indexed: bool, where: str, n_words: int) -> Any:
     if kind == "regression":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise UserError(f"{where} is {_show(value)}; a regression target must be a finite number")
@@ -313,18 +366,24 @@ def _label(value: Any, kind: str, names: list[str], where: str, n_words: int) ->
         if len(value) != n_words:
             raise UserError(f"{where} has {len(value)} labels for {n_words} words; a token task needs one label "
                             f"per word (fix the row so the two lists have the same length)")
-        return [_class(v, names, where) for v in value]
-    return _class(value, names, where)
+        return [_class(v, names, indexed, where) for v in value]
+    return _class(value, names, indexed, where)
 
 
-def _class(value: Any, names: list[str], where: str) -> int:
-    key = str(value)
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names) and key not in names:
-        return value  # an index into ClassLabel names
-    if value is None or key not in names:
-        raise UserError(f"{where} is {_show(value)}, a label the train split never had "
-                        f"(train has {', '.join(names[:10])}); fix the row or add the class to train")
-    return names.index(key)
+def _class(value: Any, names: list[str], indexed: bool, where: str) -> int:
+    """A label's class index. With named classes (a ClassLabel, or label_names:) an integer is an index
+    into the names; otherwise every label is mapped by its value, whatever its type, so train's 1, 2, 4, 5
+    are four classes and a 3 in validation is refused, never read as an index."""
+    value = _whole(value)
+    if isinstance(value, int) and not isinstance(value, bool) and indexed:
+        if 0 <= value < len(names):
+            return value
+        raise UserError(f"{where} is {value}, not one of the {len(names)} named classes (0 to {len(names) - 1}: "
+                        f"{', '.join(names[:10])}); fix the row or the label names")
+    if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value) in names:
+        return names.index(str(value))
+    raise UserError(f"{where} is {_show(value)}, a label the train split never had "
+                    f"(train has {', '.join(names[:10])}); fix the row or add the class to train")
 
 
 def _show(value: Any) -> str:

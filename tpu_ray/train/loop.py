@@ -364,10 +364,13 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     return summary
 
 
+SNAPSHOT_HOOK = "downstream_snapshot_every_"
+
+
 def add_snapshots(hooks: Hooks, cfg: RunConfig, s: TrainSetup) -> None:
     """eval.downstream: the model at every multiple of each task's `every` (and at the end) goes to
     RUN/downstream/step-N/model, where the driver fine-tunes it beside the training
-    (tpu_ray.downstream.during). Only the chief writes; a step two tasks share is written once."""
+    (tpu_ray.downstream.during); a run starting at step 0 writes its step-0 model as well. Only the chief writes; a step two tasks share is written once."""
     written: set[int] = set()
 
     def snapshot(step: StepInfo) -> None:
@@ -376,7 +379,7 @@ def add_snapshots(hooks: Hooks, cfg: RunConfig, s: TrainSetup) -> None:
             export(s, out=rundir.path(rundir.snapshot_dir(cfg.run_dir, step.step), rundir.MODEL_DIR))
 
     for every in sorted({d.every for d in cfg.eval.downstream}):
-        hooks.add(f"downstream_snapshot_every_{every}", every, snapshot)
+        hooks.add(f"{SNAPSHOT_HOOK}{every}", every, snapshot)
 
 
 def _start_training(cfg: RunConfig, info: StrategyInfo, metrics: MetricsWriter, hooks: Hooks, start: int,
@@ -389,6 +392,9 @@ def _start_training(cfg: RunConfig, info: StrategyInfo, metrics: MetricsWriter, 
                   jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution, **extra)
     if start == 0 and cfg.model.init_from and "eval" in hooks:
         hooks["eval"].fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
+    snapshots = [h for h in hooks if h.name.startswith(SNAPSHOT_HOOK)]
+    if start == 0 and snapshots:  # eval.downstream scores the starting model too: the curve's baseline
+        snapshots[0].fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
 
 
 def refuse_precision(cfg: RunConfig, precision: str) -> None:
