@@ -6,10 +6,13 @@ The models (all the quickstart's recipe, jobs/configs/quickstart.yaml, the same 
   on the domain;
 - "continued + replay": the same with 10% of the samples replayed from WikiText-2.
 Each is fine-tuned on `builtin:stdlib-packages` (docstrings labelled by their package, docs/downstream.md)
-through `tpu_ray.finetune`: seeds x learning rates as Ray tasks. Reported per model: the best
-learning rate's validation accuracy, mean ± sample sd over the seeds, against the model's bits per
-byte on the domain's held-out text (comparable across tokenizers, unlike the loss per token), and
-whether the MLM order (lower bits per byte) is the downstream order (higher accuracy).
+through `tpu_ray.finetune`: seeds x learning rates as Ray tasks, each trial's epoch and the learning
+rate chosen on validation, the score on the task's held-out test split, recorded in the run directory
+(so `tpu-ray compare` prints the same verdicts). Reported per model: test accuracy at the learning
+rate chosen on validation, mean ± sample sd over the seeds, against the model's bits per byte on the
+domain's held-out text (comparable across tokenizers, unlike the loss per token); whether the MLM
+order (lower bits per byte) is the downstream order (higher accuracy); and the verdict of scratch
+against each continued model, paired by seed with its 95% interval (tpu_ray.downstream.verdict).
 
 Then, on the continued model:
 - fine-tuning throughput: tpu-ray's trial (`finetune_trial`, run in this process) against a plain
@@ -30,6 +33,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -68,8 +72,9 @@ def domain_bits_per_byte(run: Path) -> float:
     return float(rows["bits_per_byte"].dropna().iloc[-1])
 
 
-def sweep(run: Path, seeds: int, lrs: list[float], epochs: int, num_cpus: int, out: Path | None = None):
-    """`tpu_ray.finetune(run, TASK)` on a fresh local Ray cluster of `num_cpus` CPUs; (summary, wall s)."""
+def sweep(run: Path, seeds: int, lrs: list[float] | None, epochs: int, num_cpus: int, out: Path | None = None):
+    """`tpu_ray.finetune(run, TASK)` on a fresh local Ray cluster of `num_cpus` CPUs; (summary, wall s).
+    Records go to the run directory (`out`: there instead); trials recorded there already are kept."""
     import ray
 
     import tpu_ray
@@ -77,9 +82,10 @@ def sweep(run: Path, seeds: int, lrs: list[float], epochs: int, num_cpus: int, o
     if ray.is_initialized():
         ray.shutdown()
     start = time.perf_counter()
+    grid = {"finetune.learning_rates": lrs} if lrs else {}  # none: the model's default grid
     summary = tpu_ray.finetune(str(run), TASK, seeds=seeds, output_dir=str(out) if out else None,
-                               overrides={"finetune.learning_rates": lrs, "finetune.epochs": epochs,
-                                          "ray.address": "local", "ray.num_cpus": num_cpus})
+                               overrides={**grid, "finetune.epochs": epochs, "ray.address": "local",
+                                          "ray.num_cpus": num_cpus})
     return summary, time.perf_counter() - start
 
 
@@ -90,13 +96,13 @@ def plain_fit(model_dir: str, task, epochs: int, batch_size: int, lr: float, see
     import tf_keras
     from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
 
-    from tpu_ray.downstream.finetune import _encode
+    from tpu_ray.downstream.finetune import FinetuneSpec, _encode
 
     tf_keras.utils.set_random_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = TFAutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=len(task.label_names),
                                                                  use_safetensors=False)
-    length = min(64, model.config.max_position_embeddings - 2)
+    length = min(FinetuneSpec().max_length, model.config.max_position_embeddings - 2)
     train = task.splits["train"]
     x = _encode(tok, train, task.has_pair, length, model.config.type_vocab_size)
     y = np.asarray([r["label"] for r in train], dtype=np.int32)
@@ -129,7 +135,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="pretraining learning rate of the continued runs")
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--finetune-lrs", default="3e-4,1e-3", help="fine-tuning learning rates (comma-separated)")
+    p.add_argument("--finetune-lrs", default="", help="fine-tuning learning rates, comma-separated (default: the "
+                   "model's grid, finetune.default_learning_rates)")
     p.add_argument("--epochs", type=int, default=5, help="fine-tuning epochs")
     p.add_argument("--repeats", type=int, default=3, help="alternated throughput measurements")
     p.add_argument("--work", help="keep runs here (default: a temp dir)")
@@ -137,7 +144,7 @@ def main() -> None:
     from domain_adaptation import continued, general_model
 
     logging.basicConfig(level=logging.WARNING)
-    lrs = [float(x) for x in args.finetune_lrs.split(",")]
+    lrs = [float(x) for x in args.finetune_lrs.split(",")] if args.finetune_lrs else None
     cpus = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="downstream-bench-") as tmp:
         work = Path(args.work or tmp)
@@ -148,41 +155,59 @@ def main() -> None:
         continued(work, general, 0.10, args)
         runs = {"scratch": scratch_model(work, args.steps, args.eval_samples),
                 "continued": work / "replay-00", "continued + 10% replay": work / "replay-10"}
-        results = {}
+        results, summaries = {}, {}
         for name, run in runs.items():
-            summary, wall = sweep(run, args.seeds, lrs, args.epochs, cpus, out=work / "scores" / run.name)
+            summary, wall = sweep(run, args.seeds, lrs, args.epochs, cpus)
+            summaries[name] = summary
             best = summary.best_lr
-            mean, sd, n = summary.stats(best)
-            results[name] = {"bits_per_byte": domain_bits_per_byte(run), "accuracy_mean": mean, "accuracy_sd": sd,
-                             "seeds": n, "best_lr": best, "chance": summary.chance, "sweep_s": wall,
-                             "per_lr": {f"{lr:g}": summary.stats(lr)[:2] for lr in lrs}}
-            print(f"{name}: " + "; ".join(summary.lines()), flush=True)
+            mean, sd, n = summary.stats(best, summary.report_split)
+            results[name] = {"bits_per_byte": domain_bits_per_byte(run), "test_accuracy_mean": mean,
+                             "test_accuracy_sd": sd, "validation_accuracy_mean": summary.stats(best)[0], "seeds": n,
+                             "chosen_lr": best, "chance": summary.chance, "sweep_s": wall,
+                             "per_lr_validation": {f"{lr:g}": summary.stats(lr)[:2] for lr in sorted(summary.by_lr())}}
+            print(f"{name}:", *summary.lines(), sep="\n", flush=True)
+        from tpu_ray.downstream.verdict import paired
+
+        base = summaries["scratch"]
+        verdicts = {name: paired("scratch", base.seed_scores(), name, s.seed_scores(), base.metric, base.report_split)
+                    for name, s in summaries.items() if name != "scratch"}
         model_dir = str(runs["continued"] / "model")
-        speed = throughput(model_dir, args.epochs, lrs[-1], args.repeats)
-        one, wall_1 = sweep(runs["continued"], args.seeds, lrs[-1:], args.epochs, 1, out=work / "scores" / "one")
-        _, wall_n = sweep(runs["continued"], args.seeds, lrs[-1:], args.epochs, cpus, out=work / "scores" / "n")
+        speed = throughput(model_dir, args.epochs, base.best_lr, args.repeats)
+        timing_lr = [summaries["continued"].best_lr]
+        for d in ("one", "n"):  # fresh record directories: a kept trial would time nothing
+            shutil.rmtree(work / "scores" / d, ignore_errors=True)
+        one, wall_1 = sweep(runs["continued"], args.seeds, timing_lr, args.epochs, 1, out=work / "scores" / "one")
+        _, wall_n = sweep(runs["continued"], args.seeds, timing_lr, args.epochs, cpus, out=work / "scores" / "n")
 
     chance = next(iter(results.values()))["chance"]
-    print(f"\n{TASK}: validation accuracy, best fine-tuning lr, mean ± sd over {args.seeds} seeds "
-          f"(chance {chance:.3f}); pretraining {args.steps} steps on the Python docs")
-    print(f"| model | domain bits/byte | accuracy | best lr | {' | '.join(f'lr {lr:g}' for lr in lrs)} |")
-    print("| --- | ---: | ---: | ---: |" + " ---: |" * len(lrs))
+    print(f"\n{TASK}: test accuracy at the learning rate chosen on validation, mean ± sd over {args.seeds} seeds "
+          f"(chance {chance:.3f}); pretraining {args.steps} steps on the Python docs; each trial's epoch of "
+          f"{args.epochs} chosen on validation")
+    grid_lrs = sorted({lr for r in results.values() for lr in r["per_lr_validation"]}, key=float)
+    print(f"| model | domain bits/byte | test accuracy | validation | chosen lr | "
+          f"{' | '.join(f'validation, lr {lr}' for lr in grid_lrs)} |")
+    print("| --- | ---: | ---: | ---: | ---: |" + " ---: |" * len(grid_lrs))
     for name, r in results.items():
-        per = " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in r["per_lr"].values())
-        print(f"| {name} | {r['bits_per_byte']:.3f} | {r['accuracy_mean']:.3f} ± {r['accuracy_sd']:.3f} | "
-              f"{r['best_lr']:g} | {per} |")
+        per = " | ".join("{:.3f} ± {:.3f}".format(*r["per_lr_validation"][lr]) if lr in r["per_lr_validation"]
+                         else "" for lr in grid_lrs)
+        print(f"| {name} | {r['bits_per_byte']:.3f} | {r['test_accuracy_mean']:.3f} ± {r['test_accuracy_sd']:.3f} | "
+              f"{r['validation_accuracy_mean']:.3f} | {r['chosen_lr']:g} | {per} |")
     by_mlm = sorted(results, key=lambda k: results[k]["bits_per_byte"])
-    by_task = sorted(results, key=lambda k: -results[k]["accuracy_mean"])
+    by_task = sorted(results, key=lambda k: -results[k]["test_accuracy_mean"])
     print(f"MLM order (lower bits/byte first): {by_mlm}; downstream order: {by_task}; "
           f"{'the same' if by_mlm == by_task else 'NOT the same'}")
+    for v in verdicts.values():
+        print(f"verdict: {v.words()}")
     print(f"fine-tuning throughput: tpu-ray {speed['tpu_ray_examples_per_s']:.1f} examples/s, plain model.fit "
           f"{speed['plain_fit_examples_per_s']:.1f}: {speed['ratio']:.2f}x (median of {args.repeats})")
-    print(f"seed sweep ({args.seeds} seeds, lr {lrs[-1]:g}): {wall_1:.0f} s on 1 CPU, {wall_n:.0f} s on {cpus}: "
+    print(f"seed sweep ({args.seeds} seeds, lr {timing_lr[0]:g}): {wall_1:.0f} s on 1 CPU, {wall_n:.0f} s on {cpus}: "
           f"{wall_1 / wall_n:.2f}x")
     print(json.dumps({"task": TASK, "models": results, "mlm_order": by_mlm, "downstream_order": by_task,
                       "orders_match": by_mlm == by_task, "throughput": speed,
+                      "verdicts": {k: {"mean_points": v.mean, "half_width": v.half_width, "seeds": len(v.seeds),
+                                       "words": v.words()} for k, v in verdicts.items()},
                       "sweep_seconds": {"1": round(wall_1, 1), str(cpus): round(wall_n, 1)},
-                      "one_cpu_accuracy": one.stats(lrs[-1])[:2], "steps": args.steps,
+                      "one_cpu_test_accuracy": one.stats(timing_lr[0], one.report_split)[:2], "steps": args.steps,
                       "general_steps": args.general_steps, "epochs": args.epochs}))
 
 

@@ -101,3 +101,18 @@ def test_a_run_records_a_downstream_score_at_two_snapshots(tmp_path, small_corpu
     curve = best(load_metrics(str(run)))
     assert list(curve["step"]) == [0, 2, 4] and set(curve["split"]) == {"test"}
     assert list(curve["mean"]) == pytest.approx([r["test_accuracy"] for r in sorted(scores, key=lambda r: r["step"])])
+
+
+@pytest.mark.quick
+def test_the_documented_example_entry_loads_and_names_a_task_that_exists(tmp_path, small_corpus):
+    """docs/options.md's example for eval.downstream (from the config's own comment) is a working entry."""
+    import re
+
+    from tests.helpers import REPO
+    from tpu_ray.downstream.during import check_downstream
+
+    row = next(line for line in (REPO / "docs" / "options.md").read_text().splitlines()
+               if line.startswith("| `eval.downstream` |"))
+    example = yaml.safe_load(re.search(r"(\[\{.*?\}\])", row).group(1))
+    (planned,) = check_downstream(_cfg(tmp_path, small_corpus, example))
+    assert planned.task.name == example[0]["task"] and planned.every == example[0]["every"]

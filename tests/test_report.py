@@ -204,25 +204,29 @@ def test_write_report(run_dir):
 
 
 def test_the_html_report_shows_downstream_scores_and_their_plot(tmp_path):
-    """A run with downstream records: the report's Downstream table holds the best learning rate's
-    mean ± sd per task and step (counted here independently) and downstream.png plots them; a run
-    without (test_write_report) gets neither."""
+    """A run with downstream records: the report's Downstream table holds, per task and step, the test
+    mean ± sd at the learning rate chosen on validation (counted here independently) and downstream.png
+    plots them from step 0; a run without (test_write_report) gets neither."""
     import statistics
 
-    from tests.test_downstream_tasks import _recorded
+    from tests.test_downstream_history import _record, _trial
     from tpu_ray.report import DOWNSTREAM_PLOT
 
     run = make_run(tmp_path / "run", partial=False)
-    _recorded(run, "h" * 64, 200, [0.5, 0.6, 0.7], failed=1)
-    _recorded(run, "h" * 64, 500, [0.8, 0.9])
+    tests_ = {0: [0.30, 0.32, 0.31], 500: [0.8, 0.9]}
+    for step, values in tests_.items():
+        _record(run, [_trial(s, 3e-4, 0.9, v) for s, v in enumerate(values)]
+                + [_trial(s, 1e-4, 0.2, 0.99) for s in range(len(values))]
+                + ([_trial(9, 3e-4, None, status="failed")] if step == 0 else []), step=step, model=f"m{step}")
     paths = write_report(str(run), str(tmp_path / "out"))
     assert set(paths) == {*PLOTS, DOWNSTREAM_PLOT, "report.html"}
     _check_png(paths[DOWNSTREAM_PLOT])
     page = Path(paths["report.html"]).read_text()
-    for step, values, failed in ((200, [0.5, 0.6, 0.7], ", 1 failed"), (500, [0.8, 0.9], "")):
+    for step, values in tests_.items():
+        failed = ", 1 failed" if step == 0 else ""
         assert f"<th>builtin:stdlib-packages @ step {step}</th>" in page
         expected = f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
-        assert f"<td>accuracy {expected} ({len(values)} seeds{failed}, lr 0.0003)</td>" in page
+        assert f"<td>test accuracy {expected} ({len(values)} seeds{failed}, lr 0.0003; validation 0.9000" in page
     assert f'src="{DOWNSTREAM_PLOT}"' in page
 
 

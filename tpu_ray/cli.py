@@ -7,7 +7,6 @@ import difflib
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -261,10 +260,13 @@ def cmd_metrics(args) -> int:
 def cmd_finetune(args) -> int:
     from tpu_ray.config import parse_overrides
 
-    # argparse gives every positional to the models (nargs="+" is greedy): key=value ones are overrides
-    is_override = re.compile(r"^[a-z_]+\.[a-z_.]+=").match
-    models = [m for m in args.model if not is_override(m)]
-    overrides = [m for m in args.model if is_override(m)] + list(args.overrides or [])
+    # argparse gives every positional to the models (nargs="+" is greedy): after the first (always a
+    # model), the words with "=" (or empty) are the overrides, checked as such
+    first, rest = args.model[0], args.model[1:]
+    if not first.strip():
+        raise UserError("RUN_OR_MODEL is empty; give a run directory or a model directory (an unset shell variable?)")
+    models = [first] + [m for m in rest if m.strip() and "=" not in m]
+    overrides = [m for m in rest if not m.strip() or "=" in m] + list(args.overrides or [])
     summaries, verdicts = finetune_models(models, args.task, seeds=args.seeds, output_dir=args.output_dir,
                                           overrides=parse_overrides(overrides))
     for summary in summaries:
@@ -357,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="stream the log until the job ends; exit 0 only if it succeeded")
     p = add("finetune", cmd_finetune, "fine-tune a run's model on a labelled task over seeds x learning rates "
             "(Ray tasks) and record the scores", common=False)
-    p.add_argument("model", metavar="RUN_OR_MODEL", nargs="+", type=nonempty("a run directory or a model directory"),
+    p.add_argument("model", metavar="RUN_OR_MODEL", nargs="+",
                    help="a run directory (its model/) or an exported model directory; two or more: each is "
                         "fine-tuned, then the first is compared with each other one (a verdict with its 95%% interval)")
     p.add_argument("--task", required=True, type=nonempty("a task"),

@@ -1,5 +1,6 @@
-"""The metrics stream, written and read: JSON lines in `<run_dir>/metrics.jsonl` (gs:// runs: one
-object per writer under `<run_dir>/metrics/`), one record per line.
+"""The metrics stream, written and read: JSON lines in `<run_dir>/metrics.jsonl`, or one file per
+writer under `<run_dir>/metrics/` (gs:// runs, and run directories on a filesystem whose appends
+from two hosts can tear or overwrite each other: see `MetricsWriter`), one record per line.
 
 Ray jobs return nothing to the submitter, so the run directory is the channel: the trainer, the
 pipeline, recovery and fine-tuning write here; the Python API (`load_metrics`), `tpu-ray report`,
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -55,21 +58,78 @@ def writer_id() -> str:
     return f"{int(time.time() * 1000):013d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+# Filesystems whose appends from two hosts can interleave inside a record or overwrite each other:
+# NFS does not honour O_APPEND across clients (each computes the end of the file from its cached
+# size), and SMB, 9p and FUSE mounts (gcsfuse, sshfs) promise no more. Matched by type or prefix.
+APPEND_UNSAFE_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse")
+
+
+def _unescape_mount(field: str) -> str:
+    """A /proc/mounts field: the kernel writes space, tab, newline and backslash as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def filesystem_type(path: str, mounts: str) -> str | None:
+    """The type of the filesystem holding local `path`, by the longest mount point above it in
+    `mounts` (the text of /proc/self/mounts); None if no mount matches."""
+    real = os.path.realpath(path)  # links resolved as far as the path exists
+    best, kind = -1, None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = _unescape_mount(fields[1])
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            if len(point) > best:
+                best, kind = len(point), fields[2]
+    return kind
+
+
+def appends_unsafe(path: str, mounts: str | None = None) -> bool:
+    """True if local `path` is on a filesystem in APPEND_UNSAFE_FS (`mounts`: /proc/self/mounts's
+    text, read when None; a system without it says False)."""
+    if mounts is None:
+        try:
+            with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+                mounts = f.read()
+        except OSError:
+            return False
+    kind = filesystem_type(path, mounts) or ""
+    return any(kind == t or kind.startswith(t + ".") for t in APPEND_UNSAFE_FS)
+
+
+def one_file_per_writer(run_dir: str, shared: bool = False) -> bool:
+    """Whether the run's writers each write a file of their own under `metrics/` rather than append
+    to `metrics.jsonl`: on gs:// (objects cannot be appended to); when the run directory is declared
+    shared between hosts (`shared`: ray.shared_filesystem); on a filesystem whose appends are not
+    atomic across hosts (appends_unsafe); and once `metrics/` exists there (an earlier writer of the
+    run chose it, so every later one follows, whatever it knows of the config)."""
+    if storage.is_remote(run_dir) or shared:
+        return True
+    return os.path.isdir(os.path.join(run_dir, METRICS_DIR)) or appends_unsafe(run_dir)
+
+
 class MetricsWriter:
-    """Appends records. Local files are appended and flushed per record. Object stores cannot
-    append, and a read-modify-write of one shared object loses records when two writers overlap
-    (the pipeline's and the trainer's, or a trainer restarted after a lost node beside the old
-    one's last upload). So on gs:// every writer owns its objects, `metrics/<writer id>-<n>.jsonl`,
-    and rewrites only its own current object (rolled over at SEGMENT_BYTES, so each upload stays
-    small); nobody reads before writing. `load_metrics` merges `metrics.jsonl` and all of
-    these by time. New records are uploaded at most every `remote_every_s` (at once for evaluations
-    and events), so a crash loses at most the records of the current interval. An upload that
-    fails during training is retried at the next one instead of ending a long run; `flush()`
-    itself raises.
+    """Appends records. Records from different processes never share an appended file where
+    appends are not atomic across hosts (`one_file_per_writer`): there every writer owns its file,
+    `metrics/<writer id>.jsonl`, appended and flushed per record by it alone. Otherwise (a local
+    disk: one host, whose appends are atomic) records are appended to `metrics.jsonl`, each with
+    one write. Object stores cannot append, and a read-modify-write of one shared object loses
+    records when two writers overlap (the pipeline's and the trainer's, or a trainer restarted after
+    a lost node beside the old one's last upload). So on gs:// every writer owns its objects,
+    `metrics/<writer id>-<n>.jsonl`, and rewrites only its own current object (rolled over at
+    SEGMENT_BYTES, so each upload stays small); nobody reads before writing. `load_metrics` merges
+    `metrics.jsonl` and all of these by time. New records are uploaded at most every
+    `remote_every_s` (at once for evaluations and events), so a crash loses at most the records of
+    the current interval. An upload that fails during training is retried at the next one instead
+    of ending a long run; `flush()` itself raises.
+
+    `shared`: the run directory is one mount shared by several hosts (ray.shared_filesystem), so
+    this writer and every later one of the run write files of their own.
     """
 
     def __init__(self, run_dir: str, remote_every_s: float = 30.0,
-                 mirror: Callable[[str], Mirror] | None = None):
+                 mirror: Callable[[str], Mirror] | None = None, shared: bool = False):
         self.run_dir = run_dir
         self._mirror_factory = mirror  # train/eval records also go there (the trainer's TensorBoard)
         self._tb: Mirror | None = None
@@ -79,6 +139,11 @@ class MetricsWriter:
         self._every = remote_every_s
         self._last_upload = 0.0
         self._writer_id = writer_id()
+        if not self.remote and one_file_per_writer(run_dir, shared):
+            # The directory first, so that writers started later (the trainer on another host,
+            # fine-tuning) see it and take files of their own too.
+            storage.makedirs(storage.join(run_dir, METRICS_DIR))
+            self.path = storage.join(run_dir, METRICS_DIR, f"{self._writer_id}.jsonl")
         self._segment = 0
         self._segment_lines: list[str] = []  # this writer's records in its current object
         self._segment_bytes = 0
@@ -188,8 +253,9 @@ def read_records(run_dir: str) -> list[dict]:
 
 
 def _read_metrics(run_dir: str) -> list[dict]:
-    """Records of `metrics.jsonl` and of every writer's `metrics/*.jsonl` object (gs:// runs write
-    one object per writer instead of appending to one file; see train.metrics.MetricsWriter)."""
+    """Records of `metrics.jsonl` and of every writer's `metrics/*.jsonl` file or object (gs:// runs
+    and shared run directories write one per writer instead of appending to one file; see
+    MetricsWriter). A run directory of an older version holds `metrics.jsonl` alone."""
     path = storage.join(run_dir, METRICS_FILE)
     text = _read_text(path)
     records = _parse_lines(text, path) if text else []

@@ -62,13 +62,14 @@ def launch_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig,
     import ray
 
     _check_shared_run_dir(cfg)  # one line before any process starts
-    options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0, "max_calls": 1, "name": "tpu_ray.train_launcher"}
+    options: dict[str, Any] = {"name": "tpu_ray.train_launcher"}
     node = _this_node()
     if node is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
-    task = ray.remote(_launch_task).options(**options)
+    # max_calls=1: the process ends with the task, and with it what Ray Train left in it.
+    task = ray.remote(num_cpus=0, max_retries=0, max_calls=1)(_launch_task).options(**options)
     ref = task.remote(cfg.model_dump(mode="json"), resume, train, storage.forwarded_env())
     try:
         return ray.get(ref)

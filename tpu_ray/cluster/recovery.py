@@ -19,8 +19,9 @@ another name (and another TPU_NAME for TensorFlow). So the reservation (placemen
 `wait()` is Ray's way to wait for capacity) is made again per attempt, and the retried task must
 switch to resume and report the failure in the metrics stream, which a blind task retry cannot.
 The multi-worker path (Ray Train's TensorflowTrainer, multiworker.py) runs under this same loop:
-one `fit()` per attempt, a worker whose node died is lost capacity, and every worker resumes from
-the chief's last committed checkpoint (why not Ray Train's own FailureConfig: multiworker.py).
+one `fit()` per attempt, each in a launcher task's process of its own (never this driver's), a worker
+whose node died is lost capacity, and every worker resumes from the chief's last committed checkpoint
+(why not Ray Train's own FailureConfig: multiworker.py).
 """
 
 from __future__ import annotations
