@@ -1,4 +1,4 @@
-"""Tests that run Ray Train in the driver or build their own Ray cluster run in a fresh Python process.
+"""Tests that build their own Ray cluster run in a fresh Python process.
 
 A pytest plugin (conftest.py loads it). `@pytest.mark.own_process` on a test (or a class: its
 tests then share one process, so a class-scoped cluster is built once) runs it in a child pytest,
@@ -10,10 +10,10 @@ good: every later actor it starts is ALIVE in the GCS and never answers it. Seen
 (test_downstream_during's). The second time the driver's Ray log shows when: the last actor
 notification it ever got came as the TrainController actor of an earlier in-process Ray Train
 launch (test_train's user-error test) was destroyed ("A worker is dead. subscription_failure_callback
-will be invoked"). A driver that shut one cluster down and joined another also once died on a
-reference-counter check. So the tests that run Ray Train in the driver or build multi-node clusters
-run in processes that end with them, and an xdist worker's driver only ever runs plain actors and
-tasks on the suite's one local cluster. Neither pytest-xdist (workers restart only after a crash)
+will be invoked"); Ray Train's fit() now runs in a launcher task's process of its own, never the
+driver's (tpu_ray/cluster/multiworker.py). A driver that shut one cluster down and joined another also
+once died on a reference-counter check. So the tests that build multi-node clusters run in processes
+that end with them, and an xdist worker's driver only ever joins the suite's one local cluster. Neither pytest-xdist (workers restart only after a crash)
 nor pytest-forked (a fork of a process that holds TensorFlow and Ray threads) gives a fresh
 interpreter per test.
 """
@@ -41,7 +41,7 @@ _children = itertools.count()  # numbers each child's temp dir and report file i
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{MARK}: runs Ray Train in the driver or builds its own Ray cluster; runs in a fresh Python process "
+    config.addinivalue_line("markers", f"{MARK}: builds its own Ray cluster; runs in a fresh Python process "
                                        "(tests/own_process.py)")
     if os.environ.get(CHILD_ENV):
         config.pluginmanager.register(_ChildReports(Path(os.environ[CHILD_ENV])), "tpu_ray_own_process_child")

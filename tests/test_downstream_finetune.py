@@ -165,3 +165,25 @@ def test_a_fine_tuned_model_loads_in_pytorch_from_safetensors_with_its_label_nam
     answer = pytorch_logits("AutoModelForSequenceClassification", path, ids)
     assert answer["id2label"] == {str(k): v for k, v in tf_model.config.id2label.items()}
     np.testing.assert_allclose(np.asarray(answer["logits"]), tf_model(np.asarray([ids])).logits.numpy()[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("task, headline", [("cola", "matthews"), ("mrpc", "f1"), ("stsb", "pearson"),
+                                            ("mnli", "accuracy")])
+def test_glue_tasks_in_glues_own_layout_fine_tune_with_their_official_metric_first(
+        sweep, tiny_model_dir, tmp_path, task, headline):
+    """GLUE's own files (headerless CoLA, MRPC's `#1 String` columns, STS-B's scores, MNLI's matched and
+    mismatched dev files; test_downstream_glue.py writes them as GLUE ships them) fine-tune through the
+    command line; each record's headline is GLUE's official metric, MNLI's mismatched dev scored beside."""
+    from tests.test_downstream_glue import _write_task
+
+    data = _write_task(tmp_path, task)
+    (tmp_path / "task.yaml").write_text(f"glue: {task}\ndata: {data}\n")
+    rc, printed = _finetune(tiny_model_dir, "--task", str(tmp_path / "task.yaml"), "--seeds", "1",
+                            "--output-dir", str(tmp_path / "out"), "finetune.learning_rates=[1e-3]",
+                            "finetune.epochs=1", "finetune.batch_size=4", "ray.address=local")
+    assert rc == 0, printed
+    (rec,) = _records(tmp_path / "out")
+    assert rec["task"] == f"glue/{task}" and rec["metric"] == headline and rec["report_split"] == "validation"
+    assert f"glue/{task} validation {headline}:" in printed
+    if task == "mnli":
+        assert 0 <= rec["validation_mismatched_accuracy"] <= 1

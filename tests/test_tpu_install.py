@@ -125,3 +125,128 @@ def test_doctor_plans_the_v5e_and_v6e_slices_rented_today(tmp_path, small_corpus
         # On this CPU host: planned for a TPU, the TensorFlow here is named, and is not the TPU's (WARN).
         (line,) = [line for line in text.splitlines() if line[6:21].strip() == "tensorflow"]
         assert line.startswith(WARN) and "tensorflow from tensorflow " in line, line
+
+
+# The libtpu wheel as pip installs it (tests/data/libtpu-wheel: its __init__.py and dist-info, taken
+# from libtpu-0.0.10-py3-none-manylinux_2_27_x86_64.whl), with a stand-in for its 320 MB libtpu.so:
+# what is chosen is a path, and nothing here loads it.
+LIBTPU_WHEEL = REPO / "tests" / "data" / "libtpu-wheel"
+
+
+@pytest.fixture
+def libtpu_site(tmp_path, monkeypatch) -> Path:
+    """A site directory holding the libtpu wheel's real layout, on sys.path; the libtpu variables
+    of this process restored afterwards."""
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(LIBTPU_WHEEL, site)
+    (site / "libtpu" / "libtpu.so").write_bytes(b"\x7fELF")  # the shared library's place
+    monkeypatch.syspath_prepend(str(site))
+    for key in ("TPU_LIBRARY_PATH", "TPU_RAY_LIBTPU", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "TPU_ACCELERATOR_TYPE"):
+        monkeypatch.setenv(key, "")  # recorded, so that what settle_pjrt_library sets is undone
+        monkeypatch.delenv(key)
+    return site
+
+
+def _doctor(tmp_path, small_corpus, target: str):
+    cfg = tiny_config(tmp_path / "run", small_corpus)
+    return Doctor(cfg, parse_target(target, cfg), False, io.StringIO())
+
+
+@pytest.mark.quick
+def test_tensorflow_loads_the_libtpu_wheels_library_not_the_images_unless_asked(libtpu_site, tmp_path):
+    from tpu_ray.cluster.tpu_env import choose_libtpu, settle_pjrt_library
+    from tpu_ray.errors import RefusingEnvironment, UserError
+
+    wheel = str(libtpu_site / "libtpu" / "libtpu.so")
+    image = tmp_path / "image-libtpu.so"
+    image.write_bytes(b"\x7fELF")
+    chosen = choose_libtpu({}, image=str(image))  # both there: the wheel's, the one TensorFlow was built for
+    assert (chosen.path, chosen.source) == (wheel, "wheel")
+    assert chosen.why == (f"the libtpu {TPU_LIBTPU} wheel, the one tensorflow-tpu was built for; not the image's "
+                          f"{image} (TPU_RAY_LIBTPU=image loads that)")
+    asked = choose_libtpu({"TPU_RAY_LIBTPU": "image"}, image=str(image))
+    assert (asked.path, asked.source) == (str(image), "image")
+    assert asked.why == (f"the TPU VM image's, as TPU_RAY_LIBTPU=image asks; tensorflow-tpu {TPU_TENSORFLOW} was "
+                         f"built for libtpu {TPU_LIBTPU}")
+    assert choose_libtpu({"TPU_LIBRARY_PATH": "/opt/mine/libtpu.so"}, image=str(image)).path == "/opt/mine/libtpu.so"
+    with pytest.raises(RefusingEnvironment, match=r"^TPU_RAY_LIBTPU=image: no /nowhere/libtpu.so on this host; "
+                                                  r"unset it to load the libtpu wheel's$"):
+        choose_libtpu({"TPU_RAY_LIBTPU": "image"}, image="/nowhere/libtpu.so")
+    with pytest.raises(UserError, match=r"^TPU_RAY_LIBTPU=newest: expected image \(the TPU VM image's .*\) or wheel"):
+        choose_libtpu({"TPU_RAY_LIBTPU": "newest"}, image=str(image))
+    # The TF client of a one-host slice, before TensorFlow loads: the image's path its environment
+    # names (PJRT) becomes the wheel's, and TensorFlow's TPU library loader is told the same.
+    os.environ["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = "/lib/libtpu.so"
+    settle_pjrt_library("tpu")
+    assert os.environ["TPU_LIBRARY_PATH"] == os.environ["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == wheel
+    # Asked for on the submitting machine, the image's libtpu is asked for on the slice's client too.
+    from tpu_ray.cluster.tpu_slice import TpuSlice
+
+    os.environ["TPU_RAY_LIBTPU"] = "image"
+    assert TpuSlice("slice-a", "v4-8", ("node-0",)).client_env()["TPU_RAY_LIBTPU"] == "image"
+
+
+@pytest.mark.quick
+def test_doctor_names_the_libtpu_tensorflow_would_load(libtpu_site, tmp_path, small_corpus):
+    check = _doctor(tmp_path, small_corpus, "v6e-8").check_libtpu()
+    wheel = libtpu_site / "libtpu" / "libtpu.so"
+    assert check.status == "PASS"
+    assert check.evidence.startswith(f"would load {wheel} (the libtpu {TPU_LIBTPU} wheel, the one tensorflow-tpu "
+                                     f"was built for"), check.evidence
+
+
+@pytest.mark.quick
+def test_doctor_fails_a_tpu_vm_without_libtpu(tmp_path, small_corpus, monkeypatch):
+    """This venv has no libtpu; a TPU VM's runtime names its accelerator type."""
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v6e-8")
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    check = _doctor(tmp_path, small_corpus, "v6e-8").check_libtpu()
+    assert check.status == FAIL and check.evidence.startswith("this TPU VM has none (no libtpu wheel"), check.evidence
+    assert check.fix.startswith("install with pip install -e 'tpu-ray[tpu]'")
+    monkeypatch.delenv("TPU_ACCELERATOR_TYPE")  # planning the same slice from a CPU host: a warning
+    assert _doctor(tmp_path, small_corpus, "v6e-8").check_libtpu().status == WARN
+
+
+def _site_without_tensorflow(tmp_path: Path) -> Path:
+    """This venv's site-packages less every TensorFlow distribution: links to everything else."""
+    import sysconfig
+
+    site = tmp_path / "no-tensorflow"
+    site.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.lower().startswith(("tensorflow", "tf_keras", "tf-keras", "__editable__", "tpu_ray")) \
+                and entry.suffix != ".pth":
+            (site / entry.name).symlink_to(entry)
+    return site
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("extra, target, line, fix", [
+    (None, "a100", "no TensorFlow installed (no distribution provides the tensorflow package)",
+     "pip install -e 'tpu-ray[gpu]'"),
+    ("tensorflow-tpu", "a100", f"tensorflow-tpu {TPU_TENSORFLOW} is a TPU build of TensorFlow: it has no CUDA "
+                               f"kernels, so a GPU run would train on the CPU",
+     "pip uninstall -y tensorflow-tpu libtpu; pip install -e 'tpu-ray[gpu]'"),
+], ids=["no-tensorflow", "tpu-build-for-a-gpu"])
+def test_doctor_fails_a_missing_tensorflow_and_a_tpu_build_for_a_gpu(tmp_path, small_corpus, extra, target, line, fix):
+    """`tpu-ray doctor` in an environment without TensorFlow (this venv's packages less TensorFlow),
+    and with tensorflow-tpu's metadata alone: FAIL with the fix; the checks that load TensorFlow are
+    not run."""
+    site = _site_without_tensorflow(tmp_path)
+    if extra:
+        _fake_distribution(tmp_path / "extra", extra, TPU_TENSORFLOW, "tensorflow")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"name: t\noutput_dir: {tmp_path / 'run'}\ncorpus: {{source: {small_corpus}}}\n"
+                      "model: {preset: tiny}\nshard: {seq_len: 64}\ntrain: {batch_size: 16}\n")
+    path = os.pathsep.join([str(REPO), *([str(tmp_path / "extra")] if extra else []), str(site)])
+    done = subprocess.run([sys.executable, "-S", "-m", "tpu_ray.cli", "doctor", "--config", str(config),
+                           "--target", target], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    at = next(i for i, text in enumerate(lines) if text.startswith(f"{FAIL}  tensorflow"))
+    assert lines[at] == f"{FAIL}  tensorflow      {line}", done.stdout
+    assert lines[at + 1].strip() == f"fix: {fix}"
+    assert any(text.startswith(f"{WARN}  other checks    not run") for text in lines), done.stdout

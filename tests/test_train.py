@@ -58,16 +58,13 @@ def _gs_records(run: str) -> list[dict]:
 
 
 def _records(run_dir: Path, kind: str) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    """The run's records of `kind` in time order: metrics.jsonl and, in a shared run directory, every
+    writer's own file (metrics_stream.py); a line being written right now is skipped."""
+    from tpu_ray.metrics_stream import read_records
+
+    if not run_dir.exists():
         return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written right now
-            continue
-    return [r for r in out if r["kind"] == kind]
+    return sorted((r for r in read_records(str(run_dir)) if r.get("kind") == kind), key=lambda r: r.get("time", 0.0))
 
 
 def checkpoint_weights(run_dir: Path) -> dict[str, np.ndarray]:
@@ -644,8 +641,7 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-@pytest.mark.own_process  # Ray Train in the driver: its controller's death later left the driver deaf (own_process.py)
-def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir):
+def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir, ray_local):
     from tpu_ray.errors import UserError
     from tpu_ray.train.launch import launch
 
@@ -654,6 +650,86 @@ def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_
     with pytest.raises(UserError, match=r"^train.batch_size=15 is not divisible by the 2 replicas") as err:
         launch(cfg)
     assert "\n" not in str(err.value)
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """The processes under `pid` (this test's local Ray cluster: its raylet, and the raylet's workers),
+    by pid, with their titles (a Ray worker's names its actor class)."""
+    parents, titles = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            titles[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = {}, [pid]
+    while todo:
+        parent = todo.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                found[child] = titles.get(child, "")
+                todo.append(child)
+    return found
+
+
+@pytest.mark.slow  # three Ray Train launches: about 3 minutes on 2 cores
+def test_multiworker_runs_one_after_another_in_one_process_hear_every_new_actor(tmp_path, small_corpus,
+                                                                                tiny_tokenizer_dir, ray_local):
+    """Ray Train's fit() runs in a process of its own, never the caller's (cluster/multiworker.py): in
+    one Python process, a multi-worker pipeline that loses a worker and resumes (a second fit()), then
+    a second multi-worker pipeline, each get every shard actor's answer without a stall, and a new
+    actor answers after each. (A driver that had run fit() itself stopped hearing new actors once the
+    TrainController was collected: docs/testing.md.)"""
+    import threading
+
+    import ray
+
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.prepare.actor_pool import STALL_S
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def ping(self) -> str:
+            return "pong"
+
+    def a_new_actor_answers() -> None:
+        actor = Echo.remote()
+        assert ray.get(actor.ping.remote(), timeout=60) == "pong"
+        ray.kill(actor)
+
+    common = {"tokenizer.path": tiny_tokenizer_dir, "train.workers": 2, "train.workers_network_closed": True,
+              "train.eval_every": 1000}
+    first = tmp_path / "first"
+
+    def kill_a_worker_after_the_first_checkpoint() -> None:
+        deadline = time.monotonic() + 400
+        while not (first / "checkpoints" / "checkpoint").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = [pid for pid, title in _descendants(os.getpid()).items() if title.startswith("ray::RayTrainWorker")]
+        if workers:
+            os.kill(workers[0], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_a_worker_after_the_first_checkpoint, daemon=True)
+    killer.start()
+    result = Pipeline(tiny_config(first, small_corpus, **common, **{
+        "train.steps": 20, "train.checkpoint_every": 5, "train.log_every": 5})).run()
+    killer.join(timeout=1)
+    assert result.train_summary["failures"] == 1  # the worker's loss was retried in this process
+    assert [w["steps"] for w in result.train_summary["workers"]] == [20, 20]
+    assert [e["event"] for e in _records(first, "event") if e["event"] in ("node_lost", "resumed_after_failure")] \
+        == ["node_lost", "resumed_after_failure"]
+    assert result.shard_summary["units"] >= 2 and result.shard_summary["seconds"] < STALL_S
+    a_new_actor_answers()
+
+    second = Pipeline(tiny_config(tmp_path / "second", small_corpus, **common, **{
+        "train.steps": 4, "train.checkpoint_every": 4, "train.log_every": 2})).run()
+    # A deaf driver waits STALL_S for its first shard unit, then replaces actors that never answer.
+    assert second.shard_summary["units"] >= 2 and second.shard_summary["seconds"] < STALL_S
+    assert [w["steps"] for w in second.train_summary["workers"]] == [4, 4]
+    a_new_actor_answers()
 
 
 @pytest.mark.parametrize("layout, chips", [

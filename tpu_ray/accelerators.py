@@ -10,6 +10,7 @@ extra and the job configs agree with it.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import urllib.request
@@ -128,3 +129,28 @@ def tpu_accelerator_type(metadata_url: str = GCE_ACCELERATOR_TYPE_URL, timeout_s
     log.warning("TPU accelerator type unknown (no TPU_ACCELERATOR_TYPE, no GCE metadata %s): MFU will not be "
                 "reported; set TPU_ACCELERATOR_TYPE=v4-8 (for example) or train.peak_flops", metadata_url)
     return None
+
+
+def local_tpu_chips(dev: str = "/dev", iommu_groups: str = "/sys/kernel/iommu_groups") -> int:
+    """TPU chips of this host: `/dev/accel<N>` character devices (up to v4; NVIDIA 570+ drivers make
+    a `/dev/accel` directory, which is not one), else VFIO groups (v5e and later) whose device is
+    Google's (PCI vendor 0x1ae0): other devices bound to vfio-pci appear in /dev/vfio too."""
+    accel = [p for p in glob.glob(os.path.join(dev, "accel*")) if not os.path.isdir(p)]
+    if accel:
+        return len(accel)
+    try:
+        groups = [g for g in os.listdir(os.path.join(dev, "vfio")) if g.isdigit()]
+    except OSError:
+        return 0
+    return sum(1 for g in groups if _google_device_in(os.path.join(iommu_groups, g, "devices")))
+
+
+def _google_device_in(devices_dir: str) -> bool:
+    for vendor in glob.glob(os.path.join(devices_dir, "*", "vendor")):
+        try:
+            with open(vendor) as f:
+                if f.read().strip().lower() == "0x1ae0":
+                    return True
+        except OSError:
+            continue
+    return False

@@ -106,7 +106,8 @@ def one_file_per_writer(run_dir: str, shared: bool = False) -> bool:
     run chose it, so every later one follows, whatever it knows of the config)."""
     if storage.is_remote(run_dir) or shared:
         return True
-    return os.path.isdir(os.path.join(run_dir, METRICS_DIR)) or appends_unsafe(run_dir)
+    local = storage.filesystem(run_dir)[1]  # a file:// URL as a path
+    return os.path.isdir(os.path.join(local, METRICS_DIR)) or appends_unsafe(local)
 
 
 class MetricsWriter:

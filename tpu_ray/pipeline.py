@@ -288,7 +288,9 @@ class Pipeline:
         result line says it all."""
         from tpu_ray.train.metrics import MetricsWriter
 
-        metrics = MetricsWriter(self.cfg.run_dir)
+        # A shared run directory: this writer takes a file of its own first, and every later writer
+        # of the run (the trainer on another host, fine-tuning) does the same (metrics_stream.py).
+        metrics = MetricsWriter(self.cfg.run_dir, shared=self.cfg.ray.shared_filesystem)
         try:
             yield _Recorder(self.cfg.run_dir, metrics, announce)
         except BaseException:

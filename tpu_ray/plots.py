@@ -163,9 +163,11 @@ def plot_downstream(best: pd.DataFrame, path: str) -> None:
             ax.axhline(chance.iloc[-1], ls="--", lw=1, color=line[0].get_color(), label=f"{task}: chance")
         drew = True
     if drew:  # room left of step 0 (not finish's x from 0), so its error bar's caps are whole
-        ax.legend(loc="lower right")
+        ax.legend(loc="best")
         right = max(float(best["step"].fillna(0).max()), 1.0)
         ax.set_xlim(left=-0.04 * right, right=right * 1.04)
+        low, high = ax.get_ylim()  # the chance lines and every error bar inside, with a margin
+        ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
     else:
         no_data(ax)
     fig.savefig(path)

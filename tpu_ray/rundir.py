@@ -1,6 +1,6 @@
 """The run directory's layout: the one owner of its file and directory names.
 
-    RUN/config.yaml  run_info.json  metrics.jsonl (metrics/ on gs://)  summary.json  .lock
+    RUN/config.yaml  run_info.json  metrics.jsonl (metrics/ on gs:// and shared mounts)  summary.json  .lock
     RUN/tokenizer/tokenizer.json    RUN/shards/manifest.json    RUN/checkpoints/ckpt-N.*
     RUN/model/  RUN/tensorboard/  RUN/workers/  RUN/ray_train/
     RUN/init/source.json + files: the copy of model.init_from a continued run reads after its first stage
@@ -19,7 +19,7 @@ from tpu_ray.errors import UserError
 CONFIG_FILE = "config.yaml"
 RUN_INFO_FILE = "run_info.json"
 METRICS_FILE = "metrics.jsonl"
-METRICS_DIR = "metrics"  # gs:// runs: one object per metrics writer (see train/metrics.py)
+METRICS_DIR = "metrics"  # gs:// and shared runs: one file per metrics writer (see metrics_stream.py)
 SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".lock"
 TOKENIZER_DIR = "tokenizer"

@@ -744,7 +744,10 @@ def _remove_tree(path: str) -> None:
 
 def append_text_local(path: str, text: str) -> None:
     """Append UTF-8 `text` to a local file (created if absent), never through a symbolic link: a
-    link planted in place of a run file (metrics.jsonl) must not make us write someone's file."""
+    link planted in place of a run file (metrics.jsonl) must not make us write someone's file.
+    One write() call for the whole text where the kernel takes it all (a local file does): two
+    processes appending to one file on a local disk never interleave inside a record (a buffered
+    file object would split a record over 8 KiB into several writes)."""
     _fenced(path)
     local = _local(path)
     try:
@@ -754,8 +757,12 @@ def append_text_local(path: str, text: str) -> None:
             raise StorageError(f"{path}: is a symbolic link; a run file must be a plain file: remove the link "
                                f"and check who made it") from None
         raise
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 def _silent_remove(path: str) -> None:

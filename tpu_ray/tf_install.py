@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tpu_ray.accelerators import TPU_LIBTPU, TPU_TENSORFLOW
 
 INSTALL_HINT = "pip install -e 'tpu-ray[tpu]', then deploy/tpu-finish-install.sh (docs/accelerators.md)"
+TPU_BUILDS = ("tensorflow-tpu", "tf-nightly-tpu")  # distributions of TensorFlow built for TPUs only
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,20 @@ class TensorflowInstall:
         found = " + ".join(self.providers) or "no distribution"
         return f"tensorflow from {found}" + (f", {self.libtpu}" if self.libtpu else ", no libtpu")
 
-    def problem(self, tpu: bool) -> tuple[str, str] | None:
+    def problem(self, tpu: bool, gpu: bool = False) -> tuple[str, str] | None:
         """(what is wrong, the fix) for a host of this kind, None when the install is right.
 
-        Two providers are always wrong. On a TPU host the one provider must be tensorflow-tpu of
-        TPU_TENSORFLOW with the libtpu that wheel pins (TPU_LIBTPU)."""
+        No provider and two providers are always wrong. On a TPU host the one provider must be
+        tensorflow-tpu of TPU_TENSORFLOW with the libtpu that wheel pins (TPU_LIBTPU); on a GPU
+        host it must not be a TPU build (tensorflow-tpu has no CUDA kernels: it would train on CPU)."""
+        if not self.providers:
+            extra = "tpu" if tpu else "gpu" if gpu else "cpu"
+            return ("no TensorFlow installed (no distribution provides the tensorflow package)",
+                    INSTALL_HINT if tpu else f"pip install -e 'tpu-ray[{extra}]'")
+        if gpu and len(self.providers) == 1 and self.providers[0].split()[0] in TPU_BUILDS:
+            return (f"{self.providers[0]} is a TPU build of TensorFlow: it has no CUDA kernels, so a GPU run "
+                    "would train on the CPU",
+                    f"pip uninstall -y {self.providers[0].split()[0]} libtpu; pip install -e 'tpu-ray[gpu]'")
         if len(self.providers) > 1:
             keep = "tensorflow-tpu" if tpu else "tensorflow"
             drop = " ".join(p.split()[0] for p in self.providers if p.split()[0] != keep)

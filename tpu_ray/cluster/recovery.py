@@ -114,7 +114,7 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
                     raise
                 failures += 1
                 lost_at = time.time()
-                metrics = metrics or MetricsWriter(cfg.run_dir)
+                metrics = metrics or MetricsWriter(cfg.run_dir, shared=cfg.ray.shared_filesystem)
                 step = record_failure(metrics, cfg, failure, failures, t0)
                 log.warning("training capacity lost (%s, failure %d of %d); resuming from step %s when capacity "
                             "is back", failure.error, failures, cfg.train.max_failures, step)

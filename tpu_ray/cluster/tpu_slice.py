@@ -20,6 +20,7 @@ from tpu_ray.accelerators import tpu_hosts
 
 SLICE_ENV = "TPU_RAY_SLICE"  # the reserved slice, as JSON, in the TF client task's environment
 IMAGE_LIBTPU = "/lib/libtpu.so"  # where the tpu-vm-tf-*-pjrt images put libtpu
+LIBTPU_CHOICE_ENV = "TPU_RAY_LIBTPU"  # "image": the image's libtpu, not the wheel's (cluster/tpu_env.py)
 # TensorFlow's PJRT TPU client (v5e, v5p and v6e have no other), as Google's keras-io TPU example
 # sets it before TensorFlow is imported; settle_pjrt_library points the path at the libtpu wheel
 # when the image has none.
@@ -73,6 +74,8 @@ class TpuSlice:
         """
         env = {"TPU_NAME": self.name, "TPU_LOAD_LIBRARY": "0"} if self.multi_host else dict(PJRT_ENV)
         env["TPU_ACCELERATOR_TYPE"] = self.pod_type
+        if os.environ.get(LIBTPU_CHOICE_ENV):  # the submitter's choice of libtpu reaches the client
+            env[LIBTPU_CHOICE_ENV] = os.environ[LIBTPU_CHOICE_ENV]
         env[SLICE_ENV] = self.to_json()
         return env
 

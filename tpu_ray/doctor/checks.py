@@ -3,6 +3,8 @@
 Each check prints PASS / WARN / FAIL, one line of evidence and, on FAIL, the fix:
 
 - config, strategy: the config loads; the strategy/precision/jit settings suit the target.
+- tensorflow, libtpu: one TensorFlow, the build the target needs (none, two, or a TPU build for a
+  GPU fails); the libtpu TensorFlow would load here and why that one (a TPU VM with none fails).
 - consistency: seq_len fits the position embeddings; tokenizer vocabulary, special ids and pad id
   agree with the model config and the shards; the manifest was made with this tokenizer.
 - static shapes: the real tf.data pipeline has a fully defined element spec (drop_remainder) and
@@ -29,6 +31,7 @@ buckets); cutting it by check would scatter one report over several files.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import tempfile
@@ -42,6 +45,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from tpu_ray import rundir, storage, tf_install
+from tpu_ray.accelerators import TPU_LIBTPU, local_tpu_chips
+from tpu_ray.cluster.tpu_env import LIBTPU_CHOICE_ENV, LIBTPU_PATH_ENV, choose_libtpu, pip_libtpu_version
 from tpu_ray.config import RunConfig
 from tpu_ray.doctor.estimates import (GB, HBM_WARN_FRACTION, PROBE_BYTES, PROBE_FLOPS, PROBE_MAX_LAYERS,
                                       ASSUMED_UTILIZATION, fmt_bytes, fmt_count, fmt_duration, memory_per_replica,
@@ -85,6 +90,11 @@ def _call_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def on_tpu_host() -> bool:
+    """This machine is a TPU VM: it has TPU chips, or its runtime says its accelerator type."""
+    return local_tpu_chips() > 0 or bool(os.environ.get("TPU_ACCELERATOR_TYPE"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,16 +170,37 @@ class Doctor:
             self.add("strategy", PASS, f"train.strategy={t.strategy} -> {how}")
 
     def check_tensorflow(self) -> Check:
-        """Which distribution provides `tensorflow` here (and its libtpu): two is a FAIL anywhere; on a
-        TPU host the wrong one is a FAIL, elsewhere (planning a TPU run from a laptop) a WARN."""
+        """Which distribution provides `tensorflow` here (and its libtpu): none, two, or a TPU build
+        for a GPU target is a FAIL anywhere; on a TPU host the wrong one is a FAIL, elsewhere (planning
+        a TPU run from a laptop) a WARN."""
         found = tf_install.installed()
-        tpu = self.target.kind == "tpu"
-        problem = found.problem(tpu)
+        tpu, gpu = self.target.kind == "tpu", self.target.kind == "gpu"
+        problem = found.problem(tpu, gpu)
         if problem is None:
             return self.add("tensorflow", PASS, found.describe)
-        two = len(found.providers) > 1
-        on_tpu = tpu and bool(found.libtpu or os.environ.get("TPU_ACCELERATOR_TYPE"))
-        return self.add("tensorflow", FAIL if two or on_tpu else WARN, problem[0], problem[1])
+        always = len(found.providers) != 1 or gpu
+        on_tpu = tpu and (bool(found.libtpu) or on_tpu_host())
+        return self.add("tensorflow", FAIL if always or on_tpu else WARN, problem[0], problem[1])
+
+    def check_libtpu(self) -> Check:
+        """The libtpu TensorFlow would load here (cluster/tpu_env.choose_libtpu), named: a TPU VM with
+        none is a FAIL; the image's by request, or a wheel other than the one tensorflow-tpu was built
+        for, a WARN; planning a TPU run on a host without one, a WARN."""
+        try:
+            choice = choose_libtpu()
+        except UserError as exc:
+            return self.add("libtpu", FAIL, str(exc), f"unset {LIBTPU_CHOICE_ENV} to load the libtpu wheel's")
+        if choice.path is None:
+            if on_tpu_host():
+                return self.add("libtpu", FAIL, f"this TPU VM has {choice.describe()}: TensorFlow cannot reach its "
+                                f"chips", f"install with {tf_install.INSTALL_HINT}")
+            if self.target.kind == "tpu":
+                return self.add("libtpu", WARN, f"none here ({choice.why}); a {self.target.name} host needs the "
+                                f"libtpu {TPU_LIBTPU} wheel", f"install there with {tf_install.INSTALL_HINT}")
+            return self.add("libtpu", PASS, f"none ({choice.why}); a {self.target.kind} run loads none")
+        exact = choice.source == "wheel" and pip_libtpu_version() == TPU_LIBTPU
+        return self.add("libtpu", PASS if exact or choice.source == LIBTPU_PATH_ENV else WARN,
+                        f"would load {choice.describe()}")
 
     def check_corpus(self) -> None:
         """The corpus sharding will read (skipped once shards exist: then it is no longer read)."""
@@ -668,6 +699,11 @@ class Doctor:
                  f"layers={s['num_hidden_layers']}) steps={cfg.train.steps:,}")
         self.check_strategy()
         self.check_tensorflow()
+        self.check_libtpu()
+        if importlib.util.find_spec("tensorflow") is None:  # found, not imported: a TPU host's chips stay free
+            self.add("other checks", WARN, "not run: the data, XLA and memory checks load TensorFlow",
+                     "install TensorFlow (see tensorflow above), then run doctor again")
+            return
         self.check_tokenizer()
         self.load_manifest()
         self.check_corpus()

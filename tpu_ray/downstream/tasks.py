@@ -22,6 +22,7 @@ from typing import Any
 
 from tpu_ray.errors import UserError
 from tpu_ray.downstream.builtin import builtin_rows
+from tpu_ray.downstream import glue
 from tpu_ray.downstream.metrics import METRICS
 
 log = logging.getLogger("tpu_ray.downstream")
@@ -152,8 +153,6 @@ def _from_yaml(path: str) -> Task:
 
 def _glue(name: str, data: str | None, where: str) -> Task:
     """A GLUE task: its files as GLUE distributes them (or a local copy of the Hub's), else the Hub."""
-    from tpu_ray.downstream import glue
-
     if name not in glue.GLUE:
         raise UserError(f"{where}: unknown GLUE task {name!r}; one of {', '.join(glue.GLUE)}")
     spec = glue.GLUE[name]

@@ -40,7 +40,7 @@ def _evaluate_run(cfg: RunConfig) -> dict:
     with shards.naming_corrupt_files():
         result = evaluate(int(s.step_var.numpy()))
     # A rerun is its own kind: the training curve (kind eval) is history and stays as it was.
-    metrics = MetricsWriter(cfg.run_dir)
+    metrics = MetricsWriter(cfg.run_dir, shared=cfg.ray.shared_filesystem)
     result.record(metrics, RERUN_KIND, RERUN_KIND, checkpoint=ckpts.latest_url)  # train/evaluation.py
     metrics.close()
     return result.as_dict()

@@ -14,10 +14,10 @@ log = logging.getLogger("tpu_ray.train.metrics")
 
 class MetricsWriter(metrics_stream.MetricsWriter):
     """The stream's writer (tpu_ray.metrics_stream) that also mirrors train and eval records into
-    `<run_dir>/tensorboard` unless `tensorboard=False`."""
+    `<run_dir>/tensorboard` unless `tensorboard=False`. `shared`: as metrics_stream.MetricsWriter's."""
 
-    def __init__(self, run_dir: str, remote_every_s: float = 30.0, tensorboard: bool = True):
-        super().__init__(run_dir, remote_every_s, mirror=_tensorboard if tensorboard else None)
+    def __init__(self, run_dir: str, remote_every_s: float = 30.0, tensorboard: bool = True, shared: bool = False):
+        super().__init__(run_dir, remote_every_s, mirror=_tensorboard if tensorboard else None, shared=shared)
 
 
 def _tensorboard(run_dir: str) -> metrics_stream.Mirror:

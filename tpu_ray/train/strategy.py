@@ -7,7 +7,6 @@ per-replica batches, input sharding) is shared with MirroredStrategy, which the 
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ from tpu_ray.config import TrainConfig
 from tpu_ray.errors import UserError
 from tpu_ray.cluster.tpu_slice import TpuSlice
 from tpu_ray.train.tpu_init import classify_tpu_error
-from tpu_ray.accelerators import tpu_accelerator_type, tpu_generation
+from tpu_ray.accelerators import local_tpu_chips, tpu_accelerator_type, tpu_generation  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -74,31 +73,6 @@ def tpu_target(cfg: TrainConfig) -> tuple[str, bool]:
     if reserved is not None:
         return reserved.tf_name, True
     return cfg.tpu_name or os.environ.get("TPU_NAME") or "local", False
-
-
-def local_tpu_chips(dev: str = "/dev", iommu_groups: str = "/sys/kernel/iommu_groups") -> int:
-    """TPU chips of this host: `/dev/accel<N>` character devices (up to v4; NVIDIA 570+ drivers make
-    a `/dev/accel` directory, which is not one), else VFIO groups (v5e and later) whose device is
-    Google's (PCI vendor 0x1ae0): other devices bound to vfio-pci appear in /dev/vfio too."""
-    accel = [p for p in glob.glob(os.path.join(dev, "accel*")) if not os.path.isdir(p)]
-    if accel:
-        return len(accel)
-    try:
-        groups = [g for g in os.listdir(os.path.join(dev, "vfio")) if g.isdigit()]
-    except OSError:
-        return 0
-    return sum(1 for g in groups if _google_device_in(os.path.join(iommu_groups, g, "devices")))
-
-
-def _google_device_in(devices_dir: str) -> bool:
-    for vendor in glob.glob(os.path.join(devices_dir, "*", "vendor")):
-        try:
-            with open(vendor) as f:
-                if f.read().strip().lower() == "0x1ae0":
-                    return True
-        except OSError:
-            continue
-    return False
 
 
 def _tf_config_workers() -> int:
