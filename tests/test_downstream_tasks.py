@@ -272,6 +272,16 @@ def test_integer_labels_are_classes_by_value(tmp_path):
     assert [task.label_names[r["label"]] for r in task.splits["validation"]] == ["5", "1", "4"]
 
 
+def test_true_false_labels_are_two_named_classes(tmp_path):
+    d = tmp_path / "bools"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows([True, False, True])))
+    (d / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows([False, True])))
+    task = load_task(str(d))
+    assert task.label_names == ["False", "True"]
+    assert [task.label_names[r["label"]] for r in task.splits["validation"]] == ["False", "True"]
+
+
 def test_integer_labels_with_class_names_are_indices(tmp_path):
     """A ClassLabel (as every Hub dataset ships labels) or label_names: an integer is an index."""
     import datasets

@@ -345,12 +345,15 @@ def _label_names(features: Any, label_f: str, train: list[dict], kind: str) -> t
     if getattr(feat, "names", None):
         return list(feat.names), True
     values = {_whole(v) for r in train for v in (r.get(label_f) if kind == "tokens" and isinstance(
-        r.get(label_f), list) else [r.get(label_f)]) if isinstance(_whole(v), (str, int)) and not isinstance(v, bool)}
+        r.get(label_f), list) else [r.get(label_f)]) if isinstance(_whole(v), (str, int))}
     return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))], False
 
 
 def _whole(value: Any) -> Any:
-    """1.0 -> 1: a label column with a missing value reads as floats; its classes are still 0, 1, ..."""
+    """1.0 -> 1: a label column with a missing value reads as floats; its classes are still 0, 1, ...
+    A JSON true/false is a class named "True"/"False" (never the index 1/0)."""
+    if isinstance(value, bool):
+        return str(value)
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
