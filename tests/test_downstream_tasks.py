@@ -323,7 +323,9 @@ def test_a_train_sample_is_drawn_not_the_first_rows():
     assert task.train_rows(0) == rows and task.train_rows(500) == rows
 
 
-def test_export_dir_through_a_link_or_over_an_earlier_sweep_is_refused(tmp_path, capsys):
+def _small_task_and_model(tmp_path):
+    """A two-class task directory and a model directory whose config.json is all `finetune` reads
+    before it refuses (the refusals below come before any model loads)."""
     d = tmp_path / "task"
     d.mkdir()
     _write(d / "train.csv", _rows(["a", "b"]))
@@ -331,6 +333,11 @@ def test_export_dir_through_a_link_or_over_an_earlier_sweep_is_refused(tmp_path,
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    return d, model
+
+
+def test_export_dir_through_a_link_or_over_an_earlier_sweep_is_refused(tmp_path, capsys):
+    d, model = _small_task_and_model(tmp_path)
     (model / "tf_model.h5").write_bytes(b"weights")
     target = tmp_path / "elsewhere"
     target.mkdir()
@@ -348,13 +355,7 @@ def test_export_dir_through_a_link_or_over_an_earlier_sweep_is_refused(tmp_path,
 def test_finetune_refuses_a_record_directory_another_command_holds(tmp_path, capsys):
     from tpu_ray.runlock import RunLock
 
-    d = tmp_path / "task"
-    d.mkdir()
-    _write(d / "train.csv", _rows(["a", "b"]))
-    _write(d / "validation.csv", _rows(["a"]))
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    d, model = _small_task_and_model(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     with RunLock(str(out), "tpu-ray run"):

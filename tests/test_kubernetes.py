@@ -808,7 +808,7 @@ def test_cpu_actor_demand_never_scales_up_a_tpu_group():
     launched, _ = autoscaler_launches(unlabelled, {"CPU": 1}, capacity + 10, selector)
     assert set(launched) & set(tpu_groups(cluster)), launched  # the check would catch the old manifest
     # And a slice reservation (its head resource) launches exactly its group.
-    for name, group in tpu_groups(cluster).items():
+    for name in tpu_groups(cluster):
         (head_resource,) = [r for r in ray_autoscaling_config(cluster)["available_node_types"][name]["resources"]
                             if r.startswith("TPU-")]
         assert autoscaler_launches(cluster, {head_resource: 1}, 1) == ({name: 1}, 0), name

@@ -161,7 +161,7 @@ def read_glue_dir(name: str, data: str) -> dict[str, tuple[list[dict], str, Any]
 
 def load_glue_hub(name: str) -> dict[str, tuple[list[dict], str, Any]]:
     """The same from datasets.load_dataset("nyu-mll/glue", name) (its cache, or the network)."""
-    spec = _task(name)
+    _task(name)  # an unknown name refused before the Hub is asked
     import datasets
 
     datasets.disable_progress_bars()
@@ -172,16 +172,7 @@ def load_glue_hub(name: str) -> dict[str, tuple[list[dict], str, Any]]:
         raise UserError(f"glue/{name}: could not load {HUB_ID} {name} from the Hub ({type(exc).__name__}: {reason}); "
                         f"give the task's files instead: data: DIR with GLUE's {_TSV[name].folder}/ (train.tsv, "
                         f"dev.tsv) or the Hub's {name}/*.parquet copied there") from None
-    out = {}
-    for split in _splits(name):
-        hub = _hub_split(name, split)
-        if hub not in dd:
-            raise UserError(f"{HUB_ID} {name}: no split {hub!r} (it has {', '.join(dd)}); "
-                            f"update datasets or give the task's files with data: DIR")
-        ds = dd[hub]
-        where = f"{HUB_ID}/{name}/{hub}"
-        out[split] = (_hub_rows(spec, ds.to_list(), ds.features, where), where, ds.features)
-    return out
+    return _dataset_dict_rows(name, dd, f"{HUB_ID}/{name}", "update datasets or give the task's files with data: DIR")
 
 
 # -- which layout ---------------------------------------------------------------------------------------
@@ -350,21 +341,24 @@ def _read_parquet_dir(name: str, where: str) -> dict[str, tuple[list[dict], str,
 def _read_disk(name: str, where: str) -> dict[str, tuple[list[dict], str, Any]]:
     import datasets
 
-    spec = GLUE[name]
     try:
         dd = datasets.load_from_disk(where)
     except Exception as exc:
         raise UserError(f"{where}: not readable by datasets.load_from_disk ({type(exc).__name__}); save it again "
                         f"with DatasetDict.save_to_disk") from None
+    return _dataset_dict_rows(name, dd, where, f"save the Hub's {HUB_ID} {name} with all its splits")
+
+
+def _dataset_dict_rows(name: str, dd: Any, where: str, fix: str) -> dict[str, tuple[list[dict], str, Any]]:
+    """Each split of the task from a DatasetDict in the Hub's split names (loaded, or saved to disk)."""
     out = {}
     for split in _splits(name):
         hub = _hub_split(name, split)
         if hub not in dd:
-            raise UserError(f"{where}: no split {hub!r} (dataset_dict.json has {', '.join(dd)}); save the Hub's "
-                            f"{HUB_ID} {name} with all its splits")
+            raise UserError(f"{where}: no split {hub!r} (it has {', '.join(dd)}); {fix}")
         ds = dd[hub]
-        path = os.path.join(where, hub)
-        out[split] = (_hub_rows(spec, ds.to_list(), ds.features, path), path, ds.features)
+        path = f"{where}/{hub}"
+        out[split] = (_hub_rows(GLUE[name], ds.to_list(), ds.features, path), path, ds.features)
     return out
 
 
