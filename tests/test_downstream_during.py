@@ -52,24 +52,47 @@ def test_the_command_line_exits_2_on_a_bad_downstream_entry(tmp_path, small_corp
 
 
 @pytest.mark.quick
-def test_a_resumed_run_fine_tunes_only_the_snapshots_it_has_not_recorded(tmp_path, small_corpus):
-    """Every `every` steps and at the last one, except where an earlier attempt of the run already
-    recorded this task (a resumed run must not append a second score for step 2)."""
+def test_a_resumed_run_keeps_the_finished_trials_of_a_snapshot_and_runs_its_failed_ones(tmp_path, small_corpus):
+    """Every `every` steps and at the last one; a resumed run keeps the trials an earlier attempt
+    finished for the same snapshot weights, task and settings (no second score for step 2), and runs
+    again a trial recorded as failed, or recorded for other weights or settings."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from tpu_ray import rundir
     from tpu_ray.downstream.during import DuringTraining, check_downstream
+    from tpu_ray.downstream.finetune import model_fingerprint
+    from tpu_ray.downstream.sweep import recorded_trials
 
     task = tmp_path / "task"
     task.mkdir()
     for split, n in (("train", 6), ("validation", 4)):
         rows = [{"text": f"sample {i} of {split}", "label": ["a", "b"][i % 2]} for i in range(n)]
         (task / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = _cfg(tmp_path, small_corpus, [{"task": str(task), "every": 2}]).override({"train.steps": 5})
+    entry = {"task": str(task), "every": 2, "seeds": 2, "finetune": {"learning_rates": [1e-3]}}
+    cfg = _cfg(tmp_path, small_corpus, [entry]).override({"train.steps": 5})
     (planned,) = check_downstream(cfg)
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "metrics.jsonl").write_text(json.dumps({"kind": "downstream", "step": 2, "task_hash": planned.task.digest(),
-                                                   "time": 1.0}) + "\n")
+    model = tmp_path / rundir.snapshot_dir("run", 2) / rundir.MODEL_DIR
+    model.mkdir(parents=True)
+    save_file({"w": np.arange(4, dtype=np.float32)}, str(model / "model.safetensors"))
+    (model / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    ident = {"kind": "downstream", "step": 2, "task_hash": planned.task.digest(), "model": model_fingerprint(str(model)),
+             "settings_key": planned.spec.settings_key(), "learning_rate": 1e-3,
+             **{m: 0.5 for m in planned.task.metrics}}
+    records = [{**ident, "seed": 0, "status": "ok"}, {**ident, "seed": 1, "status": "failed"}]
+    done = recorded_trials(records, planned.task, ident["model"], ident["settings_key"])
+    assert list(done) == [(1e-3, 0)]  # the failed seed runs again
+    assert not recorded_trials(records, planned.task, "weights-other", ident["settings_key"])
+    assert not recorded_trials(records, planned.task, ident["model"], "other-settings")
+    partial = [{k: v for k, v in r.items() if k != "matthews"} for r in records]
+    assert not recorded_trials(partial, planned.task, ident["model"], ident["settings_key"])  # a score missing
+    records[1]["status"] = "ok"
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     during = DuringTraining(cfg, [planned])
-    assert [step for step in range(1, 6) if during.due(step)] == [4, 5]
+    assert [step for step in range(1, 6) if during.due(step)] == [2, 4, 5]
+    during._start(2)  # every trial of step 2 recorded: nothing submitted (no Ray cluster is running here)
+    assert not during._pending and [step for step in range(1, 6) if during.due(step)] == [4, 5]
 
 
 @pytest.mark.slow  # a run plus two fine-tunings in Ray workers that import TensorFlow: ~1-2 min on 2 cores

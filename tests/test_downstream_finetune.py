@@ -112,6 +112,14 @@ def test_a_sweep_run_again_keeps_its_recorded_trials_and_counts_them_once(sweep,
     assert f"test accuracy: {mean:.4f} ± " in printed and "over 2 seeds" in printed
 
 
+def test_a_sweep_run_again_with_an_export_dir_runs_its_trials_to_export_them(sweep, tiny_model_dir, int_task):
+    _, _, out = sweep
+    rc, printed = _finetune(tiny_model_dir, "--task", int_task, "--seeds", "1", "--output-dir", str(out),
+                            f"finetune.export_dir={out / 'export-again'}", *QUICK)
+    assert rc == 0, printed
+    assert (out / "export-again" / "lr0.001-seed0" / "config.json").is_file()  # run, not kept from the records
+
+
 def test_a_trial_no_node_can_hold_is_refused_before_anything_runs(sweep, tiny_model_dir, int_task, capsys):
     _, _, out = sweep
     rc = main(["finetune", tiny_model_dir, "--task", int_task, "--output-dir", str(out / "big"),

@@ -144,3 +144,64 @@ def test_records_written_before_settings_were_recorded_still_summarise(tmp_path)
     assert list(t["split"]) == ["validation"] * 2 and set(t["model"]) == {"step-500"}
     row = scores(load_metrics(str(run))).iloc[0]
     assert row["mean"] == pytest.approx(0.6) and not math.isnan(row["sd"])
+
+
+def test_compare_takes_the_rate_finetune_chose_for_the_latest_checkpoint(tmp_path):
+    """Over the curve (step 0 included) 1e-3 is best on validation; at the latest checkpoint 3e-4 is,
+    and `finetune` reported it there: compare's line and verdict are at 3e-4 too, never reversing it."""
+    from tpu_ray.comparison import comparison_text
+
+    a, b = make_run(tmp_path / "scratch", partial=False), make_run(tmp_path / "continued", partial=False)
+    base = [_trial(s, 3e-4, 0.8, v) for s, v in enumerate([0.70, 0.71, 0.72])]
+    _record(a, base, model="ma")
+    _record(b, [_trial(s, 1e-3, 0.99, 0.9) for s in range(3)] + [_trial(s, 3e-4, 0.10, 0.1) for s in range(3)],
+            step=0, model="m0")  # step 0: 1e-3 far ahead, and it carries the curve's average
+    latest = [_trial(s, 1e-3, 0.60, 0.95) for s in range(3)] + [_trial(s, 3e-4, 0.65, v) for s, v in
+                                                                 enumerate([0.60, 0.62, 0.61])]
+    _record(b, latest, model="m500")
+    summary = Summary(task=TASK, task_hash="h" * 64, step=500, trials=latest, metric="accuracy", chance=0.3,
+                      report_split="test")
+    assert summary.best_lr == 3e-4
+    assert list(best(load_metrics(str(b)))["learning_rate"]) == [1e-3, 1e-3]  # the report's curve choice
+    text = comparison_text([str(a), str(b)])
+    assert "lr 0.0003" in text.split("continued at step 500")[1].splitlines()[0], text
+    assert "continued is worse" in text, text  # 0.61 vs 0.71 at finetune's rate, not 0.95 at the curve's
+
+
+def test_a_tie_between_rates_goes_to_the_smallest_in_summary_and_history_alike(tmp_path):
+    run = make_run(tmp_path / "a", partial=False)
+    sweep = [_trial(s, 1e-3, 0.8, 0.9) for s in range(2)] + [_trial(s, 1e-4, 0.8, 0.1) for s in range(2)]
+    _record(run, sweep)  # the grid given largest first
+    summary = Summary(task=TASK, task_hash="h", step=None, trials=sweep, metric="accuracy", chance=None,
+                      report_split="test")
+    assert summary.best_lr == 1e-4 == best(load_metrics(str(run)))["learning_rate"].iloc[0]
+
+
+def test_models_fine_tuned_into_one_directory_are_not_one_curve(tmp_path):
+    from tpu_ray.comparison import comparison_text
+
+    run = make_run(tmp_path / "out", partial=False)
+    _record(run, [_trial(s, 1e-3, 0.9, 0.8) for s in range(2)] + [_trial(s, 1e-4, 0.5, 0.5) for s in range(2)],
+            step=None, model="weights-a")
+    _record(run, [_trial(s, 1e-3, 0.1, 0.1) for s in range(2)] + [_trial(s, 1e-4, 0.6, 0.7) for s in range(2)],
+            step=None, model="weights-b")
+    table = best(load_metrics(str(run)))
+    assert dict(zip(table["model"], table["learning_rate"])) == {"weights-a": 1e-3, "weights-b": 1e-4}
+    other = make_run(tmp_path / "other", partial=False)
+    _record(other, [_trial(s, 1e-3, 0.9, 0.8) for s in range(2)], step=None, model="weights-c")
+    text = comparison_text([str(other), str(run)])
+    assert "2 models' trials in one record directory" in text and "verdict" not in text, text
+
+
+def test_one_task_named_by_two_paths_is_compared_by_its_hash(tmp_path):
+    from tpu_ray.comparison import comparison_text
+
+    a, b = make_run(tmp_path / "a", partial=False), make_run(tmp_path / "b", partial=False)
+    _record(a, [_trial(s, 1e-3, 0.8, 0.7) for s in range(3)], model="ma")
+    spec = FinetuneSpec()
+    record(str(b), Summary(task="/elsewhere/task.yaml", task_hash="h" * 64, step=500, metric="accuracy", chance=0.3,
+                           trials=[_trial(s, 1e-3, 0.8, 0.75) for s in range(3)], report_split="test", model="mb",
+                           settings=spec.settings(), settings_key=spec.settings_key()))
+    text = comparison_text([str(a), str(b)])
+    assert f"downstream /elsewhere/task.yaml / {TASK}:" in text and "verdict: b is better" in text, text
+    assert "not fine-tuned on it" not in text, text

@@ -363,3 +363,79 @@ def test_finetune_refuses_a_record_directory_another_command_holds(tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2 and "tpu-ray run" in err, err
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_stray_quote_in_a_tsv_is_text_not_a_field_that_swallows_rows(tmp_path):
+    d = tmp_path / "task"
+    d.mkdir()
+    rows = _rows(["a", "b", "a", "b"])
+    rows[1]["text"] = 'he said "stop and left'  # one quote, never closed
+    _write(d / "train.tsv", rows, sep="\t")
+    _write(d / "validation.tsv", _rows(["a", "b"]), sep="\t")
+    task = load_task(str(d))
+    assert [r["text"] for r in task.splits["train"]] == [r["text"] for r in rows]
+    assert [r["label"] for r in task.splits["train"]] == [0, 1, 0, 1]
+
+
+def _yaml_task(tmp_path, labels, **opts):
+    import yaml
+
+    d = tmp_path / "data"
+    d.mkdir(exist_ok=True)
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(labels)))
+    (d / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(labels)))
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump({"data": str(d), "metrics": ["f1", "accuracy"], **opts}))
+    return str(path)
+
+
+def test_binary_f1_needs_two_classes_and_a_named_positive_one(tmp_path):
+    from tpu_ray.errors import UserError
+
+    with pytest.raises(UserError, match=r"labels \['no', 'yes'\] do not say which; add positive_label: yes"):
+        load_task(_yaml_task(tmp_path, ["yes", "no", "yes", "no"]))
+    with pytest.raises(UserError, match="binary F1, for two classes; this task has 3 classes; score macro_f1"):
+        load_task(_yaml_task(tmp_path, ["a", "b", "c"]))
+    with pytest.raises(UserError, match="positive_label='maybe' is not a class"):
+        load_task(_yaml_task(tmp_path, ["yes", "no"], positive_label="maybe"))
+    # `no` sorts first (class 0): naming it positive makes it class 1, the one F1 scores
+    task = load_task(_yaml_task(tmp_path, ["yes", "no", "no", "yes"], positive_label="no"))
+    assert task.label_names == ["yes", "no"] and [r["label"] for r in task.splits["train"]] == [0, 1, 1, 0]
+    truth = [r["label"] for r in task.splits["validation"]]
+    guess = [1, 1, 1, 0]  # predicts `no` three times: 2 of them right; recall of `no` 1, precision 2/3
+    assert score(["f1"], truth, guess)["f1"] == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))
+
+
+def test_a_model_is_identified_by_its_weights_not_the_config_it_carries(tmp_path):
+    """save_pretrained copies config.json (and tpu-ray's export provenance in it) into a model trained
+    further or re-initialised: only its weights tell it apart; the same weights written again match."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from tpu_ray.downstream.finetune import model_fingerprint
+
+    config = json.dumps({"hidden_size": 8, "tpu_ray_export": {"config_sha256": "c" * 64, "step": 500}})
+    prints = []
+    for name, weights, meta in (("a", [1, 2], {"format": "pt"}), ("b", [1, 3], {"format": "pt"}),
+                                ("c", [1, 2], {"format": "pt", "note": "written again"})):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(config)
+        save_file({"w": np.array(weights, dtype=np.float32)}, str(d / "model.safetensors"), metadata=meta)
+        prints.append(model_fingerprint(str(d)))
+    assert prints[0] != prints[1] and prints[0] == prints[2]
+
+
+def test_trials_kept_off_tpu_hosts_are_refused_when_only_a_tpu_host_could_hold_them():
+    """ray.nodes()' shape: a TPU host with 96 CPUs and a 2-CPU node; eval.downstream keeps its trials off
+    the TPU host, so a 4-CPU trial fits nowhere it may run."""
+    from tpu_ray.downstream.finetune import FinetuneSpec
+    from tpu_ray.downstream.sweep import check_resources
+    from tpu_ray.errors import UserError
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 96.0, "TPU": 4.0}, "Labels": {"ray.io/accelerator-type": "TPU-V4"}},
+             {"Alive": True, "Resources": {"CPU": 2.0}, "Labels": {}}]
+    spec = FinetuneSpec(cpus_per_trial=4)
+    check_resources(spec, nodes)  # `tpu-ray finetune` may use the TPU host's CPUs
+    with pytest.raises(UserError, match="no node of this Ray cluster off its TPU hosts has that much .*largest has 2 CPUs"):
+        check_resources(spec, nodes, off_tpu=True)

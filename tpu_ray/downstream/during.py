@@ -19,7 +19,7 @@ from typing import Any
 from tpu_ray import rundir, storage
 from tpu_ray.config import RunConfig
 from tpu_ray.downstream.finetune import FinetuneSpec, default_learning_rates, model_fingerprint
-from tpu_ray.downstream.sweep import Summary, Trial, grid, record, settle, submit_trials
+from tpu_ray.downstream.sweep import Summary, Trial, grid, record, recorded_trials, settle, submit_trials
 from tpu_ray.downstream.tasks import Task, load_task
 from tpu_ray.errors import UserError
 from tpu_ray.metrics_stream import read_records
@@ -68,9 +68,7 @@ class DuringTraining:
         self._pending: dict[tuple[int, int], dict[Any, Trial]] = {}  # (step, entry) -> running trials
         self._grids: dict[tuple[int, int], list[Trial]] = {}
         self._options: dict[str, Any] | None = None  # Ray options of the trials, asked once
-        # (step, task hash) pairs a resumed run recorded before: not fine-tuned again
-        self._recorded = {(r.get("step"), r.get("task_hash")) for r in read_records(self.run_dir)
-                          if r.get("kind") == "downstream"}
+        self._started: set[tuple[int, int]] = set()  # (step, entry) whose trials were submitted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="tpu-ray-downstream", daemon=True)
         self._lock = threading.Lock()
@@ -119,22 +117,36 @@ class DuringTraining:
 
     def due(self, step: int) -> list[Planned]:
         """The entries that fine-tune the snapshot at `step`: at their `every` and at the run's last
-        step, unless an earlier attempt of this run already recorded them there."""
+        step, unless this attempt started them already."""
         return [p for p in self.planned if (step % p.every == 0 or step == self.last_step)
-                and (step, p.task.digest()) not in self._recorded]
+                and (step, p.index) not in self._started]
 
     def _start(self, step: int) -> None:
-        self._seen.add(step)
+        """Submit the snapshot's due entries; the step counts as seen only once all are submitted, so a
+        failed submission (the cluster busy, a node gone) is tried again at the next poll or at close().
+        Trials an earlier attempt of this run recorded (same snapshot weights, task and settings, finished)
+        are kept, not run again; failed ones run again."""
         model_dir = rundir.path(rundir.snapshot_dir(self.run_dir, step), rundir.MODEL_DIR)
-        for p in self.due(step):
+        due = self.due(step)
+        records = read_records(self.run_dir) if due else []
+        model = model_fingerprint(model_dir) if due else ""
+        for p in due:
+            done = recorded_trials(records, p.task, model, p.spec.settings_key())
+            trials = [done.get((t.learning_rate, t.seed), t)
+                      for t in grid(p.spec, p.spec.learning_rates or default_learning_rates(model_dir)[0])]
+            if all(t.reused for t in trials):
+                self._started.add((step, p.index))
+                log.info("eval.downstream: the step-%d model on %s is recorded already", step, p.task.name)
+                continue
             if self._options is None:
                 self._options = _off_tpu_hosts()
-            trials = grid(p.spec, p.spec.learning_rates or default_learning_rates(model_dir)[0])
             pending = submit_trials(model_dir, p.task, p.spec, trials, self._options)
             self._pending[(step, p.index)] = pending
             self._grids[(step, p.index)] = trials
+            self._started.add((step, p.index))
             log.info("eval.downstream: fine-tuning the step-%d model on %s (%d trials)", step, p.task.name,
                      len(pending))
+        self._seen.add(step)
 
     def _collect(self, wait: bool) -> None:
         import ray
@@ -158,7 +170,7 @@ class DuringTraining:
                           settings_key=p.spec.settings_key())
         record(self.run_dir, summary)
         self.summaries.append(summary)
-        log.info("eval.downstream @ step %d: %s", step, summary.lines()[-1])
+        log.info("eval.downstream @ step %d: %s", step, summary.headline())
 
 
 def t_metric(planned: list[Planned], index: int) -> str:

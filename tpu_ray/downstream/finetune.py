@@ -124,24 +124,33 @@ def _config(model_dir: str) -> dict[str, Any]:
 
 
 def model_fingerprint(model_dir: str) -> str:
-    """What identifies a checkpoint's weights in records: its export provenance (the config and
-    step it was made from) where tpu-ray exported it, else the sha256 of its weights file. Two sweeps
-    of one checkpoint (finetune twice, or eval.downstream's last snapshot and RUN/model) share it."""
-    from tpu_ray.train.export import PROVENANCE_KEY
+    """What identifies a checkpoint in records: the sha256 of its weights' values (model.safetensors'
+    tensors by name, dtype, shape and bytes: the file's metadata and layout aside), else of its weights
+    file. Never the export's provenance: `save_pretrained` copies config.json into a model re-initialised
+    or trained further, which would then reuse another model's trials. Two exports of the same weights
+    (eval.downstream's last snapshot and RUN/model) share it. Local or gs://."""
+    from tpu_ray import storage
 
-    made = _config(model_dir).get(PROVENANCE_KEY)
-    if isinstance(made, dict) and made.get("config_sha256") and made.get("step") is not None:
-        body = json.dumps(made, sort_keys=True).encode()
-        return "export-" + hashlib.sha256(body).hexdigest()[:16]
-    for name in ("tf_model.h5", "model.safetensors", "pytorch_model.bin"):
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
+    path = storage.join(model_dir, "model.safetensors")
+    if storage.exists(path):
+        from safetensors.numpy import load
+
+        tensors = load(storage.read_bytes(path))
+        digest = hashlib.sha256()
+        for name in sorted(tensors):
+            array = tensors[name]
+            digest.update(json.dumps([name, str(array.dtype), list(array.shape)]).encode())
+            digest.update(array.tobytes())
+        return "weights-" + digest.hexdigest()[:16]
+    for name in ("tf_model.h5", "pytorch_model.bin"):
+        path = storage.join(model_dir, name)
+        if storage.exists(path):
             digest = hashlib.sha256()
-            with open(path, "rb") as f:
+            with storage.open(path, "rb") as f:
                 for block in iter(lambda: f.read(1 << 22), b""):
                     digest.update(block)
-            return "weights-" + digest.hexdigest()[:16]
-    raise UserError(f"{model_dir}: no weights file (tf_model.h5 or model.safetensors); give an exported model")
+            return "file-" + digest.hexdigest()[:16]
+    raise UserError(f"{model_dir}: no weights file (model.safetensors or tf_model.h5); give an exported model")
 
 
 def _number(value: Any) -> Any:

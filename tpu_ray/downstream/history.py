@@ -18,7 +18,7 @@ import pandas as pd
 from tpu_ray.downstream.tasks import DEFAULT_METRICS
 from tpu_ray.downstream.verdict import paired
 
-CURVE = ["task", "task_hash", "settings_key"]  # one curve over checkpoint steps: one learning rate chosen
+CURVE = ["task", "task_hash", "settings_key", "metric"]  # one curve over checkpoint steps: one learning rate chosen
 POINT = [*CURVE, "step", "model"]  # one checkpoint's sweep
 IDENTITY = ["task_hash", "model", "settings_key", "learning_rate", "seed"]
 UNRECORDED = "unrecorded"  # records written before the settings were: they group together
@@ -28,7 +28,7 @@ def trials(df: pd.DataFrame) -> pd.DataFrame:
     """The downstream records, one per trial identity (see the module docstring), with `score` (the
     reported split's headline) and `val_score` (validation's headline) as columns."""
     if df.empty or "kind" not in df.columns or not (df["kind"] == "downstream").any():
-        return pd.DataFrame(columns=[*POINT, "learning_rate", "seed", "status", "metric", "split", "score",
+        return pd.DataFrame(columns=[*POINT, "learning_rate", "seed", "status", "split", "score",
                                      "val_score"])
     down = df[df["kind"] == "downstream"].copy()
     for col in ("model", "settings_key", "report_split", "metric", "chance"):
@@ -66,7 +66,7 @@ def _headline(group: pd.DataFrame) -> str:
 def scores(df: pd.DataFrame) -> pd.DataFrame:
     """One row per checkpoint sweep and learning rate: validation's mean and sd, the reported split's
     mean and sd (test where the task has one), seeds finished and failed."""
-    cols = [*POINT, "learning_rate", "metric", "split", "val_mean", "val_sd", "mean", "sd", "seeds", "failed", "chance"]
+    cols = [*POINT, "learning_rate", "split", "val_mean", "val_sd", "mean", "sd", "seeds", "failed", "chance"]
     t = trials(df)
     if t.empty:
         return pd.DataFrame(columns=cols)
@@ -75,11 +75,18 @@ def scores(df: pd.DataFrame) -> pd.DataFrame:
         ok = group[group["status"] == "ok"]
         n = len(ok)
         chance = pd.to_numeric(group["chance"], errors="coerce").dropna()
-        rows.append([*key, group["metric"].iloc[-1], group["split"].iloc[-1],
+        rows.append([*key, group["split"].iloc[-1],
                      ok["val_score"].mean() if n else math.nan, ok["val_score"].std(ddof=1) if n > 1 else 0.0,
                      ok["score"].mean() if n else math.nan, ok["score"].std(ddof=1) if n > 1 else 0.0,
                      n, int(len(group) - n), chance.iloc[-1] if len(chance) else math.nan])
     return pd.DataFrame(rows, columns=cols)
+
+
+def choose_lr(means: dict[float, float]) -> float | None:
+    """The learning rate with the best mean validation score; a tie goes to the smallest rate (one
+    rule for finetune's summary, the report and compare, whatever order the grid was given in)."""
+    done = {float(lr): m for lr, m in means.items() if m is not None and math.isfinite(m)}
+    return min(done, key=lambda lr: (-done[lr], lr)) if done else None
 
 
 def chosen_lr(table: pd.DataFrame) -> float:
@@ -90,11 +97,13 @@ def chosen_lr(table: pd.DataFrame) -> float:
     points = done.groupby(["step", "model"], dropna=False).ngroups
     every = done.groupby("learning_rate").filter(lambda g: len(g) == points)
     pool = every if not every.empty else done
-    return float(pool.groupby("learning_rate")["val_mean"].mean().idxmax())
+    return choose_lr(pool.groupby("learning_rate")["val_mean"].mean().to_dict())
 
 
 def best(df: pd.DataFrame) -> pd.DataFrame:
-    """Per checkpoint sweep: the row at its curve's learning rate (chosen_lr)."""
+    """Per checkpoint sweep: the row at its curve's learning rate (chosen_lr). Where one step of a
+    curve holds several models' sweeps (models outside a run fine-tuned into one --output-dir), they
+    are not one model's curve: each sweep takes the rate best on its own validation."""
     table = scores(df)
     if table.empty or table["val_mean"].isna().all():
         return table.iloc[0:0]
@@ -102,9 +111,37 @@ def best(df: pd.DataFrame) -> pd.DataFrame:
     for _, curve in table.groupby(CURVE, dropna=False, sort=True):
         if curve["val_mean"].isna().all():
             continue
+        if curve.groupby("step", dropna=False)["model"].nunique().max() > 1:
+            out += [point_best(p) for _, p in curve.groupby(["step", "model"], dropna=False) if p["val_mean"].notna().any()]
+            continue
         lr = chosen_lr(curve)
         out.append(curve[curve["learning_rate"] == lr])
     return pd.concat(out).reset_index(drop=True)
+
+
+def point_best(point: pd.DataFrame) -> pd.DataFrame:
+    """One checkpoint sweep's row at the rate best on its own validation (as `tpu-ray finetune` chooses)."""
+    lr = choose_lr(dict(zip(point["learning_rate"], point["val_mean"])))
+    return point[point["learning_rate"] == lr]
+
+
+def latest(df: pd.DataFrame) -> dict[tuple[str, str], pd.Series | str]:
+    """{(task hash, settings key): the latest checkpoint's row at the rate best on its own validation,
+    the choice `tpu-ray finetune` made for it (so compare never reverses finetune's verdict), or a
+    line saying why there is none}."""
+    table = scores(df)
+    out: dict[tuple[str, str], pd.Series | str] = {}
+    for key, group in table.dropna(subset=["val_mean"]).groupby(["task_hash", "settings_key"], sort=True):
+        steps = group["step"].dropna()
+        last = group[group["step"] == steps.max()] if len(steps) else group
+        models = last["model"].unique()
+        if len(models) > 1:
+            step = "" if pd.isna(last["step"].iloc[0]) else f" at step {int(last['step'].iloc[0])}"
+            out[key] = (f"{len(models)} models' trials{step} in one record directory ({', '.join(sorted(models))}); "
+                        f"fine-tune each model into its own --output-dir to compare them")
+            continue
+        out[key] = point_best(last).iloc[0]
+    return out
 
 
 def seed_scores(df: pd.DataFrame, row: pd.Series) -> dict[int, float]:
@@ -141,37 +178,56 @@ def summary_lines(df: pd.DataFrame) -> list[str]:
 
 
 def comparison_lines(metrics: Sequence[pd.DataFrame], labels: Sequence[str]) -> list[str]:
-    """Each task's score per run (its latest checkpoint), and the first run against each other one:
-    the difference paired by seed with its 95% interval, in words (downstream.verdict). Runs fine-tuned
-    on different data or with other settings are marked not comparable, with no verdict.
+    """Each task's score per run (its latest checkpoint, at the rate chosen on that checkpoint's own
+    validation), and the first run against each other one: the difference paired by seed with its
+    95% interval, in words (downstream.verdict). Tasks are matched by their hash (the same data, classes
+    and metrics, whatever path named them); runs fine-tuned on other data or with other settings are
+    said not comparable, with no verdict.
     `metrics`: each run's records as report.load_metrics gives them (the caller loads them: report
     imports this module, so this module does not import report)."""
-    per_run = {label: (df, best(df)) for df, label in zip(metrics, labels)}
-    tasks = sorted({t for _, table in per_run.values() for t in table["task"]})
+    per_run = {label: (df, latest(df)) for df, label in zip(metrics, labels)}
+    groups: dict[tuple[str, str], dict[str, pd.Series | str]] = {}
+    for label, (_, points) in per_run.items():
+        for key, row in points.items():
+            groups.setdefault(key, {})[label] = row
+    names = {key: _task_name(rows) for key, rows in groups.items()}
     lines: list[str] = []
-    for task in tasks:
-        lines.append(f"downstream {task}:")
-        latest: dict[str, pd.Series] = {}
-        for label, (_, table) in per_run.items():
-            rows = table[table["task"] == task]
-            if rows.empty:
+    for key in sorted(groups, key=lambda k: (names[k], k)):
+        rows = groups[key]
+        twins = [k for k in groups if names[k] == names[key] and k != key]
+        lines.append(f"downstream {names[key]}" + (f" (task {key[0][:12]}, settings {key[1]})" if twins else "") + ":")
+        for label in labels:
+            row = rows.get(label)
+            if isinstance(row, str):
+                lines.append(f"  {label}: {row}")
+            elif row is not None:
+                lines.append(f"  {label}{_line(row)[len(str(row['task'])) + 2:]}")
+            elif not any(label in groups[k] for k in twins):
                 lines.append(f"  {label}: not fine-tuned on it")
-                continue
-            latest[label] = last = rows.sort_values("step", na_position="first").iloc[-1]
-            lines.append(f"  {label}{_line(last)[len(task) + 2:]}")
-        hashes = {r["task_hash"] for r in latest.values()}
-        settings = {r["settings_key"] for r in latest.values()}
-        if len(hashes) > 1:
-            lines.append(f"  not comparable: the runs were fine-tuned on different data for {task} "
-                         f"(task hashes {', '.join(sorted(h[:12] for h in hashes))})")
-        elif len(settings) > 1:
-            lines.append(f"  not comparable: the runs were fine-tuned with other settings for {task} (epochs, batch, "
-                         f"max_length or examples; settings {', '.join(sorted(map(str, settings)))}): fine-tune them "
-                         f"again with the same finetune.* options")
-        elif len(latest) > 1:
-            (base, b), *others = latest.items()
+        ready = [(label, r) for label in labels if isinstance(r := rows.get(label), pd.Series)]
+        if len({str(r["metric"]) for _, r in ready}) > 1:
+            lines.append("  not comparable: the runs report different metrics for it; fine-tune them again with the "
+                         "same task")
+        elif len(ready) > 1:
+            (base, b), *others = ready
             for label, r in others:
                 v = paired(base, seed_scores(per_run[base][0], b), label, seed_scores(per_run[label][0], r),
                            str(b["metric"]), str(b["split"]))
                 lines.append(f"  verdict: {v.words()}")
+    for name in sorted(set(names.values())):
+        keys = [k for k in groups if names[k] == name]
+        if len(keys) < 2:
+            continue
+        if len({h for h, _ in keys}) > 1:
+            lines.append(f"downstream {name}: not comparable: the runs were fine-tuned on different "
+                         f"data, classes or metrics (task hashes {', '.join(sorted({h[:12] for h, _ in keys}))})")
+        else:
+            lines.append(f"downstream {name}: not comparable: the runs were fine-tuned with other "
+                         f"settings (epochs, batch, max_length or examples; settings {', '.join(sorted(k for _, k in keys))}): "
+                         f"fine-tune them again with the same finetune.* options")
     return lines
+
+
+def _task_name(rows: dict[str, pd.Series | str]) -> str:
+    found = sorted({str(r["task"]) for r in rows.values() if isinstance(r, pd.Series)})
+    return " / ".join(found) if found else "?"

@@ -77,7 +77,8 @@ def _sweep(target: Target, task: Task, spec: FinetuneSpec, learning_rates: list[
 
     model = model_fingerprint(target.model_dir)
     key = spec.settings_key()
-    done = recorded_trials(read_records(target.metrics_dir), task, model, key)
+    # With export_dir every trial runs: a recorded trial kept would export nothing (its model is gone).
+    done = {} if spec.export_dir else recorded_trials(read_records(target.metrics_dir), task, model, key)
     trials = [done.get((t.learning_rate, t.seed), t) for t in grid(spec, learning_rates)]
     log.info("%s: %d trials (%d seeds x learning rates %s)", target.label, len(trials), spec.seeds, learning_rates)
     run_trials(target.model_dir, task, spec, trials)

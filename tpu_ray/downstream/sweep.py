@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_ray.downstream.finetune import FinetuneSpec, finetune_trial
+from tpu_ray.downstream.history import choose_lr
 from tpu_ray.downstream.tasks import Task
 from tpu_ray.errors import UserError, failure_line
 from tpu_ray.logs import is_verbose, quiet_libraries
@@ -91,8 +92,7 @@ class Summary:
     @property
     def best_lr(self) -> float | None:
         """The learning rate with the best mean validation score: chosen on validation, never on test."""
-        done = [lr for lr in self.by_lr() if self.stats(lr)[2]]
-        return max(done, key=lambda lr: self.stats(lr)[0]) if done else None
+        return choose_lr({lr: self.stats(lr)[0] for lr in self.by_lr() if self.stats(lr)[2]})
 
     def seed_scores(self) -> dict[int, float]:
         """seed -> the reported split's score at the chosen learning rate (for the paired verdict)."""
@@ -108,6 +108,20 @@ class Summary:
         return (f"warning: the chosen learning rate {best:g} is the grid's {side}: a better one may lie beyond it; "
                 f"add {beyond:.0e} to finetune.learning_rates")
 
+    def headline(self) -> str:
+        """The reported split's score at the chosen learning rate, in one line."""
+        best = self.best_lr
+        if best is None:
+            return f"{self.task}: every trial failed"
+        mean, sd, n = self.stats(best, self.report_split)
+        chance = f"; chance {self.chance:.4f}" if self.chance is not None else ""
+        if self.report_split == "validation":
+            where = "the split the learning rate and epoch were chosen on: optimistic; a test split gives a held-out figure"
+        else:
+            where = f"held out; lr chosen on validation, {self.stats(best)[0]:.4f}"
+        return (f"{self.task} {self.report_split} {self.metric}: {mean:.4f} ± {sd:.4f} over {n} seeds at lr "
+                f"{best:g} ({where}{chance})")
+
     def lines(self) -> list[str]:
         out = []
         best = self.best_lr
@@ -117,17 +131,9 @@ class Summary:
             out.append(f"  lr {lr:g}: validation {self.metric} {mean:.4f} ± {sd:.4f} over {n} of {len(trials)} "
                        f"seeds{mark}")
             out += [f"    seed {t.seed} failed: {t.error}" for t in trials if t.status != "ok"]
+        out.append(self.headline())
         if best is None:
-            out.append(f"{self.task}: every trial failed")
             return out
-        mean, sd, n = self.stats(best, self.report_split)
-        chance = f"; chance {self.chance:.4f}" if self.chance is not None else ""
-        if self.report_split == "validation":
-            where = "the split the learning rate and epoch were chosen on: optimistic; a test split gives a held-out figure"
-        else:
-            where = f"held out; lr chosen on validation, {self.stats(best)[0]:.4f}"
-        out.append(f"{self.task} {self.report_split} {self.metric}: {mean:.4f} ± {sd:.4f} over {n} seeds at lr "
-                   f"{best:g} ({where}{chance})")
         if warning := self.edge_warning():
             out.append(warning)
         cut = max((t.result.get("truncated_share", 0.0) for t in self.trials if t.status == "ok"), default=0.0)
@@ -137,22 +143,28 @@ class Summary:
         return out
 
 
-def check_resources(spec: FinetuneSpec, nodes: list[dict[str, Any]]) -> None:
-    """Refuse, before submitting, a trial no node of the cluster can hold: Ray would wait for ever."""
-    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+def check_resources(spec: FinetuneSpec, nodes: list[dict[str, Any]], off_tpu: bool = False) -> None:
+    """Refuse, before submitting, a trial no node of the cluster can hold: Ray would wait for ever.
+    `off_tpu`: the trials are kept off TPU hosts (eval.downstream), so only the other nodes count."""
+    from tpu_ray.cluster.cpu_nodes import is_tpu_node
+
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive") and not (off_tpu and is_tpu_node(n))]
     if any(r.get("CPU", 0) >= spec.cpus_per_trial and r.get("GPU", 0) >= spec.gpus_per_trial for r in alive):
         return
     cpus = max((r.get("CPU", 0) for r in alive), default=0)
     gpus = max((r.get("GPU", 0) for r in alive), default=0)
+    where = "no node of this Ray cluster off its TPU hosts" if off_tpu else "no node of this Ray cluster"
     raise UserError(f"finetune.cpus_per_trial={spec.cpus_per_trial:g}, finetune.gpus_per_trial="
-                    f"{spec.gpus_per_trial:g}: no node of this Ray cluster has that much (the largest has {cpus:g} "
+                    f"{spec.gpus_per_trial:g}: {where} has that much (the largest has {cpus:g} "
                     f"CPUs, {gpus:g} GPUs), so the trials would wait for ever; ask for less, or start such a node")
 
 
 def _finetune_task(model_dir: str, task: Task, seed: int, lr: float, spec: FinetuneSpec) -> dict[str, Any]:
     """One trial, in a Ray worker. Its export is written into a fresh directory beside the final one
-    and renamed into place when complete: a failed trial leaves nothing, and a rename never replaces
-    an existing directory (nor follows a link planted at the final name)."""
+    and renamed into place when complete: a failed trial leaves nothing, and a name taken when the
+    trial ends (a directory, or a link planted there) is refused, not replaced. The check and the
+    rename are two steps: the export directory is this sweep's own (run._check_export_dir), not a
+    place two writers share."""
     quiet_libraries(is_verbose())  # TensorFlow's start-up lines in each worker, as in the driver
     if not spec.export_dir:
         return finetune_trial(model_dir, task, seed, lr, spec)
@@ -182,7 +194,7 @@ def submit_trials(model_dir: str, task: Task, spec: FinetuneSpec, trials: list[T
     Trial}. `options`: more Ray task options (eval.downstream keeps the trials off TPU hosts)."""
     import ray
 
-    check_resources(spec, ray.nodes())
+    check_resources(spec, ray.nodes(), off_tpu=bool((options or {}).get("label_selector")))
     remote = ray.remote(num_cpus=spec.cpus_per_trial, num_gpus=spec.gpus_per_trial,
                         max_retries=MAX_RETRIES)(_finetune_task)
     if options:
@@ -234,11 +246,20 @@ def recorded_trials(records: list[dict[str, Any]], task: Task, model: str, setti
         key = (float(r["learning_rate"]), int(r["seed"]))
         if key in out:
             continue
-        scores = {split: {m: float(r.get(split_field(split, m), math.nan)) for m in task.metrics}
-                  for split in task.eval_splits}
+        scores = {split: {m: _float(r.get(split_field(split, m))) for m in task.metrics} for split in task.eval_splits}
+        if not all(split_field(s, m) in r for s in task.eval_splits for m in task.metrics) or not all(
+                math.isfinite(scores[s][task.metrics[0]]) for s in task.eval_splits):
+            continue  # a record without every score this task reports (or no headline number): run it again
         out[key] = Trial(seed=key[1], learning_rate=key[0], reused=True,
                          result={"scores": scores, **{k: r.get(k) for k in RESULT_FIELDS}})
     return out
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def record(metrics_dir: str, summary: Summary) -> None:

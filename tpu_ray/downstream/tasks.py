@@ -10,6 +10,7 @@ any model is loaded: a bad task is one line naming the file, field or value, and
 
 from __future__ import annotations
 
+import csv
 import glob
 import hashlib
 import json
@@ -78,8 +79,9 @@ class Task:
         return [rows[i] for i in sorted(random.Random(0).sample(range(len(rows)), limit))]
 
     def digest(self) -> str:
-        """sha256 of the task's data as it is trained on: two runs compare only if it is equal."""
-        body = json.dumps({"kind": self.kind, "labels": self.label_names,
+        """sha256 of the task as it is trained and scored (data, classes, metrics): two runs compare only
+        if it is equal, and a changed `metrics:` never reuses trials recorded without the new headline."""
+        body = json.dumps({"kind": self.kind, "labels": self.label_names, "metrics": self.metrics,
                            "rows_by_split": {k: self.splits[k] for k in sorted(self.splits)}}, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()
 
@@ -130,7 +132,7 @@ def _from_yaml(path: str) -> Task:
         raise UserError(f"{path}: a task YAML is a mapping (data:, text_field:, label_field:, ...), "
                         f"got {type(doc).__name__}")
     known = {"name", "data", "glue", "kind", "text_field", "pair_field", "label_field", "label_names", "metrics",
-             "train", "validation", "test"}
+             "positive_label", "train", "validation", "test"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise UserError(f"{path}: unknown key {unknown[0]!r}; a task YAML takes {', '.join(sorted(known))}")
@@ -201,7 +203,10 @@ def _read(paths: list[str]) -> tuple[list[dict], Any]:
     if fmt == "disk":
         ds = datasets.load_from_disk(paths[0])
         return ds.to_list(), ds.features
-    kwargs = {"delimiter": "\t"} if paths[0].lower().endswith(".tsv") else {}
+    # A TSV has no quoting (IANA's text/tab-separated-values): a '"' in a text is text. Read with the
+    # csv builder's default quoting, one stray quote would open a field that swallows the rows after it.
+    tsv = paths[0].lower().endswith(".tsv")
+    kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
     try:
         ds = datasets.load_dataset(fmt, data_files={"x": paths}, split="x", **kwargs)
     except Exception as exc:
@@ -284,6 +289,8 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
             rec["label"] = _label(r.get(label_f), kind, names, indexed, f"{path}: row {i + 1}: {label_f!r}", len(text))
             recs.append(rec)
         out[split] = recs
+    if "f1" in metrics:
+        names, out = _positive_class(name, kind, names, indexed, opts.get("positive_label"), out)
     seen = _classes(out["train"], kind)
     if kind in ("classification", "tokens") and len(seen) < 2:
         raise UserError(f"{raw['train'][1]}: field {label_f!r} has one class only ({names[next(iter(seen))]!r}); "
@@ -300,6 +307,28 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
                             f"split never had (train has {', '.join(names[c] for c in sorted(seen))[:200]}); fix the "
                             f"row or add the class to train")
     return Task(name=name, kind=kind, splits=out, label_names=names, metrics=metrics)
+
+
+def _positive_class(name: str, kind: str, names: list[str], indexed: bool, positive: Any,
+                    out: dict[str, list[dict]]) -> tuple[list[str], dict[str, list[dict]]]:
+    """metrics: [f1] is binary F1 of the class numbered 1: refused unless the task has two classes and
+    says which is positive (named classes, as GLUE's MRPC and QQP, number it 1; else positive_label:).
+    Labels read by value (strings) are numbered in sorted order, so 1 would be whichever sorts second."""
+    if kind != "classification" or len(names) != 2:
+        has = f"{len(names)} classes" if kind == "classification" else f"kind {kind}"
+        raise UserError(f"{name}: metrics: [f1] is binary F1, for two classes; this task has {has}; score "
+                        f"macro_f1 (classes) or the kind's own metrics instead")
+    if positive is None:
+        if indexed:
+            return names, out
+        raise UserError(f"{name}: metrics: [f1] scores one class as the positive one and the labels "
+                        f"{_show(names)} do not say which; add positive_label: {names[1]} (or {names[0]}) to the task YAML")
+    if str(positive) not in names:
+        raise UserError(f"{name}: positive_label={positive!r} is not a class of this task ({', '.join(names)})")
+    if names.index(str(positive)) == 1:
+        return names, out
+    swapped = {split: [{**r, "label": 1 - r["label"]} for r in recs] for split, recs in out.items()}
+    return [names[1], names[0]], swapped
 
 
 _IOB_TAG = re.compile(r"^[BIESLU]-.")  # seqeval's schemes (IOB1/2, IOE, IOBES, BILOU) name an entity's tags so
