@@ -114,10 +114,14 @@ def test_a_sweep_run_again_keeps_its_recorded_trials_and_counts_them_once(sweep,
 
 def test_a_sweep_run_again_with_an_export_dir_runs_its_trials_to_export_them(sweep, tiny_model_dir, int_task):
     _, _, out = sweep
+    dead = out / "export-again" / ".lr0.001-seed0.partial-0dead0"  # a worker that died mid-export left it
+    dead.mkdir(parents=True)
+    (dead / "tf_model.h5").write_bytes(b"half")
     rc, printed = _finetune(tiny_model_dir, "--task", int_task, "--seeds", "1", "--output-dir", str(out),
                             f"finetune.export_dir={out / 'export-again'}", *QUICK)
     assert rc == 0, printed
     assert (out / "export-again" / "lr0.001-seed0" / "config.json").is_file()  # run, not kept from the records
+    assert sorted(p.name for p in (out / "export-again").iterdir()) == ["lr0.001-seed0"]  # nothing half-written
 
 
 def test_a_trial_no_node_can_hold_is_refused_before_anything_runs(sweep, tiny_model_dir, int_task, capsys):

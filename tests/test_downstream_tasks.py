@@ -439,3 +439,28 @@ def test_trials_kept_off_tpu_hosts_are_refused_when_only_a_tpu_host_could_hold_t
     check_resources(spec, nodes)  # `tpu-ray finetune` may use the TPU host's CPUs
     with pytest.raises(UserError, match="no node of this Ray cluster off its TPU hosts has that much .*largest has 2 CPUs"):
         check_resources(spec, nodes, off_tpu=True)
+
+
+def test_a_metric_that_does_not_score_the_kind_is_refused(tmp_path):
+    from tpu_ray.errors import UserError
+
+    with pytest.raises(UserError, match="metric 'pearson' does not score a classification task; it takes accuracy"):
+        load_task(_yaml_task(tmp_path, ["a", "b"], metrics=["pearson"]))
+
+
+def test_a_new_task_kind_is_one_class_and_a_registry_entry(tmp_path, monkeypatch):
+    """The task checks ask the kind object, never its name: a kind registered in KINDS is read,
+    checked and headed by its own rules."""
+    from tpu_ray.downstream.kinds import KINDS, Classification
+
+    class Sentiment(Classification):
+        name = "sentiment"
+        metrics = ["matthews"]
+
+        def head(self, label_names):
+            return {**super().head(label_names), "classifier_dropout": 0.0}
+
+    monkeypatch.setitem(KINDS, "sentiment", Sentiment())
+    task = load_task(_yaml_task(tmp_path, ["pos", "neg"], kind="sentiment", metrics=None))
+    assert (task.kind, task.metrics, task.label_names) == ("sentiment", ["matthews"], ["neg", "pos"])
+    assert task.kind_obj.head(task.label_names)["classifier_dropout"] == 0.0

@@ -20,7 +20,6 @@ from typing import Any
 
 from tpu_ray.downstream.tasks import Task
 from tpu_ray.errors import UserError
-from tpu_ray.downstream import tokens
 from tpu_ray.downstream.metrics import score
 
 
@@ -178,47 +177,27 @@ def resolve_model(run_or_model: str) -> tuple[str, str | None, int | None]:
     return model_dir, run_dir, step
 
 
-def _encode(tok: Any, rows: list[dict], pair: bool, max_length: int, type_vocab: int) -> dict[str, Any]:
-    enc = tok([r["text"] for r in rows], [r["text_pair"] for r in rows] if pair else None, truncation=True,
-              max_length=max_length, padding="max_length", return_tensors="np")
-    keep = ["input_ids", "attention_mask"] + (["token_type_ids"] if type_vocab > 1 else [])
-    return {k: enc[k] for k in keep if k in enc}
-
-
 def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, spec: FinetuneSpec,
                    save_to: str | None = None) -> dict[str, Any]:
     """Fine-tune once, scoring every labelled split after each epoch; the epoch with the best
     validation score is the trial's (as Trainer's load_best_model_at_end), chosen on validation only,
     so its test score stays held out. `save_to` keeps that epoch's model there (tf_model.h5,
     config.json with the label names, model.safetensors in PyTorch's layout, tokenizer)."""
-    import numpy as np
     import tensorflow as tf
     import tf_keras
-    from transformers import (AutoTokenizer, TFAutoModelForSequenceClassification,
-                              TFAutoModelForTokenClassification, create_optimizer)
+    from transformers import AutoTokenizer, create_optimizer
     from transformers.utils import logging as hf_logging
 
     tf.get_logger().setLevel("ERROR")  # Keras' retracing notes: one validation batch is smaller
     hf_logging.set_verbosity_error()  # "newly initialized: classifier.*" is the point of fine-tuning
     tf_keras.utils.set_random_seed(seed)  # the new head, dropout and the shuffle order
     tok = AutoTokenizer.from_pretrained(model_dir)
-    if task.kind == "regression":
-        head: dict[str, Any] = {"num_labels": 1, "problem_type": "regression"}
-    else:
-        head = {"num_labels": len(task.label_names), "id2label": dict(enumerate(task.label_names)),
-                "label2id": {n: i for i, n in enumerate(task.label_names)}}
-        if task.kind == "classification":
-            head["problem_type"] = "single_label_classification"
-    auto = TFAutoModelForTokenClassification if task.kind == "tokens" else TFAutoModelForSequenceClassification
-    model = auto.from_pretrained(model_dir, use_safetensors=False, **head)
+    kind = task.kind_obj
+    model = kind.model_class().from_pretrained(model_dir, use_safetensors=False, **kind.head(task.label_names))
     length = min(spec.max_length, model.config.max_position_embeddings - 2)  # RoBERTa's offset of 2
     type_vocab = model.config.type_vocab_size
     train = task.train_rows(spec.max_train_examples)
-    if task.kind == "tokens":
-        x, y, _ = tokens.encode_words(tok, train, length, type_vocab)
-    else:
-        x = _encode(tok, train, task.has_pair, length, type_vocab)
-        y = np.asarray([r["label"] for r in train], dtype=np.float32 if task.kind == "regression" else np.int32)
+    x, y, _ = kind.encode(tok, train, task.has_pair, length, type_vocab)
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(train), seed=seed).batch(spec.batch_size)
     steps = math.ceil(len(train) / spec.batch_size) * spec.epochs
     optimizer, _ = create_optimizer(learning_rate, num_train_steps=steps,
@@ -261,26 +240,16 @@ def finetune_trial(model_dir: str, task: Task, seed: int, learning_rate: float, 
 
 
 def _eval_inputs(tok: Any, task: Task, split: str, length: int, type_vocab: int) -> tuple[Any, Any, Any]:
-    """(model inputs, gold labels, word ids or None) of one evaluation split, encoded once."""
+    """(model inputs, the split's rows, what the kind reads predictions with) of one split, encoded once."""
     rows = task.splits[split]
-    if task.kind == "tokens":
-        x, _, word_ids = tokens.encode_words(tok, rows, length, type_vocab)
-        return x, rows, word_ids
-    return _encode(tok, rows, task.has_pair, length, type_vocab), rows, None
+    x, _, extra = task.kind_obj.encode(tok, rows, task.has_pair, length, type_vocab)
+    return x, rows, extra
 
 
 def _score(model: Any, task: Task, inputs: tuple[Any, Any, Any], batch_size: int) -> dict[str, float]:
-    x, rows, word_ids = inputs
+    x, rows, extra = inputs
     logits = model.predict(x, batch_size=2 * batch_size, verbose=0).logits
-    if task.kind == "tokens":
-        fill = tokens.outside_label(task.label_names)
-        name = task.label_names.__getitem__
-        preds = [list(map(name, tokens.word_predictions(ids, p, len(r["label"]), fill)))
-                 for ids, p, r in zip(word_ids, logits.argmax(-1), rows)]
-        gold = [list(map(name, r["label"])) for r in rows]  # seqeval reads the tag names (B-, I-, O)
-    else:
-        preds = logits[:, 0].astype(float).tolist() if task.kind == "regression" else logits.argmax(-1).tolist()
-        gold = [r["label"] for r in rows]
+    gold, preds = task.kind_obj.predictions(logits, rows, extra, task.label_names)
     return score(task.metrics, gold, preds)
 
 
@@ -288,12 +257,7 @@ def truncated_share(tok: Any, task: Task, train: list[dict], length: int) -> flo
     """The share of examples (train and every evaluation split) that `length` tokens cut short: a
     truncated example is scored on what is left of it, so this says how much the cap costs."""
     rows = train + [r for split in task.eval_splits for r in task.splits[split]]
-    if task.kind == "tokens":
-        enc = tok([r["text"] for r in rows], is_split_into_words=True, truncation=False)
-    else:
-        enc = tok([r["text"] for r in rows], [r["text_pair"] for r in rows] if task.has_pair else None,
-                  truncation=False)
-    return sum(len(ids) > length for ids in enc["input_ids"]) / len(rows)
+    return sum(n > length for n in task.kind_obj.token_counts(tok, rows, task.has_pair)) / len(rows)
 
 
 def export_finetuned(model: Any, tok: Any, directory: str) -> None:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Generator, Iterator
 
 from tpu_ray.errors import UserError
+from tpu_ray.downstream.kinds import KINDS
 
 log = logging.getLogger("tpu_ray.downstream")
 HUB_ID = "nyu-mll/glue"
@@ -380,7 +381,7 @@ def _hub_rows(spec: GlueTask, rows: list[dict], features: Any, where: str) -> li
                         f"({', '.join(spec.label_names)}); give the Hub's {HUB_ID} {spec.name} files")
     for i, r in enumerate(rows):
         value = r.get("label")
-        if spec.kind == "regression":
+        if not KINDS[spec.kind].classes:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise UserError(f"{where}: row {i + 1}: label is {value!r}, not a finite score; fix or drop the row")
             r["label"] = float(value)

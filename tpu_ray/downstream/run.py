@@ -51,7 +51,7 @@ def finetune_models(models: list[str], task: str, seeds: int | None = None, outp
         raise UserError(f"--output-dir {output_dir}: a file is in the way; give a directory for the records")
     targets = _targets(models, output_dir)
     loaded = load_task(task)
-    if loaded.kind == "tokens":
+    if loaded.kind_obj.words:  # word ids: a fast tokenizer
         for t in targets:
             _check_fast_tokenizer(t.model_dir)
     grids = {t.model_dir: spec.learning_rates or _default_grid(t.model_dir) for t in targets}
@@ -63,7 +63,11 @@ def finetune_models(models: list[str], task: str, seeds: int | None = None, outp
             os.makedirs(t.metrics_dir, exist_ok=True)
             locks.enter_context(RunLock(t.metrics_dir, "tpu-ray finetune"))
         _connect(ray_values)
-        summaries = [_sweep(t, loaded, spec, grids[t.model_dir]) for t in targets]
+        try:
+            summaries = [_sweep(t, loaded, spec, grids[t.model_dir]) for t in targets]
+        finally:
+            if spec.export_dir:
+                _remove_partial_exports(spec.export_dir)
     base = summaries[0]
     verdicts = [paired(base.label, base.seed_scores(), s.label, s.seed_scores(), base.metric, base.report_split)
                 for s in summaries[1:]]
@@ -138,6 +142,18 @@ def _check_export_dir(spec: FinetuneSpec, targets: list[Target], grids: dict[str
     if taken:
         raise UserError(f"finetune.export_dir={where}: holds {taken[0]} (and {len(taken) - 1} more) from an earlier "
                         f"sweep; give a new directory or move them away (they are never replaced)")
+
+
+def _remove_partial_exports(where: str) -> None:
+    """A trial whose worker died mid-export leaves its hidden `.NAME.partial-*` directory behind (its
+    own clean-up never ran; Ray ran the trial again elsewhere): removed once the sweep ends, while the
+    record directory's lock is still held, so no half-written model stays in the export directory."""
+    import shutil
+
+    for name in os.listdir(where) if os.path.isdir(where) else []:
+        if name.startswith(".") and ".partial-" in name:
+            shutil.rmtree(os.path.join(where, name), ignore_errors=True)
+            log.info("%s: removed %s, the partial export of a trial whose worker died", where, name)
 
 
 def _check_fast_tokenizer(model_dir: str) -> None:

@@ -194,7 +194,15 @@ def submit_trials(model_dir: str, task: Task, spec: FinetuneSpec, trials: list[T
     Trial}. `options`: more Ray task options (eval.downstream keeps the trials off TPU hosts)."""
     import ray
 
-    check_resources(spec, ray.nodes(), off_tpu=bool((options or {}).get("label_selector")))
+    try:
+        check_resources(spec, ray.nodes(), off_tpu=bool((options or {}).get("label_selector")))
+    except UserError as exc:
+        from tpu_ray.cluster.autoscaler import cluster_autoscales
+
+        if not cluster_autoscales():
+            raise
+        log.warning("%s; this cluster autoscales, so the trials are submitted and wait for such a node "
+                    "(`ray status` shows whether one is coming)", str(exc).split("; ask for less")[0])
     remote = ray.remote(num_cpus=spec.cpus_per_trial, num_gpus=spec.gpus_per_trial,
                         max_retries=MAX_RETRIES)(_finetune_task)
     if options:

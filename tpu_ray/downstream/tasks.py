@@ -24,13 +24,12 @@ from typing import Any
 from tpu_ray.errors import UserError
 from tpu_ray.downstream.builtin import builtin_rows
 from tpu_ray.downstream import glue
+from tpu_ray.downstream.kinds import KINDS, TaskKind, show as _show, whole as _whole
 from tpu_ray.downstream.metrics import METRICS
 
 log = logging.getLogger("tpu_ray.downstream")
 BUILTIN_TASK = "builtin:stdlib-packages"
-KINDS = ("classification", "regression", "tokens")
-DEFAULT_METRICS = {"classification": ["accuracy", "macro_f1", "matthews"],
-                   "regression": ["pearson", "spearman"], "tokens": ["entity_f1", "token_accuracy"]}
+DEFAULT_METRICS = {name: list(k.metrics) for name, k in KINDS.items()}
 _FORMATS = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -51,6 +50,11 @@ class Task:
     splits: dict[str, list[dict[str, Any]]]
     label_names: list[str] = field(default_factory=list)
     metrics: list[str] = field(default_factory=list)
+
+    @property
+    def kind_obj(self) -> TaskKind:
+        """The kind's behaviour: its head, encoding and predictions (kinds.py)."""
+        return KINDS[self.kind]
 
     @property
     def has_pair(self) -> bool:
@@ -89,7 +93,7 @@ class Task:
         """The accuracy of the best constant answer on `split` (the reported one by default): its
         largest class's share, what a model that ignores the text can reach at most. Only where the
         headline metric is accuracy: a constant answer scores 0 in Matthews correlation and F1 differs."""
-        if self.kind != "classification" or self.metrics[:1] != ["accuracy"]:
+        if not self.kind_obj.classes or self.metrics[:1] != ["accuracy"]:
             return None
         val = [r["label"] for r in self.splits[split or self.report_split]]
         return max(val.count(c) for c in set(val)) / len(val)
@@ -230,17 +234,17 @@ def _from_files(name: str, files: dict[str, list[str]], opts: dict, where: str) 
 def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -> Task:
     """Map raw rows to records, refusing what training would trip on later or silently mislearn."""
     kind = opts.get("kind")
-    if kind is not None and kind not in KINDS:
+    if kind is not None and kind not in KINDS:  # a kind is a class in kinds.py and its KINDS entry
         raise UserError(f"{name}: kind={kind!r}; one of {', '.join(KINDS)}")
     first_row = raw["train"][0][0] if raw.get("train") and raw["train"][0] else {}
     # A token task's fields default to `tokens` and `tags`, as the `datasets` NER sets (CoNLL-2003,
     # WikiANN) name them (`text` and `label` where a file has those and not the others); a file whose
     # text field holds a list of words is a token task.
     given_text = opts.get("text_field")
-    words = kind == "tokens" or (kind is None and isinstance(
+    words = (kind is not None and KINDS[kind].words) or (kind is None and isinstance(
         first_row.get(given_text or ("text" if "text" in first_row else "tokens")), list))
     text_f = str(given_text or ("tokens" if words and "text" not in first_row else "text"))
-    pair_f = None if words else opts.get("pair_field", "text_pair")
+    pair_f = None if words else opts.get("pair_field", "text_pair")  # a word task (tokens) has no pairs
     label_f = str(opts.get("label_field") or ("tags" if words and ("tags" in first_row or "label" not in first_row)
                                               else "label"))
     raw = _labelled_test_only(raw, label_f)
@@ -256,12 +260,15 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
     first = rows["train"][0]
     use_pair = bool(pair_f) and pair_f in first
     kind = kind or _infer_kind(rows["train"], text_f, label_f)
-    metrics = list(opts.get("metrics") or DEFAULT_METRICS[kind])
+    handler = KINDS[kind]
+    metrics = list(opts.get("metrics") or handler.metrics)
 
     for m in metrics:
         if m not in METRICS:
             raise UserError(f"{name}: unknown metric {m!r}; one of {', '.join(METRICS)}")
-    names, indexed = _label_names(raw["train"][2], label_f, rows["train"], kind)
+        if m not in handler.allowed:
+            raise UserError(f"{name}: metric {m!r} does not score a {kind} task; it takes {', '.join(handler.allowed)}")
+    names, indexed = _label_names(raw["train"][2], label_f, rows["train"], handler)
     given = opts.get("label_names")
     if given is not None:  # integer labels named by the task config (a NER set's ClassLabel names lost in a file)
         if not isinstance(given, list) or not given or len(set(map(str, given))) != len(given):
@@ -274,11 +281,9 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
         recs = []
         for i, r in enumerate(data):
             text = r.get(text_f)
-            want = list if kind == "tokens" else str
-            if not isinstance(text, want) or not text or (kind == "tokens" and not all(
-                    isinstance(w, str) and w for w in text)):
+            if not handler.text_ok(text):
                 raise UserError(f"{path}: row {i + 1}: field {text_f!r} is {_show(text)}; each row needs "
-                                f"{'a list of words (non-empty strings)' if kind == 'tokens' else 'a text'}")
+                                f"{handler.text_wanted}")
             rec: dict[str, Any] = {"text": text}
             if use_pair:
                 pair = r.get(pair_f)
@@ -286,38 +291,37 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
                     raise UserError(f"{path}: row {i + 1}: pair field {pair_f!r} is {_show(pair)}; every row of a "
                                     f"pair task needs both texts (drop the row, or set pair_field: null)")
                 rec["text_pair"] = pair
-            rec["label"] = _label(r.get(label_f), kind, names, indexed, f"{path}: row {i + 1}: {label_f!r}", len(text))
+            rec["label"] = handler.label(r.get(label_f), names, indexed, f"{path}: row {i + 1}: {label_f!r}", len(text))
             recs.append(rec)
         out[split] = recs
     if "f1" in metrics:
-        names, out = _positive_class(name, kind, names, indexed, opts.get("positive_label"), out)
-    seen = _classes(out["train"], kind)
-    if kind in ("classification", "tokens") and len(seen) < 2:
+        names, out = _positive_class(name, names, indexed, opts.get("positive_label"), out)
+    seen = _classes(out["train"], handler)
+    if handler.classes and len(seen) < 2:
         raise UserError(f"{raw['train'][1]}: field {label_f!r} has one class only ({names[next(iter(seen))]!r}); "
                         f"a classifier needs at least two")
-    if kind == "tokens" and "entity_f1" in metrics and not any(_IOB_TAG.match(n) for n in names):
+    if "entity_f1" in metrics and not any(_IOB_TAG.match(n) for n in names):
         raise UserError(f"{raw['train'][1]}: the tags are {_show(names)}, with no IOB name (B-X, I-X, O), so entity "
                         f"F1 would find no entity and score 0; name them with label_names: [O, B-PER, I-PER, ...] "
                         f"in a task YAML (index i naming tag i), or score metrics: [token_accuracy]")
     for split in out:  # a class the model never saw trained, scored as missed: refused, by value
-        unseen = sorted(_classes(out[split], kind) - seen) if kind != "regression" else []
+        unseen = sorted(_classes(out[split], handler) - seen)
         if unseen:
-            row = next(i for i, r in enumerate(out[split]) if set(_classes([r], kind)) & set(unseen))
+            row = next(i for i, r in enumerate(out[split]) if set(_classes([r], handler)) & set(unseen))
             raise UserError(f"{raw[split][1]}: row {row + 1}: {label_f!r} is {names[unseen[0]]!r}, a label the train "
                             f"split never had (train has {', '.join(names[c] for c in sorted(seen))[:200]}); fix the "
                             f"row or add the class to train")
     return Task(name=name, kind=kind, splits=out, label_names=names, metrics=metrics)
 
 
-def _positive_class(name: str, kind: str, names: list[str], indexed: bool, positive: Any,
+def _positive_class(name: str, names: list[str], indexed: bool, positive: Any,
                     out: dict[str, list[dict]]) -> tuple[list[str], dict[str, list[dict]]]:
     """metrics: [f1] is binary F1 of the class numbered 1: refused unless the task has two classes and
     says which is positive (named classes, as GLUE's MRPC and QQP, number it 1; else positive_label:).
     Labels read by value (strings) are numbered in sorted order, so 1 would be whichever sorts second."""
-    if kind != "classification" or len(names) != 2:
-        has = f"{len(names)} classes" if kind == "classification" else f"kind {kind}"
-        raise UserError(f"{name}: metrics: [f1] is binary F1, for two classes; this task has {has}; score "
-                        f"macro_f1 (classes) or the kind's own metrics instead")
+    if len(names) != 2:  # a kind whose metrics include f1 has named classes (kinds.py)
+        raise UserError(f"{name}: metrics: [f1] is binary F1, for two classes; this task has {len(names)} classes; "
+                        f"score macro_f1 instead")
     if positive is None:
         if indexed:
             return names, out
@@ -334,10 +338,8 @@ def _positive_class(name: str, kind: str, names: list[str], indexed: bool, posit
 _IOB_TAG = re.compile(r"^[BIESLU]-.")  # seqeval's schemes (IOB1/2, IOE, IOBES, BILOU) name an entity's tags so
 
 
-def _classes(records: list[dict], kind: str) -> set[int]:
-    if kind == "regression":
-        return set()
-    return {v for r in records for v in (r["label"] if kind == "tokens" else [r["label"]])}
+def _classes(records: list[dict], kind: TaskKind) -> set[int]:
+    return {v for r in records for v in kind.class_ids(r["label"])}
 
 
 def _labelled_test_only(raw: dict[str, tuple[list[dict], str, Any]], label_f: str) -> dict:
@@ -364,59 +366,16 @@ def _infer_kind(rows: list[dict], text_f: str, label_f: str) -> str:
     return "classification"
 
 
-def _label_names(features: Any, label_f: str, train: list[dict], kind: str) -> tuple[list[str], bool]:
+def _label_names(features: Any, label_f: str, train: list[dict], kind: TaskKind) -> tuple[list[str], bool]:
     """(class names, indexed): the ClassLabel's names when the data carries them (an integer label is
     then an index into them), else train's values sorted (every label is then mapped by its value)."""
-    if kind == "regression":
+    if not kind.classes:
         return [], False
     feat = features[label_f] if features is not None and label_f in features else None
     feat = getattr(feat, "feature", feat)  # a Sequence(ClassLabel) for tokens
     if getattr(feat, "names", None):
         return list(feat.names), True
-    values = {_whole(v) for r in train for v in (r.get(label_f) if kind == "tokens" and isinstance(
-        r.get(label_f), list) else [r.get(label_f)]) if isinstance(_whole(v), (str, int))}
+    values = {_whole(v) for r in train for v in kind.label_values(r.get(label_f)) if isinstance(_whole(v), (str, int))}
     return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))], False
 
 
-def _whole(value: Any) -> Any:
-    """1.0 -> 1: a label column with a missing value reads as floats; its classes are still 0, 1, ...
-    A JSON true/false is a class named "True"/"False" (never the index 1/0)."""
-    if isinstance(value, bool):
-        return str(value)
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def _label(value: Any, kind: str, names: list[str], indexed: bool, where: str, n_words: int) -> Any:
-    if kind == "regression":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise UserError(f"{where} is {_show(value)}; a regression target must be a finite number")
-        return float(value)
-    if kind == "tokens":
-        if not isinstance(value, list):
-            raise UserError(f"{where} is {_show(value)}; a token task needs a list of labels, one per word")
-        if len(value) != n_words:
-            raise UserError(f"{where} has {len(value)} labels for {n_words} words; a token task needs one label "
-                            f"per word (fix the row so the two lists have the same length)")
-        return [_class(v, names, indexed, where) for v in value]
-    return _class(value, names, indexed, where)
-
-
-def _class(value: Any, names: list[str], indexed: bool, where: str) -> int:
-    """A label's class index. With named classes (a ClassLabel, or label_names:) an integer is an index
-    into the names; otherwise every label is mapped by its value, whatever its type, so train's 1, 2, 4, 5
-    are four classes and a 3 in validation is refused, never read as an index."""
-    value = _whole(value)
-    if isinstance(value, int) and not isinstance(value, bool) and indexed:
-        if 0 <= value < len(names):
-            return value
-        raise UserError(f"{where} is {value}, not one of the {len(names)} named classes (0 to {len(names) - 1}: "
-                        f"{', '.join(names[:10])}); fix the row or the label names")
-    if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value) in names:
-        return names.index(str(value))
-    raise UserError(f"{where} is {_show(value)}, a label the train split never had "
-                    f"(train has {', '.join(names[:10])}); fix the row or add the class to train")
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
