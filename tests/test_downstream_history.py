@@ -187,6 +187,8 @@ def test_models_fine_tuned_into_one_directory_are_not_one_curve(tmp_path):
             step=None, model="weights-b")
     table = best(load_metrics(str(run)))
     assert dict(zip(table["model"], table["learning_rate"])) == {"weights-a": 1e-3, "weights-b": 1e-4}
+    text = text_summary(str(run))
+    assert "(model weights-a): test accuracy 0.8000" in text and "(model weights-b): test accuracy 0.7000" in text
     other = make_run(tmp_path / "other", partial=False)
     _record(other, [_trial(s, 1e-3, 0.9, 0.8) for s in range(2)], step=None, model="weights-c")
     text = comparison_text([str(other), str(run)])

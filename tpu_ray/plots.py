@@ -153,10 +153,12 @@ def plot_downstream(best: pd.DataFrame, path: str) -> None:
     fig, ax = new_figure("Downstream: fine-tuned score per checkpoint", "checkpoint step",
                          "score (the task's headline metric)")
     drew = False
-    for (task, task_hash, _), rows in best.groupby(["task", "task_hash", "settings_key"], sort=True, dropna=False):
+    keys = ["task", "task_hash", "settings_key", *(["lineage"] if "lineage" in best.columns else [])]
+    for (task, task_hash, _, *lineage), rows in best.groupby(keys, sort=True, dropna=False):
         rows = rows.assign(step=rows["step"].fillna(0)).sort_values("step")
         metric, split = rows["metric"].iloc[-1], rows["split"].iloc[-1]
-        label = f"{task} ({split} {metric}, lr {rows['learning_rate'].iloc[-1]:g}, data {str(task_hash)[:8]})"
+        model = f", model {lineage[0]}" if lineage and lineage[0] else ""  # models outside a run: one point each
+        label = f"{task} ({split} {metric}, lr {rows['learning_rate'].iloc[-1]:g}, data {str(task_hash)[:8]}{model})"
         line = ax.errorbar(rows["step"], rows["mean"], yerr=rows["sd"], fmt="o-", capsize=3, lw=1.5, ms=5, label=label)
         chance = pd.to_numeric(rows["chance"], errors="coerce").dropna()
         if len(chance):

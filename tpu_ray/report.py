@@ -168,7 +168,8 @@ def _downstream_rows(table: pd.DataFrame) -> list[tuple[str, str]]:
     as the text summary's lines say it, as rows."""
     from tpu_ray.downstream.history import score_text
 
-    return [(f"{r['task']}" + ("" if pd.isna(r["step"]) else f" @ step {int(r['step'])}"), score_text(r))
+    return [(f"{r['task']}" + ("" if pd.isna(r["step"]) else f" @ step {int(r['step'])}")
+             + (f" (model {r['lineage']})" if r.get("lineage") else ""), score_text(r))
             for _, r in table.sort_values(["task", "step"], na_position="first").iterrows()]
 
 

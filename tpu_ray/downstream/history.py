@@ -103,7 +103,8 @@ def chosen_lr(table: pd.DataFrame) -> float:
 def best(df: pd.DataFrame) -> pd.DataFrame:
     """Per checkpoint sweep: the row at its curve's learning rate (chosen_lr). Where one step of a
     curve holds several models' sweeps (models outside a run fine-tuned into one --output-dir), they
-    are not one model's curve: each sweep takes the rate best on its own validation."""
+    are not one model's curve: each sweep takes the rate best on its own validation, and `lineage`
+    names its model (empty for a run's own curve), so lines and plots keep them apart."""
     table = scores(df)
     if table.empty or table["val_mean"].isna().all():
         return table.iloc[0:0]
@@ -112,10 +113,11 @@ def best(df: pd.DataFrame) -> pd.DataFrame:
         if curve["val_mean"].isna().all():
             continue
         if curve.groupby("step", dropna=False)["model"].nunique().max() > 1:
-            out += [point_best(p) for _, p in curve.groupby(["step", "model"], dropna=False) if p["val_mean"].notna().any()]
+            out += [point_best(p).assign(lineage=p["model"].iloc[0])
+                    for _, p in curve.groupby(["step", "model"], dropna=False) if p["val_mean"].notna().any()]
             continue
         lr = chosen_lr(curve)
-        out.append(curve[curve["learning_rate"] == lr])
+        out.append(curve[curve["learning_rate"] == lr].assign(lineage=""))
     return pd.concat(out).reset_index(drop=True)
 
 
@@ -165,7 +167,8 @@ def score_text(r: pd.Series) -> str:
 
 def _line(r: pd.Series) -> str:
     step = "" if pd.isna(r["step"]) else f" at step {int(r['step'])}"
-    return f"  {r['task']}{step}: {score_text(r)}"
+    model = f" (model {r['lineage']})" if r.get("lineage") else ""
+    return f"  {r['task']}{step}{model}: {score_text(r)}"
 
 
 def summary_lines(df: pd.DataFrame) -> list[str]:
