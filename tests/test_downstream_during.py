@@ -28,7 +28,9 @@ def _cfg(tmp_path, corpus, downstream):
     ({"task": TASK, "every": 2, "finetune": {"epoch": 1}}, r"eval\.downstream\[0\]: finetune\.epoch=1: unknown option"),
     ({"task": TASK, "every": 2, "finetune": {"seeds": 3}}, r"eval\.downstream\[0\]\.finetune\.seeds: give the seeds "
                                                           r"as eval\.downstream\[0\]\.seeds"),
-], ids=["missing-task", "unknown-option", "seeds-in-finetune"])
+    ({"task": TASK, "every": 2, "finetune": {"export_dir": "x"}}, r"eval\.downstream\[0\]\.finetune\.export_dir: not "
+                                                                  r"taken during training"),
+], ids=["missing-task", "unknown-option", "seeds-in-finetune", "export-dir"])
 def test_a_bad_downstream_entry_is_refused_before_anything_runs(tmp_path, small_corpus, entry, needle):
     from tpu_ray.pipeline import Pipeline
 

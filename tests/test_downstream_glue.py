@@ -299,3 +299,16 @@ def test_glue_task_yaml_on_glues_files_keeps_mnli_mismatched(tmp_path):
     assert task.eval_splits == ["validation", "validation_mismatched"]
     assert task.splits["validation"][0] == {"text": "mnli dev_matched a sentence 0 .",
                                             "text_pair": "mnli dev_matched b sentence 0 .", "label": 2}
+
+
+def test_qqp_rows_with_an_empty_question_are_kept_as_the_hub_keeps_them(tmp_path):
+    """Real QQP train has two rows whose question2 is empty, all six fields present."""
+    from tpu_ray.downstream.tasks import load_task
+
+    d = _write_task(tmp_path, "qqp")
+    lines = (d / "train.tsv").read_text().splitlines()
+    lines.append("9\t18\t19\tWhat is an empty question ?\t\t0")
+    (d / "train.tsv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "qqp.yaml").write_text(f"glue: qqp\ndata: {d}\n")
+    task = load_task(str(tmp_path / "qqp.yaml"))
+    assert task.splits["train"][-1] == {"text": "What is an empty question ?", "text_pair": "", "label": 0}

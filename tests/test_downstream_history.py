@@ -33,11 +33,11 @@ def _trial(seed, lr, val, test=None, status="ok"):
                                                       "truncated_share": 0.0, "max_length": 128})
 
 
-def _record(run, trials_, step=500, spec=None, model="m1", task_hash="h" * 64, split="test"):
+def _record(run, trials_, step=500, spec=None, model="m1", task_hash="h" * 64, split="test", task=TASK, lineage=""):
     spec = spec or FinetuneSpec()
-    record(str(run), Summary(task=TASK, task_hash=task_hash, step=step, trials=trials_, metric="accuracy",
+    record(str(run), Summary(task=task, task_hash=task_hash, step=step, trials=trials_, metric="accuracy",
                              chance=0.3, report_split=split, model=model, settings=spec.settings(),
-                             settings_key=spec.settings_key()))
+                             settings_key=spec.settings_key(), lineage=lineage))
 
 
 def test_a_sweep_recorded_twice_counts_each_seed_once(tmp_path):
@@ -207,3 +207,42 @@ def test_one_task_named_by_two_paths_is_compared_by_its_hash(tmp_path):
     text = comparison_text([str(a), str(b)])
     assert f"downstream /elsewhere/task.yaml / {TASK}:" in text and "verdict: b is better" in text, text
     assert "not fine-tuned on it" not in text, text
+
+
+def test_models_outside_their_runs_at_different_steps_are_not_one_curve(tmp_path):
+    from tpu_ray.comparison import comparison_text
+
+    out = make_run(tmp_path / "out", partial=False)
+    _record(out, [_trial(s, 1e-3, 0.9, 0.8) for s in range(2)] + [_trial(s, 1e-4, 0.5, 0.5) for s in range(2)],
+            step=1000, model="weights-a", lineage="weights-a")
+    _record(out, [_trial(s, 1e-3, 0.1, 0.1) for s in range(2)] + [_trial(s, 1e-4, 0.6, 0.6) for s in range(2)],
+            step=2000, model="weights-b", lineage="weights-b")
+    table = best(load_metrics(str(out)))
+    assert dict(zip(table["model"], table["learning_rate"])) == {"weights-a": 1e-3, "weights-b": 1e-4}
+    assert set(table["shown_model"]) == {"weights-a", "weights-b"}
+    other = make_run(tmp_path / "other", partial=False)
+    _record(other, [_trial(s, 1e-3, 0.9, 0.8) for s in range(2)], model="weights-c", lineage="weights-c")
+    text = comparison_text([str(other), str(out)])
+    assert "2 models' trials in one record directory" in text and "verdict" not in text, text
+
+
+def test_one_sweep_resumed_under_another_task_path_is_one_row(tmp_path):
+    run = make_run(tmp_path / "a", partial=False)
+    _record(run, [_trial(s, 1e-3, 0.8, v) for s, v in enumerate([0.7, 0.8, 0.9])], task="t.yaml")
+    _record(run, [_trial(s, 1e-3, 0.8, v) for s, v in ((3, 0.6), (4, 0.5))], task="./t.yaml")
+    (row,) = [r for _, r in best(load_metrics(str(run))).iterrows()]
+    assert row["seeds"] == 5 and row["mean"] == pytest.approx(0.7) and row["task"] == "./t.yaml"
+
+
+def test_rates_whose_means_differ_only_by_float_rounding_tie():
+    from tpu_ray.downstream.history import choose_lr
+
+    assert 0.1 + 0.2 != 0.3
+    assert choose_lr({1e-3: 0.1 + 0.2, 1e-4: 0.3}) == 1e-4 == choose_lr({1e-3: 0.3, 1e-4: 0.1 + 0.2})
+    assert choose_lr({1e-3: 0.31, 1e-4: 0.3}) == 1e-3
+
+
+def test_one_seed_prints_no_spread():
+    from tpu_ray.downstream.history import spread
+
+    assert spread(0.5, 0.0, 1) == "0.5000 (one seed: no sd)" and spread(0.5, 0.1, 2) == "0.5000 ± 0.1000"

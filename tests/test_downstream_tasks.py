@@ -119,7 +119,7 @@ def test_task_from_a_directory_of_csv_tsv_jsonl_and_parquet(tmp_path):
     (j / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows([0, 1])))
     assert load_task(str(j)).label_names == ["0", "1"]
     changed = j / "validation.jsonl"
-    changed.write_text("".join(json.dumps(r) + "\n" for r in _rows([1, 1])))
+    changed.write_text("".join(json.dumps(r) + "\n" for r in _rows([1, 0])))
     assert load_task(str(j)).digest() != load_task(str(d)).digest()
 
 
@@ -156,6 +156,11 @@ BAD = {
     # integer labels are classes by value: validation's 3 is unseen, never read as index 3 ('5')
     "unseen integer label": (_rows([1, 2, 4, 5]), _rows([5, 3, 0]), "row 2: 'label' is 3, a label the train split"),
     "unseen integer label 0": (_rows([1, 2, 4, 5]), _rows([5, 0]), "row 2: 'label' is 0, a label the train split"),
+    "one class in validation": (_rows(["a", "b"]), _rows(["a"]), "the validation split has one class only ('a')"),
+    "validation is train": (_rows(["a", "b"]), _rows(["a", "b"]), "the validation split is the train split's rows"),
+    "label with spaces": (_rows(["a", " b"]), _rows(["a"]), "row 2: 'label' is ' b', which has spaces at its ends"),
+    "label in NFD": (_rows(["cafe\u0301", "b"]), _rows(["b"]), "is not in Unicode NFC form"),
+    "blank text": ([*_rows(["a", "b"]), {"text": "   ", "label": "a"}], _rows(["a"]), "row 3: field 'text' is '   '"),
 }
 
 
@@ -329,7 +334,7 @@ def _small_task_and_model(tmp_path):
     d = tmp_path / "task"
     d.mkdir()
     _write(d / "train.csv", _rows(["a", "b"]))
-    _write(d / "validation.csv", _rows(["a"]))
+    _write(d / "validation.csv", [{"text": f"held out {r['label']}", "label": r["label"]} for r in _rows(["a", "b"])])
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"hidden_size": 32}))
@@ -383,7 +388,8 @@ def _yaml_task(tmp_path, labels, **opts):
     d = tmp_path / "data"
     d.mkdir(exist_ok=True)
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(labels)))
-    (d / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(labels)))
+    (d / "validation.jsonl").write_text("".join(json.dumps({**r, "text": "held out " + r["text"]}) + "\n"
+                                                for r in _rows(labels)))
     path = tmp_path / "task.yaml"
     path.write_text(yaml.safe_dump({"data": str(d), "metrics": ["f1", "accuracy"], **opts}))
     return str(path)
@@ -406,24 +412,33 @@ def test_binary_f1_needs_two_classes_and_a_named_positive_one(tmp_path):
     assert score(["f1"], truth, guess)["f1"] == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))
 
 
-def test_a_model_is_identified_by_its_weights_not_the_config_it_carries(tmp_path):
+def test_a_model_is_identified_by_what_a_trial_loads(tmp_path):
     """save_pretrained copies config.json (and tpu-ray's export provenance in it) into a model trained
-    further or re-initialised: only its weights tell it apart; the same weights written again match."""
+    further or re-initialised, and leaves an old model.safetensors beside the new tf_model.h5: only the
+    h5's weights (what a trial loads), the config without provenance and the tokenizer tell models apart."""
+    import h5py
     import numpy as np
     from safetensors.numpy import save_file
 
     from tpu_ray.downstream.finetune import model_fingerprint
 
-    config = json.dumps({"hidden_size": 8, "tpu_ray_export": {"config_sha256": "c" * 64, "step": 500}})
-    prints = []
-    for name, weights, meta in (("a", [1, 2], {"format": "pt"}), ("b", [1, 3], {"format": "pt"}),
-                                ("c", [1, 2], {"format": "pt", "note": "written again"})):
+    def model(name, weights, config=None, tokenizer="{}", step=500):
         d = tmp_path / name
         d.mkdir()
-        (d / "config.json").write_text(config)
-        save_file({"w": np.array(weights, dtype=np.float32)}, str(d / "model.safetensors"), metadata=meta)
-        prints.append(model_fingerprint(str(d)))
-    assert prints[0] != prints[1] and prints[0] == prints[2]
+        cfg = {"hidden_size": 8, "tpu_ray_export": {"config_sha256": "c" * 64, "step": step}, **(config or {})}
+        (d / "config.json").write_text(json.dumps(cfg))
+        with h5py.File(d / "tf_model.h5", "w") as f:
+            f.create_dataset("layer/kernel", data=np.array(weights, dtype=np.float32))
+            f.attrs["written"] = name  # HDF5 metadata: not a weight
+        save_file({"w": np.zeros(2, dtype=np.float32)}, str(d / "model.safetensors"))  # a stale PyTorch copy
+        (d / "tokenizer.json").write_text(tokenizer)
+        return model_fingerprint(str(d))
+
+    base = model("a", [1, 2])
+    assert model("same-weights-written-again", [1, 2], step=900) == base  # provenance and HDF5 metadata aside
+    assert model("retrained", [1, 3]) != base
+    assert model("other-dropout", [1, 2], config={"hidden_dropout_prob": 0.3}) != base
+    assert model("other-tokenizer", [1, 2], tokenizer='{"x": 1}') != base
 
 
 def test_trials_kept_off_tpu_hosts_are_refused_when_only_a_tpu_host_could_hold_them():
@@ -464,3 +479,49 @@ def test_a_new_task_kind_is_one_class_and_a_registry_entry(tmp_path, monkeypatch
     task = load_task(_yaml_task(tmp_path, ["pos", "neg"], kind="sentiment", metrics=None))
     assert (task.kind, task.metrics, task.label_names) == ("sentiment", ["matthews"], ["neg", "pos"])
     assert task.kind_obj.head(task.label_names)["classifier_dropout"] == 0.0
+
+
+def test_a_split_with_its_own_class_label_is_matched_to_train_by_name(tmp_path):
+    """Validation saved with ClassLabel(names=sorted(set(its labels))): its 1 is `pos`, train's 2."""
+    import datasets
+
+    three = datasets.ClassLabel(names=["neg", "neutral", "pos"])
+    two = datasets.ClassLabel(names=["neg", "pos"])
+    train = datasets.Dataset.from_dict({"text": ["bad", "fine", "great", "awful"], "label": [0, 1, 2, 0]},
+                                       features=datasets.Features({"text": datasets.Value("string"), "label": three}))
+    val = datasets.Dataset.from_dict({"text": ["superb", "dire"], "label": [1, 0]},
+                                     features=datasets.Features({"text": datasets.Value("string"), "label": two}))
+    datasets.DatasetDict({"train": train, "validation": val}).save_to_disk(str(tmp_path / "d"))
+    task = load_task(str(tmp_path / "d"))
+    assert task.label_names == ["neg", "neutral", "pos"]
+    assert [task.label_names[r["label"]] for r in task.splits["validation"]] == ["pos", "neg"]
+
+
+def test_split_files_are_named_exactly(tmp_path, caplog):
+    from tpu_ray.errors import UserError
+
+    d = tmp_path / "task"
+    d.mkdir()
+    _write(d / "train.csv", _rows(["a", "b"]))
+    _write(d / "train.small.csv", _rows(["a", "b", "a"]))
+    _write(d / "validation.csv", [{"text": f"held out {i}", "label": x} for i, x in enumerate("ab")])
+    assert len(load_task(str(d)).splits["train"]) == 2  # train.small.csv is not read into train
+    assert "train.small.csv not read" in caplog.text
+    _write(d / "train.jsonl", _rows(["a", "b"]))
+    with pytest.raises(UserError, match="2 train files \\(train.csv, train.jsonl\\); keep one"):
+        load_task(str(d))
+
+
+def test_task_yaml_keys_that_would_be_ignored_are_refused(tmp_path):
+    from tpu_ray.errors import UserError
+
+    glue = tmp_path / "glue.yaml"
+    glue.write_text("glue: mrpc\nmetrics: [accuracy]\n")
+    with pytest.raises(UserError, match="'metrics' with glue: GLUE's tasks have"):
+        load_task(str(glue))
+    with pytest.raises(UserError, match="positive_label is read by metrics: \\[f1\\] only"):
+        load_task(_yaml_task(tmp_path, ["a", "b"], metrics=["accuracy"], positive_label="a"))
+    with pytest.raises(UserError, match="positive_label=True is not a class .*quote it"):
+        load_task(_yaml_task(tmp_path, ["yes", "no"], positive_label=True))
+    with pytest.raises(UserError, match="text_field and label_field are both 'text'"):
+        load_task(_yaml_task(tmp_path, ["a", "b"], text_field="text", label_field="text"))

@@ -60,7 +60,8 @@ def test_token_task_fields_and_integer_label_names_from_the_task_yaml(tmp_path):
     assert task.kind == "tokens" and task.label_names == ["O", "B-LOC", "I-LOC"]
     assert task.splits["train"][0] == {"text": ["new", "york"], "label": [1, 2]}
     # A text field that holds words makes a token task without `kind:`; its labels default to `tags`.
-    (tmp_path / "w.yaml").write_text("train: c.jsonl\nvalidation: c.jsonl\ntext_field: words\n")
+    (tmp_path / "w.yaml").write_text("train: c.jsonl\nvalidation: d.jsonl\ntext_field: words\n")
+    _jsonl(tmp_path / "d.jsonl", [{"words": ["old", "york"], "tags": ["B-LOC", "I-LOC"]}, {"words": ["at"], "tags": ["O"]}])
     _jsonl(tmp_path / "c.jsonl", [{"words": ["new", "york"], "tags": ["B-LOC", "I-LOC"]},
                                   {"words": ["in"], "tags": ["O"]}])
     assert load_task(str(tmp_path / "w.yaml")).splits["train"][0] == {"text": ["new", "york"], "label": [0, 1]}
@@ -72,7 +73,9 @@ def test_token_task_keeps_the_class_names_of_a_saved_ner_dataset(tmp_path):
     feats = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
                                "tags": datasets.Sequence(datasets.ClassLabel(names=["O", "B-PER", "I-PER"]))})
     data = {"tokens": [["anna", "lives"], ["in", "paris"]], "tags": [[1, 0], [0, 0]]}
-    datasets.DatasetDict({s: datasets.Dataset.from_dict(data, features=feats) for s in ("train", "validation")}
+    held_out = {"tokens": [["bob", "runs"], ["to", "rome"]], "tags": [[1, 0], [0, 0]]}
+    datasets.DatasetDict({s: datasets.Dataset.from_dict(d, features=feats) for s, d in (("train", data),
+                                                                                      ("validation", held_out))}
                          ).save_to_disk(str(tmp_path / "ner"))
     task = load_task(str(tmp_path / "ner"))
     assert task.kind == "tokens" and task.label_names == ["O", "B-PER", "I-PER"]
@@ -117,7 +120,7 @@ def test_bad_token_task_is_one_line_and_exit_2_before_anything_runs(case, tmp_pa
 
 def test_token_task_on_a_model_without_a_fast_tokenizer_is_refused_before_ray(tmp_path, capsys):
     _jsonl(tmp_path / "train.jsonl", _ner())
-    _jsonl(tmp_path / "validation.jsonl", _ner(1))
+    _jsonl(tmp_path / "validation.jsonl", [{**r, "tokens": ["held", *r["tokens"][1:]]} for r in _ner(1)])
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")  # no tokenizer beside it

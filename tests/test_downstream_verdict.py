@@ -200,3 +200,8 @@ def test_tiny_differences_keep_their_digits():
     assert v.words().startswith(f"continued is better than scratch by 0.030 ± {v.half_width:.3f} points"), v.words()
     assert v.half_width >= 0.0005  # so the ± does not print as 0.000 either
     assert f"(95% CI {v.low():.3f} to {v.high():.3f}, 5 paired seeds)" in v.words()
+
+
+def test_two_seeds_with_one_equal_difference_are_too_few_to_call():
+    v = _verdict({0: 0.70, 1: 0.60}, {0: 0.72, 1: 0.62})
+    assert v.words().startswith("cannot judge: both paired seeds differ by 2.0 points of test accuracy"), v.words()

@@ -153,11 +153,12 @@ def plot_downstream(best: pd.DataFrame, path: str) -> None:
     fig, ax = new_figure("Downstream: fine-tuned score per checkpoint", "checkpoint step",
                          "score (the task's headline metric)")
     drew = False
-    keys = ["task", "task_hash", "settings_key", *(["lineage"] if "lineage" in best.columns else [])]
-    for (task, task_hash, _, *lineage), rows in best.groupby(keys, sort=True, dropna=False):
+    keys = ["task_hash", "settings_key", *(["lineage", "shown_model"] if "lineage" in best.columns else [])]
+    for (task_hash, _, *lineage), rows in best.groupby(keys, sort=True, dropna=False):
+        task = str(rows["task"].iloc[-1]).replace("$", r"\$")  # a $ would start matplotlib's mathtext
         rows = rows.assign(step=rows["step"].fillna(0)).sort_values("step")
         metric, split = rows["metric"].iloc[-1], rows["split"].iloc[-1]
-        model = f", model {lineage[0]}" if lineage and lineage[0] else ""  # models outside a run: one point each
+        model = f", model {lineage[1]}" if lineage and lineage[1] else ""  # several models: named
         label = f"{task} ({split} {metric}, lr {rows['learning_rate'].iloc[-1]:g}, data {str(task_hash)[:8]}{model})"
         line = ax.errorbar(rows["step"], rows["mean"], yerr=rows["sd"], fmt="o-", capsize=3, lw=1.5, ms=5, label=label)
         chance = pd.to_numeric(rows["chance"], errors="coerce").dropna()

@@ -109,8 +109,8 @@ def _shard_rows(run_dir: str) -> list[tuple[str, str]]:
 
 
 def _recipe_rows(run_dir: str, df: pd.DataFrame) -> list[tuple[str, str]]:
-    """The recipe the saved config names, and what the output-bias event counted (issue 49: every
-    lever in the report). A damaged config is shown, not raised."""
+    """The recipe the saved config names, and what the output-bias event counted (every lever a
+    run trained with belongs in its report). A damaged config is shown, not raised."""
     from tpu_ray.saved_config import read_saved_config
     from tpu_ray.train.recipe import recipe_text
 
@@ -169,7 +169,7 @@ def _downstream_rows(table: pd.DataFrame) -> list[tuple[str, str]]:
     from tpu_ray.downstream.history import score_text
 
     return [(f"{r['task']}" + ("" if pd.isna(r["step"]) else f" @ step {int(r['step'])}")
-             + (f" (model {r['lineage']})" if r.get("lineage") else ""), score_text(r))
+             + (f" (model {r['shown_model']})" if r.get("shown_model") else ""), score_text(r))
             for _, r in table.sort_values(["task", "step"], na_position="first").iterrows()]
 
 

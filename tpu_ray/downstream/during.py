@@ -1,9 +1,9 @@
 """eval.downstream: fine-tune the model on tasks while it trains, so a run shows its downstream curve
 as it goes.
 
-The trainer writes the model at each task's steps to RUN/downstream/step-N/model (train/loop.py
-`add_snapshots`, config.json written last) and goes on; the driver, which waits for the training
-anyway, watches for those snapshots and fine-tunes each as Ray tasks on CPU nodes (never on a TPU
+The trainer writes the model at each task's steps to RUN/downstream/step-N/model (its `Snapshot`
+hook, train/loop_hooks.py; config.json written last) and goes on; the driver, which waits for the
+training anyway, watches for those snapshots and fine-tunes each as Ray tasks on CPU nodes (never on a TPU
 host, never inside the training step), then records each trial as `kind: downstream` at step N.
 Why the driver and not the trainer: the trainer may run on a TPU host in a remote task or as Ray
 Train workers, and it must not wait for fine-tuning; the run directory is shared by then anyway.
@@ -48,6 +48,10 @@ def check_downstream(cfg: RunConfig) -> list[Planned]:
         options = {f"finetune.{k}": v for k, v in entry.finetune.items()}
         if "finetune.seeds" in options:
             raise UserError(f"{where}.finetune.seeds: give the seeds as {where}.seeds")
+        if options.get("finetune.export_dir"):  # every snapshot's trials would write the same names
+            raise UserError(f"{where}.finetune.export_dir: not taken during training; export a snapshot's fine-tuned "
+                            f"models afterwards with tpu-ray finetune RUN/downstream/step-N/model "
+                            f"finetune.export_dir=DIR")
         options["finetune.seeds"] = entry.seeds
         try:
             spec = FinetuneSpec.from_overrides(options)
@@ -69,6 +73,7 @@ class DuringTraining:
         self._grids: dict[tuple[int, int], list[Trial]] = {}
         self._options: dict[str, Any] | None = None  # Ray options of the trials, asked once
         self._started: set[tuple[int, int]] = set()  # (step, entry) whose trials were submitted
+        self._models: dict[int, str] = {}  # step -> its snapshot's fingerprint, taken when its trials start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="tpu-ray-downstream", daemon=True)
         self._lock = threading.Lock()
@@ -130,6 +135,7 @@ class DuringTraining:
         due = self.due(step)
         records = read_records(self.run_dir) if due else []
         model = model_fingerprint(model_dir) if due else ""
+        self._models[step] = model
         for p in due:
             done = recorded_trials(records, p.task, model, p.spec.settings_key())
             trials = [done.get((t.learning_rate, t.seed), t)
@@ -163,10 +169,9 @@ class DuringTraining:
 
     def _record(self, step: int, index: int) -> None:
         p = next(x for x in self.planned if x.index == index)
-        model_dir = rundir.path(rundir.snapshot_dir(self.run_dir, step), rundir.MODEL_DIR)
         summary = Summary(task=p.task.name, task_hash=p.task.digest(), step=step, trials=self._grids.pop((step, index)),
                           metric=p.task.metrics[0], chance=p.task.chance(), report_split=p.task.report_split,
-                          model=model_fingerprint(model_dir), label=f"step {step}", settings=p.spec.settings(),
+                          model=self._models[step], label=f"step {step}", settings=p.spec.settings(),
                           settings_key=p.spec.settings_key())
         record(self.run_dir, summary)
         self.summaries.append(summary)

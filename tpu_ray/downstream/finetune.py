@@ -122,34 +122,64 @@ def _config(model_dir: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+# What a trial reads besides the weights: the tokenizer's files, where the model has them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
+
+
 def model_fingerprint(model_dir: str) -> str:
-    """What identifies a checkpoint in records: the sha256 of its weights' values (model.safetensors'
-    tensors by name, dtype, shape and bytes: the file's metadata and layout aside), else of its weights
-    file. Never the export's provenance: `save_pretrained` copies config.json into a model re-initialised
-    or trained further, which would then reuse another model's trials. Two exports of the same weights
-    (eval.downstream's last snapshot and RUN/model) share it. Local or gs://."""
+    """What identifies a checkpoint in records: the sha256 of what a trial loads from it: the values of
+    tf_model.h5's weights (each dataset's name, dtype, shape and bytes: HDF5's own layout and timestamps
+    aside), config.json without tpu-ray's export provenance, and the tokenizer's files. Never the
+    provenance alone: `save_pretrained` copies config.json into a model re-initialised or trained
+    further (and leaves an old model.safetensors beside a new tf_model.h5), which would then reuse
+    another model's trials. Two exports of the same weights (eval.downstream's last snapshot and
+    RUN/model) share it. Local or gs://; a model with no tf_model.h5 is hashed by its weights file."""
     from tpu_ray import storage
+    from tpu_ray.train.export import PROVENANCE_KEY
 
-    path = storage.join(model_dir, "model.safetensors")
-    if storage.exists(path):
-        from safetensors.numpy import load
-
-        tensors = load(storage.read_bytes(path))
-        digest = hashlib.sha256()
-        for name in sorted(tensors):
-            array = tensors[name]
-            digest.update(json.dumps([name, str(array.dtype), list(array.shape)]).encode())
-            digest.update(array.tobytes())
-        return "weights-" + digest.hexdigest()[:16]
-    for name in ("tf_model.h5", "pytorch_model.bin"):
+    digest = hashlib.sha256()
+    h5 = storage.join(model_dir, "tf_model.h5")
+    if storage.exists(h5):
+        _hash_h5(h5, digest)
+    else:
+        found = [p for name in ("model.safetensors", "pytorch_model.bin")
+                 if storage.exists(p := storage.join(model_dir, name))]
+        if not found:
+            raise UserError(f"{model_dir}: no weights file (tf_model.h5 or model.safetensors); give an exported model")
+        _hash_file(found[0], digest)
+    config = {k: v for k, v in _config(model_dir).items() if k != PROVENANCE_KEY}
+    digest.update(json.dumps(config, sort_keys=True).encode())
+    for name in TOKENIZER_FILES:
         path = storage.join(model_dir, name)
         if storage.exists(path):
-            digest = hashlib.sha256()
-            with storage.open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    digest.update(block)
-            return "file-" + digest.hexdigest()[:16]
-    raise UserError(f"{model_dir}: no weights file (model.safetensors or tf_model.h5); give an exported model")
+            digest.update(name.encode())
+            _hash_file(path, digest)
+    return "weights-" + digest.hexdigest()[:16]
+
+
+def _hash_h5(path: str, digest: Any) -> None:
+    """Each dataset of an HDF5 weights file, by name, one at a time (never the whole model in memory twice)."""
+    import h5py
+    import numpy as np
+
+    from tpu_ray import storage
+
+    with storage.open(path, "rb") as f, h5py.File(f, "r") as h5:
+        names: list[str] = []
+        h5.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        for name in sorted(names):
+            data = h5[name]
+            digest.update(json.dumps([name, str(data.dtype), list(data.shape)]).encode())
+            digest.update(np.ascontiguousarray(data[()]).tobytes())
+
+
+def _hash_file(path: str, digest: Any) -> None:
+    from tpu_ray import storage
+
+    with storage.open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
 
 
 def _number(value: Any) -> Any:

@@ -18,7 +18,9 @@ import pandas as pd
 from tpu_ray.downstream.tasks import DEFAULT_METRICS
 from tpu_ray.downstream.verdict import paired
 
-CURVE = ["task", "task_hash", "settings_key", "metric"]  # one curve over checkpoint steps: one learning rate chosen
+# One curve over checkpoint steps (one learning rate chosen): keyed by the task's hash, never its name
+# (one task named by two paths is one task); `lineage` keeps models outside a run apart (sweep.record).
+CURVE = ["task_hash", "settings_key", "metric", "lineage"]
 POINT = [*CURVE, "step", "model"]  # one checkpoint's sweep
 IDENTITY = ["task_hash", "model", "settings_key", "learning_rate", "seed"]
 UNRECORDED = "unrecorded"  # records written before the settings were: they group together
@@ -28,12 +30,14 @@ def trials(df: pd.DataFrame) -> pd.DataFrame:
     """The downstream records, one per trial identity (see the module docstring), with `score` (the
     reported split's headline) and `val_score` (validation's headline) as columns."""
     if df.empty or "kind" not in df.columns or not (df["kind"] == "downstream").any():
-        return pd.DataFrame(columns=[*POINT, "learning_rate", "seed", "status", "split", "score",
+        return pd.DataFrame(columns=[*POINT, "task", "learning_rate", "seed", "status", "split", "score",
                                      "val_score"])
     down = df[df["kind"] == "downstream"].copy()
-    for col in ("model", "settings_key", "report_split", "metric", "chance"):
+    for col in ("model", "settings_key", "report_split", "metric", "chance", "lineage", "exported"):
         if col not in down.columns:
             down[col] = None
+    down["lineage"] = down["lineage"].fillna("")  # records from before lineage was recorded: the run's curve
+    down["_exported"] = down["exported"].notna()
     down["settings_key"] = down["settings_key"].fillna(UNRECORDED)
     # a record from before checkpoints were fingerprinted: its step names the checkpoint within the run
     down["model"] = down["model"].fillna(down["step"].map(lambda s: f"step-{s}"))
@@ -47,8 +51,11 @@ def trials(df: pd.DataFrame) -> pd.DataFrame:
     down.loc[bad, "status"] = "failed"
     down["_ok"] = down["status"] == "ok"
     down["_order"] = range(len(down))
-    down = down.sort_values(["_ok", "_order"], ascending=[False, True]).drop_duplicates(IDENTITY, keep="first")
-    return down.sort_values("_order").drop(columns=["_ok", "_order"])
+    # of one identity: a finished record first, one whose model was exported before others (its score is
+    # the exported model's), then the earliest
+    down = down.sort_values(["_ok", "_exported", "_order"], ascending=[False, False, True]).drop_duplicates(
+        IDENTITY, keep="first")
+    return down.sort_values("_order").drop(columns=["_ok", "_exported", "_order"])
 
 
 def _number(v) -> float:
@@ -66,7 +73,7 @@ def _headline(group: pd.DataFrame) -> str:
 def scores(df: pd.DataFrame) -> pd.DataFrame:
     """One row per checkpoint sweep and learning rate: validation's mean and sd, the reported split's
     mean and sd (test where the task has one), seeds finished and failed."""
-    cols = [*POINT, "learning_rate", "split", "val_mean", "val_sd", "mean", "sd", "seeds", "failed", "chance"]
+    cols = [*POINT, "learning_rate", "task", "split", "val_mean", "val_sd", "mean", "sd", "seeds", "failed", "chance"]
     t = trials(df)
     if t.empty:
         return pd.DataFrame(columns=cols)
@@ -75,18 +82,30 @@ def scores(df: pd.DataFrame) -> pd.DataFrame:
         ok = group[group["status"] == "ok"]
         n = len(ok)
         chance = pd.to_numeric(group["chance"], errors="coerce").dropna()
-        rows.append([*key, group["split"].iloc[-1],
-                     ok["val_score"].mean() if n else math.nan, ok["val_score"].std(ddof=1) if n > 1 else 0.0,
-                     ok["score"].mean() if n else math.nan, ok["score"].std(ddof=1) if n > 1 else 0.0,
+        rows.append([*key, group["task"].iloc[-1], group["split"].iloc[-1],
+                     _mean(ok["val_score"]), ok["val_score"].std(ddof=1) if n > 1 else 0.0,
+                     _mean(ok["score"]), ok["score"].std(ddof=1) if n > 1 else 0.0,
                      n, int(len(group) - n), chance.iloc[-1] if len(chance) else math.nan])
     return pd.DataFrame(rows, columns=cols)
 
 
+def _mean(values) -> float:
+    """The mean as sweep.Summary computes it (math.fsum: exact, whatever the order of the seeds)."""
+    values = [float(v) for v in values]
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+TIE = 1e-9  # means this close are one score (two seeds' k/n accuracies summed in another order)
+
+
 def choose_lr(means: dict[float, float]) -> float | None:
-    """The learning rate with the best mean validation score; a tie goes to the smallest rate (one
-    rule for finetune's summary, the report and compare, whatever order the grid was given in)."""
+    """The learning rate with the best mean validation score; a tie (within TIE) goes to the smallest
+    rate: one rule for finetune's summary, the report and compare, whatever order the grid was given in."""
     done = {float(lr): m for lr, m in means.items() if m is not None and math.isfinite(m)}
-    return min(done, key=lambda lr: (-done[lr], lr)) if done else None
+    if not done:
+        return None
+    top = max(done.values())
+    return min(lr for lr, m in done.items() if m >= top - TIE)
 
 
 def chosen_lr(table: pd.DataFrame) -> float:
@@ -97,7 +116,7 @@ def chosen_lr(table: pd.DataFrame) -> float:
     points = done.groupby(["step", "model"], dropna=False).ngroups
     every = done.groupby("learning_rate").filter(lambda g: len(g) == points)
     pool = every if not every.empty else done
-    return choose_lr(pool.groupby("learning_rate")["val_mean"].mean().to_dict())
+    return choose_lr({lr: _mean(g["val_mean"]) for lr, g in pool.groupby("learning_rate")})
 
 
 def best(df: pd.DataFrame) -> pd.DataFrame:
@@ -117,8 +136,11 @@ def best(df: pd.DataFrame) -> pd.DataFrame:
                     for _, p in curve.groupby(["step", "model"], dropna=False) if p["val_mean"].notna().any()]
             continue
         lr = chosen_lr(curve)
-        out.append(curve[curve["learning_rate"] == lr].assign(lineage=""))
-    return pd.concat(out).reset_index(drop=True)
+        out.append(curve[curve["learning_rate"] == lr].assign(task=curve["task"].iloc[-1]))  # its latest name
+    table = pd.concat(out).reset_index(drop=True)
+    # a model is named in lines and plots where one task and settings hold several models' curves
+    several = table.groupby(["task_hash", "settings_key"])["lineage"].transform("nunique") > 1
+    return table.assign(shown_model=table["lineage"].where(several, ""))
 
 
 def point_best(point: pd.DataFrame) -> pd.DataFrame:
@@ -137,9 +159,10 @@ def latest(df: pd.DataFrame) -> dict[tuple[str, str], pd.Series | str]:
         steps = group["step"].dropna()
         last = group[group["step"] == steps.max()] if len(steps) else group
         models = last["model"].unique()
-        if len(models) > 1:
-            step = "" if pd.isna(last["step"].iloc[0]) else f" at step {int(last['step'].iloc[0])}"
-            out[key] = (f"{len(models)} models' trials{step} in one record directory ({', '.join(sorted(models))}); "
+        lineages = {x for x in group["lineage"] if x}  # models outside a run, each recorded as its own
+        if len(models) > 1 or len(lineages) > 1:
+            many = sorted(set(models) | lineages)
+            out[key] = (f"{len(many)} models' trials in one record directory ({', '.join(many)}); "
                         f"fine-tune each model into its own --output-dir to compare them")
             continue
         out[key] = point_best(last).iloc[0]
@@ -161,13 +184,22 @@ def score_text(r: pd.Series) -> str:
     val = f"; validation {r['val_mean']:.4f}, the lr chosen on it" if r["split"] != "validation" else \
         "; on validation, the split the lr was chosen on"
     chance = f"; chance {r['chance']:.4f}" if not pd.isna(r.get("chance")) else ""
-    return (f"{r['split']} {r['metric']} {r['mean']:.4f} ± {r['sd']:.4f} ({r['seeds']} seeds{failed}, "
-            f"lr {r['learning_rate']:g}{val}{chance})")
+    return (f"{r['split']} {r['metric']} {spread(r['mean'], r['sd'], int(r['seeds']))} "
+            f"({_seeds(int(r['seeds']))}{failed}, lr {r['learning_rate']:g}{val}{chance})")
+
+
+def spread(mean: float, sd: float, n: int) -> str:
+    """`mean ± sd`; one seed has no sd, so none is printed (never a ± 0 that looks like no spread)."""
+    return f"{mean:.4f} ± {sd:.4f}" if n > 1 else f"{mean:.4f} (one seed: no sd)"
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def _line(r: pd.Series) -> str:
     step = "" if pd.isna(r["step"]) else f" at step {int(r['step'])}"
-    model = f" (model {r['lineage']})" if r.get("lineage") else ""
+    model = f" (model {r['shown_model']})" if r.get("shown_model") else ""
     return f"  {r['task']}{step}{model}: {score_text(r)}"
 
 
@@ -219,8 +251,8 @@ def comparison_lines(metrics: Sequence[pd.DataFrame], labels: Sequence[str]) -> 
                 lines.append(f"  verdict: {v.words()}")
     for name in sorted(set(names.values())):
         keys = [k for k in groups if names[k] == name]
-        if len(keys) < 2:
-            continue
+        if len(keys) < 2 or any(sum(isinstance(r, pd.Series) for r in groups[k].values()) > 1 for k in keys):
+            continue  # one group, or one the runs share (compared above): nothing to explain
         if len({h for h, _ in keys}) > 1:
             lines.append(f"downstream {name}: not comparable: the runs were fine-tuned on different "
                          f"data, classes or metrics (task hashes {', '.join(sorted({h[:12] for h, _ in keys}))})")

@@ -27,6 +27,7 @@ class Target:
     metrics_dir: str
     step: int | None
     label: str
+    own_run: bool = False  # its records go to its own run directory: its checkpoints make one curve
 
 
 def finetune(run_or_model: str, task: str, seeds: int | None = None, output_dir: str | None = None,
@@ -81,14 +82,18 @@ def _sweep(target: Target, task: Task, spec: FinetuneSpec, learning_rates: list[
 
     model = model_fingerprint(target.model_dir)
     key = spec.settings_key()
+    recorded = recorded_trials(read_records(target.metrics_dir), task, model, key)
     # With export_dir every trial runs: a recorded trial kept would export nothing (its model is gone).
-    done = {} if spec.export_dir else recorded_trials(read_records(target.metrics_dir), task, model, key)
+    done = {} if spec.export_dir else recorded
     trials = [done.get((t.learning_rate, t.seed), t) for t in grid(spec, learning_rates)]
+    others = sorted(set(recorded) - {(t.learning_rate, t.seed) for t in trials})
     log.info("%s: %d trials (%d seeds x learning rates %s)", target.label, len(trials), spec.seeds, learning_rates)
     run_trials(target.model_dir, task, spec, trials)
     summary = Summary(task=task.name, task_hash=task.digest(), step=target.step, trials=trials,
                       metric=task.metrics[0], chance=task.chance(), report_split=task.report_split,
-                      model=model, label=target.label, settings=spec.settings(), settings_key=key)
+                      model=model, label=target.label, settings=spec.settings(), settings_key=key,
+                      not_counted=others, records_dir=target.metrics_dir,
+                      lineage="" if target.own_run else model, export_dir=spec.export_dir)
     record(target.metrics_dir, summary)
     return summary
 
@@ -113,7 +118,7 @@ def _targets(models: list[str], output_dir: str | None) -> list[Target]:
             metrics_dir = output_dir if len(models) == 1 else os.path.join(output_dir, label)
         else:
             raise UserError(f"{m}: a model outside a run directory; give --output-dir for its records")
-        targets.append(Target(model_dir, metrics_dir, step, label))
+        targets.append(Target(model_dir, metrics_dir, step, label, own_run=metrics_dir == run_dir))
     if len({t.model_dir for t in targets}) < len(targets):
         raise UserError("the same model is given twice; give each model once")
     return targets

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_ray.downstream.finetune import FinetuneSpec, finetune_trial
-from tpu_ray.downstream.history import choose_lr
+from tpu_ray.downstream.history import choose_lr, spread
 from tpu_ray.downstream.tasks import Task
 from tpu_ray.errors import UserError, failure_line
 from tpu_ray.logs import is_verbose, quiet_libraries
@@ -74,6 +74,12 @@ class Summary:
     label: str = ""  # what the verdict calls it
     settings: dict[str, Any] = field(default_factory=dict)
     settings_key: str = ""
+    # (learning rate, seed) of finished trials recorded for this model, task and settings that this
+    # sweep's grid does not hold: the report and compare count them, this summary does not
+    not_counted: list[tuple[float, int]] = field(default_factory=list)
+    records_dir: str = ""
+    lineage: str = ""  # "" for a run's own checkpoints (one curve); a model's fingerprint outside its run
+    export_dir: str = ""  # where each trial run now exported its model ("" : none)
 
     def by_lr(self) -> dict[float, list[Trial]]:
         out: dict[float, list[Trial]] = {}
@@ -87,7 +93,7 @@ class Summary:
         values = [v for v in values if math.isfinite(v)]
         if not values:
             return float("nan"), float("nan"), 0
-        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
+        return math.fsum(values) / len(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
 
     @property
     def best_lr(self) -> float | None:
@@ -115,12 +121,15 @@ class Summary:
             return f"{self.task}: every trial failed"
         mean, sd, n = self.stats(best, self.report_split)
         chance = f"; chance {self.chance:.4f}" if self.chance is not None else ""
+        one = len(self.by_lr()) == 1  # nothing to choose: say so, never "chosen on validation"
         if self.report_split == "validation":
-            where = "the split the learning rate and epoch were chosen on: optimistic; a test split gives a held-out figure"
+            where = ("the split the epoch was chosen on: optimistic" if one else
+                     "the split the learning rate and epoch were chosen on: optimistic") + "; a test split gives a held-out figure"
         else:
-            where = f"held out; lr chosen on validation, {self.stats(best)[0]:.4f}"
-        return (f"{self.task} {self.report_split} {self.metric}: {mean:.4f} ± {sd:.4f} over {n} seeds at lr "
-                f"{best:g} ({where}{chance})")
+            where = (f"held out; the only learning rate given, validation {self.stats(best)[0]:.4f}" if one else
+                     f"held out; lr chosen on validation, {self.stats(best)[0]:.4f}")
+        return (f"{self.task} {self.report_split} {self.metric}: {spread(mean, sd, n)} over {n} seed{'s' * (n != 1)} "
+                f"at lr {best:g} ({where}{chance})")
 
     def lines(self) -> list[str]:
         out = []
@@ -128,18 +137,25 @@ class Summary:
         for lr, trials in sorted(self.by_lr().items()):
             mean, sd, n = self.stats(lr)
             mark = "  <- chosen on validation" if lr == best else ""
-            out.append(f"  lr {lr:g}: validation {self.metric} {mean:.4f} ± {sd:.4f} over {n} of {len(trials)} "
+            out.append(f"  lr {lr:g}: validation {self.metric} {spread(mean, sd, n)} over {n} of {len(trials)} "
                        f"seeds{mark}")
             out += [f"    seed {t.seed} failed: {t.error}" for t in trials if t.status != "ok"]
         out.append(self.headline())
         if best is None:
             return out
+        if self.not_counted:
+            rates = sorted({lr for lr, _ in self.not_counted})
+            out.append(f"note: {len(self.not_counted)} more finished trials of this model, task and settings are "
+                       f"recorded (learning rates {', '.join(f'{x:g}' for x in rates)}) and not counted here; "
+                       f"`tpu-ray report {self.records_dir}` counts them all")
         if warning := self.edge_warning():
             out.append(warning)
         cut = max((t.result.get("truncated_share", 0.0) for t in self.trials if t.status == "ok"), default=0.0)
         if cut > 0:
-            out.append(f"note: {cut:.1%} of the examples are longer than finetune.max_length "
-                       f"({self.settings.get('max_length')}) tokens and were cut")
+            used = max((t.result.get("max_length") or 0 for t in self.trials if t.status == "ok"), default=0)
+            cap = f", capped at {used} by the model's positions" if used and used != self.settings.get("max_length") else ""
+            out.append(f"note: {cut:.1%} of the examples are longer than {used or self.settings.get('max_length')} "
+                       f"tokens (finetune.max_length={self.settings.get('max_length')}{cap}) and were cut")
         return out
 
 
@@ -275,6 +291,7 @@ def record(metrics_dir: str, summary: Summary) -> None:
     replacing; a reused trial is recorded already): its identity (task hash, checkpoint, settings,
     learning rate, seed), every split's scores at its best epoch, and how it trained."""
     from tpu_ray.metrics_stream import MetricsWriter
+    from tpu_ray.tracking.trackers import trackers_for_run_dir
 
     writer = MetricsWriter(metrics_dir)
     for t in summary.trials:
@@ -284,12 +301,15 @@ def record(metrics_dir: str, summary: Summary) -> None:
                                   "model": summary.model, "settings_key": summary.settings_key,
                                   **summary.settings, "seed": t.seed, "learning_rate": t.learning_rate,
                                   "status": t.status, "metric": summary.metric,  # the headline, for summaries
-                                  "report_split": summary.report_split, "chance": summary.chance}
+                                  "report_split": summary.report_split, "chance": summary.chance,
+                                  "lineage": summary.lineage}
         if t.status == "ok":
             for split, scores in t.result["scores"].items():
                 fields.update({split_field(split, m): v for m, v in scores.items()})
             fields.update({k: t.result[k] for k in RESULT_FIELDS})
             fields["max_length_used"] = t.result["max_length"]
+            if summary.export_dir:  # this record's scores are the exported model's (history prefers it)
+                fields["exported"] = os.path.join(summary.export_dir, export_name(t.learning_rate, t.seed))
         else:
             fields["error"] = t.error
         writer.write("downstream", **fields)

@@ -50,6 +50,7 @@ class Task:
     splits: dict[str, list[dict[str, Any]]]
     label_names: list[str] = field(default_factory=list)
     metrics: list[str] = field(default_factory=list)
+    _digest: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def kind_obj(self) -> TaskKind:
@@ -85,9 +86,11 @@ class Task:
     def digest(self) -> str:
         """sha256 of the task as it is trained and scored (data, classes, metrics): two runs compare only
         if it is equal, and a changed `metrics:` never reuses trials recorded without the new headline."""
-        body = json.dumps({"kind": self.kind, "labels": self.label_names, "metrics": self.metrics,
-                           "rows_by_split": {k: self.splits[k] for k in sorted(self.splits)}}, sort_keys=True)
-        return hashlib.sha256(body.encode()).hexdigest()
+        if self._digest is None:  # once: an MNLI-sized task takes seconds, and every record is checked with it
+            body = json.dumps({"kind": self.kind, "labels": self.label_names, "metrics": self.metrics,
+                               "rows_by_split": {k: self.splits[k] for k in sorted(self.splits)}}, sort_keys=True)
+            self._digest = hashlib.sha256(body.encode()).hexdigest()
+        return self._digest
 
     def chance(self, split: str | None = None) -> float | None:
         """The accuracy of the best constant answer on `split` (the reported one by default): its
@@ -143,6 +146,10 @@ def _from_yaml(path: str) -> Task:
     base = os.path.dirname(os.path.abspath(path))
     where = lambda p: p if os.path.isabs(p) else os.path.join(base, p)  # noqa: E731 - relative to the YAML
     if doc.get("glue"):
+        ignored = sorted(set(doc) - {"name", "glue", "data"})
+        if ignored:
+            raise UserError(f"{path}: {ignored[0]!r} with glue: GLUE's tasks have their fields, classes and official "
+                            f"metrics built in; drop the key, or describe the data without glue: to choose them")
         return _glue(str(doc["glue"]), where(str(doc["data"])) if doc.get("data") else None, path)
     if doc.get("train") or doc.get("validation"):
         files = {s: sorted(glob.glob(where(str(doc[s])))) for s in ("train", "validation", "test") if doc.get(s)}
@@ -163,7 +170,9 @@ def _glue(name: str, data: str | None, where: str) -> Task:
         raise UserError(f"{where}: unknown GLUE task {name!r}; one of {', '.join(glue.GLUE)}")
     spec = glue.GLUE[name]
     raw = glue.read_glue_dir(name, data) if data is not None else glue.load_glue_hub(name)
+    # GLUE keeps QQP's two rows whose second question is empty, as the Hub and run_glue.py do
     opts = {"text_field": spec.text_field, "pair_field": spec.pair_field, "label_field": "label", "kind": spec.kind,
+            "empty_pair_ok": True,
             "metrics": list(spec.metrics), "label_names": list(spec.label_names) or None}
     return _check(f"glue/{name}", raw, opts)
 
@@ -179,9 +188,17 @@ def _split_files(data: str) -> dict[str, list[str]]:
     files: dict[str, list[str]] = {}
     for split, names in (("train", ("train",)), ("validation", ("validation", "dev")), ("test", ("test",))):
         for stem in names:
-            found = sorted(p for p in glob.glob(os.path.join(data, stem + ".*")) if _fmt(p, quiet=True))
+            found = [os.path.join(data, stem + ext) for ext in _FORMATS if os.path.isfile(os.path.join(data, stem + ext))]
+            if len(found) > 1:
+                raise UserError(f"{data}: {len(found)} {split} files ({', '.join(map(os.path.basename, found))}); "
+                                f"keep one, or name each file in a task YAML ({split}: FILE)")
             if found:
                 files[split] = found
+                others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data, stem + ".*"))
+                                if p not in found and _fmt(p, quiet=True))
+                if others:  # train.small.csv beside train.csv: never read into train by a glob
+                    log.warning("%s: %s not read (the %s split is %s)", data, ", ".join(others), split,
+                                os.path.basename(found[0]))
                 break
     return files
 
@@ -247,6 +264,9 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
     pair_f = None if words else opts.get("pair_field", "text_pair")  # a word task (tokens) has no pairs
     label_f = str(opts.get("label_field") or ("tags" if words and ("tags" in first_row or "label" not in first_row)
                                               else "label"))
+    if text_f == label_f:
+        raise UserError(f"{name}: text_field and label_field are both {text_f!r}: the label would be in the text; "
+                        f"name two fields")
     raw = _labelled_test_only(raw, label_f)
     rows: dict[str, list[dict]] = {}
     for split, (data, path, _features) in raw.items():
@@ -275,27 +295,38 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
             raise UserError(f"{name}: label_names={_show(given)}; give a list of distinct class names, "
                             f"index i naming label i")
         names, indexed = [str(n) for n in given], True
+    # A split saved with its own ClassLabel (names=sorted(set(its labels))) numbers the classes its own
+    # way: its integers are read through its names, then matched to train's by name, never by number.
+    split_names = {split: own for split in rows if split != "train"
+                   if (own := _label_names(raw[split][2], label_f, rows[split], handler))[1] and own[0] != names}
+    split_names = {split: own[0] for split, own in split_names.items()}
+    _check_label_strings(rows, raw, label_f, handler)
     out: dict[str, list[dict]] = {}
     for split, data in rows.items():
         path = raw[split][1]
         recs = []
         for i, r in enumerate(data):
             text = r.get(text_f)
-            if not handler.text_ok(text):
+            if not handler.text_ok(text) or (isinstance(text, str) and not text.strip()):
                 raise UserError(f"{path}: row {i + 1}: field {text_f!r} is {_show(text)}; each row needs "
                                 f"{handler.text_wanted}")
             rec: dict[str, Any] = {"text": text}
             if use_pair:
                 pair = r.get(pair_f)
-                if not isinstance(pair, str) or not pair:
+                if not isinstance(pair, str) or (not pair and not opts.get("empty_pair_ok")):
                     raise UserError(f"{path}: row {i + 1}: pair field {pair_f!r} is {_show(pair)}; every row of a "
                                     f"pair task needs both texts (drop the row, or set pair_field: null)")
                 rec["text_pair"] = pair
-            rec["label"] = handler.label(r.get(label_f), names, indexed, f"{path}: row {i + 1}: {label_f!r}", len(text))
+            where = f"{path}: row {i + 1}: {label_f!r}"
+            value = _by_train_names(r.get(label_f), split_names.get(split), where)
+            rec["label"] = handler.label(value, names, indexed, where, len(text))
             recs.append(rec)
         out[split] = recs
     if "f1" in metrics:
         names, out = _positive_class(name, names, indexed, opts.get("positive_label"), out)
+    elif opts.get("positive_label") is not None:
+        raise UserError(f"{name}: positive_label is read by metrics: [f1] only (binary F1's positive class); "
+                        f"drop it, or score f1")
     seen = _classes(out["train"], handler)
     if handler.classes and len(seen) < 2:
         raise UserError(f"{raw['train'][1]}: field {label_f!r} has one class only ({names[next(iter(seen))]!r}); "
@@ -311,7 +342,83 @@ def _check(name: str, raw: dict[str, tuple[list[dict], str, Any]], opts: dict) -
             raise UserError(f"{raw[split][1]}: row {row + 1}: {label_f!r} is {names[unseen[0]]!r}, a label the train "
                             f"split never had (train has {', '.join(names[c] for c in sorted(seen))[:200]}); fix the "
                             f"row or add the class to train")
+    if handler.classes:
+        _check_scored_classes(name, out, raw, handler, names, metrics)
+    _warn_overlap(out, raw)
     return Task(name=name, kind=kind, splits=out, label_names=names, metrics=metrics)
+
+
+def _by_train_names(value: Any, own: list[str] | None, where: str) -> Any:
+    """An integer label of a split with its own ClassLabel names, as its class name (lists elementwise)."""
+    if own is None:
+        return value
+    if isinstance(value, list):
+        return [_by_train_names(v, own, where) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < len(own):
+            raise UserError(f"{where} is {value}, not one of its split's {len(own)} named classes ({', '.join(own[:10])})")
+        return own[value]
+    return value
+
+
+def _check_label_strings(rows: dict[str, list[dict]], raw: dict, label_f: str, handler: TaskKind) -> None:
+    """A label that is empty or carries spaces at its ends, or two spellings of one name (Unicode NFC vs
+    NFD), would be a class of its own: refused, naming the row."""
+    import unicodedata
+
+    if not handler.classes:
+        return
+    for split, data in rows.items():
+        for i, r in enumerate(data):
+            for v in handler.label_values(r.get(label_f)):
+                if isinstance(v, str) and (not v.strip() or v != v.strip() or unicodedata.normalize("NFC", v) != v):
+                    why = ("is empty" if not v.strip() else "has spaces at its ends" if v != v.strip()
+                           else "is not in Unicode NFC form (another spelling of the same name would be another class)")
+                    raise UserError(f"{raw[split][1]}: row {i + 1}: {label_f!r} is {_show(v)}, which {why}; fix the label")
+
+
+# Metrics that a split with one gold class makes constant (or undefined): selecting on them chooses nothing.
+_NEED_TWO_CLASSES = ("accuracy", "f1", "macro_f1", "matthews", "entity_f1", "token_accuracy")
+
+
+def _check_scored_classes(name: str, out: dict[str, list[dict]], raw: dict, handler: TaskKind, names: list[str],
+                          metrics: list[str]) -> None:
+    """Validation chooses the learning rate and the epoch: with one gold class (or, for f1, no positive
+    one) every model scores alike there and the choice is a constant. Refused for validation; a test
+    split with one class is reported with a warning (its score still means something, its chance is 1)."""
+    for split in ("validation", "test"):
+        if split not in out:
+            continue
+        classes = _classes(out[split], handler)
+        problem = None
+        if len(classes) < 2:
+            problem = f"has one class only ({names[next(iter(classes))]!r})"
+        elif "f1" in metrics and 1 not in classes:
+            problem = f"has no row of the positive class {names[1]!r}, so its F1 is 0 for every model"
+        if problem is None:
+            continue
+        if split == "validation":
+            raise UserError(f"{raw[split][1]}: the validation split {problem}; the learning rate and epoch chosen on "
+                            f"it would be a constant; give validation rows of every class")
+        log.warning("%s: the test split %s; its score is reported, but says little", raw[split][1], problem)
+
+
+def _warn_overlap(out: dict[str, list[dict]], raw: dict) -> None:
+    """Rows of validation or test that are also in train (the same text and pair): a score on them
+    measures memory. Refused when a split is train itself; otherwise counted and warned (some published
+    sets overlap by design, e.g. GLUE's QQP)."""
+    train = {(r["text"] if isinstance(r["text"], str) else tuple(r["text"]), r.get("text_pair")) for r in out["train"]}
+    for split, recs in out.items():
+        if split == "train":
+            continue
+        keys = [(r["text"] if isinstance(r["text"], str) else tuple(r["text"]), r.get("text_pair")) for r in recs]
+        same = sum(k in train for k in keys)
+        if same == len(keys) and len(set(keys)) == len(train):
+            raise UserError(f"{raw[split][1]}: the {split} split is the train split's rows; its score would measure "
+                            f"memory; give held-out rows")
+        if same:
+            log.warning("%s: %d of %d %s rows are also in train (the same text); their score measures memory",
+                        raw[split][1], same, len(keys), split)
 
 
 def _positive_class(name: str, names: list[str], indexed: bool, positive: Any,
@@ -328,7 +435,8 @@ def _positive_class(name: str, names: list[str], indexed: bool, positive: Any,
         raise UserError(f"{name}: metrics: [f1] scores one class as the positive one and the labels "
                         f"{_show(names)} do not say which; add positive_label: {names[1]} (or {names[0]}) to the task YAML")
     if str(positive) not in names:
-        raise UserError(f"{name}: positive_label={positive!r} is not a class of this task ({', '.join(names)})")
+        quote = " (YAML reads yes/no/true/false unquoted as a boolean: quote it)" if isinstance(positive, bool) else ""
+        raise UserError(f"{name}: positive_label={positive!r} is not a class of this task ({', '.join(names)}){quote}")
     if names.index(str(positive)) == 1:
         return names, out
     swapped = {split: [{**r, "label": 1 - r["label"]} for r in recs] for split, recs in out.items()}

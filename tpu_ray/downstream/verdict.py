@@ -89,6 +89,9 @@ class Verdict:
                 return (f"no difference: {self.candidate} and {self.baseline} score the same {self.split} "
                         f"{self.metric} on every one of {paired_} (no spread, so no interval)"
                         f"{self._left_out_words()}")
+            if n < 3:  # two equal differences are common with whole-count accuracies: too few to call it
+                return (f"cannot judge: both paired seeds differ by {_fixed(self.mean, [self.mean])} {self._what()} "
+                        f"(no spread from 2 seeds; run at least 3){self._left_out_words()}")
             side = "better" if self.mean > 0 else "worse"
             return (f"{self.candidate} is {side} than {self.baseline} by {_fixed(abs(self.mean), [self.mean])} "
                     f"{self._what()} on every one of {paired_} (every paired difference is the same, "
