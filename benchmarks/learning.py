@@ -288,7 +288,7 @@ def parser() -> argparse.ArgumentParser:
                    help="tpu-ray's masking rate (the reference's stays 0.15): 0.3 measured best (README, Time to quality)")
     p.add_argument("--mask-count", default="exact", choices=["exact", "random"],
                    help="tpu-ray's train.mask_count: exact, what jobs/configs ship (issue 38), or random")
-    # tpu-ray's recipe: jobs/configs/quickstart.yaml's (tests/test_first_hour.py keeps them equal), the
+    # tpu-ray's recipe: jobs/configs/quickstart.yaml's (tests/test_run_start.py keeps them equal), the
     # one measured fastest to the reference's loss (docs/schedules.md, issue 49).
     p.add_argument("--schedule", default="wsd", choices=["linear", "cosine", "constant", "wsd"],
                    help="tpu-ray's train.schedule (the reference keeps create_optimizer's linear decay)")

@@ -1,4 +1,4 @@
-"""docs/analytics.md (issue 37.3): examples/analytics.py runs (a DataFrame filtered in pandas and a Ray
+"""docs/analytics.md: examples/analytics.py runs (a DataFrame filtered in pandas and a Ray
 Dataset deduplicated with Ray Data, both trained on, then compared) and prints what the docs show.
 
 Losses and throughput vary from machine to machine; every other line of the output (rows kept,

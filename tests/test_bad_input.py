@@ -190,7 +190,7 @@ def _other_tokenizer(tmp: Path, ctx: dict) -> None:
 
 def _saved_with_checkpoint(cfg: RunConfig) -> None:
     """The run's config saved and a checkpoint file present: checkpoints pin the whole config
-    (before any, a changed batch size simply replaces the saved config: see test_faults.py)."""
+    (before any, a changed batch size simply replaces the saved config: see test_cli_under_faults.py)."""
     from tpu_ray import saved_config
     from tpu_ray.pipeline import versions
 
@@ -242,7 +242,7 @@ CLI: list[Case] = [
          setup=lambda t, c: _saved_with_checkpoint(c["cfg"])),
     Case("tpu on a cpu machine", lambda t, c: _train(t, c, "train.strategy=tpu"),
          "train.strategy=tpu: this machine has no TPU", ["run/checkpoints", "run/model"], prepared=True),
-    # issue 15, class 4: failures that were tracebacks
+    # Files that are not what their option says: once tracebacks
     Case("binary config", lambda t, c: ["tokenizer", "--config", str(write(t / "b.yaml", b"\x7fELF\x02\x01\xd0\xff" * 64)),
                                         "--output-dir", str(t / "out")],
          "b.yaml: byte 6 is not UTF-8 text, this is not a YAML config", ["out"], only_line=True),
@@ -270,14 +270,14 @@ CLI: list[Case] = [
     Case("unreachable store", lambda t, c: ["tokenizer", "--corpus", str(c["corpus"]), "--output-dir",
                                             "gs://some-bucket/run"],
          "gs://some-bucket/run/.lock: storage request failed", only_line=True),
-    # issue 15, class 5: nothing to do is an error
+    # Nothing to do is an error
     Case("whitespace-only corpus", lambda t, c: _tok(t, str(write(t / "blank.txt", "   \n\t\n  \n\n   \n"))),
          "blank.txt: no text to train the tokenizer on (empty or only whitespace)", only_line=True),
     Case("fewer tokens than one sample", lambda t, c: ["shard", "--corpus", str(write(t / "short.txt", "Hello there.\n")),
                                                        "--output-dir", str(t / "out"), f"tokenizer.path={c['tok']}",
                                                        "shard.seq_len=64"],
          "fewer than one training sample of shard.seq_len-2=62 tokens", fixtures=("ray_local",)),
-    # issue 15, class 7: paths stay inside
+    # Paths stay inside the directory that holds them
     Case("manifest entry outside the shard dir", lambda t, c: _train(t, c),
          "manifest.json: train.shards[0] path '../../../../etc/hostname' points outside the shard directory",
          ["run/checkpoints", "run/model"], prepared=True, setup=_manifest_entry_outside),

@@ -1,4 +1,4 @@
-"""Bits per byte divides by the text's own UTF-8 bytes, for every tokenizer kind (issue 45.1).
+"""Bits per byte divides by the text's own UTF-8 bytes, for every tokenizer kind.
 
 Before, the bytes came from the vocabulary (a piece's characters, `▁`/`Ġ` as one space): a
 WordPiece tokenizer drops the spaces between words, so "hello, world" counted 11 bytes of 12 and a

@@ -19,7 +19,7 @@ from tests.test_report import make_run
 from tests.test_train import _cfg, shards_dir, write_shards  # noqa: F401 - shards_dir is a fixture
 from tpu_ray.cli import build_parser, main
 
-# What a TensorFlow command on a CPU machine used to print besides our own lines (issue 13, point 4).
+# What a TensorFlow command on a CPU machine used to print besides our own lines.
 NOISE = ("absl::InitializeLog", "Could not find cuda drivers", "cuInit", "classes are deprecated",
          "were initialized from the model checkpoint", "Device set to use", "Token authentication is enabled")
 
@@ -368,7 +368,7 @@ def test_pipeline_run_from_python_shows_progress_without_library_noise_on_a_loop
         tmp_path, small_corpus):
     """The pipeline from Python in a fresh process: our progress lines, no library noise. The Ray
     cluster that run started for itself (ray.address=local) is still up afterwards, and it is read
-    too (issue 15, class 7: GCS, raylet and the agents listened on every interface): its node
+    too (GCS, raylet and the agents once listened on every interface): its node
     address and every socket its processes listen on are loopback only."""
     code = f"""
 from tpu_ray import RunConfig, Pipeline

@@ -267,7 +267,7 @@ def test_setup_commands_install_tpu_ray_with_the_extra_matching_the_node_type(pr
 
 def test_tpu_types_finish_with_one_tensorflow_after_the_extra(prepared):
     """tf-keras comes from deploy/tpu-finish-install.sh, after the [tpu] extra: the extra alone has no
-    tf-keras, and tf-keras with its dependencies would install a second TensorFlow (issue 48)."""
+    tf-keras, and tf-keras with its dependencies would install a second TensorFlow."""
     assert (REPO / "deploy" / "tpu-finish-install.sh").exists()
     for name, commands in effective_commands(prepared).items():
         finish = [i for i, c in enumerate(commands) if "deploy/tpu-finish-install.sh" in c]
@@ -367,7 +367,7 @@ def test_documented_v4_16_edit_passes_the_same_checks(config, use_accelerator_co
 
 
 def test_every_node_starts_ray_with_token_authentication(config, prepared):
-    """Issue 36: `default-allow-internal` lets every VM of the VPC reach the head's ports; without
+    """`default-allow-internal` lets every VM of the VPC reach the head's ports; without
     Ray's token authentication any of them could run code on the cluster with its credentials."""
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = " ".join(config[key])

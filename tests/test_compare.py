@@ -1,4 +1,4 @@
-"""Runs compared side by side (issue 37.2): `tpu_ray.compare` and `tpu-ray compare RUN...`.
+"""Runs compared side by side: `tpu_ray.compare` and `tpu-ray compare RUN...`.
 
 Run directories are written as a training run writes them (metrics.jsonl, config.yaml, summary.json;
 tests/test_report.py's make_run), then given different configs, evaluation sets and sources.
@@ -154,3 +154,115 @@ def test_the_page_goes_to_gs(runs, gcs_emulator):
     assert paths[PAGE] == f"{bucket}/cmp/{PAGE}"
     assert "tpu-ray run comparison" in storage.read_text(paths[PAGE])
     assert storage.read_bytes(f"{bucket}/cmp/{PLOTS[0]}")[:8] == PNG_MAGIC
+
+
+def _scored(path: Path, config, pooled: str, sources: dict[str, str], tokenizer: str = "aaaa") -> str:
+    """A run written by the real config writer, whose evaluations name `pooled` (the pooled set) and
+    `sources` ({source: its set}), as a run's evaluation records do (train/evaluation.py)."""
+    from tpu_ray.saved_config import save_config
+
+    make_run(path, partial=False)
+    recs = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    out = []
+    for r in recs:
+        if r.get("kind") == "eval":
+            for i, (name, identity) in enumerate(sources.items()):
+                out.append({"kind": "eval_source", "step": r["step"], "time": r["time"], "source": name,
+                            "eval_loss": r["eval_loss"] + i, "eval_set": identity, "eval_mask_prob": 0.15})
+            r.update(eval_set=pooled, eval_mask_prob=0.15)
+        out.append(r)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in out))
+    save_config(config.override({"output_dir": str(path)}), False, {})
+    summary = json.loads((path / "summary.json").read_text())
+    (path / "summary.json").write_text(json.dumps({**summary, "tokenizer": {"sha256": tokenizer}}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def continued(tmp_path_factory) -> list[str]:
+    """The quickstart (one source, 500 steps, exported with its step) and the replay example continued
+    from its model: the continued run's config as the run resolves it (the checkpoint's sizes and
+    tokenizer filled in), its RUN/init copy of the export's config.json, and its `general` source
+    scored on the very set the quickstart's evaluation scored."""
+    import shutil
+
+    from transformers import RobertaConfig
+
+    from tests.helpers import REPO
+    from tpu_ray.config import RunConfig
+    from tpu_ray.train.export import stamp_provenance
+    from tpu_ray.train.init_from import resolve_config
+
+    tmp_path = tmp_path_factory.mktemp("continued")
+    parent_cfg = RunConfig.from_yaml(str(REPO / "jobs" / "configs" / "quickstart.yaml")).override(
+        {"tokenizer.kind": "unigram", "tokenizer.vocab_size": 800})
+    parent = _scored(tmp_path / "quickstart", parent_cfg, "set-P", {"corpus": "set-P"})
+    model = tmp_path / "quickstart" / "model"
+    RobertaConfig(vocab_size=800, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+                  max_position_embeddings=514, layer_norm_eps=1e-5, pad_token_id=1).save_pretrained(str(model))
+    (model / "tf_model.h5").write_bytes(b"")  # resolve_config reads the sizes; no weights are loaded here
+    for f in (REPO / "tests" / "data" / "kept_tokenizer").iterdir():  # a stored Unigram 800: nothing trained
+        shutil.copy(f, model / f.name)
+    stamp_provenance(str(model), parent_cfg, 500)
+    child_cfg = RunConfig.from_yaml(str(REPO / "jobs" / "configs" / "continue_with_replay.yaml")).override(
+        {"model.init_from": str(model), "output_dir": str(tmp_path / "continued")})
+    child_cfg = resolve_config(child_cfg)
+    child = _scored(tmp_path / "continued", child_cfg, "set-C",
+                    {"domain": "set-D", "general": "set-P", "domain_test": "set-T"})
+    (tmp_path / "continued" / "init").mkdir()
+    shutil.copy(model / "config.json", tmp_path / "continued" / "init" / "config.json")  # the run's own copy
+    return [parent, child]
+
+
+def test_a_continuation_differs_from_its_parent_only_where_a_figure_changes(continued):
+    """Both models are hidden 128 (the quickstart's by its preset, the continued run's from the
+    checkpoint): no size, tokenizer or logging field is a difference; the start, data and recipe are."""
+    from tpu_ray import compare
+
+    keys = compare(continued).attrs["differing"]
+    noise = [k for k in keys if k.startswith(("model.hidden_size", "model.num_", "model.intermediate_size",
+                                              "model.max_position", "model.preset", "model.initializer_range",
+                                              "model.output_bias", "tokenizer.", "train.log_every",
+                                              "train.eval_every", "train.checkpoint_every", "name"))]
+    assert noise == [], keys
+    assert {"model.init_from", "corpus", "corpus.sources.domain", "train.steps", "train.learning_rate"} <= set(keys)
+    assert len(keys) <= 16, keys
+
+
+def test_a_continuation_is_drawn_at_its_global_step(continued, tmp_path):
+    """The continued run's steps 10..500 follow its checkpoint's step 500: drawn at 510..1000."""
+    import matplotlib.figure
+
+    from tpu_ray.comparison import compare, plot_compare
+
+    df = compare(continued)
+    assert df.attrs["start_step"] == {continued[0]: 0, continued[1]: 500}
+    figs = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(self, path, *a, **k):
+        figs[Path(path).name] = self
+        return real(self, path, *a, **k)
+
+    matplotlib.figure.Figure.savefig = keep
+    try:
+        plot_compare(df, continued, {name: str(tmp_path / name) for name in PLOTS})
+    finally:
+        matplotlib.figure.Figure.savefig = real
+    lines = {line.get_label(): line.get_xdata() for line in figs["compare_loss.png"].axes[0].get_lines()}
+    assert min(lines["quickstart train"]) == 10 and max(lines["quickstart train"]) == 500
+    assert min(lines["continued (from step 500) train"]) == 510
+    assert max(lines["continued (from step 500) train"]) == 1000
+    sources = [line.get_label() for line in figs["compare_eval_sources.png"].axes[0].get_lines()]
+    shared = [label for label in sources if label.endswith("[shared set 1]")]  # one set, scored by both
+    assert [label.split(" (")[0].split(":")[0] for label in shared] == ["quickstart", "continued"], sources
+
+
+def test_a_continuation_scoring_its_parents_set_is_comparable_on_it(continued, capsys):
+    """The continued run's `general` source is the quickstart's evaluation set (one identity): the
+    runs compare on it, though their pooled evaluations (one source, three) do not."""
+    assert main(["compare", *continued, "--out", str(Path(continued[0]).parent / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "NOT COMPARABLE" not in out, out
+    assert "Comparable on the sets they share: quickstart's evaluation = continued's 'general'" in out, out
+    assert "model.hidden_size" not in out

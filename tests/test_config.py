@@ -75,7 +75,7 @@ def test_seq_len_is_checked_against_the_published_positions():
 
 
 def test_removed_eval_pad_multiple_still_loads_and_is_gone():
-    """train.eval_pad_multiple never did anything (issue 23): removed; configs that name it still load."""
+    """train.eval_pad_multiple never did anything: removed; configs that name it still load."""
     from tpu_ray.config import RunConfig
 
     cfg = RunConfig.from_dict({"train": {"eval_pad_multiple": 64, "steps": 5}})

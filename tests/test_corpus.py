@@ -44,8 +44,9 @@ def test_txt_jsonl_parquet_glob_and_datasets_give_the_same_lines(tmp_path, lines
 
 def test_a_jsonl_file_where_no_record_has_the_text_field_is_named(tmp_path):
     """A typo'd corpus.text_field (no record has it) is an error naming the fields that exist; a record
-    that lacks it among records that have it is skipped and counted (issue 25, the catalogue below).
-    The corpus is refused, not a unit (issue 34): the tokenizer's reading of it says so once."""
+    that lacks it among records that have it is skipped and counted (tests/test_text_field_rule.py has
+    the rule for every reader).
+    The corpus is refused, not a unit: the tokenizer's reading of it says so once."""
     (tmp_path / "x.jsonl").write_text('{"body": "no text", "id": 1}\n{"body": "none here"}\n')
     units = plan_units(CorpusConfig(source=str(tmp_path / "x.jsonl"), validation_fraction=0.0),
                        ShardConfig(unit_bytes=4096, unit_rows=50), str(tmp_path))
@@ -57,7 +58,7 @@ def test_a_jsonl_file_where_no_record_has_the_text_field_is_named(tmp_path):
 
 
 def test_long_lines_are_split_at_whitespace_within_the_bound():
-    """Issue 15, class 6: a line over corpus.max_line_bytes becomes pieces of at most that many bytes,
+    """A line over corpus.max_line_bytes becomes pieces of at most that many bytes,
     cut after whitespace (every word whole, in order), or at the bound but never inside a character."""
     from tpu_ray.prepare.lines import split_long_lines
 
@@ -84,7 +85,7 @@ def test_a_line_without_newline_is_cut_into_bounded_units(tmp_path):
 
 
 def test_directories_in_a_corpus_directory_or_glob_are_not_read(tmp_path):
-    """Issue 15, class 4: a subdirectory (even one named like a text file) was opened as a file."""
+    """A subdirectory (even one named like a text file) is skipped, never opened as a file."""
     from pathlib import Path
 
     from tpu_ray.prepare.corpus import resolve_files
@@ -99,7 +100,7 @@ def test_directories_in_a_corpus_directory_or_glob_are_not_read(tmp_path):
 
 
 def test_the_tokenizer_sample_covers_every_file_deterministically_by_seed(tmp_path, lines):
-    """Issue 21 item 4: with a corpus larger than tokenizer.train_bytes, the sample is drawn across all
+    """With a corpus larger than tokenizer.train_bytes, the sample is drawn across all
     files (by seed), not the first files in order; a corpus that fits is read whole, in order."""
     from tpu_ray.prepare.corpus import iter_train_text
 

@@ -133,8 +133,8 @@ def test_next_length(step, total, spe, everies, n):
               "TPU_ACCELERATOR_TYPE": "v4-8"}),
 ])
 def test_tpu_client_env_comes_from_the_reserved_slice(monkeypatch, pod_type, expected):
-    """The client's TPU_NAME is the reserved slice's name, whatever train.tpu_name says (issue 23.1:
-    it used to prefer train.tpu_name, so TensorFlow could dial a slice Ray had not reserved); the
+    """The client's TPU_NAME is the reserved slice's name, whatever train.tpu_name says (it
+    used to prefer train.tpu_name, so TensorFlow could dial a slice Ray had not reserved); the
     host count, and so single- or multi-host, comes from the pod type, not from who was alive."""
     from tpu_ray.cluster.tpu_slice import SLICE_ENV, TpuSlice
     from tpu_ray.train.strategy import tpu_target

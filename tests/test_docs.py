@@ -1,4 +1,4 @@
-"""The docs stay true (issue 38): every `tpu-ray`, `python` and `ray` command that README.md and
+"""The docs stay true: every `tpu-ray`, `python` and `ray` command that README.md and
 docs/*.md show is parsed here against the real parsers (each subcommand and option named exists,
 each config file and override loads through the config loader), every relative link and image
 resolves (anchors included), the README stays a short guide, and its test command is CI's.

@@ -329,3 +329,41 @@ def test_doctor_prints_the_plan_one_row_per_span():
     rows = [line for line in out.getvalue().splitlines() if line.startswith("PASS  plan ")]
     assert len(rows) == 3, out.getvalue()
     assert "steps 1-90 at seq_len 64" in rows[1] and "left unread" in rows[2]
+
+
+@pytest.mark.quick
+def test_a_hub_corpus_it_did_not_fetch_is_warn_not_checked(tmp_path, small_corpus):
+    """Doctor printed PASS for `hf:wikitext ... (loaded by the tokenizer/shard stages, not here)`:
+    a PASS it never checked. A mixture's file source is still read (PASS), its Hub source WARN."""
+    cfg = tiny_config(tmp_path / "run", small_corpus).override(
+        {"corpus.source": "hf:wikitext", "corpus.hf_config": "wikitext-2-v1"})
+    code, checks = doctor(cfg)
+    assert code == 0 and checks["corpus"][0] == WARN, checks["corpus"]
+    assert "corpus.source=hf:wikitext: not checked" in checks["corpus"][1], checks["corpus"]
+    mixture = RunConfig.from_dict({"output_dir": str(tmp_path / "mix"), "corpus": {"sources": {
+        "domain": {"source": str(small_corpus), "weight": 0.9},
+        "general": {"source": "hf:wikitext", "hf_config": "wikitext-2-v1", "weight": 0.1}}}})
+    out = io.StringIO()
+    run_doctor(mixture, target="cpu", out=out, xla=False)
+    rows = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "corpus"]
+    assert rows[0].startswith(PASS) and f"corpus.sources.domain.source={small_corpus}: 1 file(s)" in rows[0], rows
+    assert rows[1].startswith(WARN) and "corpus.sources.general.source=hf:wikitext: not checked" in rows[1], rows
+
+
+@pytest.mark.quick
+def test_a_branch_is_checked_on_its_stable_runs_shards_and_tokenizer(tmp_path, small_corpus):
+    """A branch names no shard.dir or tokenizer.path: doctor checks the stable run's (what the
+    branch reads), not the branch's empty directory (a FAIL "this run has no shards" before)."""
+    from tpu_ray.saved_config import save_config
+
+    stable = tiny_config(tmp_path / "stable", small_corpus, **{"train.schedule": "constant", "train.steps": 12})
+    save_config(stable, False, {})
+    (tmp_path / "stable" / "shards").mkdir()
+    ckpts = tmp_path / "stable" / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
+    (ckpts / "ckpt-4.index").write_bytes(b"")
+    branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "stable"),
+                              "train.schedule": "wsd"})
+    _code, checks = doctor(branch, target="cpu")
+    assert checks["branch"][0] == PASS and "from " in checks["branch"][1], checks["branch"]

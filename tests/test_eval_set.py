@@ -1,4 +1,4 @@
-"""Issue 35 item 1: one evaluation set per source, fixed by the shards alone (not the seed, the batch
+"""One evaluation set per source, fixed by the shards alone (not the seed, the batch
 size, the replicas or the hosts), named by an identity in every eval record."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_the_samples_and_masks_do_not_depend_on_the_batch_or_the_replicas(tmp_pa
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_runs_differing_in_seed_and_batch_size_score_the_same_set(mixed_run):
-    """Done-when of issue 35: another seed and batch size, same shards: equal set identities."""
+    """Another seed and batch size, same shards: equal set identities."""
     from tpu_ray.pipeline import Pipeline
     from tpu_ray.report import load_metrics
 

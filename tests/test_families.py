@@ -56,7 +56,7 @@ def test_an_unsupported_model_type_is_one_line_naming_why(value, why):
 
 @pytest.mark.quick
 def test_flops_per_token_follow_the_family(tmp_path):
-    """Issue 35.6: xlm and flaubert project every position onto the vocabulary (their FFN is 4 x
+    """The xlm and flaubert families project every position onto the vocabulary (their FFN is 4 x
     hidden, their head the projection alone); funnel halves the sequence after each block and runs
     its decoder at full length. BERT keeps the gathered-head count."""
     from tpu_ray.config import RunConfig

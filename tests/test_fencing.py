@@ -1,4 +1,4 @@
-"""Two writers after a partition (issue 23.4): an older training attempt that recovery gave up on,
+"""Two writers after a partition: an older training attempt that recovery gave up on,
 still alive, can neither commit nor prune the replacement's checkpoints. Real TF checkpoints, a
 real local directory and a real GCS emulator; no training loop (the store is what commits)."""
 

@@ -1,4 +1,4 @@
-"""Real corpus formats (issue 21): each shards to exactly the tokens of the same text as plain .txt.
+"""Real corpus formats: each shards to exactly the tokens of the same text as plain .txt.
 
 Shards are made by the function every actor runs (`process_unit`, real tokenizer, real TFRecords);
 test_a_c4_directory_shards_on_ray_like_plain_text runs the same through make_shards on a real local
@@ -266,7 +266,7 @@ def test_hf_names_read_the_data_files_datasets_resolves(tmp_path, docs, tok):
         w.writerow(["text"])
         w.writerows([d] for d in docs)
     assert shards_of("hf:csv", tmp_path, tok, hf_config=str(path)) == want
-    tsv = tmp_path / "t.tsv"  # issue 21: a TSV through hf:csv failed with a generic datasets error
+    tsv = tmp_path / "t.tsv"  # a TSV through hf:csv once failed with a generic datasets error
     with open(tsv, "w", newline="") as f:
         w = csv.writer(f, delimiter="\t")
         w.writerow(["text"])
@@ -354,7 +354,7 @@ def test_max_rows_is_honoured_by_every_reader(tmp_path, docs):
 
 
 # --------------------------------------------------------------------------------------------
-# Bad input, one line each (issue 21 item 6)
+# Bad input, one line each
 # --------------------------------------------------------------------------------------------
 def _read_all(source: str, tmp: Path, **corpus) -> list[str]:
     units = plan_units(CorpusConfig(source=source, **corpus), ShardConfig(), str(tmp))
@@ -417,7 +417,7 @@ def test_the_cli_refuses_a_truncated_corpus_with_exit_2(tmp_path, docs, capsys, 
 
 @pytest.mark.slow
 def test_a_c4_shaped_corpus_runs_end_to_end_and_trains(tmp_path, docs, ray_local, capsys):
-    """`tpu-ray run` on a directory of .json.gz (the issue's "and train"): tokenizer, shards on Ray
+    """`tpu-ray run` on a directory of .json.gz, trained on: tokenizer, shards on Ray
     actors, training and export; the shard line counts the records whose text was null."""
     from tpu_ray.cli import main
 

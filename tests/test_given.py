@@ -1,4 +1,4 @@
-"""In-memory corpora (issue 37.1): a DataFrame, an Arrow table, a datasets Dataset / IterableDataset,
+"""In-memory corpora: a DataFrame, an Arrow table, a datasets Dataset / IterableDataset,
 an iterable of strings and a Ray Dataset, given to `Pipeline(cfg, corpus=...)`, are written once into
 RUN/corpus/ as parquet and shard to exactly the tokens of the same text given as a file.
 

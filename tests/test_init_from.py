@@ -136,9 +136,9 @@ def _check_continued(cfg, source: Path) -> None:
 def test_continue_from_a_tensorflow_save_pretrained_directory_then_resume_without_it(tf_dir, source, tmp_path,
                                                                                    small_corpus, caplog):
     """Continued from a TensorFlow save_pretrained directory: the checkpoint's tokenizer and weights.
-    Also issue 45.3: config.yaml and the model card said the defaults a continued config leaves in
+    Also: config.yaml and the model card once said the defaults a continued config leaves in
     (another tokenizer kind and size, another preset), and doctor FAILed the valid config comparing
-    the default vocabulary with the checkpoint's embedding rows; and (45.5) this single-source run
+    the default vocabulary with the checkpoint's embedding rows; and this single-source run
     logs each evaluation once, not once for its source and once pooled.
     Then the same run resumed: the first stage copied the checkpoint into RUN/init (source and hash
     in source.json, config.yaml and summary.json); a resume reads that copy: with the source deleted
@@ -154,7 +154,7 @@ def test_continue_from_a_tensorflow_save_pretrained_directory_then_resume_withou
 
     src = tmp_path / "src"  # a copy: deleted below
     shutil.copytree(tf_dir, src)
-    # Also a fresh model's start (issue 49): the bias and the initialisation scale are the checkpoint's.
+    # Also a fresh model's start: the bias and the initialisation scale are the checkpoint's.
     left_in = {"tokenizer.kind": "wordpiece", "tokenizer.vocab_size": 5000, "model.preset": "small",
                "model.output_bias": "unigram", "model.initializer_range": 0.2}
     with caplog.at_level(logging.INFO, logger="tpu_ray.train.loop"):

@@ -67,7 +67,7 @@ def test_the_position_names_epoch_window_and_offset(files):
 
 @pytest.mark.quick
 def test_resume_refuses_a_changed_data_order_unless_accepted(files):
-    """Issue 23.5: the hosts (input pipelines) and train.shuffle_buffer decide the order as much as
+    """The hosts (input pipelines) and train.shuffle_buffer decide the order as much as
     the shards do. A v4-8 run (1 pipeline) resumed on a v4-16 (2), or with another shuffle buffer,
     is refused in one line naming what changed; train.accept_new_data_order=true continues at the
     same step in the new order."""
@@ -180,7 +180,7 @@ def _pipeline_samples(files: list[str], pipeline: int, batches: int, start_batch
 
 
 def test_every_sample_is_seen_equally_often_on_4_pipelines_of_5_shards(five_files):
-    """Issue 35.4: every pipeline feeds 5 samples a step; 90 steps are 10 epochs of 45-record shares,
+    """Every pipeline feeds 5 samples a step; 90 steps are 10 epochs of 45-record shares,
     so every sample is seen exactly 10 times (round-robin files gave pipeline 0 two shards, 66
     records, each seen about half as often as the others)."""
     from collections import Counter

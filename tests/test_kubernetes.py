@@ -1,4 +1,4 @@
-"""deploy/kubernetes/ (issues 48, 56) checked against the real things rather than against this
+"""deploy/kubernetes/ checked against the real things rather than against this
 project's picture of them:
 
 - KubeRay: every RayCluster and RayJob is validated with jsonschema against the openAPIV3Schema of
@@ -411,7 +411,7 @@ def test_the_raycluster_passes_kuberays_validate_raycluster_spec():
 
 @pytest.mark.quick
 def test_the_rayjob_passes_kuberays_validate_rayjob_spec():
-    """Issue 56: rayjob.yaml set ttlSecondsAfterFinished without shutdownAfterJobFinishes, which
+    """rayjob.yaml once set ttlSecondsAfterFinished without shutdownAfterJobFinishes, which
     KubeRay rejects (validation.go L753), and which with clusterSelector would delete nothing."""
     for job in of_kind("RayJob"):
         assert not kuberay_rayjob_errors(job), kuberay_rayjob_errors(job)
@@ -420,7 +420,8 @@ def test_the_rayjob_passes_kuberays_validate_rayjob_spec():
 
 @pytest.mark.quick
 def test_the_kuberay_rule_checks_catch_what_kuberay_rejects():
-    """Each encoded rule fires on the mistake it is for (the first being the RayJob of issue 56)."""
+    """Each encoded rule fires on the mistake it is for (the first being a RayJob that sets
+    ttlSecondsAfterFinished without shutdownAfterJobFinishes)."""
     job = copy.deepcopy(the_job())
     job["spec"]["ttlSecondsAfterFinished"] = 86400
     assert any("#L753" in e for e in kuberay_rayjob_errors(job))
@@ -504,7 +505,7 @@ def _mounts_token(template: dict) -> bool:
 
 @pytest.mark.quick
 def test_only_the_head_holds_a_kubernetes_token_for_kuberays_autoscaler():
-    """Issue 56: KubeRay runs the autoscaler sidecar in the head pod under the head's service
+    """KubeRay runs the autoscaler sidecar in the head pod under the head's service
     account and binds its autoscaler Role (patch pods, patch rayclusters) to that account
     (BuildRoleBinding, common/rbac.go L64, subject GetHeadGroupServiceAccountName, utils/util.go
     L578); Ray's KubeRay node provider opens the token file unconditionally. So the head's account
@@ -631,7 +632,7 @@ def _kuberay_pod_labels(cluster: dict, group: str) -> dict:
 
 @pytest.mark.quick
 def test_network_policies_close_the_ray_ports_to_other_pods():
-    """Issue 56: 6379 (GCS), 10001 (Ray Client) and every other Ray port were open to every pod of the
+    """Before, 6379 (GCS), 10001 (Ray Client) and every other Ray port were open to every pod of the
     GKE cluster. Now only the cluster's own pods reach them; 8265 (token-protected Jobs API and
     dashboard) stays reachable for the submitter and the KubeRay operator."""
     policies = of_kind("NetworkPolicy")
@@ -714,7 +715,7 @@ def _kuberay_host(monkeypatch, pod_type: str, topology: str, slice_name: str, wo
 
 @pytest.mark.quick
 def test_group_labels_are_what_ray_gives_every_host_and_what_the_code_selects_on(monkeypatch):
-    """Issue 56: the autoscaler knows a group only by its declared labels; CPU actors select
+    """The autoscaler knows a group only by its declared labels; CPU actors select
     ray.io/accelerator-type !in (TPU-...) (tpu_ray/cluster/cpu_nodes.py), and a group without the key
     matches `!in`. Every TPU group declares the value Ray itself gives each of its hosts, and only
     labels equal on every host (KubeRay passes a group's labels to every pod's `ray start --labels`,
@@ -791,8 +792,8 @@ def autoscaler_launches(cluster: dict, resources: dict, count: int, label_select
 def test_cpu_actor_demand_never_scales_up_a_tpu_group():
     """Ray's own autoscaler v2, given this RayCluster as Ray's KubeRay code reads it: more CPU actors
     (with tpu-ray's off-TPU label selector) than the cpu group can hold fill the cpu group and wait;
-    they never launch a TPU slice. With the TPU groups' ray.io/accelerator-type removed (issue 56's
-    manifest) the same demand launches one."""
+    they never launch a TPU slice. With the TPU groups' ray.io/accelerator-type removed (as an
+    earlier manifest had them) the same demand launches one."""
     from tpu_ray.cluster.cpu_nodes import ACCELERATOR_LABEL, off_tpu_options
 
     cluster = the_cluster()
@@ -887,7 +888,7 @@ def _pod_sets(cluster: dict) -> dict[str, list[tuple[str, Decimal, Decimal]]]:
 
 @pytest.mark.quick
 def test_every_pod_fits_the_allocatable_of_its_node_pool_and_the_pools_hold_them_all():
-    """Issue 56: 8 CPUs and 32 GiB were requested on n2-standard-8 nodes (7.91 CPUs and ~28.3 GiB
+    """Before, 8 CPUs and 32 GiB were requested on n2-standard-8 nodes (7.91 CPUs and ~28.3 GiB
     allocatable): the cpu pods could never be scheduled. Each pod must fit a node's allocatable less
     an allowance for GKE's own pods, and the pool's --max-nodes must hold them all (first fit)."""
     pools = _pools()
@@ -989,7 +990,7 @@ def docker_excludes(path: str) -> bool:
 
 @pytest.mark.quick
 def test_the_image_gets_the_repository_without_git_venvs_or_runs():
-    """Issue 56: `COPY .` baked .venv, runs/ and .git into the image (and into every RayJob's
+    """Before, `COPY .` baked .venv, runs/ and .git into the image (and into every RayJob's
     working_dir upload). The context now leaves out .git and everything .gitignore names, and keeps
     what the image installs and runs."""
     for path in (".git/HEAD", ".venv/bin/python", "runs/quickstart/plan.json", ".venv-interop/x",

@@ -101,11 +101,12 @@ def test_the_preparation_side_never_imports_tensorflow():
 # Lowest first. A name is a top-level module of tpu_ray or one of its subpackages.
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundations", {"errors", "redact", "families", "accelerators", "storage", "logs", "confine", "tf_install",
-                     "rundir", "runlock", "tables", "plots", "metrics_stream"}),
+                     "rundir", "runlock", "resume", "tables", "plots", "metrics_stream"}),
     ("configuration", {"config", "saved_config", "options_doc"}),
+    ("watching runs", {"progress", "ray_gauges", "tracking"}),
     ("cluster", {"cluster"}),
     ("data preparation", {"prepare"}),
-    ("training", {"train", "resume"}),
+    ("training", {"train"}),
     ("downstream evaluation", {"downstream"}),
     ("reading runs", {"report", "comparison", "doctor"}),
     ("the pipeline", {"pipeline"}),

@@ -1,4 +1,4 @@
-"""A JSON-lines record is never cut in two (issue 45.2).
+"""A JSON-lines record is never cut in two.
 
 Before, a unit boundary (or the validation split point) that found no newline within
 corpus.max_line_bytes of it moved to the next space, inside the record: a valid record became two

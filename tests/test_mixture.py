@@ -104,6 +104,21 @@ def test_blocks_are_whole_steps_and_the_shares_exact_over_a_block():
     assert list(counts) == [9 * block_size(8), block_size(8)]  # no rounding drift over blocks
 
 
+def test_each_phase_continues_the_draw_rather_than_repeating_it():
+    """A phase's mixture (Mixture.between) keys its blocks from its global first step: phase 2 draws
+    other sources than phase 1 did, still by the weights, with the closed-form counts exact."""
+    from tpu_ray.train.mixture import choices
+
+    whole = _mixture({"a": 0.5, "b": 0.5})
+    first, second = whole.between(0, 200), whole.between(200, 400)
+    draws = [list(choices(m, 8, 0).take(1024).as_numpy_iterator()) for m in (first, second)]
+    assert draws[0] != draws[1]  # the same key (block 0) for both phases drew these twice
+    assert draws[0] == list(choices(whole, 8, 0).take(1024).as_numpy_iterator())  # phase 1 is the run's draw
+    assert first.digest == whole.digest and second.digest != whole.digest
+    for n in (0, 5, 1000, 1024):
+        assert list(counts_before(second, 8, n)) == list(np.bincount(draws[1][:n], minlength=2))
+
+
 # ---------------------------------------------------------------- bad mixtures: one line, exit 2
 BAD = {
     "negative weight": ("domain: {source: a.txt, weight: -0.5}\n    general: {source: b.txt}",

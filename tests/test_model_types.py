@@ -221,8 +221,8 @@ def _assert_mixed_precision_refused(tmp_path: Path, model_type: str, tok_dir: st
         type_config(tmp_path / "bf16", model_type, tok_dir, shards, **{"train.mixed_precision": "mixed_bfloat16"})
     cfg = type_config(tmp_path / "auto", model_type, tok_dir, shards)
     with pytest.raises(UserError, match="set train.mixed_precision=float32"):
-        refuse_precision(cfg, "mixed_bfloat16")  # what auto resolves to on a TPU
-    refuse_precision(cfg, "float32")  # CPU's auto: trains
+        refuse_precision(cfg.model.model_type, "mixed_bfloat16")  # what auto resolves to on a TPU
+    refuse_precision(cfg.model.model_type, "float32")  # CPU's auto: trains
 
 
 def export_with_only(run1: Path, weights: str, source: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Issue 25.2: every option is checked. Two catalogues, enumerated from the code itself: every option of
+"""Every option is checked. Two catalogues, enumerated from the code itself: every option of
 every `tpu-ray` subcommand (from the argparse parser) and every field of the run config (from the
 pydantic schema). Each has a row saying what it accepts; each bad value (0, -1 and a huge number for
 numbers; an empty string for text and paths; a file where a directory belongs and the reverse) is
@@ -104,6 +104,7 @@ CLI_ROWS: dict[tuple[str, str], object] = {
     ("metrics", "--tail"): Count(0, "every row, as 0 does"),
     ("metrics", "--all"): Flag(),
     ("metrics", "--csv"): Flag(),
+    ("metrics", "--follow"): Flag(),
     ("compare", "runs"): Dir(IS_FILE),
     ("compare", "--out"): Dir("--out is an existing file"),
     ("finetune", "model"): Dir(IS_FILE),
@@ -346,7 +347,7 @@ CONFIG_ROWS: dict[str, object] = {
     "train.steps": gt0("huge: trains until stopped; --resume continues"),
     "train.batch_size": Num(0, 1 << 20, lo_open=True),
     "train.learning_rate": gt0("huge: diverges, and training stops at the first non-finite loss naming the "
-                               "step (test_faults.py::test_diverged_loss_stops_naming_the_step_...)"),
+                               "step (test_cli_under_faults.py::test_diverged_loss_stops_naming_the_step_...)"),
     "train.warmup_steps": Num(0, meaning="0: no warm-up; more than train.steps: the rate rises all run"),
     "train.warmup_ratio": fraction(hi_open=False),
     "train.schedule": Enum(),
@@ -392,6 +393,15 @@ CONFIG_ROWS: dict[str, object] = {
     "ray.address": Str(),
     "ray.num_cpus": Num(0, 4096, lo_open=True),
     "ray.shared_filesystem": Bool(),
+    "tracking.mlflow.uri": Str(),
+    "tracking.mlflow.experiment": Str(),
+    "tracking.mlflow.run_name": Str(),
+    "tracking.mlflow.tags": Structured(),
+    "tracking.wandb.project": Str(),
+    "tracking.wandb.entity": Str(),
+    "tracking.wandb.run_name": Str(),
+    "tracking.wandb.tags": Structured(),
+    "tracking.wandb.mode": Enum(),
 }
 
 

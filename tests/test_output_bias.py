@@ -115,3 +115,45 @@ def test_initializer_range_scales_a_fresh_models_weights(tmp_path, tiny_tokenize
     assert stds[None][0] == pytest.approx(0.02 * 0.88, rel=0.05)
     assert stds[0.1][0] / stds[None][0] == pytest.approx(5, rel=0.05)
     assert stds[0.1][1] / stds[None][1] == pytest.approx(5, rel=0.1)
+
+
+def test_a_three_source_mixture_of_100_files_starts_at_its_weighted_frequencies(tmp_path):
+    """Every file is counted (not the first 64 in manifest order: the first source only), each source
+    by its weight; capped, the same share of every file's records."""
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+    from tpu_ray.train.output_bias import token_log_frequencies
+
+    vocab, never, rng = 60, [0, 1, 2, 3, 4], np.random.default_rng(7)
+    sources, rows_of = {}, {}
+    for name, weight, n_files, low in (("a", 0.5, 50, 5), ("b", 0.3, 30, 20), ("c", 0.2, 20, 40)):
+        listed, rows_of[name] = [], []
+        for i in range(n_files):
+            n = int(rng.integers(2, 9))
+            rows = rng.integers(low, low + 20, size=(n, 8)).astype(np.int64)
+            rows[:, 0], rows[:, -1] = 0, 2
+            path = tmp_path / f"{name}-{i:03d}.tfrecord"
+            with open(path, "wb") as f:
+                write_records(f, serialize_examples(rows))
+            listed.append((str(path), n))
+            rows_of[name].append(rows)
+        sources[name] = (weight, listed)
+
+    def expected(take) -> np.ndarray:  # take(rows of a file) -> the rows counted
+        mixed, counted = np.zeros(vocab), 0
+        for name, (weight, _) in sources.items():
+            counts = np.bincount(np.concatenate([take(r) for r in rows_of[name]]).ravel(), minlength=vocab).astype(float)
+            counts[never] = 0
+            counted += counts.sum()
+            mixed += weight * counts / counts.sum()
+        log_p = np.log((mixed * counted + 0.5) / (counted + 0.5 * (vocab - len(never))))
+        log_p[never] = log_p.min()
+        return log_p
+
+    log_p, counted = token_log_frequencies(sources, 8, vocab, never)
+    assert counted.files == 100 and counted.records == counted.of_records
+    assert np.max(np.abs(log_p - expected(lambda r: r))) < 1e-5
+    assert "every record" in counted.describe() and "a 0.500, b 0.300, c 0.200" in counted.describe()
+    total = sum(n for _, listed in sources.values() for _, n in listed)
+    log_p, counted = token_log_frequencies(sources, 8, vocab, never, max_tokens=8 * (total // 2))
+    assert np.max(np.abs(log_p - expected(lambda r: r[: math.ceil(len(r) * (total // 2) / total)]))) < 1e-5
+    assert counted.files == 100 and counted.records < counted.of_records

@@ -30,22 +30,42 @@ def _phase_records(cfg, all_spans, sets, data, index: int, local_start: int = 0)
 
     span = all_spans[index]
     files = sets[span.seq_len].files("train")
-    start, read = data.start(index, "corpus"), data.read_files(index, "corpus", data.start(index, "corpus"))
+    start = data.start(index, "corpus")
+    excluded = data.excluded(index, "corpus", start)
     ds = seekable_records([f for f, _ in files], [n for _, n in files], cfg.seed, cfg.train.shuffle_buffer,
                           start_sample=start.offset + local_start, first_epoch=start.epoch,
-                          read=[f in read for f, _ in files] if read else None)
+                          excluded=[excluded.get(f, []) for f, _ in files] if excluded else None)
     return [r.numpy() for r in ds.take(span.steps * span.batch_size - local_start)]
 
 
 def _owners(shards: ShardSet) -> dict[bytes, tuple[str, float]]:
     """Each train record's file and that file's bytes per record, by reading every file (the count
     text_read is checked against, independent of the plan's arithmetic)."""
+    return {r: (path, nbytes) for r, (path, nbytes, _) in _texts(shards).items()}
+
+
+def _texts(shards: ShardSet) -> dict[bytes, tuple[str, float, tuple]]:
+    """Each train record's file, bytes, and the text it holds: (file's unit and part from its name,
+    first token, end token) in the tokens the shard stage cut every length from (row i of a
+    length L file holds tokens [i (L-2), (i+1) (L-2)))."""
+    import re
+
+    body = shards.seq_len - 2
     out = {}
     for e in shards.split_entries("train"):
-        path = f"{shards.directory}/{e.path}"
-        for r in tf.data.TFRecordDataset(path):
-            out[r.numpy()] = (e.path, e.bytes / e.samples)
+        m = re.search(r"-(\d+)(?:\.(\d+))?-\d+\.tfrecord$", e.path)
+        piece = (int(m.group(1)), int(m.group(2) or -1))
+        for i, r in enumerate(tf.data.TFRecordDataset(f"{shards.directory}/{e.path}")):
+            out[r.numpy()] = (e.path, e.bytes / e.samples, (piece, i * body, (i + 1) * body))
     return out
+
+
+def _overlaps(texts: list[tuple], read: list[tuple]) -> int:
+    """How many of `texts` share any token with `read` (both lists of (piece, lo, hi))."""
+    by_piece: dict = {}
+    for piece, lo, hi in read:
+        by_piece.setdefault(piece, []).append((lo, hi))
+    return sum(any(lo < b and a < hi for a, b in by_piece.get(piece, ())) for piece, lo, hi in texts)
 
 
 def test_two_phases_at_one_length_read_no_sample_twice_while_unread_ones_remain(tmp_path, small_corpus,
@@ -85,12 +105,15 @@ def test_a_phase_at_another_length_starts_with_text_the_first_did_not_read(tmp_p
                          {"steps": 20, "seq_len": 32, "batch_size": 16}]})
     all_spans, sets, data = _plan(cfg)
     short, long = _owners(sets[32]), _owners(sets[64])
-    unit_of = {e.path: e.unit for s in sets.values() for e in s.split_entries("train")}
+    text = {**_texts(sets[32]), **_texts(sets[64])}
     phases = [_phase_records(cfg, all_spans, sets, data, k) for k in range(3)]
     owners = [short, long, short]
-    units = [{unit_of[owners[k][r][0]] for r in phases[k]} for k in range(3)]
-    assert not units[0] & units[1]  # phase 2 (64) reads none of the units phase 1 (32) read
-    assert not (units[0] | units[1]) & units[2]  # nor phase 3 (32 again) those of phases 1 and 2
+    read = [[text[r][2] for r in phases[k]] for k in range(3)]
+    assert _overlaps(read[1], read[0]) == 0  # phase 2 (64) reads no text phase 1 (32) read
+    assert _overlaps(read[2], read[0] + read[1]) == 0  # nor phase 3 (32 again) that of phases 1 and 2
+    # ... though phase 1 touched most units: the rest of each is read, not skipped (issue: units marked whole)
+    unit_of = {e.path: e.unit for s in sets.values() for e in s.split_entries("train")}
+    assert {unit_of[owners[0][r][0]] for r in phases[0]} & {unit_of[owners[1][r][0]] for r in phases[1]}
     assert len(set(phases[0])) == len(phases[0]) and len(set(phases[2])) == len(phases[2])
     # text_read: the bytes of the distinct records read, each phase over its own length's train bytes.
     totals = {length: sum(e.bytes for e in s.split_entries("train")) for length, s in sets.items()}
@@ -142,15 +165,15 @@ def test_each_source_of_a_mixture_continues_where_its_text_read_ends(tmp_path, s
     data = phase_data(cfg, all_spans, sets, mixture)  # what the loop builds, and its trackers
     trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], mixture) for sp in all_spans]
     ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
-    unit_of = {r: e.unit for s in sets.values() for e in s.split_entries("train")
-               for r in (x.numpy() for x in tf.data.TFRecordDataset(f"{s.directory}/{e.path}"))}
+    text = {r: t for s in sets.values() for r, (_, _, t) in _texts(s).items()}
     read = []
     for k, (span, tracker) in enumerate(zip(all_spans, trackers)):
         tracker.phase_data, tracker.phase = data, k
         records, _ = tracker.records(ctx, 0)
-        read.append({unit_of[r.numpy()] for r in records.take(span.steps * span.batch_size)})
-    assert not read[0] & read[1]  # no unit phase 1 read (of either source) is read again in phase 2
-    assert {u for u in data.start(1, "a").read_units} | {u for u in data.start(1, "b").read_units} == read[0]
+        read.append([text[r.numpy()] for r in records.take(span.steps * span.batch_size)])
+    assert _overlaps(read[1], read[0]) == 0  # no text phase 1 read (of either source) is read again in phase 2
+    tokens = data.start(1, "a").read.tokens() + data.start(1, "b").read.tokens()
+    assert tokens == sum(hi - lo for _, lo, hi in read[0])  # what phase 1 read (no row twice), exactly
     shares = data.text_read()
     assert shares[0] == 0.0 and 0 < shares[1] < 1
 
@@ -201,3 +224,46 @@ def test_a_two_phase_run_at_one_length_trains_on_what_the_run_without_phases_tra
     assert sorted(phased) == sorted(plain) == [1, 2, 3, 4]
     for step in plain:
         assert phased[step] == pytest.approx(plain[step], rel=1e-5), step
+
+
+@pytest.mark.parametrize("kind", ["jsonl.gz", "csv"])
+def test_a_phase_at_another_length_reads_no_text_of_a_streamed_corpus_twice(kind, tmp_path, small_corpus,
+                                                                            tiny_tokenizer_dir):
+    """A compressed JSON-lines file or a CSV is one work unit over many part files (one unit id): the
+    phase after a first one at another length reads only text the first did not, and text_read is
+    the bytes of the records the first read, counted from the records its stream gave."""
+    import csv
+    import gzip
+    import json
+
+    from tpu_ray.train.phases import spans
+    from tpu_ray.train.span_data import phase_tracker
+
+    lines = [line for line in small_corpus.read_text().splitlines() if line.strip()]
+    corpus = tmp_path / f"corpus.{kind}"
+    if kind == "csv":
+        with open(corpus, "w", newline="") as f:
+            csv.writer(f).writerows([["id", "text"]] + [[i, line] for i, line in enumerate(lines)])
+    else:
+        corpus.write_bytes(gzip.compress("".join(json.dumps({"text": line}) + "\n" for line in lines).encode()))
+    cfg = _shard(tmp_path / "run", corpus, tiny_tokenizer_dir, **{"shard.unit_bytes": 16384, "train.phases": [
+        {"steps": 12, "seq_len": 32, "batch_size": 32}, {"steps": 12, "seq_len": 64, "batch_size": 32}]})
+    all_spans, sets, data = _plan(cfg)
+    entries = sets[64].split_entries("train")
+    assert len({e.unit for e in entries}) == 1 and len(entries) > 10  # one unit, many parts
+    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], None) for sp in spans(cfg)]
+    ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+    texts = {**_texts(sets[32]), **_texts(sets[64])}
+    records = []
+    for k, (span, tracker) in enumerate(zip(all_spans, trackers)):
+        tracker.phase_data, tracker.phase = data, k  # as span_data sets them: what the loop's input reads
+        got, _ = tracker.records(ctx, 0)
+        records.append([r.numpy() for r in got.take(span.steps * span.batch_size)])
+    first, second = ([texts[r][2] for r in rs] for rs in records)
+    unread_rows = sets[64].samples("train") - _overlaps([t for _, _, t in _texts(sets[64]).values()], first)
+    assert unread_rows >= len(second)  # unread text remains for the whole second phase ...
+    assert _overlaps(second, first) == 0  # ... and it reads none of what the first read
+    assert len(set(records[1])) == len(records[1])
+    total = sum(e.bytes for e in sets[32].split_entries("train"))
+    counted = sum(texts[r][1] for r in set(records[0])) / total  # bytes of the distinct records read
+    assert data.text_read() == pytest.approx([0.0, counted], rel=1e-9)

@@ -80,7 +80,7 @@ def _numbers(run_dir: Path) -> dict:
 
 
 def test_staged_commands_leave_the_summary_that_run_leaves(staged_run, quickstart_run):
-    """Issue 25.3: `tokenizer`, `shard`, `train` alone write RUN/summary.json as `run` does, with the
+    """`tokenizer`, `shard`, `train` alone write RUN/summary.json as `run` does, with the
     same keys and the same numbers (same config, seed and corpus: the same shards and steps)."""
     staged, whole = _numbers(staged_run), _numbers(quickstart_run)
     assert set(staged) == set(whole)
@@ -122,7 +122,7 @@ def test_exported_model_answers_fill_mask(quickstart_run):
 
 
 def test_fill_mask_top_k_beyond_the_vocabulary_prints_all(quickstart_run, capsys):
-    """Issue 25: a huge --top-k is meaningful (the whole vocabulary, best first), not a TopKV2 crash."""
+    """A huge --top-k is meaningful (the whole vocabulary, best first), not a TopKV2 crash."""
     assert main(["fill-mask", "--model", str(quickstart_run), "The [MASK] of the river.", "--top-k", str(10**15)]) == 0
     lines = capsys.readouterr().out.splitlines()
     vocab = json.loads((quickstart_run / "model" / "config.json").read_text())["vocab_size"]

@@ -1,4 +1,4 @@
-"""Issue 21 item 2: planning costs O(files) requests and reads a small fraction of the corpus.
+"""Planning costs O(files) requests and reads a small fraction of the corpus.
 
 A counting fsspec filesystem (the local one, every listing, open, info and byte read counted)
 serves the corpus under `counting://`, through the same `storage` calls as gs:// would.
@@ -106,7 +106,7 @@ def test_planning_costs_o_files_requests_and_is_done_once(counting, tmp_path, sm
     assert counting.get("open", 0) == 0 and counting.get("bytes", 0) == 0 and counting.get("list", 0) <= 2, counting
 
     # What the actors read: each unit once, in one open; nothing else (no check pass, no second
-    # read for the validation part): at most the issue's 1.1x the corpus.
+    # read for the validation part): at most 1.1x the corpus.
     counting.clear()
     for unit in units:
         for _ in iter_chunks(unit):
@@ -117,7 +117,7 @@ def test_planning_costs_o_files_requests_and_is_done_once(counting, tmp_path, sm
 
 @pytest.mark.quick
 def test_small_files_are_packed_into_units_planned_from_the_listing_alone(counting, tmp_path, small_corpus):
-    """Issue 21 item 2: 300 files of ~3 KB become units of about shard.unit_bytes (not 300 units,
+    """300 files of ~3 KB become units of about shard.unit_bytes (not 300 units,
     shards and manifest entries); planning reads nothing but the listing; sharding opens each file
     once and reads the corpus once; every line is kept, in order."""
     lines = [s for s in small_corpus.read_text().splitlines() if s.strip()][:3000]
@@ -221,7 +221,7 @@ def test_errors_in_a_packed_compressed_file_name_that_file_and_its_record(suffix
         # One pack of all 20, except that a cut gzip file's size trailer is garbage: it stands alone.
         assert sum(len(u.members) or 1 for u in units) == 20 and len(units[0].members) >= 7
         with pytest.raises(UserError) as info:
-            if "text_field" in corpus:  # a typo'd field: the corpus is refused (issue 34), not a unit
+            if "text_field" in corpus:  # a typo'd field: the corpus is refused, not a unit
                 iter_train_text(units, 1 << 30)
             for unit in units:
                 list(iter_chunks(unit))
@@ -264,7 +264,7 @@ def _parquet_with_html(corpus: Path, path: Path) -> tuple[list[str], int]:
 
 @pytest.mark.quick
 def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp_path, small_corpus):
-    """Issue 21 item 1: planning reads footers only; the units together read the text column once
+    """Planning reads footers only; the units together read the text column once
     (not the other columns, not the whole file per unit); the compressed text column is counted."""
     path = tmp_path / "fw.parquet"
     lines, text_bytes = _parquet_with_html(small_corpus, path)
@@ -288,7 +288,7 @@ def test_a_parquet_unit_reads_only_its_row_groups_text_column_once(counting, tmp
 @pytest.mark.parametrize("n_shards", [40, 400])
 @pytest.mark.quick
 def test_training_start_verifies_shards_from_one_listing(counting, tmp_path, monkeypatch, n_shards):
-    """Issue 21 items 2 and 3: training start (and every recovery attempt) loads the ShardSet and
+    """Training start (and every recovery attempt) loads the ShardSet and
     verifies it with one manifest read and one listing of the shard directory, whatever the number
     of shards (no `exists` or `size` request per shard); a shard of the wrong size is still named."""
     import hashlib
@@ -349,7 +349,7 @@ def http_calls(gcs_emulator, monkeypatch):
 
 @pytest.mark.quick
 def test_a_gs_corpus_costs_o_files_requests_and_is_read_once(gcs_emulator, http_calls, tmp_path, small_corpus):
-    """Issue 21 item 2 on a real object store (the emulator, HTTP requests counted): planning is one
+    """The same on a real object store (the emulator, HTTP requests counted): planning is one
     listing and a batch of small ranged reads per file; each unit is one GET of exactly its bytes
     (no info request, no readahead past its end): the corpus once, 1.0x."""
     from tpu_ray import storage
@@ -446,7 +446,7 @@ def test_small_files_that_hold_much_text_are_not_packed_together(tmp_path, suffi
 @pytest.mark.quick
 def test_a_gs_mixture_of_three_sources_costs_o_files_requests_and_is_read_once(gcs_emulator, http_calls, tmp_path,
                                                                               small_corpus):
-    """Issue 30: planning three named sources (two weighted, one evaluation only) is each source's
+    """Planning three named sources (two weighted, one evaluation only) is each source's
     listing plus its boundary reads; a second plan (the shard stage, a resume) reads no corpus byte;
     sharding reads every unit once, exactly the three sources' bytes (1.0x)."""
     from tpu_ray import storage

@@ -1,4 +1,4 @@
-"""Every format's shards stay byte-identical across the reader refactor (issue 30, item 2).
+"""Every format's shards stay byte-identical across the move to one reader class per format.
 
 A small corpus of each format (and of each way a format is planned: byte ranges, packs, streams,
 row groups, rows, caps) is planned and sharded by the function every actor runs (`process_unit`,

@@ -1,4 +1,4 @@
-"""One reader per format (issue 30, item 2): the planner knows readers, not formats.
+"""One reader per format: the planner knows readers, not formats.
 
 A format is one class registered in tpu_ray/prepare/readers/; here a toy format (".upper" files,
 one record per line, read upper-cased) is registered the way a new module would, and the real

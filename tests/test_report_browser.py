@@ -126,7 +126,7 @@ def test_mfu_above_100_percent_does_not_hide_the_tokens_line(tmp_path):
 
 @needs_chromium
 def test_comparison_page_renders_in_chromium_with_every_image_loaded(tmp_path, capsys):
-    """`tpu-ray compare`'s page (issue 37.2): every plot loads, the table and the comparability
+    """`tpu-ray compare`'s page: every plot loads, the table and the comparability
     note render; a screenshot is kept beside the report's."""
     from tests.test_compare import BASE, _run
     from tpu_ray.comparison import PAGE, PLOTS, write_comparison

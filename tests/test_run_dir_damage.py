@@ -60,7 +60,7 @@ RULES = [
     Rule("shards/validation/validation-*.tfrecord", "resume", slow="builds the model to resume"),
     # A truncated state file still names the latest checkpoint (resumed from it; TF warns that it
     # ignores the rest); an empty one is rewritten naming the newest complete checkpoint, with our
-    # warning saying which (issue 15's fallback); a directory in its place is refused by name.
+    # warning saying which; a directory in its place is refused by name.
     Rule("checkpoints/*", "resume", {"truncated": "tolerate", "empty": "repair"},
          slow="builds the model and restores a checkpoint"),
     # The model card and the PyTorch weights are for people and PyTorch loaders; TensorFlow's fill-mask

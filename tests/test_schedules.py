@@ -194,7 +194,7 @@ def test_a_decay_branched_off_a_constant_run_ends_where_the_direct_wsd_run_ends(
 @pytest.mark.parametrize("over, needle", [
     ({"model.hidden_size": 48}, "another config (model.hidden_size: saved None, now 48)"),
     ({"train.batch_size": 8}, "another config (train.batch_size: saved 16, now 8)"),
-    ({"shard.dir": None}, "this run has no shards at"),
+    ({"shard.dir": "no-such-shards"}, "this run has no shards at no-such-shards"),  # unset: the stable run's
 ])
 def test_branching_from_another_model_or_other_data_is_one_line_exit_2(over, needle, tmp_path, shards_dir,
                                                                        tiny_tokenizer_dir, capsys):
@@ -278,7 +278,7 @@ def test_a_resume_under_another_schedule_is_refused_before_any_stage_or_cluster(
     import sys
 
     from tpu_ray.cli import main
-    from tpu_ray.resume import refuse_changed_schedule
+    from tpu_ray.train.schedule import refuse_changed_schedule
     from tpu_ray.saved_config import save_config
 
     cfg = tiny_config(tmp_path / "r", small_corpus, **{"train.steps": 300})
@@ -301,8 +301,9 @@ def test_a_resume_under_another_schedule_is_refused_before_any_stage_or_cluster(
     if not ray_before:
         assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     # the same schedule, or the hatch, passes this check
-    refuse_changed_schedule(cfg, resume=True)
-    refuse_changed_schedule(cfg.override({"train.steps": 400, "train.extend_schedule": True}), resume=True)
+    refuse_changed_schedule(cfg.run_dir, cfg.train, resume=True)
+    extended = cfg.override({"train.steps": 400, "train.extend_schedule": True})
+    refuse_changed_schedule(extended.run_dir, extended.train, resume=True)
 
 
 @pytest.mark.quick

@@ -1,4 +1,4 @@
-"""Issue 21 item 3: ShardSet owns the manifest (schema, validation, resume state, verification).
+"""ShardSet owns the manifest (schema, validation, resume state, verification).
 
 Real shards and manifests, written by the shard stage's own functions in-process (no Ray needed).
 """
@@ -230,7 +230,7 @@ def test_the_report_shows_the_shard_set(run):
 @pytest.mark.quick
 def test_only_the_shard_set_reads_the_manifest_layout():
     """The manifest's JSON layout (its `splits` key) is read and written in prepare/shard_set.py alone;
-    every other module goes through ShardSet (the issue's 'one owner')."""
+    every other module goes through ShardSet, the manifest's one owner."""
     readers = [p.relative_to(REPO).as_posix() for p in (REPO / "tpu_ray").rglob("*.py")
                if re.search(r"""["']splits["']""", p.read_text())]
     assert readers == ["tpu_ray/prepare/shard_set.py"]

@@ -161,7 +161,7 @@ def test_a_killed_actor_loses_no_sample_and_duplicates_none(tmp_path, reference_
 
 def test_tensorflow_reads_our_shards_like_the_reference_trainer(reference_run):
     """The reference run_mlm.py pointed at RUN/shards/train: its glob `<folder>/*.tfrecord` finds the
-    train shards and only them (16.3), counts from names, parse_single_example with fixed lengths."""
+    train shards and only them, counts from names, parse_single_example with fixed lengths."""
     tf = pytest.importorskip("tensorflow")
     cfg, _, _ = reference_run
     manifest = manifest_json(cfg.shards_dir)
@@ -242,7 +242,7 @@ def test_non_utf8_fails_with_file_and_offset_or_is_replaced(tmp_path, small_corp
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_bad_bytes_in_a_late_unit_fail_the_one_read_and_the_fixed_rerun_gives_the_clean_bytes(
         tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir, caplog):
-    """Issue 21: the corpus is read once (no check pass before sharding). Bad bytes in unit 13 of 16
+    """The corpus is read once (no check pass before sharding). Bad bytes in unit 13 of 16
     fail the shard pass naming the byte; the units committed before it stay in an incomplete
     manifest that training refuses; the fixed file shards to exactly the clean corpus's bytes."""
     _, _, expected = reference_run
@@ -454,14 +454,14 @@ def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small
     assert summary.shards == len(list(Path(cfg.shards_dir).rglob("*.tfrecord")))
     assert summary.peak_actor_rss_bytes > 0
     assert any(line in r.getMessage() for r in caplog.records if r.name == "tpu_ray.prepare.shards")
-    # Storage requests counted (issue 21): per unit one open and its two shard writes, plus the
+    # Storage requests counted: per unit one open and its two shard writes, plus the
     # driver's listing, plan and manifest calls: O(units), nothing per shard on top.
     assert f"storage_requests={summary.requests}" in line
     assert summary.units * 3 <= summary.requests <= summary.units * 3 + 30, (summary.requests, summary.units)
     # The bar's text: units done, samples so far, and this run's tokens/s.
     bar = Progress("shard", total=8, done=2, samples=100, tokens=1000)
     bar.advance(1, samples=150, tokens=5000)
-    # Resumed units apart, this run's rate, and an ETA from this run's pace (issue 21 item 5).
+    # Resumed units apart, this run's rate, and an ETA from this run's pace.
     assert re.fullmatch(r"3/8 units \(2 resumed\), 150 samples, [\d,]+ tokens/s, ETA \d+:\d\d", bar.text())
     bar.close()
 
@@ -616,7 +616,7 @@ def test_old_one_folder_run_dirs_still_train_and_are_not_resharded_in_place(tmp_
 @pytest.mark.parametrize("kind", ["bpe", "unigram", "wordpiece"])
 @pytest.mark.quick
 def test_no_corpus_text_becomes_a_special_id(kind, small_corpus):
-    """Issue 23.7: special-token strings written in the corpus ("a <pad> b [SEP]") are text. With
+    """Special-token strings written in the corpus ("a <pad> b [SEP]") are text. With
     the old encoding they became ids 1 and 2 (padding to RoBERTa's position ids, never masked);
     now no text, these strings included, glued to words or alone, encodes to [CLS] <pad> [SEP]
     [MASK], and the characters are kept. `<unk>` stays the unknown token (a masking target)."""
@@ -639,7 +639,7 @@ def test_no_corpus_text_becomes_a_special_id(kind, small_corpus):
 
 def test_progress_shows_units_in_progress_per_actor_and_counts_their_tokens(small_corpus, tiny_tokenizer_dir,
                                                                             tmp_path):
-    """Issue 21 item 5: actors report lines, text and tokens of the unit they are on as it happens
+    """Actors report lines, text and tokens of the unit they are on as it happens
     (process_unit fills `live`; ShardWorker.live_progress returns it to the driver), and the
     progress line shows them per actor, their tokens counted in this run's rate."""
     from tokenizers import Tokenizer
@@ -666,7 +666,7 @@ def test_progress_shows_units_in_progress_per_actor_and_counts_their_tokens(smal
 @pytest.mark.parametrize("model_type", ["roberta", "bert"])
 @pytest.mark.quick
 def test_no_corpus_text_becomes_a_family_special_id(model_type, small_corpus):
-    """The same rule with a family's own tokens (issue 22 x 23.7): a RoBERTa tokenizer's `<s>` and
+    """The same rule with a family's own tokens: a RoBERTa tokenizer's `<s>` and
     `</s>` or a BERT one's `[CLS]` written in the corpus stay text; the family's unknown token stays
     the unknown id."""
     from tpu_ray.config import TokenizerConfig

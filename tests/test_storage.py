@@ -263,7 +263,7 @@ def test_access_denied_is_decided_by_status_code_not_digits_in_the_message(error
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 @pytest.mark.quick
 def test_atomic_writes_respect_the_umask(tmp_path, umask, mode):
-    """Issue 15: shards, manifest.json and config.yaml were 0600 (mkstemp's mode) while the rest of a
+    """Before, shards, manifest.json and config.yaml were 0600 (mkstemp's mode) while the rest of a
     run is 0644, so another user sharing the run directory could not read them."""
     import os
     import stat

@@ -1,4 +1,4 @@
-"""Issue 25 part 1, the reader catalogue: what a record's text field may hold, for every reader.
+"""The reader catalogue: what a record's text field may hold, for every reader.
 
 The rule (tpu_ray/prepare/records.py): strings are text; null or missing is skipped and counted
 (the manifest's `skipped_records`, printed by `tpu-ray shard`); a list of strings is an error

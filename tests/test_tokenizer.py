@@ -84,7 +84,7 @@ def test_builtin_corpus_does_not_depend_on_the_environment_or_the_process():
 
 @pytest.mark.quick
 def test_a_vocabulary_far_below_the_one_asked_warns_with_the_reason(caplog):
-    """Issue 15, class 5: 800 asked, a few dozen learnt from one short line: a warning says why."""
+    """800 asked, a few dozen learnt from one short line: a warning says why."""
     import logging
 
     with caplog.at_level(logging.WARNING, logger="tpu_ray"):

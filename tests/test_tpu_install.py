@@ -1,4 +1,4 @@
-"""One TensorFlow on a TPU host (issue 48): the [tpu] extra resolves to tensorflow-tpu alone with the
+"""One TensorFlow on a TPU host: the [tpu] extra resolves to tensorflow-tpu alone with the
 libtpu its wheel pins, and doctor names the distribution that provides `tensorflow` and refuses two.
 doctor also plans the generations rented today (v5e, v6e), multi-host included."""
 

@@ -13,11 +13,13 @@ from tests.test_train import _cfg, _records, checkpoint_weights, max_abs_differe
 
 @pytest.mark.quick
 def test_hooks_grid_never_crosses_a_boundary():
-    from tpu_ray.train.hooks import Hook, executions
+    from tpu_ray.train.hooks import Call, Hooks, executions
 
     seen: dict[str, list[int]] = {"log": [], "ckpt": []}
     lengths: list[int] = []
-    hooks = [Hook("log", 10, lambda i: seen["log"].append(i.step)), Hook("ckpt", 25, lambda i: seen["ckpt"].append(i.step))]
+    hooks = Hooks()
+    hooks.add(Call("log", seen["log"].append), every=10)
+    hooks.add(Call("ckpt", seen["ckpt"].append), every=25)
 
     def execute(n):
         lengths.append(n)
@@ -31,22 +33,25 @@ def test_hooks_grid_never_crosses_a_boundary():
 
 @pytest.mark.quick
 def test_a_new_periodic_task_is_one_add_call_and_shapes_the_grid():
-    """Hooks.add: a task added beside the trainer's own runs on its own grid, in the order added;
-    a second hook of one name or a zero interval is refused."""
-    from tpu_ray.train.hooks import Hooks, executions
+    """Hooks.add: a task added beside the trainer's own runs on its own grid (or several), in the
+    order added, and on demand by name (force); a second hook of one name or a zero interval is refused."""
+    from tpu_ray.train.hooks import Call, Hooks, executions
 
     calls: list[tuple[str, int]] = []
     hooks = Hooks()
-    hooks.add("log", 10, lambda i: calls.append(("log", i.step)))
-    hooks.add("downstream", 15, lambda i: calls.append(("downstream", i.step)), at_end=False)
+    hooks.add(Call("log", lambda step: calls.append(("log", step))), every=10)
+    hooks.add(Call("downstream", lambda step: calls.append(("downstream", step))), every=(15, 16), at_end=False)
     steps = [i.step for i in executions(0, 32, 8, hooks, lambda n: (None, 0.0, 0.0))]
-    assert steps == [8, 10, 15, 20, 28, 30, 32]  # no execution crosses a 10 or a 15
-    assert calls == [("log", 10), ("downstream", 15), ("log", 20), ("log", 30), ("downstream", 30), ("log", 32)]
-    assert hooks["downstream"].every == 15 and "eval" not in hooks
+    assert steps == [8, 10, 15, 16, 20, 28, 30, 32]  # no execution crosses a 10, a 15 or a 16
+    assert calls == [("log", 10), ("downstream", 15), ("downstream", 16), ("log", 20), ("log", 30),
+                     ("downstream", 30), ("log", 32), ("downstream", 32)]
+    assert hooks.entry("downstream").every == (15, 16) and "eval" not in hooks
+    hooks.force("downstream", 0)
+    assert calls[-1] == ("downstream", 0)
     with pytest.raises(ValueError, match="'log' is already added"):
-        hooks.add("log", 5, print)
+        hooks.add(Call("log", print), every=5)
     with pytest.raises(ValueError, match="every=0"):
-        hooks.add("upload", 0, print)
+        hooks.add(Call("upload", print), every=0)
 
 
 def test_steps_per_execution_4_ends_where_1_ends_on_the_asked_grid(tmp_path, shards_dir, tiny_tokenizer_dir):  # noqa: F811

@@ -1,4 +1,4 @@
-"""The slice Ray reserves is the slice TensorFlow drives (issue 23.1, 23.2), on a real Ray cluster
+"""The slice Ray reserves is the slice TensorFlow drives, on a real Ray cluster
 whose nodes carry the resources and labels Ray 2.60 gives TPU VM hosts. Reservation only: no training."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def test_the_tpu_extra_installs_the_image_tensorflow_with_its_libtpu():
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tpu"]
     assert f"tensorflow-tpu=={TPU_TENSORFLOW}" in extra and f"libtpu=={TPU_LIBTPU}" in extra
     # tf-keras is not in the extra (it would bring the distribution `tensorflow`, a second TensorFlow):
-    # deploy/tpu-finish-install.sh installs TPU_TF_KERAS without dependencies (issue 48).
+    # deploy/tpu-finish-install.sh installs TPU_TF_KERAS without dependencies.
     assert not [r for r in extra if r.startswith("tf-keras")]
     assert TPU_TF_KERAS.startswith(TPU_TENSORFLOW.rsplit(".", 1)[0])
     tensorboard = [r for r in extra if r.startswith("tensorboard")]

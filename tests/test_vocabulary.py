@@ -1,4 +1,4 @@
-"""Domain vocabulary (issue 33): `tokenizer.extend_tokens` / `tokenizer.add_tokens_file` extend a
+"""Domain vocabulary: `tokenizer.extend_tokens` / `tokenizer.add_tokens_file` extend a
 checkpoint's tokenizer in its model's own spelling, and the run grows the model to them.
 
 The learner on each tokenizer kind a checkpoint may have (Unigram, BPE with Metaspace as tpu-ray

@@ -134,7 +134,7 @@ def _one_word_rows(table, cls: int, sep: int, rows: int = 48, seed: int = 0) -> 
 
 
 def test_masked_pieces_beyond_the_bound_are_counted_and_the_bound_covers_long_words(tmp_path, lines):
-    """Issue 35.5: with the fixed bound (words of ~4 pieces) a masked 62-piece word loses most of its
+    """Before, with a fixed bound (words of ~4 pieces), a masked 62-piece word lost most of its
     targets without a word; now every batch counts them (mlm_unscored), and the bound measured on
     the corpus's rows (whole_word_bound) covers such words: nothing is left unscored."""
     from tpu_ray.prepare.tfrecord import serialize_examples, write_records

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from tpu_ray.errors import EXIT_USAGE, UserError, failure_line, guarded  # noqa: F401 - EXIT_USAGE, UserError re-exported
 from tpu_ray.logs import setup_logging
+from tpu_ray.progress import follow, status_line
 from tpu_ray.downstream.run import finetune_models
 
 DESCRIPTION = """\
@@ -42,13 +43,31 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (what is wrong and where help is) and exit code 2,
     like every other refusal: its default prints the whole usage block before the message."""
 
+    command: str | None = None  # the subcommand parsed, set by main() before it reports stray flags
+
     def error(self, message: str) -> NoReturn:
         unknown = message.split("unrecognized arguments: ", 1)[1].split() if "unrecognized arguments: " in message else []
-        flags = sorted(_option_strings(self))
-        hints = [f"{word.split('=')[0]}: did you mean {hint[0]}?" for word in unknown if word.startswith("-")
-                 if (hint := difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.6))]
+        hints = _flag_hints(self, self.command, [w.split("=")[0] for w in unknown if w.startswith("-")])
         hint = f" ({'; '.join(hints)})" if hints else ""
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{hint}; see {self.prog} --help\n")
+        where = f"{self.prog} {self.command}" if self.command else self.prog
+        self.exit(EXIT_USAGE, f"{where}: error: {message}{hint}; see {where} --help\n")
+
+
+def _flag_hints(parser: argparse.ArgumentParser, command: str | None, flags: list[str]) -> list[str]:
+    """Per unknown flag: the subcommands that take it when this one does not (`train --corpus`:
+    run, shard, submit and tokenizer do), else the closest flag this subcommand has."""
+    subs = {name: sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name, sub in action.choices.items()}
+    own = sorted(_option_strings(subs[command]) if command in subs else _option_strings(parser))
+    hints = []
+    for flag in flags:
+        elsewhere = [name for name, sub in subs.items() if flag in _option_strings(sub)]
+        if command in subs and elsewhere:
+            takers = ", ".join(elsewhere[:-1]) + (" and " if len(elsewhere) > 1 else "") + elsewhere[-1]
+            hints.append(f"`{parser.prog} {command}` has no {flag}; {takers} take{'s' if len(elsewhere) == 1 else ''} it")
+        elif close := difflib.get_close_matches(flag, own or sorted(_option_strings(parser)), n=1, cutoff=0.6):
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    return hints
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
@@ -230,8 +249,21 @@ def cmd_submit(args) -> int:
 def cmd_status(args) -> int:
     from tpu_ray.cluster.jobs import JobHandle
 
+    if _is_run_dir(args.submission_id):  # a run directory: its training's progress, from its metrics
+        print(status_line(args.submission_id))
+        return 0
     print(JobHandle(args.submission_id, args.address).status())
     return 0
+
+
+def _is_run_dir(arg: str) -> bool:
+    from tpu_ray import storage
+    from tpu_ray.rundir import CONFIG_FILE
+
+    try:
+        return storage.exists(storage.join(arg, CONFIG_FILE))
+    except (OSError, ValueError):
+        return False
 
 
 def cmd_logs(args) -> int:
@@ -249,6 +281,8 @@ def cmd_metrics(args) -> int:
     from tpu_ray.report import load_metrics
     from tpu_ray.tables import metrics_table
 
+    if args.follow:  # the progress line, again whenever it changes, until the training ends
+        return follow(args.run_dir)
     df = load_metrics(args.run_dir, kind=args.kind, missing_ok=False)
     if args.csv:
         sys.stdout.write(df.to_csv(index=False, date_format="%Y-%m-%dT%H:%M:%S.%fZ"))
@@ -352,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, help in (("status", cmd_status, "a job's status"), ("logs", cmd_logs, "a job's logs")):
         p = add(name, fn, help, common=False)
         p.add_argument("submission_id", type=nonempty("the id `tpu-ray submit` printed"),
-                       help="the id `tpu-ray submit` printed")
+                       help="the id `tpu-ray submit` printed" + (", or a run directory: its training's progress"
+                                                                  if name == "status" else ""))
         p.add_argument("--address", default=None, type=nonempty("a Ray dashboard address"), help="Ray dashboard address, e.g. http://127.0.0.1:8265")
         if name == "logs":
             p.add_argument("-f", "--follow", action="store_true",
@@ -378,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=whole_number(0, " (0: all rows)"), default=20, help="the last N rows (default: 20; 0: all)")
     p.add_argument("--all", action="store_true", help="every column, not only the ones that matter")
     p.add_argument("--csv", action="store_true", help="all rows and columns as CSV (time in UTC)")
+    p.add_argument("--follow", action="store_true",
+                   help="print the training's progress line (step, rates, ETA) as it changes, until it ends")
     return parser
 
 
@@ -392,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     stray = [x for x in extra if x.startswith("-") or "=" not in x or not hasattr(args, "overrides")]
     if stray:
+        parser.command = args.command  # the hint names the subcommand and the ones that take the flag
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*(args.overrides or []), *extra]

@@ -6,6 +6,10 @@ its masking rate. Two runs scored on different sets (another tokenizer, other te
 give numbers that only look comparable: each run gets an evaluation group (A, B, ...) by the
 identity of its last evaluation (`eval_set`, which names samples, shard contents, tokenizer, rate
 and sequence length), its tokenizer's sha256 and its masking rate, and the page says which differ.
+Runs of different groups that scored one same set (a continued run's replayed source is its
+parent's whole evaluation set) compare on it: the identity is the set, whoever scored it. A
+continued run is drawn at its global step (after its checkpoint's), and only the config keys whose
+resolved values differ and change a figure are listed.
 Bits per byte stands beside perplexity: it is per byte of text, so it compares runs with different
 tokenizers on the same text.
 """
@@ -43,36 +47,110 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def run_config(run: str) -> dict[str, Any]:
-    """The run's saved config as dotted keys; a corpus given in memory (written into the run
-    directory) appears as `given:<kind>:<content sha256[:12]>`, so two runs on the same data agree."""
-    import json
+# Fields that never change a figure: where things lie, how often to log or save, how to reach the
+# cluster, the tracking server. A path (shard.dir, tokenizer.path) is compared by what it holds.
+_NO_EFFECT = {
+    "output_dir", "name", "ray", "tracking", "shard.dir", "shard.num_actors", "shard.tokenizer_threads",
+    "shard.max_unit_retries", "tokenizer.path", "model.preset", "model.init_sha256",
+    *(f"train.{k}" for k in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
+                             "checkpoint_every_minutes", "strategy", "tpu_name", "peak_flops", "placement",
+                             "tpu_topology", "tpu_wait_timeout_s", "num_gpus", "workers_network_closed",
+                             "extend_schedule", "accept_new_data_order", "max_failures", "resume_wait_minutes"))}
 
+
+def run_config(run: str) -> dict[str, Any]:
+    """The run's saved config as dotted keys, each at the value the run used (resolved): a preset's
+    sizes, the model type's published values, the warm-up and decay in steps; fields that change no
+    figure and fields the run does not use (a schedule's unused knobs, a fresh model's initialisation
+    for a continued one) left out; the corpus as one value per source. A corpus given in memory
+    (written into the run directory) appears as `given:<kind>:<content sha256[:12]>`, so two runs on
+    the same data agree."""
     from tpu_ray.saved_config import read_saved_config
 
     cfg = read_saved_config(run)
     if cfg is None:
         return {}
-    flat = _flat(cfg.model_dump(mode="json"))
+    flat = _flat(cfg.model_dump(mode="json", exclude={"corpus"}))
+    flat = {k: v for k, v in flat.items() if not any(k == x or k.startswith(x + ".") for x in _NO_EFFECT)}
+    m, t = cfg.model, cfg.train
+    flat.update({f"model.{k}": v for k, v in m.sizes().items()})
+    for key in ("max_position_embeddings", "layer_norm_eps", "initializer_range"):
+        flat[f"model.{key}"] = m.published(key)
+    if m.init_from:  # the checkpoint's weights: its content, not only its path
+        flat["model.init_from"] = f"{m.init_from} (sha256 {str(m.init_sha256)[:12]})" if m.init_sha256 else m.init_from
+    if m.init_from or t.branch_from:  # trained weights are loaded over a fresh model's start
+        for key in ("model.initializer_range", "model.output_bias"):
+            flat.pop(key, None)
+    for key, value in _resolved_schedule(t).items():
+        if value is None:
+            flat.pop(key, None)
+        else:
+            flat[key] = value
+    flat.update(_corpus(run, cfg))
+    return flat
+
+
+def _resolved_schedule(t: Any) -> dict[str, Any]:
+    """The schedule's fields as the run used them: warm-up and decay in steps; None for a knob its
+    schedule does not read (left out of the run's config)."""
+    from tpu_ray.train import curves
+
+    wsd = t.schedule == "wsd"
+    return {"train.warmup_steps": curves.warmup_steps(t), "train.warmup_ratio": None,
+            "train.decay_steps": curves.decay_steps(t) if wsd else None, "train.decay_fraction": None,
+            "train.decay_shape": t.decay_shape if wsd else None,
+            "train.min_lr_ratio": None if t.schedule == "constant" else t.min_lr_ratio,
+            "train.mask_prob_end": t.mask_prob_end if t.mask_schedule == "linear" else None}
+
+
+def _corpus(run: str, cfg: Any) -> dict[str, Any]:
+    """`corpus` (one source) or `corpus.sources.NAME`: the source and, after it, the fields it sets
+    away from their defaults (weight included), so a mixture is a few lines, not one per field."""
+    import json
+
+    from tpu_ray.config import SourceConfig
+
+    defaults = SourceConfig(source="x").model_dump(mode="json")
     given_root = storage.join(run, "corpus") + "/"
-    for key, value in list(flat.items()):
-        if isinstance(value, str) and key.endswith(".source") and value.startswith(given_root):
-            name = value[len(given_root):].split("/", 1)[0]
-            mark = storage.join(run, "corpus", f"{name}.given.json")
+
+    def shown(src: Any) -> str:
+        fields = src.model_dump(mode="json")
+        where = fields.pop("source")
+        if isinstance(where, str) and where.startswith(given_root):
+            name = where[len(given_root):].split("/", 1)[0]
             try:
-                rec = json.loads(storage.read_text(mark))
-                flat[key] = f"given:{rec.get('kind')}:{str(rec.get('content_sha256'))[:12]}"
+                rec = json.loads(storage.read_text(storage.join(run, "corpus", f"{name}.given.json")))
+                where = f"given:{rec.get('kind')}:{str(rec.get('content_sha256'))[:12]}"
             except (OSError, ValueError):
-                flat[key] = "given:unrecorded"
-    return {k: v for k, v in flat.items() if k not in _IGNORED}
+                where = "given:unrecorded"
+        extra = [f"{k}={v}" for k, v in fields.items() if k in defaults and v != defaults[k]]
+        return ", ".join([str(where), *extra])
+
+    corpus = cfg.corpus
+    if corpus.sources is None:
+        return {"corpus": shown(corpus)}
+    out: dict[str, Any] = {f"corpus.sources.{n}": shown(src) for n, src in corpus.sources.items()}
+    for key in ("weight_temperature", "weight_schedule"):
+        value = getattr(corpus, key)
+        out[f"corpus.{key}"] = value if not hasattr(value, "__iter__") else json.dumps(
+            [v.model_dump(mode="json") for v in value])
+    return out
 
 
 def differing_keys(configs: Sequence[dict[str, Any]]) -> list[str]:
-    """Dotted config keys whose values are not the same in every run (runs without a saved
-    config are left out: unknown is not different)."""
+    """Dotted config keys whose values are not the same in every run that has them (runs without a
+    saved config, or a key a run does not use, are left out: unknown or unused is not different);
+    a run's corpus is `corpus` or its sources' `corpus.sources.NAME`: one without the other differs."""
     configs = [c for c in configs if c]
     keys = sorted({k for c in configs for k in c})
-    return [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1]
+    out = []
+    for k in keys:
+        having = [c for c in configs if k in c]
+        if k.startswith("corpus.sources.") or k == "corpus":  # a mixture beside a one-source corpus
+            having = configs
+        if len({repr(c.get(k)) for c in having}) > 1:
+            out.append(k)
+    return out
 
 
 def _labels(runs: Sequence[str]) -> list[str]:
@@ -97,31 +175,95 @@ def eval_groups(identities: Sequence[tuple[Any, Any, Any]]) -> list[str]:
     return [letters.setdefault(i, chr(ord("A") + len(letters))) for i in identities]
 
 
+def eval_sets(df: pd.DataFrame) -> dict[str, str]:
+    """Every evaluation set a run scored, by its identity (train/eval_set.py: the samples' shard
+    contents, tokenizer, masking rate and length): "eval" for the pooled set, else the source's name.
+    Equal identities are the same tokens under the same masks, whichever run or source scored them."""
+    out: dict[str, str] = {}
+    if not len(df) or "eval_set" not in df.columns:
+        return out
+    for kind in ("eval", "eval_source"):  # a one-source run's set is its evaluation's
+        recs = df[(df["kind"] == kind) & df["eval_set"].notna()]
+        for _, r in recs.iterrows():
+            out.setdefault(str(r["eval_set"]), str(r.get("source")) if kind == "eval_source" else "eval")
+    return out
+
+
+def start_step(run: str, df: pd.DataFrame) -> int:
+    """The global step a continued run (model.init_from) starts at: its checkpoint's own step (a
+    tpu-ray export records it in config.json, a run's checkpoint is named by it), so its curves are
+    drawn after its parent's, not from 0. 0 for a fresh run, a branch (its steps are already the
+    stable run's), or a checkpoint of no known step (a published model)."""
+    import json
+    import re
+
+    from tpu_ray import rundir
+    from tpu_ray.train.export import PROVENANCE_KEY
+
+    init = rundir.path(run, rundir.INIT_DIR)
+    try:
+        provenance = json.loads(storage.read_text(storage.join(init, "config.json"))).get(PROVENANCE_KEY) or {}
+        if isinstance(provenance.get("step"), int):
+            return provenance["step"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    state = storage.join(init, rundir.CHECKPOINTS_DIR, rundir.CHECKPOINT_STATE_FILE)
+    named = [storage.read_text(state)] if storage.exists(state) else []
+    if len(df) and "event" in df.columns:  # else the weights the init_from event names
+        named += [str(w) for w in df[(df["kind"] == "event") & (df["event"] == "init_from")].get("weights", [])]
+    for text in named:
+        if found := re.search(r"ckpt-(\d+)", text):
+            return int(found.group(1))
+    return 0
+
+
+def shared_sets(runs: Sequence[str], sets: Sequence[dict[str, str]], groups: Sequence[str]) -> list[dict[str, str]]:
+    """The evaluation sets that runs of different groups both scored: {run: its name for the set}
+    per set (a continued run's source that is its parent's whole evaluation set, for one)."""
+    out = []
+    for identity in dict.fromkeys(i for s in sets for i in s):
+        having = {run: s[identity] for run, s in zip(runs, sets) if identity in s}
+        if len({g for run, g in zip(runs, groups) if run in having}) > 1:
+            out.append(having)
+    return out
+
+
 def compare(runs: Sequence[str]) -> pd.DataFrame:
     """The runs' train, eval and eval_source records in one DataFrame: a `run` column (the run
-    directory), `eval_group` (same letter: comparable evaluations), and one column per config key
-    in which the runs differ. `df.attrs["differing"]` lists those keys."""
+    directory), `eval_group` (same letter: comparable evaluations), `global_step` (a continued run's
+    steps after its checkpoint's, see start_step) and one column per config key in which the runs
+    differ in a way that changes a figure. `df.attrs`: "differing" lists those keys, "start_step"
+    each run's first global step, "shared_sets" the sets runs of different groups both scored."""
     runs = [str(r) for r in runs]
     if not runs:
         raise UserError("compare: name at least one run directory")
-    frames, configs, identities = [], [], []
+    frames, configs, identities, starts, sets = [], [], [], [], []
     for run in runs:
         df = load_metrics(run, missing_ok=False)
         configs.append(run_config(run))
         identities.append(_eval_identity(df, _load_summary(run)))
+        starts.append(start_step(run, df))
+        sets.append(eval_sets(df))
         frames.append(df[df["kind"].isin(KINDS)])
+    tokenizers = {i[1] for i in identities}
+    if None not in tokenizers and len(tokenizers) == 1:  # one tokenizer: how each run came by it changes nothing
+        configs = [{k: v for k, v in c.items() if not k.startswith("tokenizer.")} for c in configs]
     keys = differing_keys(configs)
     groups = eval_groups(identities)
     out = []
-    for run, df, cfg, group in zip(runs, frames, configs, groups):
+    for run, df, cfg, group, start in zip(runs, frames, configs, groups, starts):
         df = df.copy()
         df.insert(0, "run", run)
         df.insert(1, "eval_group", group)
+        df["global_step"] = df["step"] + start
         for k in keys:
             df[k] = [cfg.get(k)] * len(df)
         out.append(df)
     result = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
-    result.attrs["differing"] = keys
+    result.attrs.update(differing=keys, start_step=dict(zip(runs, starts)),
+                        shared_sets=shared_sets(runs, sets, groups),
+                        shared_identities=[i for i in dict.fromkeys(i for x in sets for i in x)
+                                           if len({g for x, g in zip(sets, groups) if i in x}) > 1])
     return result
 
 
@@ -152,18 +294,26 @@ def final_figures(runs: Sequence[str], df: pd.DataFrame) -> pd.DataFrame:
             row[k] = d[k].iloc[0] if len(d) else None
         rows.append(row)
     table = pd.DataFrame(rows)
-    table.attrs["differing"] = list(df.attrs.get("differing", []))
+    table.attrs.update(differing=list(df.attrs.get("differing", [])), shared_sets=list(df.attrs.get("shared_sets", [])))
     return table
 
 
-def _not_comparable_note(table: pd.DataFrame) -> str:
+def _not_comparable_note(table: pd.DataFrame, labels: Sequence[str] | None = None) -> str:
     if table["eval_group"].nunique() <= 1:
         return "All runs were evaluated on the same set (same tokenizer, text and masking rate): their losses compare."
-    what = [name for col, name in (("tokenizer", "tokenizer"), ("eval set", "evaluation set"),
-                                   ("eval mask", "masking rate")) if table[col].astype(str).nunique() > 1]
+    name = dict(zip(table["run"], labels if labels is not None else _labels(list(table["run"]))))
+    shared = table.attrs.get("shared_sets") or []
+    what = [n for col, n in (("tokenizer", "tokenizer"), ("eval set", "evaluation set"),
+                             ("eval mask", "masking rate")) if table[col].astype(str).nunique() > 1]
+    same = "; ".join(" = ".join(f"{name.get(run, run)}'s {'evaluation' if set_ == 'eval' else repr(set_)}"
+                                for run, set_ in having.items()) for having in shared)
+    if shared and set().union(*shared) >= set(table["run"]):  # every run scored a set another group scored
+        return (f"Comparable on the sets they share: {same} (the same evaluation set: the same text, tokenizer and "
+                f"masks); their pooled evaluations differ ({', '.join(what)}): compare loss and perplexity on the "
+                f"shared set (the per-source plot), the pooled figures only within a group (the same letter).")
     return (f"NOT COMPARABLE across groups: the runs' evaluations differ ({', '.join(what)}); compare loss and "
-            f"perplexity only within a group (the same letter). Bits per byte compares runs with different "
-            f"tokenizers, on the same text only.")
+            f"perplexity only within a group (the same letter)" + (f", or on a set both scored ({same})" if shared else "")
+            + ". Bits per byte compares runs with different tokenizers, on the same text only.")
 
 
 def _colors(n: int) -> list:
@@ -178,8 +328,12 @@ def _group_tag(label: str, group: str, many: bool) -> str:
 
 
 def plot_compare(df: pd.DataFrame, runs: Sequence[str], out: dict[str, str]) -> None:
-    """The four overlaid plots: loss, per-source evaluation, learning rate, throughput."""
-    labels, colors = _labels(runs), _colors(len(runs))
+    """The four overlaid plots: loss, per-source evaluation, learning rate, throughput. A continued
+    run is drawn at its global step (after its checkpoint's), its legend saying where it starts."""
+    starts = df.attrs.get("start_step", {})
+    labels = [f"{label} (from step {starts[run]:,})" if starts.get(run) else label
+              for run, label in zip(runs, _labels(runs))]
+    colors = _colors(len(runs))
     groups = {run: (df[df["run"] == run]["eval_group"].iloc[0] if (df["run"] == run).any() else "A") for run in runs}
     many = len(set(groups.values())) > 1
     parts = {run: df[df["run"] == run] for run in runs}
@@ -190,17 +344,18 @@ def plot_compare(df: pd.DataFrame, runs: Sequence[str], out: dict[str, str]) -> 
         d = parts[run]
         train, ev = by_step(d[d["kind"] == "train"]), by_step(d[d["kind"] == "eval"])
         if column_values(train, "loss").notna().any():
-            ax.plot(train["step"], column_values(train, "loss"), color=color, lw=1.2, label=f"{label} train",
+            ax.plot(train["global_step"], column_values(train, "loss"), color=color, lw=1.2, label=f"{label} train",
                     **dots(column_values(train, "loss")))
             drew = True
         if column_values(ev, "eval_loss").notna().any():
-            ax.plot(ev["step"], column_values(ev, "eval_loss"), "o--", color=color, ms=6, lw=1,
+            ax.plot(ev["global_step"], column_values(ev, "eval_loss"), "o--", color=color, ms=6, lw=1,
                     label=_group_tag(f"{label} eval", groups[run], many))
             drew = True
     finish(fig, ax, out["compare_loss.png"], drew, "upper right")
 
     fig, ax = new_figure("Evaluation loss per source", "step", "cross-entropy loss (masked tokens)")
     drew = False
+    shared = list(df.attrs.get("shared_identities", []))
     styles = ["-", "--", ":", "-."]
     for run, label, color in zip(runs, labels, colors):
         d = parts[run]
@@ -211,8 +366,8 @@ def plot_compare(df: pd.DataFrame, runs: Sequence[str], out: dict[str, str]) -> 
                 continue
             bpb = column_values(recs, "bits_per_byte").dropna()
             tag = f" ({bpb.iloc[-1]:.3f} bits/byte)" if len(bpb) else ""
-            ax.plot(recs["step"], loss, marker="o", ls=styles[i % 4], color=color, ms=4, lw=1.3,
-                    label=_group_tag(f"{label}: {name}{tag}", groups[run], many))
+            ax.plot(recs["global_step"], loss, marker="o", ls=styles[i % 4], color=color, ms=4, lw=1.3,
+                    label=f"{label}: {name}{tag} {_set_tag(recs, shared, groups[run], many)}".rstrip())
             drew = True
     finish(fig, ax, out["compare_eval_sources.png"], drew, "upper right")
 
@@ -232,6 +387,15 @@ def plot_compare(df: pd.DataFrame, runs: Sequence[str], out: dict[str, str]) -> 
     finish(fig, ax, out["compare_throughput.png"], drew, "lower right")
 
 
+def _set_tag(recs: pd.DataFrame, shared: Sequence[str], group: str, many: bool) -> str:
+    """A source's legend tag: "[shared set N]" when runs of different groups scored that very set
+    (its losses compare across them), else the run's evaluation group."""
+    ids = recs["eval_set"].dropna() if "eval_set" in recs.columns else pd.Series(dtype=object)
+    if len(ids) and str(ids.iloc[-1]) in shared:
+        return f"[shared set {shared.index(str(ids.iloc[-1])) + 1}]"
+    return f"[eval {group}]" if many else ""
+
+
 def _overlay_train(ax, column: str, runs, labels, colors, parts) -> bool:
     """One line per run of a train-record column (learning rate, throughput); whether any was drawn."""
     drew = False
@@ -239,7 +403,7 @@ def _overlay_train(ax, column: str, runs, labels, colors, parts) -> bool:
         train = by_step(parts[run][parts[run]["kind"] == "train"])
         values = column_values(train, column)
         if values.notna().any():
-            ax.plot(train["step"], values, color=color, lw=1.2, label=label, **dots(values))
+            ax.plot(train["global_step"], values, color=color, lw=1.2, label=label, **dots(values))
             drew = True
     return drew
 

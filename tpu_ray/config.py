@@ -337,7 +337,7 @@ class ModelConfig(_Section):
     dropout: float = Field(0.1, ge=0.0, lt=1.0)  # hidden and attention dropout (0: none, for short runs)
     # The masked-LM head's output bias at a fresh start: zeros (Hugging Face's), or unigram: the log
     # frequencies of the training shards' tokens, so that step 0 predicts word frequencies
-    # (tpu_ray/train/output_bias.py; issue 49). A run from init_from or train.branch_from keeps the
+    # (tpu_ray/train/output_bias.py). A run from init_from or train.branch_from keeps the
     # trained bias it starts from (logged), so one config serves the fresh run and its continuations.
     output_bias: Literal["zeros", "unigram"] = "zeros"
     # The standard deviation of a fresh model's weight initialisation (transformers' initializer_range);
@@ -482,7 +482,7 @@ class TrainConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _drop_removed(cls, data: Any) -> Any:
-        """train.eval_pad_multiple never did anything and was removed (issue 23); saved configs and
+        """train.eval_pad_multiple never did anything and was removed; saved configs and
         YAML files that still name it load as before."""
         if isinstance(data, dict) and "eval_pad_multiple" in data:
             data = {k: v for k, v in data.items() if k != "eval_pad_multiple"}
@@ -499,6 +499,34 @@ class RayConfig(_Section):
     shared_filesystem: bool = False
 
 
+class MlflowTracking(_Section):
+    """An MLflow tracking server the run's records also go to (tpu_ray/tracking)."""
+
+    uri: str | None = None  # e.g. http://127.0.0.1:5000, databricks, file:///home/me/mlruns (None: off)
+    experiment: str = "tpu-ray"  # made if missing
+    run_name: str | None = None  # None: the run's name
+    tags: dict[str, str] = Field(default_factory=dict)  # the tracked run's tags, e.g. {team: nlp}
+
+
+class WandbTracking(_Section):
+    """A Weights & Biases project the run's records also go to (tpu_ray/tracking)."""
+
+    project: str | None = None  # None: off
+    entity: str | None = None  # team or user (None: W&B's default for the login)
+    run_name: str | None = None  # None: the run's name
+    tags: list[str] = Field(default_factory=list)  # the tracked run's tags, e.g. [baseline]
+    # online, offline (files under RUN/wandb, `wandb sync` later); None: W&B's own (WANDB_MODE)
+    mode: Literal["online", "offline"] | None = None
+
+
+class TrackingConfig(_Section):
+    """Experiment trackers: config as parameters, records as metrics at their step, model card,
+    report and plots as artifacts; a resumed run continues its tracked run (RUN/tracking.json)."""
+
+    mlflow: MlflowTracking = Field(default_factory=MlflowTracking)
+    wandb: WandbTracking = Field(default_factory=WandbTracking)
+
+
 class RunConfig(_Section):
     name: str = "run"  # the run's name (default directory runs/<name>)
     seed: int = Field(0, ge=0, lt=2**32)  # numpy's and TF's seed range
@@ -510,6 +538,7 @@ class RunConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -538,7 +567,7 @@ class RunConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _eval_batches_moved(cls, data: Any) -> Any:
-        """train.eval_batches (batches of the training batch size) became eval.samples (issue 35: the
+        """train.eval_batches (batches of the training batch size) became eval.samples (the
         evaluation set must not depend on the batch size); configs that still name it load as
         eval_batches x batch_size samples."""
         train = data.get("train") if isinstance(data, dict) else None
@@ -668,7 +697,7 @@ class RunConfig(_Section):
         """Return a copy with dotted keys replaced: {"train.steps": 50} or ["train.steps=50"]."""
         if isinstance(overrides, list):
             overrides = parse_overrides(overrides)
-        if "train.eval_batches" in overrides:  # moved (issue 35): batches of the batch size -> eval.samples
+        if "train.eval_batches" in overrides:  # moved: batches of the batch size -> eval.samples
             overrides = dict(overrides)
             batches = overrides.pop("train.eval_batches")
             batch_size = overrides.get("train.batch_size", self.train.batch_size)
@@ -718,7 +747,7 @@ SCHEDULE_FIELDS = ("learning_rate", "warmup_steps", "warmup_ratio", "schedule", 
 
 
 def _phases_refusal(cfg: RunConfig) -> str | None:
-    """One line for train.phases that cannot run (issue 32), else None."""
+    """One line for train.phases that cannot run, else None."""
     t = cfg.train
     if not t.phases:
         return None
@@ -742,7 +771,7 @@ def _phases_refusal(cfg: RunConfig) -> str | None:
 
 
 def _schedule_refusal(cfg: RunConfig) -> str | None:
-    """One line for schedule options that contradict each other (issue 32), else None."""
+    """One line for schedule options that contradict each other, else None."""
     t = cfg.train
     if t.schedule == "wsd" and t.decay_steps is not None and t.decay_steps > t.steps:
         return (f"train.decay_steps={t.decay_steps} is longer than the run (train.steps={t.steps}); use at most "

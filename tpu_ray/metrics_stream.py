@@ -16,7 +16,7 @@ import math
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError
@@ -34,7 +34,10 @@ MIRRORED = ("train", "eval", "eval_source")
 
 
 class Mirror(Protocol):
-    """Where train and eval records are also written (tpu_ray.train.tensorboard.TensorBoardWriter)."""
+    """Where records are also written: the trainer's TensorBoard (train/tensorboard.py), experiment
+    trackers (tpu_ray/tracking), the progress line (tpu_ray/progress.py), Ray's gauges. A mirror
+    receives the kinds in its `kinds` attribute (MIRRORED when it has none); one that raises is
+    warned about and dropped, never allowed to stop the run (see MetricsWriter._to_mirrors)."""
 
     def write(self, record: dict) -> None: ...
 
@@ -130,10 +133,12 @@ class MetricsWriter:
     """
 
     def __init__(self, run_dir: str, remote_every_s: float = 30.0,
-                 mirror: Callable[[str], Mirror] | None = None, shared: bool = False):
+                 mirror: Callable[[str], Mirror] | None = None, shared: bool = False,
+                 mirrors: Sequence[Mirror] = ()):
         self.run_dir = run_dir
         self._mirror_factory = mirror  # train/eval records also go there (the trainer's TensorBoard)
         self._tb: Mirror | None = None
+        self.mirrors: list[Mirror] = list(mirrors)  # trackers, progress, gauges: see Mirror
         self.path = storage.join(run_dir, METRICS_FILE)
         self.remote = storage.is_remote(self.path)
         self._pending: list[str] = []
@@ -154,6 +159,35 @@ class MetricsWriter:
         if kind in MIRRORED and self._mirror_factory is not None:
             self._mirror().write(record)
         line = redact(json.dumps(record)) + "\n"  # an error naming a URL keeps no password
+        self._append(kind, line)
+        self._to_mirrors(record)
+        return record
+
+    def add_mirror(self, mirror: Mirror) -> None:
+        self.mirrors.append(mirror)
+
+    def _to_mirrors(self, record: dict) -> None:
+        """Each mirror's kinds; then the events mirrors asked to record (a tracker that gave up says
+        so in the stream). A mirror that raises is dropped with a warning: figures elsewhere never
+        stop a run whose source of truth is this stream."""
+        for m in list(self.mirrors):
+            if record["kind"] not in getattr(m, "kinds", MIRRORED):
+                continue
+            try:
+                m.write(record)
+            except Exception as exc:  # noqa: BLE001 - any failure of an optional sink
+                write_log.warning("%s failed and is dropped; the run goes on: %s", type(m).__name__, exc)
+                self.mirrors.remove(m)
+        self._record_mirror_events()
+
+    def _record_mirror_events(self) -> None:
+        for m in self.mirrors:
+            take = getattr(m, "take_events", None)
+            for fields in take() if take else []:
+                line = redact(json.dumps({"kind": "event", "time": time.time(), **fields})) + "\n"
+                self._append("event", line)
+
+    def _append(self, kind: str, line: str) -> None:
         if self.remote:
             self._pending.append(line)
             if time.monotonic() - self._last_upload >= self._every or kind != "train":
@@ -164,7 +198,6 @@ class MetricsWriter:
                     self._last_upload = time.monotonic()
         else:
             storage.append_text_local(self.path, line)  # never through a link planted in its place
-        return record
 
     def flush(self) -> None:
         """Upload held records (gs://) and TensorBoard events."""
@@ -185,7 +218,15 @@ class MetricsWriter:
         return storage.join(self.run_dir, METRICS_DIR, f"{self._writer_id}-{self._segment:04d}.jsonl")
 
     def close(self) -> None:
-        """Flush, and release the mirror (TensorBoard's writer thread and staging directory)."""
+        """Close the mirrors (a tracker sends what it holds), record what they report, flush, and
+        release TensorBoard's writer thread and staging directory."""
+        for m in self.mirrors:
+            try:
+                m.close()
+            except Exception as exc:  # noqa: BLE001 - an optional sink never fails the run's end
+                write_log.warning("%s failed to close: %s", type(m).__name__, exc)
+        self._record_mirror_events()
+        self.mirrors = []
         self.flush()
         if self._tb is not None:
             self._tb.close()

@@ -58,7 +58,8 @@ def _length_bounds(field: Any) -> str:
 def _accepts(field: Any) -> str:
     ann = field.annotation
     literal = typing.get_origin(ann) is typing.Literal
-    args = [ann] if literal else [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
+    container = typing.get_origin(ann) in (list, dict)  # its args are its items', not a union's
+    args = [ann] if literal or container else [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
     nullable = not literal and type(None) in typing.get_args(ann)
     base = args[0]
     if typing.get_origin(base) is typing.Literal:
@@ -74,6 +75,10 @@ def _accepts(field: Any) -> str:
         text = f"a list{count} of `{_shape(typing.get_args(base)[0])}`"
     elif typing.get_origin(base) is dict and _is_model(typing.get_args(base)[1]):
         text = f"a mapping of names to `{_shape(typing.get_args(base)[1])}`"
+    elif typing.get_origin(base) is dict and typing.get_args(base) == (str, str):
+        text = "a mapping of text to text"
+    elif typing.get_origin(base) is list and typing.get_args(base) == (str,):
+        text = "a list of text"
     else:
         text = "non-empty text" + (f", {_bounds(field)}" if _bounds(field) else "")
     return text + (" (or null: unset)" if nullable else "")

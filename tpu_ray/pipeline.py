@@ -239,8 +239,11 @@ class Pipeline:
 
                 check_fill_mask_text(fill_mask, own=info.special_tokens[4])
             ensure_ray(cfg)
-            self._shard(rec)
-            result.shard_summary = rec.summary["shards"]
+            if cfg.train.branch_from:  # the stable run's shards, checked by train/branch.py: none to write
+                log.info("shard: reading %s (train.branch_from's, as they are)", cfg.shards_dir)
+            else:
+                self._shard(rec)
+                result.shard_summary = rec.summary["shards"]
             result.train_summary = self._train(rec, resume)
             result.seconds = time.monotonic() - t0
             rec.update(seconds=result.seconds)  # the whole command, start-up included
@@ -321,14 +324,15 @@ class Pipeline:
     def _open(self, stage: str, resume: bool, corpus: bool = False, ray: bool = False,
               start_ray: bool = True) -> Iterator[None]:
         """Checks, lock, config; the stage body runs inside (and the lock is held until it ends)."""
-        from tpu_ray.resume import refuse_changed_schedule, refuse_existing_run
+        from tpu_ray.resume import refuse_existing_run
+        from tpu_ray.train.schedule import refuse_changed_schedule
 
         setup_api_logging()  # the CLI's stage and step lines (API callers too), no library start-up noise
         cfg = self.cfg
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if stage in ("run", "train"):
-            refuse_existing_run(cfg, resume)  # at once, not after Ray and TensorFlow start
-            refuse_changed_schedule(cfg, resume)  # likewise: not inside a training attempt
+            refuse_existing_run(cfg.run_dir, resume)  # at once, not after Ray and TensorFlow start
+            refuse_changed_schedule(cfg.run_dir, cfg.train, resume)  # likewise: not inside a training attempt
             if cfg.eval.downstream:  # each task read and its options checked: not after training
                 from tpu_ray.downstream.during import check_downstream
 
@@ -348,7 +352,7 @@ class Pipeline:
                     preflight_corpus(cfg)
             if ray and corpus and not _same_dir(cfg.shards_dir, cfg.run_dir):
                 # The shard directory has its own lock, default (RUN/shards) or explicit: another run
-                # reading these shards (shard.dir=RUN/shards) is one writer too (issue 36).
+                # reading these shards (shard.dir=RUN/shards) is one writer too.
                 held.enter_context(self._lock(stage, cfg.shards_dir))
             saved_config.check_config(cfg)  # another config is named as such, before the export's own guard
             if stage in ("run", "train"):

@@ -3,6 +3,8 @@
 The trainer refuses a run directory with checkpoints unless `--resume`, but only after Ray and
 TensorFlow have started (seconds). These checks read TF's `checkpoint` state file as text, so a
 command can refuse at once, and an interrupted command can say where the last checkpoint is.
+It reads the run directory only (no config, no training code): the trainer and the stages above
+it all ask it, so it sits with `rundir` at the foundations.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import re
 import shlex
 
 from tpu_ray import rundir, storage
-from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 
 _STEP = re.compile(r"ckpt-(\d+)$")
@@ -32,38 +33,15 @@ def latest_checkpoint(run_dir: str) -> tuple[str, int | None] | None:
     return rundir.path(rundir.checkpoints_dir(run_dir), name), (int(step.group(1)) if step else None)
 
 
-def refuse_existing_run(cfg: RunConfig, resume: bool) -> None:
+def refuse_existing_run(run_dir: str, resume: bool) -> None:
     """Raise the trainer's own refusal before any slow start-up: checkpoints there, no --resume."""
     if resume:
         return
-    found = latest_checkpoint(cfg.run_dir)
+    found = latest_checkpoint(run_dir)
     if found:
-        raise UserError(f"{rundir.checkpoints_dir(cfg.run_dir)}: this run directory already has "
+        raise UserError(f"{rundir.checkpoints_dir(run_dir)}: this run directory already has "
                         f"checkpoints (latest {found[0]}); pass --resume to continue it or use a new "
                         f"--output-dir")
-
-
-def changed_schedule_line(where: str, changed: list[str]) -> str:
-    """The one line --resume under another schedule is refused with (train.extend_schedule is the hatch)."""
-    return (f"--resume: {where} was trained with another schedule ({', '.join(changed)}); resume with the "
-            f"original values, or set train.extend_schedule=true to continue under the new schedule from the "
-            f"checkpoint's step")
-
-
-def refuse_changed_schedule(cfg: RunConfig, resume: bool) -> None:
-    """--resume under another schedule, refused from config.yaml before any stage or cluster starts
-    (the trainer checks the checkpoint's own record again after the restore). Why here: train.steps
-    is not in the fingerprint, so until now it was found only inside a training attempt."""
-    from tpu_ray.saved_config import read_saved_config
-    from tpu_ray.train import curves
-
-    found = latest_checkpoint(cfg.run_dir) if resume and not cfg.train.extend_schedule else None
-    saved = read_saved_config(cfg.run_dir) if found else None
-    if saved is None:
-        return
-    changed = curves.changes(curves.values(saved.train), curves.shape_values(saved.train), cfg.train)
-    if changed:
-        raise UserError(changed_schedule_line(found[0], changed))
 
 
 def interrupted_message(run_dir: str, argv: list[str]) -> str:

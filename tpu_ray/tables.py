@@ -156,6 +156,16 @@ def _fmt(v: Any, spec: str = "") -> str:
     return format(v, spec) if spec else str(v)
 
 
+def _started(df: pd.DataFrame, resumed: int) -> str:
+    """Where the steps began when not at 0: a branch (train.branch_from) starts at its stable run's
+    step, which is no resume of this run; a resumed branch says both."""
+    branched = df[(df["kind"] == "event") & (df["event"] == "branch")] if len(df) and "event" in df.columns else df
+    at = int(branched.iloc[-1]["step"]) if len(branched) else None
+    if at is not None:
+        return f" (branched from step {at}" + (f", resumed at {resumed})" if resumed and resumed != at else ")")
+    return f" (resumed at {resumed})" if resumed else ""
+
+
 def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     """(label, value) rows of the end-of-run summary: each number once, no internal names."""
     train = by_step(df[df["kind"] == "train"]) if len(df) else df
@@ -169,7 +179,7 @@ def summary_rows(df: pd.DataFrame, summary: dict) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     final = summary.get("steps", int(steps.max()) if len(steps) else None)
     resumed = summary.get("resumed_from") or 0
-    rows.append(("steps", _fmt(final) + (f" (resumed at {resumed})" if resumed else "")))
+    rows.append(("steps", _fmt(final) + _started(df, resumed)))
     tr = last_finite_row(train, "loss")
     at = f" (step {int(tr['step'])})" if tr and final is not None and int(tr["step"]) != int(final) else ""
     rows.append(("train loss / acc", f"{_fmt(tr.get('loss'), '.4f')} / {_fmt(as_number(tr.get('accuracy')), '.3f')}{at}"))

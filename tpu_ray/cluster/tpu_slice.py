@@ -1,6 +1,6 @@
 """One TPU slice as the reservation made it: the single source of every slice fact.
 
-Before issue 23 the slice's name, host count and client environment were re-derived in several
+Before this module the slice's name, host count and client environment were re-derived in several
 modules (placement counted the hosts alive at reservation time, tpu_env and strategy preferred
 `train.tpu_name` over the reserved slice's name, the trainer asked the environment or the VM
 metadata for the pod type). Each could disagree with what Ray had actually reserved: TensorFlow

@@ -55,6 +55,7 @@ from tpu_ray.doctor.program import op_origin, unsupported_ops
 from tpu_ray.doctor.targets import Target, parse_target
 from tpu_ray.errors import UserError
 from tpu_ray.families import family
+from tpu_ray.train.repeatability import guarantee
 
 log = logging.getLogger(__name__)
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -169,6 +170,16 @@ class Doctor:
                    "cpu": "default/MirroredStrategy, float32"}[tgt.kind]
             self.add("strategy", PASS, f"train.strategy={t.strategy} -> {how}")
 
+    def check_repeatability(self) -> None:
+        """What a rerun of this config on the target repeats (train/repeatability.py): the digits on a
+        CPU; on a GPU or TPU only the curve, which a user comparing two runs must know first."""
+        kind = self.target.kind
+        if kind == "cpu":
+            self.add("repeatability", PASS, guarantee(kind))
+        else:
+            self.add("repeatability", WARN, guarantee(kind), "compare such runs by their curves, or rerun on a CPU "
+                     "to repeat the digits")
+
     def check_tensorflow(self) -> Check:
         """Which distribution provides `tensorflow` here (and its libtpu): none, two, or a TPU build
         for a GPU target is a FAIL anywhere; on a TPU host the wrong one is a FAIL, elsewhere (planning
@@ -203,29 +214,37 @@ class Doctor:
                         f"would load {choice.describe()}")
 
     def check_corpus(self) -> None:
-        """The corpus sharding will read (skipped once shards exist: then it is no longer read)."""
+        """The corpus sharding will read (skipped once shards exist: then it is no longer read). A Hub
+        dataset is not fetched here (its stage downloads it): a WARN "not checked", never a PASS."""
         from tpu_ray.config import BUILTIN_CORPUS
         from tpu_ray.prepare.preflight import preflight_corpus
 
-        src = self.cfg.corpus.source
-        if self.cfg.corpus.sources is not None:  # a mixture: every source's files, named by its field
-            src = ", ".join(f"{n}={s.source}" for n, s in self.cfg.corpus.sources.items())
-            if all(s.source == BUILTIN_CORPUS or s.source.startswith("hf:") for s in self.cfg.corpus.sources.values()):
-                src = BUILTIN_CORPUS
         if self.shards is not None:
             self.add("corpus", PASS, "shards exist; the corpus is not read again")
-        elif src == BUILTIN_CORPUS or src.startswith("hf:"):
-            self.add("corpus", PASS, f"corpus.source={src} (loaded by the tokenizer/shard stages, not here)")
-        else:
+            return
+        mixture = self.cfg.corpus.sources is not None
+        fields = {(f"corpus.sources.{n}.{k}" if mixture else f"corpus.{k}"): where
+                  for n, src in self.cfg.corpus.named_sources().items()
+                  for k in ("source", "validation_source") if (where := getattr(src, k))}
+        files = {f: w for f, w in fields.items() if w != BUILTIN_CORPUS and not w.startswith("hf:")}
+        hub = {f: w for f, w in fields.items() if w.startswith("hf:")}
+        if files:
+            src = ", ".join(f"{f}={w}" for f, w in files.items())
             try:
-                files = _call_with_timeout(lambda: preflight_corpus(self.cfg), 4 * STORAGE_TIMEOUT_S)
+                found = _call_with_timeout(lambda: preflight_corpus(self.cfg), 4 * STORAGE_TIMEOUT_S)
             except UserError as exc:
                 self.add("corpus", FAIL, str(exc), "point corpus.source (or --corpus) at existing text")
                 return
             except TimeoutError as exc:
-                self.add("corpus", WARN, f"corpus.source={src}: not verified ({exc})")
+                self.add("corpus", WARN, f"{src}: not verified ({exc})")
                 return
-            self.add("corpus", PASS, f"corpus.source={src}: {len(files)} file(s) of text")
+            self.add("corpus", PASS, f"{src}: {len(found)} file(s) of text")
+        if BUILTIN_CORPUS in fields.values():  # it ships with Python: nothing to fetch, nothing to miss
+            self.add("corpus", PASS, f"{BUILTIN_CORPUS}: CPython's documentation, present with Python")
+        if hub:
+            self.add("corpus", WARN, f"{', '.join(f'{f}={w}' for f, w in hub.items())}: not checked (a Hub "
+                     f"dataset is downloaded by the tokenizer/shard stages)",
+                     "shard where the Hub is reachable, or point the field at a copy of the dataset's files")
 
     def check_tokenizer(self) -> None:
         from tpu_ray.prepare.tokenizer import TOKENIZER_FILE, tokenizer_info
@@ -698,6 +717,7 @@ class Doctor:
                  f"model={cfg.model.model_type}/{cfg.model.preset} (h={s['hidden_size']}, "
                  f"layers={s['num_hidden_layers']}) steps={cfg.train.steps:,}")
         self.check_strategy()
+        self.check_repeatability()
         self.check_tensorflow()
         self.check_libtpu()
         if importlib.util.find_spec("tensorflow") is None:  # found, not imported: a TPU host's chips stay free
@@ -771,6 +791,10 @@ def run_doctor(cfg: RunConfig | Callable[[], RunConfig], target: str | None = No
             from tpu_ray.train.init_from import resolve_config
 
             cfg = resolve_config(cfg)
+        if cfg.train.branch_from:  # the stable run's shards and tokenizer, as the branch will read them
+            from tpu_ray.train.branch import stable_data, stable_run_dir
+
+            cfg = stable_data(cfg, stable_run_dir(cfg.train.branch_from))
     except UserError as exc:
         print(f"{FAIL}  {'config':<15} {exc}", file=out, flush=True)
         print(f"{'':6}{'':<15} fix: correct the config (the message names the field)", file=out, flush=True)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from tpu_ray.downstream.tasks import DEFAULT_METRICS
+from tpu_ray.downstream.selection import choose_lr, mean_of as _mean, spread  # noqa: F401 - spread re-exported
 from tpu_ray.downstream.verdict import paired
 
 # One curve over checkpoint steps (one learning rate chosen): keyed by the task's hash, never its name
@@ -87,25 +88,6 @@ def scores(df: pd.DataFrame) -> pd.DataFrame:
                      _mean(ok["score"]), ok["score"].std(ddof=1) if n > 1 else 0.0,
                      n, int(len(group) - n), chance.iloc[-1] if len(chance) else math.nan])
     return pd.DataFrame(rows, columns=cols)
-
-
-def _mean(values) -> float:
-    """The mean as sweep.Summary computes it (math.fsum: exact, whatever the order of the seeds)."""
-    values = [float(v) for v in values]
-    return math.fsum(values) / len(values) if values else math.nan
-
-
-TIE = 1e-9  # means this close are one score (two seeds' k/n accuracies summed in another order)
-
-
-def choose_lr(means: dict[float, float]) -> float | None:
-    """The learning rate with the best mean validation score; a tie (within TIE) goes to the smallest
-    rate: one rule for finetune's summary, the report and compare, whatever order the grid was given in."""
-    done = {float(lr): m for lr, m in means.items() if m is not None and math.isfinite(m)}
-    if not done:
-        return None
-    top = max(done.values())
-    return min(lr for lr, m in done.items() if m >= top - TIE)
 
 
 def chosen_lr(table: pd.DataFrame) -> float:
@@ -186,11 +168,6 @@ def score_text(r: pd.Series) -> str:
     chance = f"; chance {r['chance']:.4f}" if not pd.isna(r.get("chance")) else ""
     return (f"{r['split']} {r['metric']} {spread(r['mean'], r['sd'], int(r['seeds']))} "
             f"({_seeds(int(r['seeds']))}{failed}, lr {r['learning_rate']:g}{val}{chance})")
-
-
-def spread(mean: float, sd: float, n: int) -> str:
-    """`mean ± sd`; one seed has no sd, so none is printed (never a ± 0 that looks like no spread)."""
-    return f"{mean:.4f} ± {sd:.4f}" if n > 1 else f"{mean:.4f} (one seed: no sd)"
 
 
 def _seeds(n: int) -> str:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from tpu_ray.downstream import tokens
 from tpu_ray.errors import UserError
 
 
@@ -175,14 +176,10 @@ class Tokens(TaskKind):
 
     def encode(self, tok: Any, rows: list[dict], pair: bool, length: int,
                type_vocab: int) -> tuple[dict[str, Any], np.ndarray, Any]:
-        from tpu_ray.downstream import tokens
-
         return tokens.encode_words(tok, rows, length, type_vocab)
 
     def predictions(self, logits: np.ndarray, rows: list[dict], extra: Any,
                     label_names: list[str]) -> tuple[list, list]:
-        from tpu_ray.downstream import tokens
-
         fill = tokens.outside_label(label_names)
         name = label_names.__getitem__
         preds = [list(map(name, tokens.word_predictions(ids, p, len(r["label"]), fill)))

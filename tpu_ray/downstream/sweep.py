@@ -22,8 +22,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpu_ray.cluster.autoscaler import cluster_autoscales
+from tpu_ray.cluster.cpu_nodes import is_tpu_node
 from tpu_ray.downstream.finetune import FinetuneSpec, finetune_trial
-from tpu_ray.downstream.history import choose_lr, spread
+from tpu_ray.downstream.selection import choose_lr, spread
 from tpu_ray.downstream.tasks import Task
 from tpu_ray.errors import UserError, failure_line
 from tpu_ray.logs import is_verbose, quiet_libraries
@@ -162,8 +164,6 @@ class Summary:
 def check_resources(spec: FinetuneSpec, nodes: list[dict[str, Any]], off_tpu: bool = False) -> None:
     """Refuse, before submitting, a trial no node of the cluster can hold: Ray would wait for ever.
     `off_tpu`: the trials are kept off TPU hosts (eval.downstream), so only the other nodes count."""
-    from tpu_ray.cluster.cpu_nodes import is_tpu_node
-
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive") and not (off_tpu and is_tpu_node(n))]
     if any(r.get("CPU", 0) >= spec.cpus_per_trial and r.get("GPU", 0) >= spec.gpus_per_trial for r in alive):
         return
@@ -213,8 +213,6 @@ def submit_trials(model_dir: str, task: Task, spec: FinetuneSpec, trials: list[T
     try:
         check_resources(spec, ray.nodes(), off_tpu=bool((options or {}).get("label_selector")))
     except UserError as exc:
-        from tpu_ray.cluster.autoscaler import cluster_autoscales
-
         if not cluster_autoscales():
             raise
         log.warning("%s; this cluster autoscales, so the trials are submitted and wait for such a node "
@@ -293,7 +291,7 @@ def record(metrics_dir: str, summary: Summary) -> None:
     from tpu_ray.metrics_stream import MetricsWriter
     from tpu_ray.tracking.trackers import trackers_for_run_dir
 
-    writer = MetricsWriter(metrics_dir)
+    writer = MetricsWriter(metrics_dir, mirrors=trackers_for_run_dir(metrics_dir))  # the run's tracking.*
     for t in summary.trials:
         if t.reused:
             continue

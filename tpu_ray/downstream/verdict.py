@@ -12,7 +12,6 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from scipy import stats as sps
 
 # A sample sd this small (in points) is rounding in the subtraction, not spread: every paired
 # difference is the same, and the interval is that one point.
@@ -26,6 +25,8 @@ def points(x: float) -> float:
 
 def _t(n: int) -> float:
     """The 0.975 quantile of Student t with n - 1 degrees of freedom (n >= 2)."""
+    from scipy import stats as sps  # scipy.stats takes ~0.5 s to import: only when a verdict is computed
+
     return float(sps.t.ppf(0.975, n - 1))
 
 
@@ -61,6 +62,8 @@ class Verdict:
         if self.sd == 0:
             return 2
         # t_{0.975,n-1} > z_{0.975} for every n, so n must exceed (z * sd / points)^2: start there.
+        from scipy import stats as sps
+
         z = float(sps.norm.ppf(0.975))
         n = max(2, math.floor((z * self.sd / points) ** 2))
         while _t(n) * self.sd / math.sqrt(n) > points:

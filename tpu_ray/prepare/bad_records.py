@@ -1,4 +1,5 @@
-"""Records the shard pass skipped, accounted for over the whole corpus (issue 34).
+"""Records the shard pass skipped, accounted for over the whole corpus (none is
+dropped without a count).
 
 Why a module: a unit's actor sees only its unit, but two rules are about the corpus: a text field
 that no record of the corpus has is a typo'd `corpus.text_field` (refused once, naming the fields

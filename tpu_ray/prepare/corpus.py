@@ -40,7 +40,7 @@ from tpu_ray.redact import redact, unredact
 log = logging.getLogger(__name__)
 
 # Every reader, by format: what a unit of it is (each is a class of tpu_ray/prepare/readers/).
-# tests/test_text_field_rule.py's catalogue has a row per entry (the text-field rule of issue 25),
+# tests/test_text_field_rule.py's catalogue has a row per entry (the text-field rule, records.py),
 # so a new format without a row fails there.
 READERS: dict[str, str] = {fmt: r.describe() for fmt, r in formats().items()}
 
@@ -237,7 +237,7 @@ _GZIP_SLACK = 1024  # header (name, comment, extra fields) and trailer bytes a m
 
 
 def _gzip_text_size(tail: bytes, stored: int) -> int | None:
-    """The text size a gzip file's trailer gives, or UNTRUSTED where it cannot describe the file (issue 34).
+    """The text size a gzip file's trailer gives, or UNTRUSTED where it cannot describe the file.
 
     ISIZE describes only the last member, modulo 2**32. A file's text is ISIZE only if it is one
     member: less text than its stored bytes (less the header and the stored blocks' 5 bytes per

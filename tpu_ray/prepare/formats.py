@@ -103,7 +103,7 @@ _BOMS = ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"), (b"\x00\x00\xfe\xff", 
 
 
 def byte_order_mark(head: bytes, path: str) -> int:
-    """How many bytes of a UTF-8 byte-order mark open a file's text (3 or 0): never text (issue 34).
+    """How many bytes of a UTF-8 byte-order mark open a file's text (3 or 0): never text.
 
     A UTF-16 or UTF-32 mark is refused in one line naming the file and the encoding: its text would
     otherwise be read as NUL bytes or trained as replacement characters."""

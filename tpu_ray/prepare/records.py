@@ -1,4 +1,5 @@
-"""The one rule for what a record's text field may hold, the same for every reader (issue 25).
+"""The one rule for what a record's text field may hold, the same for every reader (so a format decides
+nothing about which records count).
 
 Why one module: each reader (JSON lines, parquet, CSV, Hugging Face datasets) used to turn whatever
 the field held into `str(value)`, so a dict trained as its Python repr. The rule:

@@ -355,7 +355,7 @@ class ShardSet:
         this stage's own output, never trained on: it is removed with a warning and {} returned.
         A finished set over another plan is refused: those shards may be another run's input.
         Shards another run made (`owned` False) are only ever read: a mismatch or an unfinished
-        set is refused in one line naming that run, never discarded (issue 36)."""
+        set is refused in one line naming that run, never discarded."""
         where = manifest_path(self.directory)
         if self.format != FORMAT:
             raise UserError(f"{where}: shards in the old one-folder layout ({self.format}); they still train, "
@@ -395,7 +395,7 @@ class ShardSet:
                 redo.add(unit)
                 continue
             result.update(tokens=s["tokens"], dropped_tokens=s["dropped"], skipped_records=s.get("skipped", 0),
-                          **{k: s[m] for k, m in STAT_KEYS.items() if m in s})  # record counts (issue 34)
+                          **{k: s[m] for k, m in STAT_KEYS.items() if m in s})  # record counts
             # Every token a unit kept is in its samples: [CLS] + seq_len-2 + [SEP] each. A unit whose
             # entries do not add up lost one (an edited manifest): redo it rather than trust it.
             if sum(e["samples"] for e in result["shards"]) * (seq_len - 2) != s["tokens"] - s["dropped"]:
@@ -469,7 +469,7 @@ class ShardSet:
             bad_records=sum(r.get("bad_records", 0) for r in results.values()),
             unit_stats=[{"unit": k, "tokens": v["tokens"], "dropped": v["dropped_tokens"],
                          "skipped": v.get("skipped_records", 0),
-                         **{m: v[k2] for k2, m in STAT_KEYS.items()  # record counts (issue 34)
+                         **{m: v[k2] for k2, m in STAT_KEYS.items()  # record counts (skipped records)
                             if v.get(k2) or k2 == "with_field" and k2 in v}}
                         for k, v in sorted(results.items())])
 

@@ -104,10 +104,10 @@ def text_tokenizer(tokenizer_json: str) -> Any:
 
 
 def never_text_ids(info: TokenizerInfo) -> frozenset[int]:
-    """The ids no corpus text may produce: [CLS] [SEP] <pad> [MASK] (issue 23.7). A literal `<pad>`
+    """The ids no corpus text may produce: [CLS] [SEP] <pad> [MASK]. A literal `<pad>`
     mid-sample would be padding to TF RoBERTa's position ids and never a masking target; [SEP] and
     [CLS] mark sample structure; [MASK] is the training signal. `<unk>` is not among them: it is
-    an ordinary masking target (issue 16), and WikiText writes its unknown words as `<unk>`, which
+    an ordinary masking target, and WikiText writes its unknown words as `<unk>`, which
     the tokenizer's unknown token means exactly."""
     return frozenset({info.cls_id, info.sep_id, info.pad_id, info.mask_id})
 
@@ -261,7 +261,7 @@ def process_unit(unit: WorkUnit, tok: Any, info: TokenizerInfo, seq_len: int, ou
                                      "tokens": int(rows.size), "bytes": nbytes, "sha256": digest})
         chunk.train, chunk.validation = [], []  # one chunk's text alive at a time
     result["skipped_records"] = counts.skipped
-    result.update(unit_stats(unit.index, counts, out_dir))  # record counts; bad records listed (issue 34)
+    result.update(unit_stats(unit.index, counts, out_dir))  # record counts; bad records listed (each accounted for)
     return result
 
 
@@ -584,7 +584,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
     units = all_units(planned)
     skipped = len(results)
     n_actors = len(pool)
-    # One read per unit (issue 21: bytes read <= 1.1x the corpus): bad input fails the shard pass
+    # One read per unit (bytes read stay within 1.1x the corpus): bad input fails the shard pass
     # itself. Units committed before it stay out of any complete manifest (training refuses an
     # incomplete one) and are kept for the fixed rerun; see _resume_state.
     retries = cfg.shard.max_unit_retries

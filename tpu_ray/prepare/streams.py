@@ -46,7 +46,7 @@ class Chunk:
 @dataclass
 class Counts:
     """What a reader skipped, by the text-field rule (records.py): null or missing fields, wherever
-    they stand (issue 34); whether any record had the field at all (none in the whole corpus: a
+    they stand (so the shard pass can account for every one); whether any record had the field at all (none in the whole corpus: a
     typo'd corpus.text_field, refused once by `require_field` over every unit's counts); and, under
     corpus.bad_records=skip, the records that could not be read (`bad`: where and why)."""
 
@@ -298,7 +298,7 @@ def json_texts(lines: Iterable[tuple[str, bytes | str]], source: str, text_field
 
 def lines_of(texts: Iterable[str]) -> list[str]:
     """Texts as the tokenizer's lines: split at newlines, stripped, empty ones left out; a byte-order
-    mark opening a line is not text (issue 34: it became a vocabulary token)."""
+    mark opening a line is not text (kept, it became a vocabulary token)."""
     out = [s for s in (line.strip() for t in texts for line in t.split("\n")) if s]
     if any(s[0] == "\ufeff" for s in out):
         out = [x for s in out if (x := s.lstrip("\ufeff").strip())]

@@ -15,6 +15,8 @@ count, resume by committed unit). The column type is checked once per file by re
 
 from __future__ import annotations
 
+import os
+
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -147,7 +149,7 @@ def load_saved(path: str, split: str) -> Any:
 
 
 def _quiet_datasets() -> None:
-    """`datasets`' own progress bars would interleave with ours in the log (issue 21, item 5)."""
+    """`datasets`' own progress bars would interleave with ours in the log."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -258,19 +260,52 @@ def _root_cause(exc: BaseException) -> str:
     return outer if inner is exc else f"{outer}: {first_line(inner)}"
 
 
+HUB_PROBE_S = 5.0  # a TCP connection to the Hub's endpoint takes well under this wherever it is reachable
+
+
+def _hub_unreachable() -> str | None:
+    """Why the Hub's endpoint takes no TCP connection from here (None: it does, or a proxy is set,
+    through which only the client itself can tell). Why by hand: `datasets` retries an unreachable
+    Hub for ~25 s and then reports a cache miss ("not cached in None"), not the network."""
+    import socket
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    proxies = urllib.request.getproxies()
+    if proxies.get(url.scheme) or proxies.get("all"):
+        return None
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_S).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def hub_data_files(name: str, config: str | None, split: str, field: str) -> list[str]:
     """The data files `datasets` resolves for a Hub (or local) dataset's split: `hf://datasets/...`
     URLs, read like any other files, so each actor reads only its own files and nothing is copied
     into a cache. Needs the Hub (metadata requests only); without network it is a one-line error."""
     import datasets
+    from huggingface_hub import constants
 
+    def refused(why: str) -> UserError:
+        return UserError(f"{field}='hf:{name}' (hf_config={config!r}): cannot resolve the dataset's files: {why}; "
+                         f"check the name and the network, or copy its files and point {field} at them")
+
+    # A Hub name's data files are hf:// URLs, read from the Hub: without it there is nothing to plan or
+    # read. A local dataset directory needs no Hub.
+    hub = not os.path.isdir(name)
+    if hub and (why := ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else _hub_unreachable())):
+        raise refused(f"the Hugging Face Hub is not reachable ({why})")
     _quiet_datasets()
     try:
         builder = datasets.load_dataset_builder(name, config)
     except Exception as exc:
-        raise UserError(f"{field}='hf:{name}' (hf_config={config!r}): cannot resolve the dataset's files: "
-                        f"{_root_cause(exc)}; check the name and the network, or copy its files and point "
-                        f"corpus.source at them") from None
+        raise refused(_root_cause(exc)) from None
     files = builder.config.data_files or {}
     if split not in files:
         raise UserError(f"{field}='hf:{name}' (hf_config={config!r}): no split {split!r} (splits: "

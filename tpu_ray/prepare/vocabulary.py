@@ -1,4 +1,4 @@
-"""Domain vocabulary: extend a checkpoint's tokenizer with the corpus's own tokens (issue 33).
+"""Domain vocabulary: extend a checkpoint's tokenizer with the corpus's own tokens.
 
 `tokenizer.extend_tokens=N` learns, on the run's corpus sample (all sources, by weight), the N
 tokens that save the most pieces under the checkpoint's tokenizer: greedily, the adjacent pair of

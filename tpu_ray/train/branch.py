@@ -1,4 +1,4 @@
-"""Decays branched off a stable run (`train.branch_from`, issue 32).
+"""Decays branched off a stable run (`train.branch_from`).
 
 A long run at a constant rate (train.schedule=constant, or wsd before its decay) is continued in a
 new run directory from one of its checkpoints, under the new run's schedule (typically wsd with the
@@ -12,7 +12,7 @@ With train.phases the branch continues in the phase its step falls in: the phase
 the stable run's over the steps it trained (phases.trained_difference); the phase holding the
 branch step may end elsewhere (a shorter or longer last phase is the branch's budget).
 
-A branch never jumps (issue 44): at the branch step its learning rate and masking rate are the
+A branch never jumps: at the branch step its learning rate and masking rate are the
 stable run's (within RTOL), or it is refused in one line naming the setting that makes them so.
 Two defaults make the common branch continuous by itself: an unset train.warmup_steps is the stable
 run's warm-up, and a wsd decay without train.decay_steps starts at the branch step (decay_fraction
@@ -77,6 +77,7 @@ def resolve(cfg: RunConfig) -> Branch:
             raise UserError(f"train.branch_from={where}: no committed checkpoint there; point at a tpu-ray run "
                             f"directory that has trained, or at one of its checkpoints (RUN/checkpoints/ckpt-N)")
         checkpoint, step = latest
+    cfg = stable_data(cfg, run_dir)
     stable = _check_compatible(cfg, run_dir, where, step)
     if step >= cfg.train.steps:
         raise UserError(f"train.branch_from={where}: its checkpoint is at step {step}, not before train.steps="
@@ -104,7 +105,24 @@ def settled(cfg: RunConfig) -> RunConfig:
     t, s = cfg.train, saved.train
     over = {f"train.{k}": getattr(s, k) for k in ("warmup_steps", "decay_steps")
             if getattr(t, k) is None and getattr(s, k) is not None and (k != "decay_steps" or t.schedule == "wsd")}
+    over.update({k: v for k, v, given in (("shard.dir", saved.shard.dir, cfg.shard.dir),
+                                          ("tokenizer.path", saved.tokenizer.path, cfg.tokenizer.path)) if v and not given})
     return cfg.override(over) if over else cfg
+
+
+def stable_data(cfg: RunConfig, run_dir: str) -> RunConfig:
+    """`cfg` reading the stable run's shards and tokenizer where it names none (shard.dir,
+    tokenizer.path unset): the only ones a branch may continue on, so typing them is no choice."""
+    from tpu_ray.saved_config import read_saved_config
+
+    if cfg.shard.dir and cfg.tokenizer.path:
+        return cfg
+    source = read_saved_config(run_dir)
+    if source is None:  # refused by _check_compatible, naming the missing config
+        return cfg
+    over = {k: v for k, v, given in (("shard.dir", source.shards_dir, cfg.shard.dir),
+                                     ("tokenizer.path", source.tokenizer_dir, cfg.tokenizer.path)) if not given}
+    return cfg.override(over)
 
 
 def with_defaults(cfg: RunConfig, stable: RunConfig, step: int) -> RunConfig:
@@ -123,9 +141,8 @@ def mask_rate_at(cfg: RunConfig, step: int) -> float:
     from tpu_ray.train.phases import span_at, spans
 
     t = cfg.train
-    if t.phases:
-        t = t.model_copy(update={"mask_prob": span_at(spans(cfg), step).mask_prob})
-    return float(curves.mask_rate(t, step))
+    start = span_at(spans(cfg), step).mask_prob if t.phases else None
+    return float(curves.mask_rate(t, step, start=start))
 
 
 def lr_at(t: Any, step: int) -> float:
@@ -165,7 +182,9 @@ def _lr_fix(stable: Any, t: Any, step: int, want: float) -> str:
     for c in candidates:
         together.update(c)
     for c in [*candidates, together]:
-        if c and _close(lr_at(t.model_copy(update={"warmup_steps": curves.warmup_steps(t), **c}), step), want):
+        # the settings as the user would give them, validated (not a copy that skips the checks)
+        candidate = type(t).model_validate({**t.model_dump(), "warmup_steps": curves.warmup_steps(t), **c})
+        if c and _close(lr_at(candidate, step), want):
             what = " ".join(f"train.{k}={v}" for k, v in c.items())
             why = " (the decay from the branch step)" if "decay_steps" in c else ""
             return f"set {what}{why}"
@@ -284,8 +303,8 @@ def restore(cfg: RunConfig, s: Any, metrics: Any) -> int:
         prefix = _local_copy(branch.checkpoint, tmp)
         status = s.checkpoint.restore(prefix)
         status.assert_existing_objects_matched()
-        status.expect_partial()  # schedule_shape: absent from checkpoints older than issue 32
-    lr_schedule.adopt(s.checkpoint, cfg)
+        status.expect_partial()  # schedule_shape: absent from checkpoints written before curves had shapes
+    lr_schedule.adopt(s.checkpoint, cfg.train)
     step = int(s.step_var.numpy())
     log.info("branched from %s at step %d (%s)", branch.checkpoint, step, branch.run_dir)
     metrics.event("branch", stage="train", step=step, checkpoint=branch.checkpoint, source=branch.run_dir)

@@ -53,7 +53,7 @@ def pick_latest(directory: str, state_text: str | None, names: set[str]) -> tupl
     complete while the state file names one (a committed checkpoint was damaged), a DamagedRunDir
     names the missing file: never a silent restart from step 0. If none is complete and none was
     ever committed (the process died while writing the first checkpoint), nothing can be lost by
-    starting at step 0: (None, a warning that says so) (issue 23.3).
+    starting at step 0: (None, a warning that says so).
     """
     prefixes = {m.group(1) for m in map(_PREFIX.match, names) if m}
     complete = sorted((p for p in prefixes if not missing_files(p, names)), key=lambda p: int(p.split("-")[1]))

@@ -1,4 +1,4 @@
-"""The learning-rate and masking-rate curves as pure functions of the step (issue 32).
+"""The learning-rate and masking-rate curves as pure functions of the step.
 
 One formula serves both sides: `xp` is numpy for the host (doctor, tests, docs) or TensorFlow's
 numpy API inside the train step, so what doctor prints is what the step computes. The rate at
@@ -75,11 +75,13 @@ def rate(c: Curve, step: Any, xp: Any = np) -> Any:
     return c.peak * warm * (c.floor + (1.0 - c.floor) * left)
 
 
-def mask_rate(t: TrainConfig, step: Any, xp: Any = np) -> Any:
-    """The masking rate at `step`: train.mask_prob, or linear from it to train.mask_prob_end at train.steps."""
+def mask_rate(t: TrainConfig, step: Any, xp: Any = np, start: float | None = None) -> Any:
+    """The masking rate at `step`: `start` (a phase's mask_prob; None: train.mask_prob), or linear
+    from it to train.mask_prob_end at train.steps."""
+    first = t.mask_prob if start is None else start
     if t.mask_schedule == "constant" or t.mask_prob_end is None:
-        return t.mask_prob
-    return t.mask_prob + (t.mask_prob_end - t.mask_prob) * xp.clip(step / t.steps, 0.0, 1.0)
+        return first
+    return first + (t.mask_prob_end - first) * xp.clip(step / t.steps, 0.0, 1.0)
 
 
 # The numbers a checkpoint records of its curve (train/schedule.py keeps them as two float64 variables):

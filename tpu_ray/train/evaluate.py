@@ -34,7 +34,7 @@ def _evaluate_run(cfg: RunConfig) -> dict:
         if not ckpts.present:
             raise UserError(f"{ckpts.directory}: no checkpoint to evaluate; train first (tpu-ray train)")
         ckpts.restore(s.checkpoint, partial=True)
-    evaluate = evaluator(s, shards, cfg.train.batch_size // info.replicas)
+    evaluate = evaluator(cfg, s, shards, cfg.train.batch_size // info.replicas)
     if evaluate is None:
         raise UserError(f"{cfg.shards_dir}: no validation samples to evaluate on")
     with shards.naming_corrupt_files():

@@ -15,10 +15,12 @@ import json
 import logging
 import math
 from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tpu_ray import storage
+from tpu_ray.config import EvalConfig
 from tpu_ray.prepare.shard_set import ShardSet
 
 log = logging.getLogger("tpu_ray.train.loop")  # the trainer's log lines keep the trainer's name
@@ -48,9 +50,26 @@ class Evaluation:
         return metrics.write(pooled_kind, step=self.step, **self.pooled, **extra), per_source
 
 
-def figures(sums: Any, identity: str, mask_prob: float) -> dict[str, Any]:
-    """An evaluation's figures from its summed (loss, correct, count, bytes, unscored, unknown bytes)."""
-    loss_sum, correct, count, nbytes, dropped, unknown = (float(x) for x in sums)
+class EvalSums(NamedTuple):
+    """What an evaluation sums over masked positions, replicas and batches, in the order the eval
+    step stacks it (one tensor per batch: a traced step returns one value): `figures` reads it."""
+
+    loss: Any  # cross-entropy, nats
+    correct: Any  # right predictions
+    count: Any  # masked tokens scored
+    nbytes: Any  # UTF-8 bytes of text of those tokens
+    unscored: Any  # masked tokens beyond the predictions bound
+    unknown: Any  # masked tokens whose bytes the shards do not record
+
+    @classmethod
+    def total(cls, many: Iterable[Iterable[float]]) -> EvalSums:
+        """The field-by-field sum of several (a source's batches, the pooled sources)."""
+        return cls(*(float(sum(column)) for column in zip(*many)))
+
+
+def figures(sums: Iterable[float], identity: str, mask_prob: float) -> dict[str, Any]:
+    """An evaluation's figures from its EvalSums (or the same six numbers in that order)."""
+    loss_sum, correct, count, nbytes, dropped, unknown = EvalSums(*(float(x) for x in sums))
     loss = loss_sum / max(count, 1.0)
     bpb = loss_sum / math.log(2) / nbytes if nbytes and not unknown else None  # shards without bytes: none
     return {"eval_loss": loss, "eval_accuracy": correct / max(count, 1.0), "perplexity": math.exp(min(loss, 700.0)),
@@ -59,25 +78,26 @@ def figures(sums: Any, identity: str, mask_prob: float) -> dict[str, Any]:
 
 
 def evaluator(s: Any, shards: ShardSet, per_replica: int, eval_step: Callable[[Any], Any],
-              train_spec: Any) -> Callable[[int], Evaluation] | None:
+              train_spec: Any, ev: EvalConfig, seq_len: int) -> Callable[[int], Evaluation] | None:
     """`evaluate(step)` over every source's fixed set (train/eval_set.py) -> Evaluation, or None when
     no source has validation samples. `eval_step`: the loop's summed per-batch step; `train_spec`: the
-    run's masking, which the evaluation's own rate replaces (eval_set.eval_spec)."""
+    run's masking, which the evaluation's own rate (`ev`, the eval section) replaces (eval_set.eval_spec);
+    `seq_len`: the shards' (evaluation runs at it throughout)."""
     import tensorflow as tf
 
     from tpu_ray.train.eval_set import eval_dataset, eval_set, eval_spec
 
-    cfg, strategy, replicas = s.cfg, s.info.strategy, s.info.replicas
+    strategy, replicas = s.info.strategy, s.info.replicas
     contents = {storage.join(shards.directory, e.path): e.sha256 or "" for e in shards.entries}
     sets = [es for name in shards.source_names()
-            if (es := eval_set(name, shards.files("validation", name), cfg.eval.samples, contents, s.tok.sha256,
-                               cfg.eval.mask_prob, cfg.shard.seq_len)) is not None]
+            if (es := eval_set(name, shards.files("validation", name), ev.samples, contents, s.tok.sha256,
+                               ev.mask_prob, seq_len)) is not None]
     if not sets:
         log.warning("no evaluation: the shards hold no validation samples")
         return None
-    spec = eval_spec(train_spec, cfg.eval.mask_prob, cfg.shard.seq_len)
+    spec = eval_spec(train_spec, ev.mask_prob, seq_len)
     datasets = {es.source: strategy.distribute_datasets_from_function(
-        lambda ctx, es=es: eval_dataset(es, cfg.shard.seq_len, per_replica, replicas, spec,
+        lambda ctx, es=es: eval_dataset(es, seq_len, per_replica, replicas, spec,
                                         ctx=None if ctx.num_input_pipelines == 1 else ctx)) for es in sets}
     pooled = [es.source for es in sets if not shards.evaluation_only(es.source)] or [es.source for es in sets]
     by_name = {es.source: es for es in sets}
@@ -86,19 +106,19 @@ def evaluator(s: Any, shards: ShardSet, per_replica: int, eval_step: Callable[[A
     def evaluate(step: int) -> Evaluation:
         per_source = {}
         for es in sets:
-            total = tf.zeros([6])
+            total = tf.zeros([len(EvalSums._fields)])
             for batch in datasets[es.source]:
                 total += eval_step(batch)
-            per_source[es.source] = total.numpy()
-            if per_source[es.source][5] and es.source not in warned:
+            per_source[es.source] = EvalSums(*(float(x) for x in total.numpy()))
+            if per_source[es.source].unknown and es.source not in warned:
                 warned.add(es.source)
                 log.warning("no bits per byte for source %r: its validation shards were written without each "
                             "token's bytes of text (before tpu-ray recorded them); write the shards again "
                             "for the figure", es.source)
         identity = hashlib.sha256(json.dumps(sorted(es.identity for es in sets if es.source in pooled)).encode())
-        result = figures(sum(per_source[n] for n in pooled), identity.hexdigest()[:16] if len(pooled) > 1
-                         else by_name[pooled[0]].identity, cfg.eval.mask_prob)
-        sources = {n: {**figures(v, by_name[n].identity, cfg.eval.mask_prob), "eval_samples": by_name[n].samples}
+        result = figures(EvalSums.total(per_source[n] for n in pooled), identity.hexdigest()[:16] if len(pooled) > 1
+                         else by_name[pooled[0]].identity, ev.mask_prob)
+        sources = {n: {**figures(v, by_name[n].identity, ev.mask_prob), "eval_samples": by_name[n].samples}
                    for n, v in per_source.items()}
         return Evaluation(step, result, sources)
 

@@ -23,6 +23,7 @@ import numpy as np
 from tpu_ray import storage
 from tpu_ray.families import FAMILIES
 from tpu_ray.redact import redact
+from tpu_ray.train.repeatability import guarantee
 
 log = logging.getLogger(__name__)
 SAFETENSORS_FILE = "model.safetensors"
@@ -75,10 +76,10 @@ def _command(run_dir: str) -> str | None:
 
 
 def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None,
-               mask: str = "[MASK]") -> str:
-    """README.md of the exported model: what it was trained on, how long, how well, and how."""
+               mask: str = "[MASK]", kind: str = "cpu") -> str:
+    """README.md of the exported model: what it was trained on, how long, how well, and how; `kind`
+    (cpu, gpu, tpu): what trained it, for the line on whether a rerun repeats it."""
     from tpu_ray.train.recipe import recipe_text
-
     t = cfg.train
     tokens = step * t.batch_size * cfg.shard.seq_len
     ev = last_eval or {}  # the trainer's last eval record (read from memory: gs:// metrics may still be held)
@@ -109,6 +110,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
         f"- recipe: {recipe_text(cfg)}",
         quality,
+        f"- repeatability ({kind}): {guarantee(kind)}",
         f"- made by: {made_by}",
         "",
         "## Use",
@@ -151,16 +153,18 @@ def _pytorch_differs(model_type: str) -> str:
     return fam.pytorch_differs if fam else ""
 
 
-def write_pytorch_files(directory: str | Path, s: Any, last_eval: dict[str, Any] | None = None) -> None:
+def write_pytorch_files(directory: str | Path, s: Any, cfg: Any, last_eval: dict[str, Any] | None = None) -> None:
     """The export hook: model.safetensors + README.md into the export staging `directory`.
 
-    `s` is the trainer's TrainSetup (model, cfg, tok, step_var); `last_eval` its last eval record.
+    `s` is the trainer's TrainSetup (model, tok, step_var), `cfg` the run's config the card records;
+    `last_eval` its last eval record.
     """
     write_safetensors(s.model, directory)
     if differs := _pytorch_differs(s.model.config.model_type):
         log.warning("export: model.safetensors is written, but %s", differs)
-    card = model_card(s.cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval,
-                      mask=s.tok.tokens.mask)
+    kind = s.info.kind if s.info.kind != "multiworker" else ("cpu" if s.info.device == "cpu" else "gpu")
+    card = model_card(cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval,
+                      mask=s.tok.tokens.mask, kind=kind)
     (Path(directory) / MODEL_CARD).write_text(card, encoding="utf-8")
 
 

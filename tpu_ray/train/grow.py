@@ -1,4 +1,4 @@
-"""Grow a checkpoint's model to an extended vocabulary (issue 33; prepare/vocabulary.py).
+"""Grow a checkpoint's model to an extended vocabulary (prepare/vocabulary.py).
 
 The checkpoint's weights load into a model of its own size, then every weight is copied into
 the run's model: unchanged where the shapes agree; along the vocabulary axis where they differ

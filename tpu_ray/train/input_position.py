@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
+
 from tpu_ray.errors import UserError
 
 _EPOCH_STRIDE = 1 << 24  # window seeds: epoch * stride + window (a window index never reaches 2**24)
@@ -51,7 +53,7 @@ class InputPosition:
     window: int
     offset: int  # samples of `window` already consumed
     shards_sha256: str  # the files and counts the position refers to
-    # What else decides the order (issue 23.5); None in positions stored before they were recorded.
+    # What else decides the order; None in positions stored before they were recorded.
     pipelines: int | None = None  # input pipelines sharing the global batch (hosts, or workers)
     shuffle_window: int | None = None  # train.shuffle_buffer: the window each permutation covers
     # A mixture (corpus.sources): samples drawn from each source so far, and what decided the draw.
@@ -78,20 +80,101 @@ class InputPosition:
         return cls(**json.loads(text))
 
 
+class TextRead:
+    """Text of one epoch that phases have read, in a coordinate every sequence length shares: per
+    piece (a work unit, or one part of a streamed unit: the same tokens at every length), the token
+    intervals `[lo, hi)` read. Row `i` of a piece's shard at length L holds its tokens
+    `[i (L - 2), (i + 1) (L - 2))` (prepare/shards.py cut_rows), so what a phase at one length read
+    is, at another, the rows overlapping these intervals. Why tokens and not units: a unit touched
+    by one shuffle window, or a streamed unit whose parts share its id, is mostly unread."""
+
+    def __init__(self, pieces: Mapping[tuple[int, int], Sequence[tuple[int, int]]] | None = None):
+        self.pieces = {k: _merged(v) for k, v in (pieces or {}).items() if v}
+
+    def __bool__(self) -> bool:
+        return bool(self.pieces)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TextRead) and self.pieces == other.pieces
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.pieces.items())))
+
+    def __repr__(self) -> str:
+        return f"TextRead({self.units()} units, {self.tokens()} tokens)"
+
+    def union(self, other: TextRead) -> TextRead:
+        keys = set(self.pieces) | set(other.pieces)
+        return TextRead({k: [*self.pieces.get(k, ()), *other.pieces.get(k, ())] for k in keys})
+
+    def tokens(self) -> int:
+        return sum(hi - lo for spans in self.pieces.values() for lo, hi in spans)
+
+    def units(self) -> int:
+        return len({unit for unit, _ in self.pieces})
+
+    def rows(self, piece: tuple[int, int], row_len: int, n_rows: int) -> list[tuple[int, int]]:
+        """The row ranges `[a, b)` of a piece's shard (rows of `row_len` tokens, `n_rows` of them)
+        that hold any read token."""
+        out = []
+        for lo, hi in self.pieces.get(piece, ()):
+            a, b = lo // row_len, min(n_rows, (hi - 1) // row_len + 1)
+            if a < b:
+                out.append((a, b))
+        return _merged(out)
+
+    @classmethod
+    def of_rows(cls, piece: tuple[int, int], row_len: int, rows: np.ndarray) -> TextRead:
+        """The text of these rows (indices into the piece's shard at a length of `row_len` tokens a row)."""
+        return cls({piece: _runs(np.asarray(rows, dtype=np.int64), row_len)})
+
+
+def _runs(rows: np.ndarray, scale: int = 1) -> list[tuple[int, int]]:
+    """Sorted distinct indices as runs `[a, b)`, times `scale`."""
+    rows = np.unique(rows)
+    if not rows.size:
+        return []
+    cut = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts, ends = rows[np.r_[0, cut]], rows[np.r_[cut - 1, rows.size - 1]] + 1
+    return [(int(a) * scale, int(b) * scale) for a, b in zip(starts, ends)]
+
+
+def _merged(spans: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    out: list[list[int]] = []
+    for lo, hi in sorted((int(a), int(b)) for a, b in spans if b > a):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((a, b) for a, b in out)
+
+
+def kept_rows(first: int, count: int, excluded: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Which rows of a share `[first, first + count)` a first epoch reads: those outside `excluded`."""
+    keep = np.ones(int(count), dtype=bool)
+    for a, b in excluded:
+        lo, hi = max(int(a) - first, 0), min(int(b) - first, int(count))
+        if lo < hi:
+            keep[lo:hi] = False
+    return keep
+
+
 @dataclass(frozen=True)
 class StreamStart:
-    """Where a phase's stream starts: epoch `epoch` of its order without the files of `read_units`
-    (read by earlier phases in that epoch), from sample `offset` of what remains. The default is
-    the stream of a run without phases (train/phase_data.py computes the others)."""
+    """Where a phase's stream starts: epoch `epoch` of its order without the rows holding text of
+    `read` (read by earlier phases in that epoch), from sample `offset` of what remains. The default
+    is the stream of a run without phases (train/phase_data.py computes the others)."""
 
     epoch: int = 0
-    read_units: frozenset[int] = field(default_factory=frozenset)
+    read: TextRead = field(default_factory=TextRead)
     offset: int = 0
 
     def describe(self) -> dict[str, int]:
-        """What a checkpoint's input position records of it (the units as a count)."""
-        return {"epoch": self.epoch, "read_units": len(self.read_units), "offset": self.offset}
-
+        """What a checkpoint's input position records of it (the text read as counts)."""
+        out = {"epoch": self.epoch, "read_units": self.read.units(), "offset": self.offset}
+        if self.read:
+            out["read_tokens"] = self.read.tokens()
+        return out
 
 
 def shards_digest(files: Sequence[str], counts: Sequence[int]) -> str:
@@ -129,23 +212,26 @@ def window_order(seed: int, epoch: int | tf.Tensor, window_index: int | tf.Tenso
 
 def seekable_records(files: Sequence[str], counts: Sequence[int], seed: int, window: int,
                      start_sample: int = 0, firsts: Sequence[int] | None = None, first_epoch: int = 0,
-                     read: Sequence[bool] | None = None) -> tf.data.Dataset:
+                     excluded: Sequence[Sequence[tuple[int, int]]] | None = None) -> tf.data.Dataset:
     """Serialized records of the endless stream described above, from sample `start_sample` on.
 
     `firsts`: each file is read from this record on (`counts` records): a pipeline's share may
-    start inside a file (inputs.host_parts); None: from the first. `first_epoch`, `read`
+    start inside a file (inputs.host_parts); None: from the first. `first_epoch`, `excluded`
     (train.phases, train/phase_data.py): the stream's first epoch is epoch `first_epoch` of the
-    order without the files `read` marks (text an earlier phase read), its windows counted from
-    its first record; the epochs after it are whole. Left out: epoch 0 whole, as before phases."""
+    order without each file's rows in `excluded` (row ranges `[a, b)` of the file holding text an
+    earlier phase read), its windows counted over the rows it keeps; the epochs after it are whole.
+    Left out: epoch 0 whole, as before phases."""
     if len(files) != len(counts) or not files or (firsts is not None and len(firsts) != len(files)) \
-            or (read is not None and len(read) != len(files)):
+            or (excluded is not None and len(excluded) != len(files)):
         raise ValueError("seekable_records needs one count per file and at least one file")
     n = int(sum(counts))
     window = max(1, int(window))
-    read = [bool(r) for r in (read or [False] * len(files))]
-    n0 = n - sum(int(c) for c, r in zip(counts, read) if r)  # the first epoch's records
+    firsts = [int(a) for a in (firsts or [0] * len(files))]
+    excluded = [list(x) for x in (excluded or [()] * len(files))]
+    kept = [int(kept_rows(a, c, x).sum()) for a, c, x in zip(firsts, counts, excluded)]
+    n0 = sum(kept)  # the first epoch's records
     if n0 <= 0:
-        raise ValueError("seekable_records: every file is marked read; start at the next epoch instead")
+        raise ValueError("seekable_records: every row is excluded; start at the next epoch instead")
     start_sample = int(start_sample)
     if start_sample < n0:
         e0, q = int(first_epoch), start_sample
@@ -155,22 +241,40 @@ def seekable_records(files: Sequence[str], counts: Sequence[int], seed: int, win
     w0, skip_first = divmod(q, window)
     files_t = tf.constant(list(files), tf.string)
     counts_t = tf.constant([int(c) for c in counts], tf.int64)
-    firsts_t = tf.constant([int(a) for a in (firsts or [0] * len(files))], tf.int64)
-    read_t = tf.constant(read, tf.bool)
+    firsts_t = tf.constant(firsts, tf.int64)
+    kept_t = tf.constant(kept, tf.int64)
     seed = int(seed)
+    # The excluded rows as sorted key runs (file index << 32 | row): one search per record of the first epoch.
+    runs = sorted((i << 32 | int(a), i << 32 | int(b)) for i, x in enumerate(excluded) for a, b in x if b > a)
+    run_starts = tf.constant([a for a, _ in runs], tf.int64)
+    run_ends = tf.constant([b for _, b in runs], tf.int64)
+
+    def file_records(epoch: tf.Tensor, index: tf.Tensor, name: tf.Tensor, k: tf.Tensor, a: tf.Tensor,
+                     count: tf.Tensor, size: tf.Tensor) -> tf.data.Dataset:
+        if not runs:
+            return tf.data.TFRecordDataset(name).skip(a + k).take(size - k)
+
+        def keep(row: tf.Tensor, _: tf.Tensor) -> tf.Tensor:
+            key = tf.bitwise.left_shift(index, 32) + a + row
+            at = tf.searchsorted(run_starts, tf.reshape(key, [1]), side="right")[0] - 1
+            inside = tf.logical_and(at >= 0, key < tf.gather(run_ends, tf.maximum(at, 0)))
+            return tf.logical_or(epoch != first_epoch, tf.logical_not(inside))
+
+        rows = tf.data.TFRecordDataset(name).skip(a).take(count).enumerate().filter(keep)
+        return rows.map(lambda _, r: r).skip(k).take(size - k)
 
     def epoch_records(epoch: tf.Tensor) -> tf.data.Dataset:
         order = file_order(len(files), seed, epoch)
-        names, sizes, starts = tf.gather(files_t, order), tf.gather(counts_t, order), tf.gather(firsts_t, order)
-        sizes = tf.where(tf.logical_and(epoch == first_epoch, tf.gather(read_t, order)), tf.zeros_like(sizes), sizes)
+        names, counts_o, starts = tf.gather(files_t, order), tf.gather(counts_t, order), tf.gather(firsts_t, order)
+        sizes = tf.where(epoch == first_epoch, tf.gather(kept_t, order), counts_o)
         ends = tf.cumsum(sizes)
         begins = ends - sizes
         first = tf.where(epoch == e0, tf.constant(w0 * window, tf.int64), tf.constant(0, tf.int64))
         keep = tf.logical_and(ends > first, sizes > 0)  # files wholly before the first window read are never opened
         skips = tf.maximum(first - begins, 0)
-        parts = tf.data.Dataset.from_tensor_slices((tf.boolean_mask(names, keep), tf.boolean_mask(skips, keep),
-                                                    tf.boolean_mask(starts, keep), tf.boolean_mask(sizes, keep)))
-        records = parts.flat_map(lambda name, k, a, n: tf.data.TFRecordDataset(name).skip(a + k).take(n - k))
+        parts = tf.data.Dataset.from_tensor_slices(tuple(tf.boolean_mask(x, keep) for x in (
+            tf.cast(order, tf.int64), names, skips, starts, counts_o, sizes)))
+        records = parts.flat_map(lambda i, name, k, a, c, size: file_records(epoch, i, name, k, a, c, size))
         first_window = first // window
 
         def permute(i: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
@@ -189,10 +293,13 @@ class PositionTracker:
     pipelines share the global batch); `at(step)` is then pure arithmetic.
     """
 
-    def __init__(self, train_files: Sequence[tuple[str, int]], global_batch: int, window: int):
+    sources: tuple[str, ...] = ("corpus",)  # the streams a span reads (a mixture: one per source)
+
+    def __init__(self, train_files: Sequence[tuple[str, int]], global_batch: int, window: int, seed: int = 0):
         self.counts = {p: int(n) for p, n in train_files}
         self.global_batch = global_batch
         self.window = window
+        self._seed = int(seed)
         self.digest = shards_digest(list(self.counts), list(self.counts.values()))
         self.mine: list[tuple[str, int, int]] = [(f, 0, self.counts[f]) for f in sorted(self.counts)]
         self.pipelines = 1
@@ -208,13 +315,45 @@ class PositionTracker:
             self.mine = [(m, 0, self.counts[m]) if isinstance(m, str) else tuple(m) for m in mine]
             self.pipelines, self.pipeline, self._bound = pipelines, pipeline, True
 
-    def stream_start(self, source: str, pipeline: int, pipelines: int) -> tuple[Any, set[str]]:
+    @property
+    def seed(self) -> int:
+        """The record order's seed (the run's)."""
+        return self._seed
+
+    def stream_start(self, source: str, pipeline: int, pipelines: int) -> tuple[StreamStart, dict[str, list]]:
         """Where this stream of `source` starts on that pipeline (a phase continues the text read so
-        far, train/phase_data.py), and the files its first epoch leaves out."""
+        far, train/phase_data.py), and per file the row ranges its first epoch leaves out."""
         if self.phase_data is None:
-            return StreamStart(), set()
+            return StreamStart(), {}
         start = self.phase_data.start(self.phase, source, pipeline, pipelines)
-        return start, self.phase_data.read_files(self.phase, source, start)
+        return start, self.phase_data.excluded(self.phase, source, start)
+
+    def records(self, ctx: tf.distribute.InputContext | None, step: int) -> tuple[tf.data.Dataset, list[str]]:
+        """The data protocol every span's source implements: this input pipeline's serialized records
+        from the span's local step `step` on, and the files (or file ranges) it reads. One stream
+        over the train files here; a mixture draws from one stream per source (mixture.py)."""
+        pipelines, pipeline = (ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx else (1, 0)
+        per_step = self.global_batch // pipelines
+        ds, parts = self.source_records("corpus", list(self.counts), self.seed, ctx, step * per_step)
+        self.bind(parts, pipelines, pipeline)
+        return ds, self.described(parts)
+
+    def source_records(self, source: str, files: Sequence[str], seed: int, ctx: tf.distribute.InputContext | None,
+                       samples: int) -> tuple[tf.data.Dataset, list[tuple[str, int, int]]]:
+        """One source's stream on this pipeline after `samples` of its samples (counted from where
+        the span's stream starts), and the pipeline's parts of its files."""
+        parts = host_parts(files, self.counts, ctx)  # an equal share of the records per pipeline
+        pipelines, pipeline = (ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx else (1, 0)
+        start, excluded = self.stream_start(source, pipeline, pipelines)
+        ds = seekable_records([f for f, _, _ in parts], [c for _, _, c in parts], seed, self.window,
+                              start_sample=start.offset + int(samples), firsts=[a for _, a, _ in parts],
+                              first_epoch=start.epoch,
+                              excluded=[excluded.get(f, []) for f, _, _ in parts] if excluded else None)
+        return ds, parts
+
+    def described(self, parts: Sequence[tuple[str, int, int]]) -> list[str]:
+        """The files a pipeline reads, `file[a:b]` for part of one."""
+        return [f if c == self.counts[f] else f"{f}[{a}:{a + c}]" for f, a, c in parts]
 
     def at(self, step: int) -> InputPosition:
         return position_at(step, step * self.global_batch // self.pipelines, [n for _, _, n in self.mine],
@@ -260,3 +399,33 @@ class PositionTracker:
         if saved.shuffle_window is not None and saved.shuffle_window != self.window:
             changed.append(f"train.shuffle_buffer {saved.shuffle_window} -> {self.window}")
         return changed
+
+
+def host_parts(files: Sequence[str], counts: Mapping[str, int],
+               ctx: tf.distribute.InputContext | None) -> list[tuple[str, int, int]]:
+    """This input pipeline's share of the train records: `(file, first record, records)` parts.
+
+    Every pipeline feeds the same number of samples per step, so every pipeline must hold the same
+    number of records per epoch, or the samples of a small share are seen more often (5 files
+    round-robin on 4 pipelines: the two files of pipeline 0 were seen half as often as the others).
+    So pipeline p reads records [p N / P, (p + 1) N / P) of the sorted files' records laid end to
+    end: shares differ by at most one record, whatever the files' number and sizes. A share may
+    start or end inside a file (that file's first records are skipped by reading them, at most one
+    file per pipeline and epoch)."""
+    files = sorted(files)
+    if ctx is None or ctx.num_input_pipelines == 1:
+        return [(f, 0, int(counts[f])) for f in files]
+    p, n_pipes = ctx.input_pipeline_id, ctx.num_input_pipelines
+    total = sum(int(counts[f]) for f in files)
+    lo, hi = p * total // n_pipes, (p + 1) * total // n_pipes
+    if hi <= lo:
+        raise UserError(f"only {total} train samples for {n_pipes} reading hosts; make more shards "
+                        f"(a larger corpus)")
+    parts, begin = [], 0
+    for f in files:
+        end = begin + int(counts[f])
+        a, b = max(lo, begin), min(hi, end)
+        if a < b:
+            parts.append((f, a - begin, b - a))
+        begin = end
+    return parts

@@ -10,13 +10,13 @@ are the same after a resume as in an uninterrupted run.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass
 
 import tensorflow as tf
 
-from tpu_ray.errors import UserError
+from tpu_ray.train.input_position import count_records, host_parts, seekable_records
 
 IGNORE = -100
 # Masking seeds for different input pipelines are kept apart by this stride.
@@ -231,67 +231,29 @@ def host_files(files: Sequence[str], ctx: tf.distribute.InputContext | None,
     if ctx is None or ctx.num_input_pipelines == 1:
         return sorted(files)
     if counts is None:
-        from tpu_ray.train.input_position import count_records
-
         counts = dict(zip(sorted(files), count_records(sorted(files))))
     return [f for f, _, _ in host_parts(files, counts, ctx)]
-
-
-def host_parts(files: Sequence[str], counts: Mapping[str, int],
-               ctx: tf.distribute.InputContext | None) -> list[tuple[str, int, int]]:
-    """This input pipeline's share of the train records: `(file, first record, records)` parts.
-
-    Every pipeline feeds the same number of samples per step, so every pipeline must hold the same
-    number of records per epoch, or the samples of a small share are seen more often (5 files
-    round-robin on 4 pipelines: the two files of pipeline 0 were seen half as often as the others).
-    So pipeline p reads records [p N / P, (p + 1) N / P) of the sorted files' records laid end to
-    end: shares differ by at most one record, whatever the files' number and sizes. A share may
-    start or end inside a file (that file's first records are skipped by reading them, at most one
-    file per pipeline and epoch)."""
-    files = sorted(files)
-    if ctx is None or ctx.num_input_pipelines == 1:
-        return [(f, 0, int(counts[f])) for f in files]
-    p, n_pipes = ctx.input_pipeline_id, ctx.num_input_pipelines
-    total = sum(int(counts[f]) for f in files)
-    lo, hi = p * total // n_pipes, (p + 1) * total // n_pipes
-    if hi <= lo:
-        raise UserError(f"only {total} train samples for {n_pipes} reading hosts; make more shards "
-                        f"(a larger corpus)")
-    parts, begin = [], 0
-    for f in files:
-        end = begin + int(counts[f])
-        a, b = max(lo, begin), min(hi, end)
-        if a < b:
-            parts.append((f, a - begin, b - a))
-        begin = end
-    return parts
 
 
 def train_dataset(files: Sequence[str], seq_len: int, batch_size: int, spec: MaskSpec, seed: int,
                   shuffle_buffer: int, start_batch: int = 0,
                   ctx: tf.distribute.InputContext | None = None,
-                  counts: Mapping[str, int] | None = None, start_sample: int | None = None,
-                  first_epoch: int = 0, read_files: Collection[str] = ()) -> tf.data.Dataset:
+                  counts: Mapping[str, int] | None = None) -> tf.data.Dataset:
     """Endless, shuffled, masked batches of `batch_size` (the per-replica batch under a strategy).
 
     `start_batch` starts at that batch (resume) in time that does not grow with it: the record
     order is `input_position.seekable_records` (files per epoch, then windows of `shuffle_buffer`
     records shuffled by seed), so reaching a batch skips whole files by their record `counts`
     (the manifest's; read from the files when not given) instead of re-reading every record.
-    Under several input pipelines each reads an equal share of the records (host_parts).
-    `start_sample` (train.phases): the stream starts there while the masks stay seeded by
-    `start_batch` (the global step's); None: at `start_batch * batch_size`. `first_epoch`,
-    `read_files`: a phase's stream continuing the text read so far (train/phase_data.py).
+    Under several input pipelines each reads an equal share of the records (host_parts). The
+    trainer reads a span's records through its source (`records(ctx, step)`: input_position.py,
+    mixture.py), which is this stream when the span has one source and no phase before it.
     """
-    from tpu_ray.train.input_position import count_records, seekable_records
-
     if counts is None:
         counts = dict(zip(sorted(files), count_records(sorted(files))))
     mine = host_parts(files, counts, ctx)
     ds = seekable_records([f for f, _, _ in mine], [n for _, _, n in mine], seed, shuffle_buffer,
-                          start_sample=start_batch * batch_size if start_sample is None else start_sample,
-                          firsts=[a for _, a, _ in mine], first_epoch=first_epoch,
-                          read=[f in read_files for f, _, _ in mine] if read_files else None)
+                          start_sample=start_batch * batch_size, firsts=[a for _, a, _ in mine])
     return masked_batches(ds, seq_len, batch_size, spec, seed, start_batch, ctx)
 
 

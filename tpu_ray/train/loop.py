@@ -11,7 +11,7 @@ AdamW from train/optimizer.py, `steps_per_execution` steps per host round trip.
 
 `_train_loop` runs every run the same way, as its steps: the plan (train/plan.py: the spans; a run
 without train.phases is one) and what each span reads (train/span_data.py) -> restore_or_start ->
-default_hooks (loop_hooks.py: accumulate, log, eval, checkpoint, each with its own every=) -> per
+trainer_hooks (loop_hooks.py: log, eval, checkpoint, snapshot: objects, each with its own every=) -> per
 span: train_input (the span's length, batch, masking) -> make_train_step -> executions (hooks.py: no
 execution crosses a hook's or the span's boundary) -> finish (export, summary).
 """
@@ -31,13 +31,16 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import rundir, storage
+from tpu_ray.train import curves
 from tpu_ray.train.checkpoints import CheckpointStore, CheckpointTimer
+from tpu_ray.train.evaluation import EvalSums, evaluator as make_evaluator
 from tpu_ray.train.generation import Generation
-from tpu_ray.train.hooks import Hooks, StepInfo, executions
-from tpu_ray.train.loop_hooks import LoopState, default_hooks
+from tpu_ray.train.hooks import Hooks, TrainSums, executions
+from tpu_ray.train.loop_hooks import PhaseFlops, Snapshot, recover_results, trainer_hooks
 from tpu_ray.config import RunConfig
 from tpu_ray.train.phases import Span
-from tpu_ray.train.inputs import IGNORE, MaskSpec, host_parts, masked_batches, predictions_for, train_dataset
+from tpu_ray.train.plan import SpanPlan, plan as plan_of
+from tpu_ray.train.inputs import IGNORE, MaskSpec, masked_batches, predictions_for
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.model import hf_config
@@ -64,7 +67,13 @@ def masked_sums(labels: tf.Tensor, logits: tf.Tensor) -> tuple[tf.Tensor, tf.Ten
 
 @dataclass
 class TrainSetup:
-    cfg: RunConfig
+    """The built objects one training (or evaluation) process works on, and where its run lives; no
+    config: what a stage needs from it is handed to that stage (the hooks the train section, the
+    export the whole config it records)."""
+
+    run_dir: str
+    tokenizer_dir: str
+    keep_checkpoints: int
     info: StrategyInfo
     tok: TokenizerInfo
     model: Any
@@ -83,8 +92,8 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     from tpu_ray.train.optimizer import make_optimizer
 
     t = cfg.train
-    refuse_precision(cfg, info.mixed_precision)
-    warmup = lr_schedule.warmup_steps(cfg)
+    refuse_precision(cfg.model.model_type, info.mixed_precision)
+    warmup = curves.warmup_steps(t)
     # `seed` fixes the initial weights and dropout too, not only data order and masks: an
     # uninterrupted run can be repeated exactly (after --resume only the dropout draws differ).
     tf_keras.utils.set_random_seed(cfg.seed)
@@ -99,13 +108,14 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
         optimizer._create_all_weights(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var,
-                                         schedule=lr_schedule.variable(cfg), schedule_shape=lr_schedule.shape_variable(cfg))
+                                         schedule=lr_schedule.variable(t), schedule_shape=lr_schedule.shape_variable(t))
     # Multi-worker: the same initial weights everywhere (above), but each worker its own dropout
     # stream, as the workers read different data (equal seeds would repeat worker 0's masks).
     worker = info.worker_index
     if worker:
         tf.random.set_seed(cfg.seed + 7919 * worker)
-    return TrainSetup(cfg, info, tok, model, optimizer, schedule, checkpoint, step_var)
+    return TrainSetup(cfg.run_dir, cfg.tokenizer_dir, t.keep_checkpoints, info, tok, model, optimizer, schedule,
+                      checkpoint, step_var)
 
 
 def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
@@ -115,12 +125,12 @@ def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
     # Harmless on a TPU VM, where the client is the host.
     options = (tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
                if s.info.kind == "tpu" else None)
-    directory = rundir.checkpoints_dir(s.cfg.run_dir)
+    directory = rundir.checkpoints_dir(s.run_dir)
     generation = None
     if write:  # this attempt's fencing token: an older attempt still alive can no longer commit or prune
         generation = Generation(directory)
-        log.info("training attempt %d of %s", generation.claim(), s.cfg.run_dir)
-    return CheckpointStore(s.checkpoint, directory, s.cfg.train.keep_checkpoints, write=write, options=options,
+        log.info("training attempt %d of %s", generation.claim(), s.run_dir)
+    return CheckpointStore(s.checkpoint, directory, s.keep_checkpoints, write=write, options=options,
                            skip_busy=s.info.kind != "multiworker",  # a collective save is never skipped
                            generation=generation)
 
@@ -162,7 +172,7 @@ def make_train_step(s: TrainSetup):
         global_count = tf.distribute.get_replica_context().all_reduce("sum", count)
         grads, loss_sum, correct, count = compiled(batch, global_count)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return tf.stack([loss_sum, correct, count, unscored(batch)])
+        return tf.stack(TrainSums(loss_sum, correct, count, unscored(batch)))
 
     def reduce(per_replica):
         return strategy.reduce("sum", per_replica, axis=None)
@@ -173,7 +183,7 @@ def make_train_step(s: TrainSetup):
 
     @tf.function
     def train_steps(iterator, n):
-        total = tf.zeros([4])
+        total = tf.zeros([len(TrainSums._fields)])
         for _ in tf.range(n):
             total += reduce(strategy.run(replica_step, args=(next(iterator),)))
         return total
@@ -190,8 +200,7 @@ def unscored(batch: dict[str, tf.Tensor]) -> tf.Tensor:
 
 
 def make_eval_step(s: TrainSetup):
-    """Per batch, summed over replicas: (loss sum, correct, masked tokens, UTF-8 bytes of text of
-    those tokens, masked tokens beyond the predictions bound, masked tokens of unknown bytes)."""
+    """Per batch, summed over replicas: the batch's train/evaluation.EvalSums, stacked in its order."""
     from tpu_ray.train.eval_set import scored_bytes
 
     strategy, model = s.info.strategy, s.model
@@ -199,7 +208,7 @@ def make_eval_step(s: TrainSetup):
     def replica_eval(batch):
         loss, correct, count = masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False))
         nbytes, unknown = scored_bytes(batch)
-        return tf.stack([loss, correct, count, nbytes, unscored(batch), unknown])
+        return tf.stack(EvalSums(loss, correct, count, nbytes, unscored(batch), unknown))
 
     @tf.function
     def eval_step(batch):
@@ -298,7 +307,7 @@ def _train(cfg: RunConfig, tok: TokenizerInfo, shards: ShardSet, resume: bool, m
             metrics = MetricsWriter(scratch, tensorboard=False)
         elif metrics is None:
             storage.makedirs(cfg.run_dir)
-            metrics = MetricsWriter(cfg.run_dir)
+            metrics = MetricsWriter.for_run(cfg)  # with the progress line, Ray's gauges, the trackers
             cleanup.callback(metrics.close)
         s = build(cfg, info, tok)
         ckpts = cleanup.enter_context(checkpoint_store(s, write=chief))
@@ -310,10 +319,10 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     """The loop, in named steps: the plan, restore, hooks, then per span of the plan (a run without
     train.phases is one span) its input and step functions (one compile per span: static shapes
     within it) and its executions; the model, optimizer, step and hooks carried across; the summary."""
-    from tpu_ray.train.plan import plan as plan_of
     from tpu_ray.train.span_data import span_data
 
-    info, run_plan = s.info, plan_of(cfg)
+    # Each span's masking (its length and rate) is resolved once here, where the tokenizer is known.
+    info, run_plan = s.info, plan_of(cfg).with_masks(lambda span: mask_spec(cfg, s.tok, span))
     for sp in run_plan.spans:
         if sp.batch_size % info.replicas:
             raise UserError(f"train.phases[{sp.span.index}].batch_size={sp.batch_size} is not divisible by the "
@@ -321,30 +330,37 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     data = span_data(cfg, run_plan, shards, s.tok)
     source_samples = data.source_samples if data.mixture is not None else None
     start = restore_or_start(cfg, s, ckpts, metrics, resume, shards)
-    state = LoopState()
     # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
     timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
     traced: list[Any] = []
-    hooks = default_hooks(cfg, s, ckpts, metrics, state, evaluator(s, shards, cfg.train.batch_size // info.replicas),
+    hooks = trainer_hooks(cfg.train, s, ckpts, metrics, evaluator(cfg, s, shards, cfg.train.batch_size // info.replicas),
                           lambda: sum(f.experimental_get_tracing_count() for f in traced),
+                          PhaseFlops(cfg, s.tok.vocab_size, s.model.config).of,
                           position=lambda step: data.positions.at(step).to_json(), timer=timer,
                           source_samples=source_samples)
-    add_snapshots(hooks, cfg, s)
+    if cfg.eval.downstream:  # the model at each task's grid, for the driver's fine-tuning (tpu_ray.downstream.during)
+        snapshot_dir = lambda at: rundir.path(rundir.snapshot_dir(cfg.run_dir, at), rundir.MODEL_DIR)  # noqa: E731
+        hooks.add(Snapshot(lambda at: export(s, cfg, out=snapshot_dir(at)), info.is_chief),
+                  every={d.every for d in cfg.eval.downstream})
+    train_log = hooks["log"]
     phases = ({"phases": [{"steps": sp.span.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
                            "mask_prob": sp.mask_prob} for sp in run_plan.spans]} if run_plan.phased else {})
     remaining = run_plan.remaining(start)  # the first even when resumed at the end: its position is checked
 
-    def span_input(span: Span, at: int, resumed_check: Any) -> tuple[Any, list[str]]:
-        return train_input(cfg, s, span, data.sets[span.seq_len], at, ckpts, metrics, data.trackers[span.index],
-                           resumed_check)
-
     step, files_read = start, []
-    first = span_input(remaining[0].span, start, data.positions)  # the resume event comes before train_start
-    _start_training(cfg, info, metrics, hooks, start, **phases)
+    first = train_input(remaining[0], s, start, data.trackers[remaining[0].span.index], cfg.seed)
+    if ckpts.latest:  # resumed: the stored position is checked before the first step (and its event written
+        # before train_start); the trackers are bound now, as the strategy built each input pipeline
+        at = data.positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
+                                         cfg.train.accept_new_data_order)
+        metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
+                      sample_in_epoch=at.sample_in_epoch, samples=at.samples)
+    _start_training(info, metrics, hooks, start, cfg.train.batch_size, evaluate_start=bool(cfg.model.init_from),
+                    **phases)
     for sp in remaining:
         span = sp.span
-        state.span = span  # the train records' seq_len, batch and FLOPs follow the span
-        iterator, mine = first if span is remaining[0].span else span_input(span, step, None)
+        train_log.start_span(span)  # the train records' seq_len, batch and FLOPs follow the span
+        iterator, mine = first if sp is remaining[0] else train_input(sp, s, step, data.trackers[span.index], cfg.seed)
         files_read.extend(mine)
         train_step, train_steps = make_train_step(s)
         traced.extend((train_step, train_steps))
@@ -357,50 +373,31 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
         for done in executions(step, cfg.train.steps, info.steps_per_execution, hooks,
                                make_execute(s, iterator, train_step, train_steps), stop=span.end):
             step = done.step
-        if state.interval.steps:  # a train record per span: none mixes two phases' figures
-            hooks["log"].fn(StepInfo(step, step, cfg.train.steps, None, 0.0, math.nan))
-    summary = finish(cfg, s, metrics, state, start, step, files_read, t_start)
+        hooks.force("log", step)  # a train record per span: none mixes two phases' figures
+    summary = finish(cfg, s, metrics, hooks, start, step, files_read, t_start)
     summary.update(data.summary(step))  # a mixture's draws per source (and per phase)
     return summary
 
 
-SNAPSHOT_HOOK = "downstream_snapshot_every_"
-
-
-def add_snapshots(hooks: Hooks, cfg: RunConfig, s: TrainSetup) -> None:
-    """eval.downstream: the model at every multiple of each task's `every` (and at the end) goes to
-    RUN/downstream/step-N/model, where the driver fine-tunes it beside the training
-    (tpu_ray.downstream.during); a run starting at step 0 writes its step-0 model as well. Only the chief writes; a step two tasks share is written once."""
-    written: set[int] = set()
-
-    def snapshot(step: StepInfo) -> None:
-        if s.info.is_chief and step.step not in written:
-            written.add(step.step)
-            export(s, out=rundir.path(rundir.snapshot_dir(cfg.run_dir, step.step), rundir.MODEL_DIR))
-
-    for every in sorted({d.every for d in cfg.eval.downstream}):
-        hooks.add(f"{SNAPSHOT_HOOK}{every}", every, snapshot)
-
-
-def _start_training(cfg: RunConfig, info: StrategyInfo, metrics: MetricsWriter, hooks: Hooks, start: int,
-                    **extra: Any) -> None:
+def _start_training(info: StrategyInfo, metrics: MetricsWriter, hooks: Hooks, start: int, global_batch: int,
+                    evaluate_start: bool, **extra: Any) -> None:
     """The train_start event (with `extra` fields: a phased run's phases), then, for a continued run
-    starting at step 0, the checkpoint's own evaluation: where its curves start."""
+    starting at step 0 (`evaluate_start`), the checkpoint's own evaluation: where its curves start;
+    and the step-0 model for eval.downstream (a run starting at step 0 scores its starting model)."""
     metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
-                  device_kind=info.kind, replicas=info.replicas, global_batch=cfg.train.batch_size,
-                  per_replica_batch=cfg.train.batch_size // info.replicas, precision=info.mixed_precision,
+                  device_kind=info.kind, replicas=info.replicas, global_batch=global_batch,
+                  per_replica_batch=global_batch // info.replicas, precision=info.mixed_precision,
                   jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution, **extra)
-    if start == 0 and cfg.model.init_from and "eval" in hooks:
-        hooks["eval"].fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
-    snapshots = [h for h in hooks if h.name.startswith(SNAPSHOT_HOOK)]
-    if start == 0 and snapshots:  # eval.downstream scores the starting model too: the curve's baseline
-        snapshots[0].fn(StepInfo(0, 0, cfg.train.steps, None, 0.0, math.nan))
+    if start == 0 and evaluate_start and "eval" in hooks:
+        hooks.force("eval", 0)
+    if start == 0 and Snapshot.name in hooks:  # eval.downstream scores the starting model too: the curve's baseline
+        hooks.force(Snapshot.name, 0)
 
 
-def refuse_precision(cfg: RunConfig, precision: str) -> None:
+def refuse_precision(model_type: str, precision: str) -> None:
     """A model type that cannot train in mixed precision stops here with one line (auto on a TPU or
     GPU resolves to it too), before any model is built."""
-    if why := mixed_precision_refusal(cfg.model.model_type, precision):
+    if why := mixed_precision_refusal(model_type, precision):
         raise UserError(why)
 
 
@@ -434,8 +431,8 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     from tpu_ray.train import schedule as lr_schedule
 
     ckpts.restore(s.checkpoint)
-    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, cfg, s.checkpoint.schedule_shape)
-    lr_schedule.adopt(s.checkpoint, cfg)  # what the next checkpoint records
+    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, cfg.train, s.checkpoint.schedule_shape)
+    lr_schedule.adopt(s.checkpoint, cfg.train)  # what the next checkpoint records
     start = int(s.step_var.numpy())
     log.info("resumed from %s at step %d", ckpts.latest_url, start)
     return start  # the resume event is written by train_input, with the input position
@@ -444,59 +441,36 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
 def start_output_bias(cfg: RunConfig, s: TrainSetup, shards: ShardSet | None, metrics: MetricsWriter) -> None:
     """model.output_bias=unigram: the head's bias at the log frequencies of the training tokens; the
     event records how many were counted and the loss a frequency-only model has on them (nats)."""
-    from tpu_ray.train.output_bias import frequency_loss, set_output_bias, token_log_frequencies
+    from tpu_ray.train.output_bias import frequency_loss, set_output_bias, token_log_frequencies, training_sources
 
     never = mask_spec(cfg, s.tok).never_masked
-    files = [p for p, _ in shards.files("train")] if shards is not None else []
-    log_p, counted = token_log_frequencies(files, cfg.shard.seq_len, s.tok.vocab_size, never)
+    sources = training_sources(shards, cfg.corpus, cfg.seed) if shards is not None else {}
+    log_p, counted = token_log_frequencies(sources, cfg.shard.seq_len, s.tok.vocab_size, never)
     name = set_output_bias(s.model, log_p)
     entropy = frequency_loss(log_p, never)
-    log.info("output bias %s set from %d training tokens: a frequency-only loss of %.3f nats", name, counted, entropy)
-    metrics.event("output_bias", stage="train", step=0, init="unigram", variable=name, tokens_counted=counted,
-                  frequency_loss=round(entropy, 4))
+    log.info("output bias %s set from %d training tokens (%s): a frequency-only loss of %.3f nats", name,
+             counted.tokens, counted.describe(), entropy)
+    metrics.event("output_bias", stage="train", step=0, init="unigram", variable=name, tokens_counted=counted.tokens,
+                  counted_over=counted.describe(), frequency_loss=round(entropy, 4))
 
 
-def train_input(cfg: RunConfig, s: TrainSetup, span: Span, shards: ShardSet, start: int, ckpts: CheckpointStore,
-                metrics: MetricsWriter, positions: Any, resumed_check: Any = None):
-    """The distributed iterator over span `span`'s training batches (its length, batch and masking,
-    read from `shards`), positioned after `start` steps, the list of files this process reads
-    (filled as the strategy builds each input pipeline). `positions`: the span's position tracker
-    (train/span_data.py; a mixture's draws by weight, train/mixture.py). A phase's
-    stream continues the text read so far (its tracker's phase_data). On resume the position is
-    checked by `resumed_check` (the run's positions; None after a span change) against the stored one."""
+def train_input(sp: SpanPlan, s: TrainSetup, start: int, positions: Any, seed: int) -> tuple[Any, list[str]]:
+    """The distributed iterator over span `sp`'s training batches (the plan's length, batch and
+    masking), positioned after `start` steps, and the list of files this process reads (filled as
+    the strategy builds each input pipeline). `positions`: the span's position tracker
+    (train/span_data.py): every span's source, plain, mixture or phase, gives its records from a
+    step (`records(ctx, step)`). `seed`: the run's, which with the step fixes each batch's masks."""
+    span, spec = sp.span, sp.mask
     gb, seq_len = span.batch_size, span.seq_len
-    spec = mask_spec(cfg, s.tok, span)
-    files = [p for p, _ in shards.files("train")]
     files_read: list[str] = []
-    continues = getattr(positions, "phase_data", None) is not None  # train.phases: a stream that continues
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         records, mine = positions.records(ctx, start - span.start)  # a phase's stream starts at its start
         files_read.extend(mine)
-        return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
+        return masked_batches(records, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), seed,
                               start * ctx.num_replicas_in_sync // ctx.num_input_pipelines, ctx)
 
-    def plain_dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        parts = host_parts(files, positions.counts, ctx)  # an equal share of the records per pipeline
-        files_read.extend(f if n == positions.counts[f] else f"{f}[{a}:{a + n}]" for f, a, n in parts)
-        positions.bind(parts, ctx.num_input_pipelines, ctx.input_pipeline_id)
-        per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-        # A phase's stream continues the text read so far (train/phase_data.py); without phases: sample 0.
-        stream, read = positions.stream_start("corpus", ctx.input_pipeline_id, ctx.num_input_pipelines)
-        return train_dataset(files, seq_len, ctx.get_per_replica_batch_size(gb), per_step(spec, ctx), cfg.seed,
-                             cfg.train.shuffle_buffer, start_batch=start * per_pipeline, ctx=ctx,
-                             counts=positions.counts,
-                             start_sample=(stream.offset + (start - span.start) * per_pipeline
-                                           * ctx.get_per_replica_batch_size(gb) if continues else None),
-                             first_epoch=stream.epoch, read_files=read)
-
-    mixed = hasattr(positions, "mixture")  # a MixtureTracker: batches drawn from named sources
-    dist = s.info.strategy.distribute_datasets_from_function(dataset_fn if mixed else plain_dataset_fn)
-    if ckpts.latest and resumed_check is not None:  # resumed: the stored position is checked before the first step
-        at = resumed_check.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
-                                        cfg.train.accept_new_data_order)
-        metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
-                      sample_in_epoch=at.sample_in_epoch, samples=at.samples)
+    dist = s.info.strategy.distribute_datasets_from_function(dataset_fn)
     return iter(dist), files_read
 
 
@@ -511,10 +485,10 @@ def make_execute(s: TrainSetup, iterator, train_step, train_steps):
         if single:
             batch = next(iterator)
             t1 = time.perf_counter()
-            sums = train_step(batch).numpy()
+            sums = TrainSums(*train_step(batch).numpy())
             wait = t1 - t0
         else:
-            sums = train_steps(iterator, tf.constant(n)).numpy()
+            sums = TrainSums(*train_steps(iterator, tf.constant(n)).numpy())
             wait = math.nan  # not separable from the steps inside one execution
         s.step_var.assign_add(n)
         return sums, time.perf_counter() - t0, wait
@@ -522,21 +496,21 @@ def make_execute(s: TrainSetup, iterator, train_step, train_steps):
     return execute
 
 
-def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, state: LoopState, start: int, step: int,
+def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, hooks: Hooks, start: int, step: int,
            files_read: list[str], t_start: float) -> dict[str, Any]:
-    """Export (chief), the run summary, the train_end event."""
-    info = s.info
-    if state.last is None and info.is_chief:  # no step ran (resumed at its end): the results stand
-        from tpu_ray.train.loop_hooks import recover_results
-
-        recover_results(cfg.run_dir, step, state)
-    last, last_eval, finite = state.last or {}, state.last_eval or {}, state.last_finite or {}
-    export_dir = export(s, state.last_eval) if info.is_chief else None
+    """Export (chief), the run summary (from the log's and the evaluation's own records), the train_end event."""
+    info, train_log = s.info, hooks["log"]
+    evaluation = hooks["eval"] if "eval" in hooks else None
+    if train_log.last is None and info.is_chief:  # no step ran (resumed at its end): the results stand
+        recover_results(cfg.run_dir, step, train_log, evaluation)
+    last, finite = train_log.last or {}, train_log.last_finite or {}
+    last_eval = (evaluation.last if evaluation else None) or {}
+    export_dir = export(s, cfg, evaluation.last if evaluation else None) if info.is_chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
         "replicas": info.replicas, "global_batch": cfg.train.batch_size, "steps": step, "resumed_from": start,
         "train_traces": last.get("train_traces"), "final_loss": finite.get("loss"),
-        "final_loss_step": finite.get("step"), "diverged_at": state.diverged_at,
+        "final_loss_step": finite.get("step"), "diverged_at": train_log.diverged_at,
         "eval_loss": last_eval.get("eval_loss"), "eval_accuracy": last_eval.get("eval_accuracy"),
         "perplexity": last_eval.get("perplexity"), "eval_step": last_eval.get("step"),
         "train_seconds": time.monotonic() - t_start, "model_dir": export_dir,
@@ -555,28 +529,27 @@ def weights_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int):
+def evaluator(cfg: RunConfig, s: TrainSetup, shards: ShardSet, per_replica: int):
     """`evaluate(step)` -> train/evaluation.Evaluation over every source's fixed set, with this
     model's eval step and the run's masking; None when no source has validation samples."""
-    from tpu_ray.train.evaluation import evaluator as make_evaluator
+    return make_evaluator(s, shards, per_replica, make_eval_step(s), mask_spec(cfg, s.tok), cfg.eval,
+                          cfg.shard.seq_len)
 
-    return make_evaluator(s, shards, per_replica, make_eval_step(s), mask_spec(s.cfg, s.tok))
 
-
-def export(s: TrainSetup, last_eval: dict[str, Any] | None = None, out: str | None = None) -> str:
+def export(s: TrainSetup, cfg: RunConfig, last_eval: dict[str, Any] | None = None, out: str | None = None) -> str:
     """`<run_dir>/model` (or `out`): weights + config + tokenizer, loadable by pipeline("fill-mask").
 
     Written locally first, then replaced whole (storage.commit_dir): never old and new files mixed.
     """
     from tpu_ray.train.export import stamp_provenance
 
-    out = out or rundir.path(s.cfg.run_dir, rundir.MODEL_DIR)
+    out = out or rundir.path(s.run_dir, rundir.MODEL_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         s.model.save_pretrained(tmp)
-        write_pytorch_files(tmp, s, last_eval)  # model.safetensors (PyTorch layout, no torch) + README.md model card
-        for name in sorted(storage.listdir(s.cfg.tokenizer_dir)):
+        write_pytorch_files(tmp, s, cfg, last_eval)  # model.safetensors (PyTorch layout, no torch) + README.md model card
+        for name in sorted(storage.listdir(s.tokenizer_dir)):
             base = name.rsplit("/", 1)[-1]
-            (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.cfg.tokenizer_dir, base)))
-        stamp_provenance(tmp, s.cfg, int(s.step_var.numpy()))
+            (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.tokenizer_dir, base)))
+        stamp_provenance(tmp, cfg, int(s.step_var.numpy()))
         storage.commit_dir(tmp, out, last="config.json")  # written beside, renamed into place whole
     return out

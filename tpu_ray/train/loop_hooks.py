@@ -1,17 +1,17 @@
-"""The trainer's own hooks: accumulate every execution, then log, evaluate and checkpoint each on its
-own `every=` grid (see hooks.py for the timing). Split from loop.py so the loop reads as its steps."""
+"""The trainer's own hooks, each an object holding its own state: the log (sums every execution, a
+record on its grid), the evaluation, the checkpoint (by steps and by time), the downstream snapshot;
+see hooks.py for the timing. Split from loop.py so the loop reads as its steps."""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from tpu_ray.config import RunConfig
+from tpu_ray.config import RunConfig, TrainConfig
 from tpu_ray.errors import UserError
-from tpu_ray.train.hooks import Hooks, StepInfo
+from tpu_ray.train.hooks import Hook, Hooks, StepInfo, TrainSums
 from tpu_ray.train.metrics import MetricsWriter, eval_line, train_line
 from tpu_ray.train.model import peak_flops, train_flops_per_token
 
@@ -27,11 +27,11 @@ class Interval:
         self.seconds = 0.0
         self.input_wait = 0.0
 
-    def add(self, sums, n: int, seconds: float, input_wait: float = 0.0) -> None:
-        self.loss += float(sums[0])
-        self.correct += float(sums[1])
-        self.count += float(sums[2])
-        self.unscored += float(sums[3]) if len(sums) > 3 else 0.0  # masked pieces beyond the bound
+    def add(self, sums: TrainSums, n: int, seconds: float, input_wait: float = 0.0) -> None:
+        self.loss += float(sums.loss)
+        self.correct += float(sums.correct)
+        self.count += float(sums.count)
+        self.unscored += float(sums.unscored)  # masked pieces beyond the bound
         self.steps += n
         self.seconds += seconds
         self.input_wait += input_wait  # NaN once any execution ran several steps
@@ -54,90 +54,167 @@ class Interval:
         }
 
 
-@dataclass
-class LoopState:
-    interval: Interval | None = None
-    last: dict[str, Any] | None = None
-    last_eval: dict[str, Any] | None = None
-    # The last train record with a finite loss (summary.json's final_loss and its step), and the
-    # first step whose loss was not finite (train.on_nan=continue goes on past it).
-    last_finite: dict[str, Any] | None = None
-    diverged_at: int | None = None
-    warned_unscored: bool = False
-    # The span of the plan running now (train/plan.py: its seq_len, batch, masking); None: the run's own.
-    span: Any = None
+class TrainLog(Hook):
+    """Sums every execution (see); writes a train record on its grid (run) over the span running now
+    (its seq_len, batch and FLOPs per token); holds the run's last record, its last finite one
+    (summary.json's final_loss and its step) and the first step whose loss was not finite
+    (train.on_nan=continue goes on past it)."""
 
+    name = "log"
 
-def default_hooks(cfg: RunConfig, s: Any, ckpts: Any, metrics: MetricsWriter,
-                  state: LoopState, evaluate: Callable[[int], Any] | None, traces: Callable[[], int],
-                  position: Callable[[int], str] | None = None,
-                  timer: Any = None, source_samples: Callable[[int], dict[str, int]] | None = None) -> Hooks:
-    """accumulate (every execution) -> log (log_every) -> eval (eval_every) -> checkpoint
-    (checkpoint_every, and when `timer` is due: train.checkpoint_every_minutes); each also at the
-    run's last step. `position(step)` is the input position saved beside each checkpoint."""
-    t, info = cfg.train, s.info
-    level = logging.INFO if info.is_chief else logging.DEBUG
-    flops_token = train_flops_per_token(cfg, s.tok.vocab_size, s.model.config)
-    phase_flops = PhaseFlops(cfg, s.tok.vocab_size, s.model.config)
-    peak = peak_flops(info.device, t.peak_flops)
-    state.interval = Interval()
+    def __init__(self, s: Any, metrics: MetricsWriter, nonfinite: NonFinite, flops_of: Callable[[Any], float],
+                 peak: float | None, traces: Callable[[], int],
+                 source_samples: Callable[[int], dict[str, int]] | None = None) -> None:
+        self.s, self.metrics, self.nonfinite, self.flops_of, self.peak = s, metrics, nonfinite, flops_of, peak
+        self.traces, self.source_samples = traces, source_samples
+        self.level = logging.INFO if s.info.is_chief else logging.DEBUG
+        self.interval = Interval()
+        self.span: Any = None  # the plan's span running now (train/phases.Span): set by `start_span`
+        self.last: dict[str, Any] | None = None
+        self.last_finite: dict[str, Any] | None = None
+        self.diverged_at: int | None = None
+        self.warned_unscored = False
 
-    def accumulate(step: StepInfo) -> None:
-        state.interval.add(step.sums, step.steps, step.seconds, step.input_wait)
-        if not math.isfinite(float(step.sums[0])):  # log what was seen, then stop (or go on)
-            if state.diverged_at is None:
-                state.diverged_at = step.step
-            log_train(step)
-            on_nonfinite(cfg, metrics, ckpts, step.step,
-                         f"the loss is {float(step.sums[0]) / max(float(step.sums[2]), 1.0)}")
+    def start_span(self, span: Any) -> None:
+        """The records from here on are span `span`'s (none mixes two phases' figures: the loop
+        forces a record at each span's end)."""
+        self.span = span
 
-    def log_train(step: StepInfo) -> None:
-        if not state.interval.steps:  # already logged at this step (a non-finite one): no empty record
+    def see(self, info: StepInfo) -> None:
+        self.interval.add(info.sums, info.steps, info.seconds, info.input_wait)
+        if not math.isfinite(float(info.sums.loss)):  # log what was seen, then stop (or go on)
+            if self.diverged_at is None:
+                self.diverged_at = info.step
+            self.run(info.step)
+            self.nonfinite(info.step, f"the loss is {float(info.sums.loss) / max(float(info.sums.count), 1.0)}")
+
+    def run(self, step: int, last: bool = False) -> None:
+        if not self.interval.steps:  # already logged at this step (a non-finite one): no empty record
             return
-        span = state.span  # the span's own seq_len, batch and FLOPs per token (train.phases)
-        gb, seq_len = (t.batch_size, cfg.shard.seq_len) if span is None else (span.batch_size, span.seq_len)
-        flops = flops_token if span is None else phase_flops.of(span)
-        record = state.interval.record(s, gb, seq_len, flops, peak, info.replicas)
-        record["seq_len"] = seq_len
+        span = self.span
+        record = self.interval.record(self.s, span.batch_size, span.seq_len, self.flops_of(span), self.peak,
+                                      self.s.info.replicas)
+        record["seq_len"] = span.seq_len
         finite = math.isfinite(record["loss"])
         if not finite:  # the JSON stores NaN as null: say why it is missing
             record["nonfinite"] = True
-        if source_samples is not None:  # a mixture: samples drawn from each source so far
-            record.update({f"samples/{name}": n for name, n in source_samples(step.step).items()})
-        state.last = metrics.write("train", step=step.step, **record, train_traces=traces())
-        if record["unscored_targets"] and not state.warned_unscored:
-            state.warned_unscored = True
+        if self.source_samples is not None:  # a mixture: samples drawn from each source so far
+            record.update({f"samples/{name}": n for name, n in self.source_samples(step).items()})
+        self.last = self.metrics.write("train", step=step, **record, train_traces=self.traces())
+        if record["unscored_targets"] and not self.warned_unscored:
+            self.warned_unscored = True
             log.warning("step %d: %d masked pieces were beyond the predictions bound per sequence and not "
                         "scored (the train records' unscored_targets count them): words longer than the "
-                        "shards' sample showed", step.step, record["unscored_targets"])
+                        "shards' sample showed", step, record["unscored_targets"])
         if finite:
-            state.last_finite = state.last
-        log.log(level, train_line(state.last))
-        state.interval = Interval()
+            self.last_finite = self.last
+        log.log(self.level, train_line(self.last))
+        self.interval = Interval()
 
-    def run_eval(step: StepInfo) -> None:
-        state.last_eval, per_source = evaluate(step.step).record(metrics)  # train/evaluation.py
+    def recover(self, records: list[dict[str, Any]], step: int) -> None:
+        """The run's own last train records up to `step` (see recover_results)."""
+        for r in records:
+            at = r.get("step")
+            if r.get("kind") != "train" or not isinstance(at, int) or at > step:
+                continue
+            self.last = r
+            if isinstance(r.get("loss"), (int, float)):
+                self.last_finite = r
+                if self.diverged_at is not None and at >= self.diverged_at:  # a retry that did not
+                    self.diverged_at = None
+            elif r.get("nonfinite") and self.diverged_at is None:
+                self.diverged_at = at
+
+
+class Evaluate(Hook):
+    """The periodic evaluation (train/evaluation.py): each source's record, then the pooled one;
+    holds the last pooled record (summary.json's eval figures, the model card's)."""
+
+    name = "eval"
+
+    def __init__(self, evaluate: Callable[[int], Any], metrics: MetricsWriter, level: int) -> None:
+        self.evaluate, self.metrics, self.level = evaluate, metrics, level
+        self.last: dict[str, Any] | None = None
+
+    def run(self, step: int, last: bool = False) -> None:
+        self.last, per_source = self.evaluate(step).record(self.metrics)
         for record in per_source if len(per_source) > 1 else []:  # one source: its line repeats the pooled one
-            log.log(level, eval_line(record))
-        log.log(level, eval_line(state.last_eval))
+            log.log(self.level, eval_line(record))
+        log.log(self.level, eval_line(self.last))
 
+    def recover(self, records: list[dict[str, Any]], step: int) -> None:
+        """The run's own last eval record up to `step` (see recover_results)."""
+        for r in records:
+            at = r.get("step")
+            if r.get("kind") == "eval" and isinstance(at, int) and at <= step:
+                self.last = r
+
+
+class Checkpoint(Hook):
+    """A checkpoint with the input position beside it; never one of a diverged model (it would
+    replace the last good one). `timer`: train.checkpoint_every_minutes, restarted by every save."""
+
+    name = "checkpoint"
+
+    def __init__(self, model: Any, ckpts: Any, nonfinite: NonFinite, position: Callable[[int], str] | None = None,
+                 timer: Any = None) -> None:
+        self.model, self.ckpts, self.nonfinite, self.position, self.timer = model, ckpts, nonfinite, position, timer
+
+    def run(self, step: int, last: bool = False) -> None:
+        if weights_finite(self.model):
+            self.ckpts.save(step, position=self.position(step) if self.position else None, final=last)
+        else:
+            self.nonfinite(step, "the weights are not finite (not saved)")
+        if self.timer is not None:
+            self.timer.reset()
+
+
+class TimedCheckpoint(Hook):
+    """The checkpoint by time too: off the step grid, asked after every execution."""
+
+    name = "checkpoint_timer"
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+
+    def run(self, step: int, last: bool = False) -> None:
+        if self.checkpoint.timer.due():
+            self.checkpoint.run(step, last)
+
+
+class Snapshot(Hook):
+    """eval.downstream: the model at each task's grid goes where the driver fine-tunes it beside the
+    training (tpu_ray.downstream.during); a step two tasks share is written once. `write(step)`
+    exports the model; only the chief writes."""
+
+    name = "downstream_snapshot"
+
+    def __init__(self, write: Callable[[int], None], chief: bool) -> None:
+        self.write, self.chief = write, chief
+        self.written: set[int] = set()
+
+    def run(self, step: int, last: bool = False) -> None:
+        if self.chief and step not in self.written:
+            self.written.add(step)
+            self.write(step)
+
+
+def trainer_hooks(t: TrainConfig, s: Any, ckpts: Any, metrics: MetricsWriter, evaluate: Callable[[int], Any] | None,
+                  traces: Callable[[], int], flops_of: Callable[[Any], float],
+                  position: Callable[[int], str] | None = None, timer: Any = None,
+                  source_samples: Callable[[int], dict[str, int]] | None = None) -> Hooks:
+    """log (sums every execution, a record each log_every) -> eval (eval_every) -> checkpoint
+    (checkpoint_every, and when `timer` is due: train.checkpoint_every_minutes); each also at the
+    run's last step. `position(step)` is the input position saved beside each checkpoint."""
+    nonfinite = NonFinite(t.on_nan, metrics, ckpts)
     hooks = Hooks()
-    hooks.add("accumulate", None, accumulate)
-    hooks.add("log", t.log_every, log_train)
+    train_log = hooks.add(TrainLog(s, metrics, nonfinite, flops_of, peak_flops(s.info.device, t.peak_flops),
+                                   traces, source_samples), every=t.log_every)
     if evaluate:
-        hooks.add("eval", t.eval_every, run_eval)
-
-    def save(step: StepInfo) -> None:
-        if weights_finite(s.model):
-            ckpts.save(step.step, position=position(step.step) if position else None, final=step.last)
-        else:  # never let a diverged model replace the last good checkpoint
-            on_nonfinite(cfg, metrics, ckpts, step.step, "the weights are not finite (not saved)")
-        if timer is not None:
-            timer.reset()
-
-    hooks.add("checkpoint", t.checkpoint_every, save)
-    if timer is not None:  # by time too: off the step grid, checked after every execution
-        hooks.add("checkpoint_timer", None, lambda step: save(step) if timer.due() else None)
+        hooks.add(Evaluate(evaluate, metrics, train_log.level), every=t.eval_every)
+    checkpoint = hooks.add(Checkpoint(s.model, ckpts, nonfinite, position, timer), every=t.checkpoint_every)
+    if timer is not None:
+        hooks.add(TimedCheckpoint(checkpoint), every=None)
     return hooks
 
 
@@ -164,36 +241,30 @@ def weights_finite(model: Any) -> bool:
                if w.dtype.is_floating)
 
 
-def on_nonfinite(cfg: RunConfig, metrics: MetricsWriter, ckpts: Any, step: int, what: str) -> None:
+class NonFinite:
     """A diverged run: stop with one line naming the step and the checkpoint that is kept (the
     default, train.on_nan=stop), or warn and go on (train.on_nan=continue)."""
-    kept = ckpts.latest_saved or "none yet"
-    metrics.event("nonfinite", stage="train", step=step, what=what, checkpoint=kept)
-    if cfg.train.on_nan == "continue":
-        log.warning("step %d: %s; continuing (train.on_nan=continue), last good checkpoint: %s", step, what, kept)
-        return
-    raise UserError(f"step {step}: {what}, training stopped; the last good checkpoint is kept ({kept}); "
-                    f"lower train.learning_rate and rerun with --resume, or set train.on_nan=continue")
+
+    def __init__(self, on_nan: str, metrics: MetricsWriter, ckpts: Any) -> None:
+        self.on_nan, self.metrics, self.ckpts = on_nan, metrics, ckpts
+
+    def __call__(self, step: int, what: str) -> None:
+        kept = self.ckpts.latest_saved or "none yet"
+        self.metrics.event("nonfinite", stage="train", step=step, what=what, checkpoint=kept)
+        if self.on_nan == "continue":
+            log.warning("step %d: %s; continuing (train.on_nan=continue), last good checkpoint: %s", step, what, kept)
+            return
+        raise UserError(f"step {step}: {what}, training stopped; the last good checkpoint is kept ({kept}); "
+                        f"lower train.learning_rate and rerun with --resume, or set train.on_nan=continue")
 
 
-def recover_results(run_dir: str, step: int, state: LoopState) -> None:
+def recover_results(run_dir: str, step: int, train_log: TrainLog, evaluation: Evaluate | None) -> None:
     """The run's own last train and eval records up to `step`, from its metrics stream: a run resumed
     at its last step (or retried after a failure past its last checkpoint) runs no step, and must not
     replace the results it has with none (history is append-only)."""
     from tpu_ray.metrics_stream import read_records
 
     records = sorted(read_records(run_dir), key=lambda r: (r.get("time") or 0.0))
-    for r in records:
-        at = r.get("step")
-        if not isinstance(at, int) or at > step:
-            continue
-        if r.get("kind") == "train":
-            state.last = r
-            if isinstance(r.get("loss"), (int, float)):
-                state.last_finite = r
-                if state.diverged_at is not None and at >= state.diverged_at:  # a retry that did not
-                    state.diverged_at = None
-            elif r.get("nonfinite") and state.diverged_at is None:
-                state.diverged_at = at
-        elif r.get("kind") == "eval":
-            state.last_eval = r
+    train_log.recover(records, step)
+    if evaluation is not None:
+        evaluation.recover(records, step)

@@ -5,9 +5,10 @@ TensorBoard mirror, and the readable log lines of its train and eval records.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 from tpu_ray import metrics_stream
+from tpu_ray.progress import ProgressMirror
 
 log = logging.getLogger("tpu_ray.train.metrics")
 
@@ -16,8 +17,18 @@ class MetricsWriter(metrics_stream.MetricsWriter):
     """The stream's writer (tpu_ray.metrics_stream) that also mirrors train and eval records into
     `<run_dir>/tensorboard` unless `tensorboard=False`. `shared`: as metrics_stream.MetricsWriter's."""
 
-    def __init__(self, run_dir: str, remote_every_s: float = 30.0, tensorboard: bool = True, shared: bool = False):
-        super().__init__(run_dir, remote_every_s, mirror=_tensorboard if tensorboard else None, shared=shared)
+    def __init__(self, run_dir: str, remote_every_s: float = 30.0, tensorboard: bool = True, shared: bool = False,
+                 mirrors: Sequence[metrics_stream.Mirror] = ()):
+        super().__init__(run_dir, remote_every_s, mirror=_tensorboard if tensorboard else None, shared=shared,
+                         mirrors=mirrors)
+
+    @classmethod
+    def for_run(cls, cfg: Any) -> MetricsWriter:
+        """The chief trainer's writer: TensorBoard, the progress line with Ray's gauges
+        (tpu_ray/progress.py) and the trackers `cfg.tracking` turns on (tpu_ray/tracking)."""
+        from tpu_ray.tracking.trackers import trackers  # config and yaml: only where a run is configured
+
+        return cls(cfg.run_dir, mirrors=[ProgressMirror(cfg), *trackers(cfg, cfg.run_dir, "train")])
 
 
 def _tensorboard(run_dir: str) -> metrics_stream.Mirror:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from tpu_ray.train.input_position import InputPosition, PositionTracker, seekable_records
+from tpu_ray.train.input_position import InputPosition, PositionTracker
 from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -48,11 +48,15 @@ class Mixture:
     names: tuple[str, ...]
     stages: tuple[tuple[int, tuple[float, ...]], ...]
     seed: int
+    # The global step this draw starts at (a train.phases phase): its blocks' permutations are keyed
+    # from there, so a phase continues the run's draw instead of repeating phase 0's sources.
+    first_step: int = 0
 
     @property
     def digest(self) -> str:
-        """Identifies the draw (sources, stages, seed): a change of it is a change of data order."""
-        return hashlib.sha256(json.dumps([self.names, self.stages, self.seed]).encode()).hexdigest()
+        """Identifies the draw (sources, stages, seed, first step): a change of it is a change of data order."""
+        key = [self.names, self.stages, self.seed] + ([self.first_step] if self.first_step else [])
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()
 
     def describe(self) -> str:
         return "; ".join(f"from step {s}: " + ", ".join(f"{n} {p:.3f}" for n, p in zip(self.names, probs))
@@ -70,7 +74,7 @@ class Mixture:
             if first >= end:
                 break
             stages.append((max(0, first - start), probs))
-        return Mixture(self.names, tuple(stages), self.seed)
+        return Mixture(self.names, tuple(stages), self.seed, self.first_step + start)
 
 
 def mixture_for(corpus, train_samples: Mapping[str, int], seed: int) -> Mixture | None:
@@ -110,8 +114,11 @@ def block_size(samples_per_step: int) -> int:
     return samples_per_step * max(1, math.ceil(BLOCK_MIN / samples_per_step))
 
 
-def block_sources(probs: Sequence[float], block: int, stage: int, j: tf.Tensor, seed: int) -> tf.Tensor:
-    """The source of each of block j's M slots: its counts laid out, then permuted by (seed, stage, j)."""
+def block_sources(probs: Sequence[float], block: int, stage: int, j: tf.Tensor, seed: int,
+                  first_step: int = 0) -> tf.Tensor:
+    """The source of each of block j's M slots: its counts laid out, then permuted by (seed, stage,
+    first_step + j). A block holds at least one step, so a phase starting at global step s keys its
+    blocks from s on and never reuses a key of the phases before it (they end by s)."""
     others, largest = _quotas(probs)
     j = tf.cast(j, tf.int64)
     counts = []
@@ -127,7 +134,7 @@ def block_sources(probs: Sequence[float], block: int, stage: int, j: tf.Tensor, 
     counts[largest] = block - tf.add_n([c for c in counts if c is not None]) if len(probs) > 1 \
         else tf.constant(block, tf.int64)
     ids = tf.repeat(tf.range(len(probs), dtype=tf.int64), tf.stack(counts))
-    key = tf.stack([tf.constant(seed, tf.int64) + 17, tf.constant(stage, tf.int64) * _STAGE_STRIDE + j])
+    key = tf.stack([tf.constant(seed, tf.int64) + 17, tf.constant(stage, tf.int64) * _STAGE_STRIDE + first_step + j])
     return tf.gather(ids, tf.argsort(tf.random.stateless_uniform([block], seed=key)))
 
 
@@ -152,7 +159,7 @@ def counts_before(mixture: Mixture, samples_per_step: int, n: int) -> np.ndarray
         j, r = divmod(taken, block)
         total += block_counts(probs, block, j)
         if r:
-            ids = block_sources(probs, block, stage, tf.constant(j), mixture.seed).numpy()[:r]
+            ids = block_sources(probs, block, stage, tf.constant(j), mixture.seed, mixture.first_step).numpy()[:r]
             total += np.bincount(ids, minlength=len(probs))
     return total
 
@@ -168,7 +175,8 @@ def choices(mixture: Mixture, samples_per_step: int, start: int) -> tf.data.Data
         skip = max(0, start - first)
         j0, r = divmod(skip, block)
         blocks = tf.data.Dataset.range(j0, tf.int64.max if length is None else math.ceil(length / block))
-        ds = blocks.map(lambda j, p=probs, st=stage: block_sources(p, block, st, j, mixture.seed)).unbatch()
+        ds = blocks.map(lambda j, p=probs, st=stage: block_sources(p, block, st, j, mixture.seed,
+                                                                   mixture.first_step)).unbatch()
         if r:
             ds = ds.skip(r)
         if length is not None:
@@ -231,26 +239,26 @@ class MixtureTracker(PositionTracker):
         self.mixture = mixture
         self.by_source = {n: [p for p, _ in files] for n, files in by_source.items()}
 
-    def records(self, ctx: tf.distribute.InputContext, start_step: int) -> tuple[tf.data.Dataset, list[str]]:
-        """This pipeline's mixed record stream from `start_step` on, and the files it reads."""
-        from tpu_ray.train.inputs import host_parts
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.mixture.names
 
-        per_step = self.global_batch // ctx.num_input_pipelines
-        n = start_step * per_step
+    def records(self, ctx: tf.distribute.InputContext | None, step: int) -> tuple[tf.data.Dataset, list[str]]:
+        """This pipeline's mixed record stream from the span's local step `step` on, and the files it
+        reads: each source's own stream (a phase continues where its text read ends), drawn from by
+        the closed-form choices."""
+        pipelines, pipeline = (ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx else (1, 0)
+        per_step = self.global_batch // pipelines
+        n = step * per_step
         positions = counts_before(self.mixture, per_step, n)
         streams, parts_all = [], []
         for k, name in enumerate(self.mixture.names):
-            parts = host_parts(self.by_source[name], self.counts, ctx)  # an equal share of each source's records
+            ds, parts = self.source_records(name, self.by_source[name], source_seed(self.seed, k), ctx,
+                                            int(positions[k]))
+            streams.append(ds)
             parts_all += parts
-            # A phase continues each source where the text read so far ends (train/phase_data.py).
-            start, read = self.stream_start(name, ctx.input_pipeline_id, ctx.num_input_pipelines)
-            streams.append(seekable_records([f for f, _, _ in parts], [c for _, _, c in parts], source_seed(self.seed, k),
-                                            self.window, start_sample=start.offset + int(positions[k]),
-                                            firsts=[a for _, a, _ in parts], first_epoch=start.epoch,
-                                            read=[f in read for f, _, _ in parts] if read else None))
-        self.bind(parts_all, ctx.num_input_pipelines, ctx.input_pipeline_id)
-        mine = [f if c == self.counts[f] else f"{f}[{a}:{a + c}]" for f, a, c in parts_all]
-        return mixed_records(streams, self.mixture, per_step, n), mine
+        self.bind(parts_all, pipelines, pipeline)
+        return mixed_records(streams, self.mixture, per_step, n), self.described(parts_all)
 
     @property
     def seed(self) -> int:

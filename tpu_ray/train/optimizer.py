@@ -3,7 +3,7 @@ schedule (train/schedule.py: linear, cosine, constant or wsd after a linear warm
 
 Why not `transformers.create_optimizer`'s optimizer as is: at `weight_decay_rate=0` it returns
 another class (the new-style Keras `Adam`), which has no `_create_all_weights`, other slot names in
-checkpoints, and another update; issue 23 found `train.weight_decay=0` crashing at start. Here every
+checkpoints, and another update: `train.weight_decay=0` would crash at start. Here every
 valid rate gives the same class; at rate 0 AdamWeightDecay decays nothing, so its update is Adam's.
 """
 

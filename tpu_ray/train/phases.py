@@ -1,4 +1,4 @@
-"""Sequence-length phases (`train.phases`, issue 32): most steps at a short length, the rest at the
+"""Sequence-length phases (`train.phases`): most steps at a short length, the rest at the
 full one (BERT's 90% at 128 then 10% at 512), each phase with its own static shapes.
 
 Why spans: everything that depends on the shapes (the input pipeline, the masking bound, the FLOPs

@@ -1,4 +1,4 @@
-"""The run's plan (issue 44): the config resolved once, before training, into the spans the loop runs.
+"""The run's plan: the config resolved once, before training, into the spans the loop runs.
 
 Why a plan: a plain run, a phased run (train.phases), a mixture and a branch (train.branch_from) all
 train the same way, span after span: each span has its steps, sequence length, batch, masking rate,
@@ -16,9 +16,11 @@ needs the shards' record counts: phase_data.PhaseData computes it when training 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
-from tpu_ray.config import RunConfig
+from tpu_ray.config import CorpusConfig, RunConfig, TrainConfig
 from tpu_ray.prepare.lengths import shards_dir
 from tpu_ray.train import curves
 from tpu_ray.train.phases import Span, spans
@@ -54,6 +56,9 @@ class SpanPlan:
     learning_rate: tuple[float, float]  # at the span's first and last optimizer iteration
     mask_rate: tuple[float, float]  # the masking rate there (train.mask_schedule moves it)
     data: DataStart
+    # The span's masking as the input pipeline applies it (train/inputs.MaskSpec): it needs the
+    # tokenizer, so it is filled in when training starts (Plan.with_masks); None before.
+    mask: Any = None
 
     @property
     def seq_len(self) -> int:
@@ -87,6 +92,10 @@ class Plan:
     curve: curves.Curve
     phased: bool  # train.phases set: each span's start is a phase_start event
 
+    def with_masks(self, spec_of: Callable[[Span], Any]) -> Plan:
+        """The plan with each span's MaskSpec, `spec_of(span)`."""
+        return replace(self, spans=tuple(replace(sp, mask=spec_of(sp.span)) for sp in self.spans))
+
     def remaining(self, step: int) -> tuple[SpanPlan, ...]:
         """The spans still to run from `step` on (the one holding step `step + 1` first)."""
         return tuple(sp for sp in self.spans if sp.span.end > step) or self.spans[-1:]
@@ -99,10 +108,9 @@ class Plan:
         return lines
 
 
-def mask_rate(cfg: RunConfig, span: Span, step: int) -> float:
+def mask_rate(t: TrainConfig, span: Span, step: int) -> float:
     """The masking rate at optimizer iteration `step` in `span` (its mask_prob, moved by a schedule)."""
-    t = cfg.train.model_copy(update={"mask_prob": span.mask_prob})
-    return float(curves.mask_rate(t, step))
+    return float(curves.mask_rate(t, step, start=span.mask_prob))
 
 
 def data_starts(all_spans: list[Span]) -> list[DataStart]:
@@ -117,9 +125,9 @@ def data_starts(all_spans: list[Span]) -> list[DataStart]:
     return out
 
 
-def stages_in(cfg: RunConfig, span: Span) -> tuple[int, ...]:
+def stages_in(corpus: CorpusConfig, span: Span) -> tuple[int, ...]:
     """The start steps of the weight stages in force over [span.start, span.end) (one source: (0,))."""
-    starts = cfg.corpus.stage_starts() if cfg.corpus.sources is not None else [0]
+    starts = corpus.stage_starts() if corpus.sources is not None else [0]
     return tuple(s for i, s in enumerate(starts)
                  if s < span.end and (i + 1 == len(starts) or starts[i + 1] > span.start))
 
@@ -131,7 +139,7 @@ def plan(cfg: RunConfig, start: int = 0) -> Plan:
     out = []
     for sp, data in zip(all_spans, data_starts(all_spans)):
         first, last = max(sp.start, min(start, sp.end - 1)), max(sp.end - 1, sp.start)
-        out.append(SpanPlan(sp, shards_dir(cfg, sp.seq_len), stages_in(cfg, sp),
+        out.append(SpanPlan(sp, shards_dir(cfg, sp.seq_len), stages_in(cfg.corpus, sp),
                             (float(curves.rate(curve, first)), float(curves.rate(curve, last))),
-                            (mask_rate(cfg, sp, first), mask_rate(cfg, sp, last)), data))
+                            (mask_rate(cfg.train, sp, first), mask_rate(cfg.train, sp, last)), data))
     return Plan(tuple(out), start, cfg.train.steps, curve, bool(cfg.train.phases))

@@ -1,4 +1,4 @@
-"""The training recipe in one line: every lever a run trained with (issue 49), as the model card and
+"""The training recipe in one line: every lever a run trained with, as the model card and
 the report show it, read from the run's config so the two cannot disagree with what ran."""
 
 from __future__ import annotations

@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tensorflow as tf
-
-from tpu_ray.config import RunConfig, TrainConfig
+from tpu_ray.config import TrainConfig
 from tpu_ray.errors import UserError
+from tpu_ray.resume import latest_checkpoint
+from tpu_ray.saved_config import read_saved_config
 from tpu_ray.train import curves
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 log = logging.getLogger(__name__)
 
 
 def learning_rate(t: TrainConfig) -> Any:
     """The Keras LearningRateSchedule of `t`."""
+    import tensorflow as tf
     import tf_keras
 
     c = curves.curve(t)
@@ -45,50 +49,59 @@ def learning_rate(t: TrainConfig) -> Any:
     return LearningRate()
 
 
-def warmup_steps(cfg: RunConfig) -> int:
-    return curves.warmup_steps(cfg.train)
-
-
-def values(cfg: RunConfig) -> list[float]:
-    return curves.values(cfg.train)
-
-
-def variable(cfg: RunConfig) -> tf.Variable:
+def variable(t: TrainConfig) -> tf.Variable:
     """The checkpointed copy of this run's schedule (float64: the learning rate stays exact)."""
-    return tf.Variable(values(cfg), dtype=tf.float64, trainable=False, name="schedule")
+    import tensorflow as tf
+
+    return tf.Variable(curves.values(t), dtype=tf.float64, trainable=False, name="schedule")
 
 
-# The curve's shape, checkpointed as numbers beside `values` (a float64 vector as `variable`: no string
-# variable on an accelerator): curves.SHAPE_NAMES.
-def shape_values(cfg: RunConfig) -> list[float]:
-    return curves.shape_values(cfg.train)
+def shape_variable(t: TrainConfig) -> tf.Variable:
+    """The checkpointed shape of this run's curve (curves.shape_values, named by curves.SHAPE_NAMES),
+    beside `variable`: a float64 vector too, as an accelerator holds no string variable."""
+    import tensorflow as tf
+
+    return tf.Variable(curves.shape_values(t), dtype=tf.float64, trainable=False, name="schedule_shape")
 
 
-def shape_variable(cfg: RunConfig) -> tf.Variable:
-    """The checkpointed shape of this run's curve (shape_values), beside `variable`."""
-    return tf.Variable(shape_values(cfg), dtype=tf.float64, trainable=False, name="schedule_shape")
-
-
-def check_resume(saved: tf.Variable, where: str, cfg: RunConfig, shape: tf.Variable | None = None) -> None:
+def check_resume(saved: tf.Variable, where: str, t: TrainConfig, shape: tf.Variable | None = None) -> None:
     """Refuse resuming the checkpoint at `where` under a different schedule (one line naming what
     changed). `saved` (and `shape`) are the schedule variables after the restore: read from the
     restored state, not from the file again, so a damaged or fallen-back checkpoint is reported by
     the restore itself. A checkpoint from before schedules (or their shapes) were saved leaves the
     variable at this run's values: nothing to compare."""
     changed = curves.changes([float(x) for x in saved.numpy()],
-                             None if shape is None else [float(x) for x in shape.numpy()], cfg.train)
+                             None if shape is None else [float(x) for x in shape.numpy()], t)
     if not changed:
         return
-    if cfg.train.extend_schedule:
+    if t.extend_schedule:
         log.warning("resuming under a new learning-rate schedule (train.extend_schedule): %s", ", ".join(changed))
         return
-    from tpu_ray.resume import changed_schedule_line
-
     raise UserError(changed_schedule_line(where, changed))
 
 
-def adopt(checkpoint: tf.train.Checkpoint, cfg: RunConfig) -> None:
+def adopt(checkpoint: Any, t: TrainConfig) -> None:
     """Record this run's schedule in the restored checkpoint object (what its next save holds)."""
-    checkpoint.schedule.assign(values(cfg))
-    checkpoint.schedule_shape.assign(shape_values(cfg))
+    checkpoint.schedule.assign(curves.values(t))
+    checkpoint.schedule_shape.assign(curves.shape_values(t))
 
+
+def changed_schedule_line(where: str, changed: list[str]) -> str:
+    """The one line --resume under another schedule is refused with (train.extend_schedule is the hatch)."""
+    return (f"--resume: {where} was trained with another schedule ({', '.join(changed)}); resume with the "
+            f"original values, or set train.extend_schedule=true to continue under the new schedule from the "
+            f"checkpoint's step")
+
+
+def refuse_changed_schedule(run_dir: str, t: TrainConfig, resume: bool) -> None:
+    """--resume under another schedule, refused from `run_dir`'s config.yaml before any stage or
+    cluster starts (the trainer checks the checkpoint's own record again after the restore). Why
+    before: train.steps is not in the fingerprint, so otherwise only a training attempt finds it.
+    No TensorFlow is loaded for it (the pipeline's driver may never need TensorFlow)."""
+    found = latest_checkpoint(run_dir) if resume and not t.extend_schedule else None
+    saved = read_saved_config(run_dir) if found else None
+    if saved is None:
+        return
+    changed = curves.changes(curves.values(saved.train), curves.shape_values(saved.train), t)
+    if changed:
+        raise UserError(changed_schedule_line(found[0], changed))

@@ -117,7 +117,7 @@ def phase_tracker(cfg: RunConfig, span: Span, shards: ShardSet, mixture: Any, wh
     from tpu_ray.train.mixture import MixtureTracker
 
     if mixture is None:
-        return PositionTracker(shards.files("train"), span.batch_size, cfg.train.shuffle_buffer)
+        return PositionTracker(shards.files("train"), span.batch_size, cfg.train.shuffle_buffer, seed=cfg.seed)
     by_source = {n: shards.files("train", n) for n in mixture.names}
     if not whole and (empty := [n for n, files in by_source.items() if not files]):
         raise UserError(f"{shards.directory}: no train samples of corpus.sources.{empty[0]} at seq_len "

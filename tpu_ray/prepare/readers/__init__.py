@@ -1,4 +1,4 @@
-"""The corpus readers: one module per format, found by the registry (issue 30, item 2).
+"""The corpus readers: one module per format, found by the registry (a new format is one module).
 
 Each module defines a `Reader` (a file format: plans a file's units, reads a unit's text) or a
 `SourceReader` (a source given by name: `builtin:...`, `hf:NAME`) and registers it with `@register`;

@@ -1,4 +1,4 @@
-"""Records as real corpora hold them (issue 34): missing fields anywhere, a few broken records,
+"""Records as real corpora hold them: missing fields anywhere, a few broken records,
 multi-member gzip, byte-order marks and other encodings.
 
 Real files, the real planner and readers, the function every shard actor runs (`process_unit`,
@@ -46,7 +46,7 @@ def _shard_all(units, tok, out: Path) -> dict[int, dict]:
 # ---- 1. a missing text field, wherever it stands ------------------------------------------------
 @pytest.mark.parametrize("where", ["first", "last"])
 def test_records_without_the_field_are_skipped_and_counted_wherever_they_stand(where, tmp_path, lines, tok):
-    """The issue's reproduction: 120 field-less records first (4 units) was refused, the same last
+    """Before, 120 field-less records first (4 units) were refused, the same last
     went through. Both now read every good record, skip and count the 120, by file kind."""
     good = [json.dumps({"text": t}) for t in lines[:2000]]
     bad = [json.dumps({"title": f"no text {i}", "id": i}) for i in range(120)]
@@ -173,7 +173,7 @@ def test_bad_records_in_compressed_streams_and_packs_name_their_file_and_line(tm
 # ---- 3. multi-member gzip: a trailer that cannot describe its file is not believed ---------------
 @pytest.mark.quick
 def test_a_multi_member_gzip_is_never_packed_by_its_last_members_size(tmp_path, lines):
-    """The issue's case: a small file holding much text in one member plus a tiny last member
+    """Before, a small file holding much text in one member plus a tiny last member
     (`cat a.gz b.gz`) was sized by the tiny member's ISIZE and packed with others into one unit
     of several units of text. It now stands alone; its neighbours still pack."""
     text = ("\n".join(lines[:100]) + "\n").encode()
@@ -291,7 +291,7 @@ def test_a_utf16_or_utf32_file_is_refused_in_one_line_naming_file_and_encoding(e
 @pytest.mark.slow
 def test_a_thousand_file_corpus_with_cut_and_fieldless_records_shards_exactly_the_good_ones(
         tmp_path, lines, tiny_tokenizer_dir, ray_local):
-    """The issue's acceptance corpus on real Ray: its shards hold exactly the tokens of the good
+    """A thousand files with cut and field-less records, on real Ray: their shards hold exactly the tokens of the good
     records (compared with the shards of a plain .txt of them, cut at the same units), and the
     shards and the list are the same with one actor or two."""
     from tests.helpers import manifest_json, tiny_config

@@ -1,6 +1,6 @@
-"""Issue 15, class 6: hostile text keeps memory flat. (The loopback half of class 7, a Ray cluster
-tpu-ray starts for itself listening on loopback only, is read from the cluster that
-tests/test_cli.py's pipeline-from-Python test starts in a fresh process: one Ray start, not two.)
+"""Hostile text (a 20 MB line) keeps memory flat. (That a Ray cluster tpu-ray starts for itself
+listens on loopback only is read from the cluster that tests/test_cli.py's pipeline-from-Python
+test starts in a fresh process: one Ray start, not two.)
 
 Memory is measured, not timed: peak RSS (ru_maxrss) of real processes on a real 20 MB line with no
 newline, against the same bytes with ordinary line breaks in the same test.

@@ -1,5 +1,6 @@
-"""Faults and damaged run directories (issue 15, classes 1, 2, 3 and unreachable Ray): real `tpu-ray`
-processes on real run directories, real checkpoints, real TFRecord shards, the GCS emulator for gs://.
+"""Faults and damaged run directories (checkpoints, diverged losses, bad input, locks, an unreachable
+Ray) as the CLI meets them: real `tpu-ray` processes on real run directories, real checkpoints, real
+TFRecord shards, the GCS emulator for gs://.
 
 Each test damages or races a run directory the way a user (or a crash) would, runs the CLI, and
 asserts what the user sees: one line naming the file and the fix (exit 2), or a warning and a correct
@@ -356,8 +357,8 @@ def test_gcs_lock_create_if_absent_names_the_holder_and_takes_over_a_dead_one(gc
             RunLock(run, "tpu-ray train").acquire()
         assert json.loads(storage.read_text(f"{run}/.lock"))["token"] == first.info["token"]
     assert not storage.exists(f"{run}/.lock")  # released
-    # A holder killed without releasing: the next run takes over once its lease ran out (issue 36:
-    # never by host and pid; tests/test_security.py moves the clock for the lease).
+    # A holder killed without releasing: the next run takes over once its lease ran out (never by
+    # host and pid; tests/test_locks_and_run_files.py moves the clock for the lease).
     code = (f"from tpu_ray.runlock import RunLock; import os; RunLock({run!r}, 'tpu-ray dead').acquire(); "
             "os._exit(0)")
     subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
@@ -387,7 +388,7 @@ def test_pick_latest_decides_from_the_state_file_and_the_files_present():
     assert chosen == "ckpt-20" and "d/checkpoint is missing" in warning
     with pytest.raises(UserError, match="d/ckpt-20.index is missing .* no other checkpoint is complete"):
         pick_latest("d", state, files(20) - {"ckpt-20.index"})
-    # Nothing ever committed, the first checkpoint cut before its index: start at 0, saying so (23.3).
+    # Nothing ever committed, the first checkpoint cut before its index: start at 0, saying so.
     chosen, warning = pick_latest("d", None, files(10) - {"ckpt-10.index"} | {"ckpt-10.position.json"})
     assert chosen is None and "no checkpoint was ever completed (ckpt-10 was interrupted" in warning
 

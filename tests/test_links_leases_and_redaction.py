@@ -1,5 +1,5 @@
-"""Issue 46: nothing lost, no one let in (second review). A run's records cannot write outside
-it, a borrowed shard set stays its owner's, no open port without saying so, private run
+"""Nothing lost, no one let in, through links, leases and credentials: a run's records cannot
+write outside it, a borrowed shard set stays its owner's, no open port without saying so, private run
 directories checked without following links, one redaction for every file, log and error line,
 a lost gs:// lock stops its writer, a model directory's links are not followed, and `compare`
 commits its files by rename."""
@@ -179,7 +179,7 @@ def test_a_model_directory_link_to_a_file_outside_is_refused_not_copied(tmp_path
 def test_after_the_lock_is_taken_over_the_old_writer_writes_nothing_more(gcs_emulator):
     """`lost` was set by the renewal and never read: metrics, export and shards went on beside
     the new holder's."""
-    from tests.test_security import Clock
+    from tests.test_locks_and_run_files import Clock
     from tpu_ray import storage
     from tpu_ray.runlock import RunLock
 
@@ -211,7 +211,7 @@ def test_after_the_lock_is_taken_over_the_old_writer_writes_nothing_more(gcs_emu
 
 @pytest.mark.quick
 def test_a_lease_that_ran_out_and_nobody_took_is_renewed_at_the_next_write(gcs_emulator):
-    from tests.test_security import Clock
+    from tests.test_locks_and_run_files import Clock
     from tpu_ray import storage
     from tpu_ray.runlock import RunLock
 
@@ -226,7 +226,7 @@ def test_a_lease_that_ran_out_and_nobody_took_is_renewed_at_the_next_write(gcs_e
 def test_taking_over_rechecks_the_lease_after_reading_the_holder_again(gcs_emulator):
     """`_delete_if` deleted a lock whose token matched even when its holder had renewed since it
     was read as expired: two writers."""
-    from tests.test_security import Clock
+    from tests.test_locks_and_run_files import Clock
     from tpu_ray import storage
     from tpu_ray.runlock import RunLock
 

@@ -1,4 +1,4 @@
-"""Typed failures and the recovery policy (issue 23, design): every failure has a kind that says
+"""Typed failures and the recovery policy: every failure has a kind that says
 whether a retry can help; `decide` is a pure function of (failure, failures so far, config); one
 message test per kind (the one-line message stays). No cluster, no training."""
 

@@ -1,4 +1,4 @@
-"""Issue 36: nothing lost, no one let in. Locks and run files that cannot be turned against their
+"""Nothing lost, no one let in: locks and run files that cannot be turned against their
 user, one writer per shard directory, gs:// locks owned by a token with a lease, working dependency
 floors, whole exports, confined index paths and no credentials in a run's files."""
 

@@ -1,4 +1,4 @@
-"""What a new user meets in the first hour (issue 38): a fill-mask sentence without a mask fails
+"""What a new user meets at a run's start: a fill-mask sentence without a mask fails
 before any training, a run's first lines say which Ray cluster it uses and warn of a warm-up longer
 than a shortened run, `--help` points to the options reference, and the learning benchmark's
 default is the recipe jobs/configs ship."""
@@ -152,7 +152,7 @@ def test_the_learning_benchmarks_default_is_the_recipe_jobs_configs_ship():
         train = yaml.safe_load(path.read_text()).get("train", {})
         if "mask_count" in train:
             assert (train["mask_count"], train["mask_prob"]) == (count, prob), path.name
-    # Issue 49: the schedule and the output bias the benchmark measured are the quickstart's.
+    # The schedule and the output bias the benchmark measured are the quickstart's too.
     quickstart = yaml.safe_load((REPO / "jobs" / "configs" / "quickstart.yaml").read_text())
     shipped = (quickstart["train"]["schedule"], quickstart["train"]["decay_fraction"],
                quickstart["train"]["decay_shape"], quickstart["model"]["output_bias"],

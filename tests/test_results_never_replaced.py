@@ -1,4 +1,4 @@
-"""Figures that tell the truth (issue 35): results are never erased or replaced by a rerun, an empty
+"""Figures that tell the truth: results are never erased or replaced by a rerun, an empty
 or diverged interval is never a 0.0, and each figure is shown with its own step."""
 
 from __future__ import annotations

@@ -1,0 +1,67 @@
+"""The run in Weights & Biases, through `wandb.init` / `Run.log` (see tpu_ray/tracking/__init__.py
+for why the library and not Ray's integration). Every figure is logged against a `step` metric of
+its own (define_metric): W&B's internal step must only grow, while a resumed run repeats steps and
+fine-tuning scores an earlier checkpoint's step after training went past it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from tpu_ray import storage
+from tpu_ray.tracking.base import Tracker, flat_config
+from tpu_ray.tracking.state import read_state, update_state
+
+
+class WandbTracker(Tracker):
+    name = "wandb"
+
+    def __init__(self, run_dir: str, cfg: Any, stage: str):
+        self.settings = cfg.tracking.wandb
+        self.run: Any = None
+        super().__init__(run_dir, cfg, stage)
+
+    def _directory(self) -> str:
+        """W&B's files beside the run (RUN/wandb); a gs:// run's in a local temporary directory."""
+        if storage.is_remote(self.run_dir):
+            return tempfile.mkdtemp(prefix="tpu-ray-wandb-")
+        local = storage.filesystem(self.run_dir)[1]
+        os.makedirs(local, exist_ok=True)
+        return local
+
+    def _open(self) -> str:
+        import wandb
+
+        known = read_state(self.run_dir).get(self.name, {})
+        run_id = known.get("run_id") if known.get("project") == self.settings.project else None
+        self.run = wandb.init(
+            project=self.settings.project, entity=self.settings.entity, name=self.settings.run_name or self.cfg.name,
+            tags=self.settings.tags or None, config=flat_config(self.cfg), id=run_id,
+            resume="allow", dir=self._directory(), mode=self.settings.mode, job_type=self.stage,
+            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+        )
+        self.run.define_metric("step")
+        for prefix in ("train", "eval", "downstream"):
+            self.run.define_metric(f"{prefix}/*", step_metric="step")
+        update_state(self.run_dir, self.name, project=self.settings.project)
+        return self.run.id
+
+    def _send(self, batch: list[tuple[int, dict[str, float]]]) -> None:
+        for step, items in batch:
+            self.run.log({**items, "step": step})
+
+    def _artifacts(self, files: dict[str, str], dirs: dict[str, str]) -> None:
+        import wandb
+
+        for where, path in files.items():
+            art = wandb.Artifact(f"{self.run.id}-{where}", type="model-card")
+            art.add_file(path)
+            self.run.log_artifact(art)
+        for where, path in dirs.items():
+            art = wandb.Artifact(f"{self.run.id}-{where}", type="report")
+            art.add_dir(path)
+            self.run.log_artifact(art)
+
+    def _finish(self, ended: bool) -> None:
+        self.run.finish()

@@ -1,0 +1,33 @@
+"""What a run can promise about repeating itself, by accelerator: one sentence each, shared by
+`tpu-ray doctor` and the model card so the two never disagree.
+
+Why these words: on a CPU the promise is measured and tested (tests/test_repeatability.py: the same
+config and seed give the same losses, evaluation figures and exported weights to the last bit, under
+load, with 1 or 3 shard actors, straight or stopped and resumed). Elsewhere it is what TensorFlow and
+XLA document, no more: `tf.config.experimental.enable_op_determinism()` (which replaced
+TF_DETERMINISTIC_OPS in TF 2.8) promises the same outputs for the same inputs on the same hardware,
+and is what GPUs need (their default kernels may add in a different order on each run); tpu-ray does
+not turn it on. Neither TensorFlow nor XLA documents a determinism promise for TPUs. The tokenizer
+stage is outside the promise for Unigram: the `tokenizers` trainer gives pieces of equal score in a
+different order in each process, so their ids (and the run) differ; BPE and WordPiece repeat. No promise holds
+across TensorFlow versions or processors: another CPU's kernels may round differently, and 2,000
+steps grow a last-bit difference into a different third decimal.
+"""
+
+from __future__ import annotations
+
+GUARANTEE = {
+    "cpu": "bit for bit on one software stack (the same TensorFlow, Python and CPU kind): the same config "
+           "and seed give the same losses, evaluation figures and weights, under load, with any number of "
+           "shard actors, straight or resumed (tested); not a Unigram tokenizer the run trains (tied pieces "
+           "get other ids each time); another CPU or TensorFlow version may round differently",
+    "gpu": "not promised: TensorFlow repeats GPU runs only with tf.config.experimental.enable_op_determinism(), "
+           "which tpu-ray does not turn on; expect the same curve, not the same digits",
+    "tpu": "not promised: neither TensorFlow nor XLA documents run-to-run determinism on TPUs, and tpu-ray has "
+           "not measured it; expect the same curve, not the same digits",
+}
+
+
+def guarantee(kind: str) -> str:
+    """The repeatability promise of a run on `kind` (cpu, gpu or tpu; anything else is treated as cpu)."""
+    return GUARANTEE.get(kind, GUARANTEE["cpu"])
