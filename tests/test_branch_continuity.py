@@ -1,4 +1,4 @@
-"""Issue 44: a branch (train.branch_from) is continuous or refused. At the branch step its learning
+"""A branch (train.branch_from) is continuous or refused. At the branch step its learning
 rate and masking rate are the stable run's, or the branch is refused in one line naming the rate,
 both values and the setting that makes them equal. Pure arithmetic on the configs (curves.rate):
 no TensorFlow, no training. The three jumps the issue confirmed, and the documented examples."""

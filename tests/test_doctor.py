@@ -300,7 +300,7 @@ def test_gs_run_on_tpu_node_and_missing_bucket(gcs_emulator, tmp_path, small_cor
 
 
 def test_doctor_checks_every_shard_that_training_checks(run):
-    """Issue 15: doctor sampled 3 shards and passed a flipped byte that training refuses. Under
+    """Doctor once sampled 3 shards and passed a flipped byte that training refuses. Under
     training's size bound every shard is hashed, by both."""
     from tpu_ray.prepare.shard_set import ShardSet
 

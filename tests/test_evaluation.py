@@ -1,4 +1,4 @@
-"""One evaluation path (train/evaluation.py, issue 44): the loop's evaluation and `tpu-ray eval`
+"""One evaluation path (train/evaluation.py): the loop's evaluation and `tpu-ray eval`
 record the same Evaluation, each source's record then the pooled one, under their own kinds."""
 
 from __future__ import annotations

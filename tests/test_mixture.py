@@ -1,4 +1,4 @@
-"""Issue 30: named sources mixed by weight (replay), evaluation per source, bad mixtures refused.
+"""Named sources mixed by weight (replay), evaluation per source, bad mixtures refused.
 
 The draw is tested on real TFRecords whose samples carry their source's token, the whole path on a
 real three-source run (Ray actors, a tiny model): each source evaluated at every evaluation,

@@ -362,7 +362,7 @@ def _torch_logits(side: TorchSide, model_dir: Path, texts: list[str], tmp: Path)
 
 @pytest.mark.parametrize("model_type", TYPES)
 def test_an_extended_vocabulary_grows_the_model(scratch_runs, torch_side, lines, tmp_path, model_type):
-    """Issue 33: tokenizer.extend_tokens on a checkpoint of every family, continued from its export's
+    """tokenizer.extend_tokens on a checkpoint of every family, continued from its export's
     PyTorch-layout model.safetensors alone (tpu-ray's numpy converter, no torch; the column
     "continued from its export" of that file: the checkpoint's config and weights are where the run
     starts). After one step at lr 1e-9 the old ids' rows (embedding, output bias, an untied decoder)

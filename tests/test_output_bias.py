@@ -1,4 +1,4 @@
-"""How a fresh model starts (issue 49). model.output_bias=unigram: the head starts at the training
+"""How a fresh model starts. model.output_bias=unigram: the head starts at the training
 tokens' log frequencies, so its first loss is the word-frequency baseline's, not ln V's;
 model.initializer_range: the scale of the random weights."""
 
@@ -92,7 +92,7 @@ def test_an_initializer_range_for_a_type_without_one_is_refused(tmp_path):
 
 
 def test_initializer_range_scales_a_fresh_models_weights(tmp_path, tiny_tokenizer_dir):
-    """model.initializer_range is the std of a fresh model's embeddings and dense kernels (issue 49)."""
+    """model.initializer_range is the std of a fresh model's embeddings and dense kernels."""
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
 

@@ -1,8 +1,8 @@
-"""Issue 44.3: a phase continues where the text read so far ends. At one length the next phase
+"""A phase continues where the text read so far ends. At one length the next phase
 reads the next samples of the same order (no sample twice while unread samples remain); at
 another length it starts at the first unit not yet read; `text_read` is checked against a count
 of the records actually read; a resume inside phase 2 reads what the uninterrupted stream reads;
-each phase's FLOPs per token are kept by its index (issue 44.5)."""
+each phase's FLOPs per token are kept by its index."""
 
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def test_a_two_phase_run_at_one_length_trains_on_what_the_run_without_phases_tra
                                                                                         tiny_tokenizer_dir):
     """The loop's own input: phase 2 continues phase 1's order, and the masks follow the global
     batch index, so two phases at one length and batch are the run without phases, loss for loss
-    (before issue 44 phase 2 read phase 1's samples again)."""
+    (phase 2 once read phase 1's samples again)."""
     from tests.test_phases import _records
     from tpu_ray.train.loop import train
 

@@ -1,4 +1,4 @@
-"""Issue 32: sequence-length phases (`train.phases`): the shard stage cuts every phase's length from
+"""Sequence-length phases (`train.phases`): the shard stage cuts every phase's length from
 one tokenization, training compiles once per phase, carries the optimizer and step across the
 change and resumes inside a phase; with a mixture each phase draws by the weights; a decay branches
 off a phased stable run; bad phases are one line."""
@@ -82,7 +82,7 @@ def test_a_phases_run_compiles_once_per_phase_and_resumes_inside_the_second(phas
     # One compile per phase: the trace count is 1 through phase 1 and 2 through phase 2.
     assert [first[s]["train_traces"] for s in range(1, 11)] == [1] * 6 + [2] * 4
     assert summary["train_traces"] == 2
-    # Each phase_start records the share of the text the phases before read (issue 44: phase 2 continues
+    # Each phase_start records the share of the text the phases before read (phase 2 continues
     # after it): 0, then phase 1's 96 samples at 32 over that length's train bytes (tests/test_phase_data.py).
     from tests.test_phase_data import _plan
 

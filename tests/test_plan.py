@@ -1,4 +1,4 @@
-"""The run's plan (train/plan.py, issue 44): spans, their data starts, rates and stages, resolved
+"""The run's plan (train/plan.py): spans, their data starts, rates and stages, resolved
 from the config alone, without TensorFlow."""
 
 from __future__ import annotations

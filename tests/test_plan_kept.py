@@ -1,4 +1,4 @@
-"""Issue 44, behaviour kept: a plain run and a mixture are one-span plans, so the phase data fix
+"""Behaviour kept: a plain run and a mixture are one-span plans, so the phase data fix
 must not move a single loss of theirs. The losses at every logged step are compared with values
 recorded from main's code before the fix (tests/plan_kept.json); phase 1 of a phased run is kept
 too (only later phases read other data). The tokenizer is a stored one (tests/data/kept_tokenizer,

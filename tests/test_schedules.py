@@ -1,4 +1,4 @@
-"""Issue 32: learning-rate schedules (linear, cosine, constant, wsd), decays branched from a stable
+"""Learning-rate schedules (linear, cosine, constant, wsd), decays branched from a stable
 run's checkpoint, and a masking rate that changes with the step."""
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def _fake_stable(tmp_path, shards_dir, tok, step=4, **over):
 @pytest.mark.parametrize("command", ["run", "train"])
 def test_a_branch_that_jumps_is_one_line_exit_2_before_anything_starts(command, tmp_path, shards_dir,
                                                                        tiny_tokenizer_dir, capsys):
-    """Issue 44: the branch's rate at the branch step is checked from the configs alone, before any
+    """The branch's rate at the branch step is checked from the configs alone, before any
     stage (`run`: not even the tokenizer) or cluster; nothing of the branch is written."""
     import sys
 
@@ -273,7 +273,7 @@ def test_a_branch_that_jumps_is_one_line_exit_2_before_anything_starts(command, 
 
 @pytest.mark.quick
 def test_a_resume_under_another_schedule_is_refused_before_any_stage_or_cluster(tmp_path, small_corpus, capsys):
-    """Issue 44: `--resume train.steps=400` was refused inside training attempt 2; now from the
+    """`--resume train.steps=400` was once refused inside training attempt 2; now from the
     run's config.yaml, before the lock, the stages and Ray: exit 2, one line, nothing written."""
     import sys
 
@@ -326,7 +326,7 @@ def test_a_resumed_branch_keeps_the_defaults_its_first_start_filled_in(tmp_path,
 @pytest.mark.slow  # four tiny trainings: over the 20 s budget
 def test_a_decay_branched_off_a_continued_run_ends_where_the_continued_run_decaying_there_ends(
         tmp_path, shards_dir, tiny_tokenizer_dir):
-    """Issue 44: model.init_from's stable run (constant), branched at step 4 with its own config
+    """model.init_from's stable run (constant), branched at step 4 with its own config
     changing only the schedule (wsd, no decay_steps: the decay starts at the branch step), ends
     where the continued run that decays from step 4 directly ends, step by step."""
     import shutil

@@ -431,7 +431,7 @@ class TestTpuLikeSlices:
         common["ray.shared_filesystem"] = True  # every node of this test cluster is this machine
         # (A one-host v4-8 slice, its node and its environment: the run of the next test, which trains there.)
         # Two hosts, the slice named in the config: train.tpu_name picks the slice Ray reserves, and
-        # TensorFlow's TPU_NAME is the reserved slice's name (issue 23.1), one client, no libtpu.
+        # TensorFlow's TPU_NAME is the reserved slice's name, one client, no libtpu.
         big = launch(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
                                 **common, **{"train.tpu_topology": "v4-16", "train.tpu_name": "slice-b"}))
         assert big["node_id"] == v4_16[1].node_id  # worker 0
@@ -566,8 +566,8 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
                                             r"needs a run directory every node can read"):
             launch(cfg.override({"output_dir": str(tmp_path / "local")}))
         # Declared shared (ray.shared_filesystem: every node of this test cluster is this machine), the
-        # same directory passes that check (the launch into it: the multi-worker node-loss test before
-        # issue 43 merged it with this one; the chief-only export is asserted on gs below).
+        # same directory passes that check (the launch into it: the multi-worker node-loss test, since
+        # merged with this one; the chief-only export is asserted on gs below).
         from tpu_ray.cluster.multiworker import _check_shared_run_dir
 
         _check_shared_run_dir(cfg.override({"output_dir": str(tmp_path / "local"), "ray.shared_filesystem": True}))
@@ -805,7 +805,7 @@ def test_train_step_is_the_keras_fit_step(tmp_path, shards_dir, tiny_tokenizer_d
 
 def test_an_interrupted_first_checkpoint_starts_at_step_0_and_says_so(tmp_path, shards_dir, tiny_tokenizer_dir,
                                                                       caplog):
-    """Issue 23.3: the process died after the first checkpoint's position and data files, before its
+    """The process died after the first checkpoint's position and data files, before its
     index: nothing was ever committed. `--resume` (what recovery runs) used to refuse ("delete ... to
     start over"), which stopped automatic recovery; now it starts at step 0 with a warning and a
     `start_over` event, and the half-written files are gone. A fresh start over it is not refused
@@ -831,7 +831,7 @@ def _events(run_dir: Path, name: str) -> list[dict]:
 
 
 def test_weight_decay_0_trains_with_the_same_optimizer_class(tmp_path, shards_dir, tiny_tokenizer_dir):
-    """Issue 23.6: train.weight_decay=0 crashed (transformers' create_optimizer returns another class
+    """train.weight_decay=0 once crashed (transformers' create_optimizer returns another class
     at rate 0, without `_create_all_weights`). Every valid value trains, with one optimizer class."""
     from transformers import AdamWeightDecay
 
