@@ -317,3 +317,22 @@ def test_a_branch_reads_its_stable_runs_shards_and_tokenizer_unless_told_otherwi
     (tmp_path / "branch" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-6"\n')
     again = settled(branch)
     assert (again.shard.dir, again.tokenizer.path) == (stable.shards_dir, stable.tokenizer_dir)
+
+
+def test_a_branch_finds_a_moved_stable_runs_data_beside_its_config(tmp_path, small_corpus):
+    """The stable run's config.yaml names where it was written (output_dir), not where it is now: a
+    moved or copied run is found by where its config.yaml is, never at its old path."""
+    import shutil
+
+    from tests.helpers import tiny_config
+    from tpu_ray.saved_config import save_config
+    from tpu_ray.train.branch import stable_data
+
+    stable = tiny_config(tmp_path / "old", small_corpus, **{"train.schedule": "constant", "train.steps": 12})
+    save_config(stable, False, {})
+    (tmp_path / "old" / "shards").mkdir()
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    (tmp_path / "old" / "shards").mkdir(parents=True)  # something else now lies at the old path
+    branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "new")})
+    got = stable_data(branch, str(tmp_path / "new"))
+    assert (got.shard.dir, got.tokenizer.path) == (str(tmp_path / "new" / "shards"), str(tmp_path / "new" / "tokenizer"))

@@ -79,3 +79,22 @@ def test_on_a_terminal_the_line_is_drawn_with_a_bar(capsys):
     mirror.write(_train(5, 1.0, 0.1, 32, 128))
     err = capsys.readouterr().err
     assert "━" in err and "step 5/20 (25%)" in err and "ETA 0:00:02" in err, err
+
+
+def test_a_failed_or_stalled_or_damaged_run_says_so(tmp_path, capsys):
+    """A stage_failed after train_start is a failed run (follow ends, rc 1), not one still running; a
+    run whose last record is old says how old; a damaged figure is left out, never a crash."""
+    from tpu_ray.cli import main
+
+    cfg = RunConfig().override({"output_dir": str(tmp_path), "train.steps": 40, "train.eval_every": 20})
+    (tmp_path / "config.yaml").write_text(cfg.to_yaml())
+    records = [{"kind": "event", "event": "train_start", "step": 0, "time": 1.0}, _train(10, 2.0, 1.0, 32, 128),
+               {"kind": "train", "step": None, "time": "late", "tokens_per_s": None}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    line = status_line(str(tmp_path))
+    assert line.startswith("step 10/40 (25%)") and "last record " in line and " ago" in line, line
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "event", "event": "stage_failed", "stage": "train", "error": "OOM on host 3",
+                            "time": 5.0}) + "\n")
+    assert "failed: OOM on host 3" in status_line(str(tmp_path)) and "ETA" not in status_line(str(tmp_path))
+    assert main(["metrics", str(tmp_path), "--follow"]) == 1

@@ -43,7 +43,10 @@ def test_records_become_metrics_under_their_kind_source_and_trial():
                          "train_traces": 1, "nonfinite": True}) == {"train/loss": 2.5, "train/seq_len": 64.0}
     assert metric_items({"kind": "eval_source", "step": 5, "source": "wiki", "eval_loss": 3.0,
                          "eval_set": "abc"}) == {"eval/wiki/eval_loss": 3.0}
-    assert metric_items({"kind": "downstream", "step": 20, "task": "builtin:x", "status": "ok", "seed": 1,
-                         "learning_rate": 1e-3, "validation_accuracy": 0.5}) == {
-        "downstream/builtin_x/lr0.001/seed1/validation_accuracy": 0.5}
+    trial = {"kind": "downstream", "step": 20, "task": "builtin:x", "status": "ok", "seed": 1, "learning_rate": 1e-3,
+             "validation_accuracy": 0.5, "task_hash": "a" * 64, "settings_key": "s" * 12, "model": "weights-1234"}
+    assert metric_items(trial) == {
+        f"downstream/builtin_x/{'a' * 12}/{'s' * 12}/weights-1234/lr0.001/seed1/validation_accuracy": 0.5}
+    # another model (or settings, or task version) at the same step: another series, never the same key
+    assert not set(metric_items(trial)) & set(metric_items({**trial, "model": "weights-5678"}))
     assert metric_items({"kind": "downstream", "step": 20, "status": "failed", "task": "t"}) == {}

@@ -211,8 +211,10 @@ def start_step(run: str, df: pd.DataFrame) -> int:
     named = [storage.read_text(state)] if storage.exists(state) else []
     if len(df) and "event" in df.columns:  # else the weights the init_from event names
         named += [str(w) for w in df[(df["kind"] == "event") & (df["event"] == "init_from")].get("weights", [])]
-    for text in named:
-        if found := re.search(r"ckpt-(\d+)", text):
+    for text in named:  # the checkpoint's own name only (a path's directories may hold "ckpt-N" too)
+        latest = re.search(r'model_checkpoint_path:\s*"([^"]+)"', text)
+        name = (latest.group(1) if latest else text.strip()).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        if found := re.fullmatch(r"ckpt-(\d+)(?:\.index)?", name):
             return int(found.group(1))
     return 0
 

@@ -66,25 +66,37 @@ class Progress:
     eval_seconds: list[float] = field(default_factory=list)
     evaluated: bool = False  # this run evaluates (an eval record was seen)
     ended: bool = False
+    failed: str | None = None  # the training stage failed: its error
+    last_time: float | None = None  # when the latest record was written
 
     def update(self, record: dict[str, Any]) -> None:
+        """Take one record in; a damaged one (a step or time that is not a number) is left out."""
         kind = record.get("kind")
+        when = record.get("time")
+        if isinstance(when, (int, float)) and not isinstance(when, bool):
+            self.last_time = max(self.last_time or 0.0, float(when))
         if kind == "train":
-            self.last_train, self.step = record, int(record["step"])
+            step = record.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.last_train, self.step = record, step
         elif kind == "eval":
             self.evaluated = True
             t = self.last_train
             if t is not None and t.get("step") == record.get("step") and record.get("time") and t.get("time"):
                 self.eval_seconds.append(float(record["time"]) - float(t["time"]))
         elif kind == "event" and record.get("event") == "train_start":
-            self.step, self.last_train, self.ended = int(record.get("step") or 0), None, False
+            step = record.get("step")
+            self.step = step if isinstance(step, int) and not isinstance(step, bool) else 0
+            self.last_train, self.ended, self.failed = None, False, None
+        elif kind == "event" and record.get("event") == "stage_failed" and record.get("stage") == "train":
+            self.failed = str(record.get("error") or "the training stage failed")
         elif kind == "event" and record.get("event") == "train_end":
             self.ended, self.step = True, int(record.get("steps") or self.step)
 
     def eta_s(self) -> float | None:
         """Seconds of steps and timed evaluations left; None before any step was timed."""
         r = self.last_train
-        if r is None or not r.get("step_time_s") or not r.get("tokens_per_s"):
+        if r is None or not _number(r.get("step_time_s")) or not _number(r.get("tokens_per_s")):
             return None
         seconds, start = 0.0, 0
         for end, tokens in self.plan.spans:
@@ -100,20 +112,22 @@ class Progress:
 
     def fields(self) -> dict[str, Any]:
         r = self.last_train or {}
-        return {"step": self.step, "total": self.plan.total, "samples_per_s": r.get("samples_per_s"),
-                "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"), "loss": r.get("loss"),
+        return {"step": self.step, "total": self.plan.total, "samples_per_s": _number(r.get("samples_per_s")),
+                "tokens_per_s": _number(r.get("tokens_per_s")), "mfu": _number(r.get("mfu")), "loss": _number(r.get("loss")),
                 "eta_s": 0.0 if self.ended else self.eta_s(),
                 "evaluations_left": 0 if self.ended else self.plan.evaluations_after(self.step)}
 
     def line(self) -> str:
         f = self.fields()
         parts = [f"step {f['step']:,}/{f['total']:,} ({f['step'] / max(f['total'], 1):.0%})"]
-        if f["samples_per_s"] is not None:
+        if f["samples_per_s"] is not None and f["tokens_per_s"] is not None:
             parts.append(f"{f['samples_per_s']:,.1f} samples/s, {f['tokens_per_s']:,.0f} tokens/s")
         if f["mfu"] is not None:
             parts.append(f"MFU {f['mfu']:.1%}")
         if self.ended:
             parts.append("finished")
+        elif self.failed:
+            parts.append(f"failed: {self.failed.splitlines()[0][:200]}")
         elif f["eta_s"] is not None:
             eta = f"ETA {_clock(f['eta_s'])}"
             left = f["evaluations_left"]
@@ -143,7 +157,7 @@ class ProgressMirror:
     def __init__(self, cfg: Any, terminal: bool | None = None):
         self.progress = Progress(Plan.of(cfg))
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
-        self.gauges = RayGauges.if_connected(cfg.name)
+        self.gauges = RayGauges.if_connected(cfg.name, cfg.run_dir)
 
     def write(self, record: dict[str, Any]) -> None:
         self.progress.update(record)
@@ -182,14 +196,19 @@ def status_line(run_dir: str) -> str:
     cfg = read_saved_config(run_dir)
     if cfg is None:
         raise UserError(f"{run_dir}: no config.yaml here, so not a run directory; pass the run's --output-dir")
-    records = sorted(read_records(run_dir), key=lambda r: (r.get("time") or 0))
+    records = sorted(read_records(run_dir), key=lambda r: _number(r.get("time")) or 0.0)  # a damaged time: first
     starts = [i for i, r in enumerate(records) if r.get("kind") == "event" and r.get("event") == "train_start"]
     if not starts:
         return "not training yet (no train_start in the metrics)"
     progress = Progress(Plan.of(cfg))
     for r in records[starts[-1]:]:
         progress.update(r)
-    return progress.line()
+    line = progress.line()
+    if not progress.ended and not progress.failed and progress.last_time is not None:
+        import time
+
+        line += f" | last record {_clock(max(0.0, time.time() - progress.last_time))} ago"  # a stalled run shows it
+    return line
 
 
 def follow(run_dir: str, every_s: float = 2.0) -> int:
@@ -204,4 +223,13 @@ def follow(run_dir: str, every_s: float = 2.0) -> int:
             last = line
         if line.endswith("finished"):
             return 0
+        if " | failed: " in line:
+            return 1
         time.sleep(every_s)
+
+
+def _number(value: Any) -> float | None:
+    """A figure from a record, or None where it is missing or damaged (text, null, a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)

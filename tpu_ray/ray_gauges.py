@@ -18,22 +18,24 @@ GAUGES = {  # name: (description, field of Progress.fields())
 
 
 class RayGauges:
-    """One gauge per GAUGES entry, tagged with the run's name."""
+    """One gauge per GAUGES entry, tagged with the run's name and its directory: two runs of one name
+    (the default name is "run") in other directories are two series, never one."""
 
-    def __init__(self, run: str):
+    def __init__(self, run: str, run_dir: str = ""):
         from ray.util.metrics import Gauge
 
-        self.tags = {"run": run}
-        self.gauges = {name: (Gauge(name, description=d, tag_keys=("run",)), key) for name, (d, key) in GAUGES.items()}
+        self.tags = {"run": run, "run_dir": run_dir}
+        self.gauges = {name: (Gauge(name, description=d, tag_keys=("run", "run_dir")), key)
+                       for name, (d, key) in GAUGES.items()}
 
     @classmethod
-    def if_connected(cls, run: str) -> RayGauges | None:
+    def if_connected(cls, run: str, run_dir: str = "") -> RayGauges | None:
         """Gauges when this process is a Ray driver or worker (a metric needs a node to export it)."""
         try:
             import ray
         except ImportError:
             return None
-        return cls(run) if ray.is_initialized() else None
+        return cls(run, run_dir) if ray.is_initialized() else None
 
     def set(self, fields: dict[str, Any]) -> None:
         for gauge, key in self.gauges.values():

@@ -54,7 +54,10 @@ def metric_items(record: dict[str, Any]) -> dict[str, float]:
     elif kind == "downstream":
         if record.get("status") != "ok":
             return {}
-        prefix = f"downstream/{record.get('task')}/lr{record.get('learning_rate'):g}/seed{record.get('seed')}"
+        # the trial's whole identity: two models, settings or task versions fine-tuned into one run
+        # directory at one step would otherwise write one series
+        ident = "/".join(str(record.get(k) or "-")[:12] for k in ("task_hash", "settings_key", "model"))
+        prefix = f"downstream/{record.get('task')}/{ident}/lr{float(record.get('learning_rate')):.8g}/seed{record.get('seed')}"
     else:
         return {}
     out = {}
@@ -123,7 +126,9 @@ class Tracker:
         items = metric_items(record)
         if items and record.get("step") is not None:
             self._count(+1)
-            self._queue.put(("metrics", (int(record["step"]), items)))
+            when = record.get("time")
+            millis = int(when * 1000) if isinstance(when, (int, float)) and math.isfinite(when) else int(time.time() * 1000)
+            self._queue.put(("metrics", (int(record["step"]), items, millis)))  # stamped when it happened
 
     def flush(self) -> None:
         pass
@@ -180,7 +185,11 @@ class Tracker:
                 self._opened = True
                 update_state(self.run_dir, self.name, run_id=self.run_id, status="sending")
             if self._backlog:
-                self._send(self._backlog)
+                held = len(self._backlog)
+                try:
+                    self._send(self._backlog)  # a client may take what it sent off the list as it goes
+                finally:
+                    self._count(-(held - len(self._backlog)))  # sent before a failure: never sent again
                 self._count(-len(self._backlog))
                 self._backlog = []
             if self._want_artifacts:
@@ -207,7 +216,7 @@ class Tracker:
         if self._dropped:
             return
         self._dropped = True
-        lost = sum(len(items) for _, items in self._backlog)
+        lost = sum(len(items) for _, items, _ in self._backlog)
         self._backlog = []
         log.warning("%s: dropped after %d failed attempts (%s); the run goes on, %d held values are not "
                     "sent, metrics.jsonl keeps every record", self.name, self._failures, why, lost)

@@ -5,9 +5,9 @@ active run is touched, and the trainer, fine-tuning and a resumed run write to t
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
+from tpu_ray.redact import redact
 from tpu_ray.tracking.base import Tracker, flat_config
 from tpu_ray.tracking.state import read_state, update_state
 
@@ -32,7 +32,7 @@ class MlflowTracker(Tracker):
 
         self.client = MlflowClient(tracking_uri=self.settings.uri)
         known = read_state(self.run_dir).get(self.name, {})
-        if known.get("run_id") and known.get("uri") == self.settings.uri:
+        if known.get("run_id") and known.get("uri") == redact(self.settings.uri):
             run = self.client.get_run(known["run_id"])  # a resumed run, or fine-tuning on it: the same run
             self.run_id = run.info.run_id
             if run.info.status != "RUNNING" and self.stage == "train":
@@ -43,7 +43,7 @@ class MlflowTracker(Tracker):
         exp_id = exp.experiment_id if exp else self.client.create_experiment(self.settings.experiment)
         tags = {"tpu_ray.run_dir": self.run_dir, **self.settings.tags}
         run = self.client.create_run(exp_id, run_name=self.settings.run_name or self.cfg.name, tags=tags)
-        update_state(self.run_dir, self.name, uri=self.settings.uri, experiment_id=exp_id)
+        update_state(self.run_dir, self.name, uri=redact(self.settings.uri), experiment_id=exp_id)
         self.run_id = run.info.run_id
         self._params({})
         return run.info.run_id
@@ -63,10 +63,15 @@ class MlflowTracker(Tracker):
     def _send(self, batch: list[tuple[int, dict[str, float]]]) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, step) for step, items in batch for k, v in items.items()]
-        for i in range(0, len(metrics), BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
+        while batch:  # records in chunks of at most BATCH metrics, each taken off once MLflow has it
+            n, size = 0, 0
+            while n < len(batch) and (n == 0 or size + len(batch[n][1]) <= BATCH):
+                size += len(batch[n][1])
+                n += 1
+            metrics = [Metric(k, v, millis, step) for step, items, millis in batch[:n] for k, v in items.items()]
+            for i in range(0, len(metrics), BATCH):  # one record with more than BATCH figures
+                self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
+            del batch[:n]
 
     def _artifacts(self, files: dict[str, str], dirs: dict[str, str]) -> None:
         for where, path in files.items():
@@ -77,3 +82,5 @@ class MlflowTracker(Tracker):
     def _finish(self, ended: bool) -> None:
         if ended:  # train_end seen: the training is over (fine-tuning later may still add to it)
             self.client.set_terminated(self.run_id, "FINISHED")
+        elif self.stage == "train":  # the trainer closed without train_end: the training failed
+            self.client.set_terminated(self.run_id, "FAILED")

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from tpu_ray import storage
+from tpu_ray.redact import redact
 
 TRACKING_FILE = "tracking.json"
 _lock = threading.Lock()  # two trackers of one process update the file in turn
@@ -28,7 +29,9 @@ def update_state(run_dir: str, tracker: str, **fields: Any) -> None:
     with _lock:
         data = read_state(run_dir)
         entry = data.get(tracker) if isinstance(data.get(tracker), dict) else {}
-        data[tracker] = {**entry, **{k: v for k, v in fields.items() if v is not None}}
+        # credentials never reach a file of the run (a URI's password, an error quoting one)
+        data[tracker] = {**entry, **{k: redact(v) if isinstance(v, str) else v for k, v in fields.items()
+                                     if v is not None}}
         if fields.get("status") != "dropped":
             data[tracker].pop("error", None)
         storage.atomic_write_text(storage.join(run_dir, TRACKING_FILE), json.dumps(data, indent=1) + "\n")

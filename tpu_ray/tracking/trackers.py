@@ -44,4 +44,11 @@ def trackers_for_run_dir(run_dir: str, stage: str = "finetune") -> list[Tracker]
         cfg = read_saved_config(run_dir)
     except Exception:  # noqa: BLE001 - a damaged config is reported by the stages that need it
         return []
-    return trackers(cfg, run_dir, stage) if cfg is not None else []
+    if cfg is None:
+        return []
+    if cfg.tracking.mlflow.uri and "***" in cfg.tracking.mlflow.uri:
+        log.warning("%s: the run's tracking.mlflow.uri holds a password, which its saved config keeps "
+                    "redacted: these records are not sent to MLflow (give MLflow the credentials through "
+                    "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD and a URI without them)", run_dir)
+        cfg = cfg.override({"tracking.mlflow.uri": None})
+    return trackers(cfg, run_dir, stage)

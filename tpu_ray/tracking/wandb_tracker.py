@@ -20,6 +20,7 @@ class WandbTracker(Tracker):
     def __init__(self, run_dir: str, cfg: Any, stage: str):
         self.settings = cfg.tracking.wandb
         self.run: Any = None
+        self._owns = False
         super().__init__(run_dir, cfg, stage)
 
     def _directory(self) -> str:
@@ -35,12 +36,15 @@ class WandbTracker(Tracker):
 
         known = read_state(self.run_dir).get(self.name, {})
         run_id = known.get("run_id") if known.get("project") == self.settings.project else None
+        previous = wandb.run  # a run of this process (the trainer's, when it runs in the driver)
         self.run = wandb.init(
             project=self.settings.project, entity=self.settings.entity, name=self.settings.run_name or self.cfg.name,
             tags=self.settings.tags or None, config=flat_config(self.cfg), id=run_id,
             resume="allow", dir=self._directory(), mode=self.settings.mode, job_type=self.stage,
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
+        # wandb.init hands back a live run of this process for the same id: it is not ours to finish
+        self._owns = self.run is not previous
         self.run.define_metric("step")
         for prefix in ("train", "eval", "downstream"):
             self.run.define_metric(f"{prefix}/*", step_metric="step")
@@ -48,7 +52,7 @@ class WandbTracker(Tracker):
         return self.run.id
 
     def _send(self, batch: list[tuple[int, dict[str, float]]]) -> None:
-        for step, items in batch:
+        for step, items, _ in batch:
             self.run.log({**items, "step": step})
 
     def _artifacts(self, files: dict[str, str], dirs: dict[str, str]) -> None:
@@ -64,4 +68,5 @@ class WandbTracker(Tracker):
             self.run.log_artifact(art)
 
     def _finish(self, ended: bool) -> None:
-        self.run.finish()
+        if self._owns:  # a training closed without train_end failed: W&B shows it so
+            self.run.finish(exit_code=1 if self.stage == "train" and not ended else 0)

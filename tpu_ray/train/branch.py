@@ -120,9 +120,26 @@ def stable_data(cfg: RunConfig, run_dir: str) -> RunConfig:
     source = read_saved_config(run_dir)
     if source is None:  # refused by _check_compatible, naming the missing config
         return cfg
-    over = {k: v for k, v, given in (("shard.dir", source.shards_dir, cfg.shard.dir),
-                                     ("tokenizer.path", source.tokenizer_dir, cfg.tokenizer.path)) if not given}
+    over = {k: _where_it_is(run_dir, named, default) for k, named, default, given in (
+        ("shard.dir", source.shard.dir, rundir.SHARDS_DIR, cfg.shard.dir),
+        ("tokenizer.path", source.tokenizer.path, rundir.TOKENIZER_DIR, cfg.tokenizer.path)) if not given}
     return cfg.override(over)
+
+
+def _where_it_is(run_dir: str, named: str | None, default: str) -> str:
+    """The stable run's shards or tokenizer as found from where its config.yaml is (`run_dir`), never
+    from the `output_dir` or name that config holds: a run moved, copied, or read from another working
+    directory would otherwise point the branch at whatever lies at the old (relative) path, and the
+    check that the branch reads the stable run's data would compare that path with itself."""
+
+    if not named:  # the run's own directory: found beside its config.yaml
+        base = run_dir if storage.is_remote(run_dir) else os.path.abspath(run_dir)
+        return rundir.path(base, default)
+    if storage.is_remote(named) or os.path.isabs(named):
+        return named
+    raise UserError(f"train.branch_from={run_dir}: the stable run names its {default} by a relative path "
+                    f"({named!r}), which cannot be found from here; give shard.dir= and tokenizer.path= as "
+                    f"absolute paths")
 
 
 def with_defaults(cfg: RunConfig, stable: RunConfig, step: int) -> RunConfig:
