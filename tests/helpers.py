@@ -83,3 +83,20 @@ def save_tiny_roberta(tok, out: Path, max_positions: int) -> str:
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return str(out)
+
+
+def stable_run_and_branch(tmp_path, corpus):
+    """A stable run directory as a branch finds it (config.yaml, shards/, a committed ckpt-4; no
+    weights: what is checked before any loads) and a wsd branch of it naming no shards or tokenizer."""
+    from tpu_ray.saved_config import save_config
+
+    stable = tiny_config(tmp_path / "stable", corpus, **{"train.schedule": "constant", "train.steps": 12})
+    save_config(stable, False, {})
+    (tmp_path / "stable" / "shards").mkdir()
+    ckpts = tmp_path / "stable" / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
+    (ckpts / "ckpt-4.index").write_bytes(b"")
+    branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "stable"),
+                              "train.schedule": "wsd"})
+    return stable, branch

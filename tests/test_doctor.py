@@ -354,16 +354,8 @@ def test_a_hub_corpus_it_did_not_fetch_is_warn_not_checked(tmp_path, small_corpu
 def test_a_branch_is_checked_on_its_stable_runs_shards_and_tokenizer(tmp_path, small_corpus):
     """A branch names no shard.dir or tokenizer.path: doctor checks the stable run's (what the
     branch reads), not the branch's empty directory (a FAIL "this run has no shards" before)."""
-    from tpu_ray.saved_config import save_config
+    from tests.helpers import stable_run_and_branch
 
-    stable = tiny_config(tmp_path / "stable", small_corpus, **{"train.schedule": "constant", "train.steps": 12})
-    save_config(stable, False, {})
-    (tmp_path / "stable" / "shards").mkdir()
-    ckpts = tmp_path / "stable" / "checkpoints"
-    ckpts.mkdir()
-    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
-    (ckpts / "ckpt-4.index").write_bytes(b"")
-    branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "stable"),
-                              "train.schedule": "wsd"})
+    _stable, branch = stable_run_and_branch(tmp_path, small_corpus)
     _code, checks = doctor(branch, target="cpu")
     assert checks["branch"][0] == PASS and "from " in checks["branch"][1], checks["branch"]

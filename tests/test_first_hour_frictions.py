@@ -293,19 +293,11 @@ def test_a_branchs_summary_says_where_it_branched(tmp_path):
 def test_a_branch_reads_its_stable_runs_shards_and_tokenizer_unless_told_otherwise(tmp_path, small_corpus):
     """A branch had to be given shard.dir= and tokenizer.path= by hand (`tpu-ray run` refused it,
     telling to add them) though it is refused unless they are the stable run's."""
-    from tests.helpers import tiny_config
+    from tests.helpers import stable_run_and_branch
     from tpu_ray.saved_config import save_config
     from tpu_ray.train.branch import settled
 
-    stable = tiny_config(tmp_path / "stable", small_corpus, **{"train.schedule": "constant", "train.steps": 12})
-    save_config(stable, False, {})
-    (tmp_path / "stable" / "shards").mkdir()
-    ckpts = tmp_path / "stable" / "checkpoints"
-    ckpts.mkdir()
-    (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
-    (ckpts / "ckpt-4.index").write_bytes(b"")
-    branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "stable"),
-                              "train.schedule": "wsd"})
+    stable, branch = stable_run_and_branch(tmp_path, small_corpus)
     got = settled(branch)
     assert (got.shards_dir, got.tokenizer_dir) == (stable.shards_dir, stable.tokenizer_dir)
     # told otherwise: its own, checked as before
