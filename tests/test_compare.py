@@ -95,23 +95,10 @@ def test_the_page_overlays_the_runs_and_marks_the_runs_not_comparable(runs, tmp_
 
 
 def test_the_plots_hold_one_line_per_run(runs, tmp_path):
-    from tpu_ray.comparison import compare, plot_compare
+    from tpu_ray.comparison import compare
 
     df = compare(runs)
-    figs = {}
-    import matplotlib.figure
-
-    real = matplotlib.figure.Figure.savefig
-
-    def keep(self, path, *a, **k):
-        figs[Path(path).name] = self
-        return real(self, path, *a, **k)
-
-    matplotlib.figure.Figure.savefig = keep
-    try:
-        plot_compare(df, runs, {name: str(tmp_path / name) for name in PLOTS})
-    finally:
-        matplotlib.figure.Figure.savefig = real
+    figs = _drawn(df, runs, tmp_path)
     labels = [line.get_label() for line in figs["compare_loss.png"].axes[0].get_lines()]
     assert labels == ["lr-1e-4 train", "lr-1e-4 eval [eval A]", "lr-3e-4 train", "lr-3e-4 eval [eval A]",
                       "bigger train", "bigger eval [eval B]"]
@@ -231,24 +218,12 @@ def test_a_continuation_differs_from_its_parent_only_where_a_figure_changes(cont
 
 def test_a_continuation_is_drawn_at_its_global_step(continued, tmp_path):
     """The continued run's steps 10..500 follow its checkpoint's step 500: drawn at 510..1000."""
-    import matplotlib.figure
 
-    from tpu_ray.comparison import compare, plot_compare
+    from tpu_ray.comparison import compare
 
     df = compare(continued)
     assert df.attrs["start_step"] == {continued[0]: 0, continued[1]: 500}
-    figs = {}
-    real = matplotlib.figure.Figure.savefig
-
-    def keep(self, path, *a, **k):
-        figs[Path(path).name] = self
-        return real(self, path, *a, **k)
-
-    matplotlib.figure.Figure.savefig = keep
-    try:
-        plot_compare(df, continued, {name: str(tmp_path / name) for name in PLOTS})
-    finally:
-        matplotlib.figure.Figure.savefig = real
+    figs = _drawn(df, continued, tmp_path)
     lines = {line.get_label(): line.get_xdata() for line in figs["compare_loss.png"].axes[0].get_lines()}
     assert min(lines["quickstart train"]) == 10 and max(lines["quickstart train"]) == 500
     assert min(lines["continued (from step 500) train"]) == 510
@@ -266,3 +241,24 @@ def test_a_continuation_scoring_its_parents_set_is_comparable_on_it(continued, c
     assert "NOT COMPARABLE" not in out, out
     assert "Comparable on the sets they share: quickstart's evaluation = continued's 'general'" in out, out
     assert "model.hidden_size" not in out
+
+
+def _drawn(df, runs, tmp_path) -> dict:
+    """{file name: the matplotlib Figure} plot_compare saved, kept as it was drawn (its lines readable)."""
+    import matplotlib.figure
+
+    from tpu_ray.comparison import plot_compare
+
+    figs = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(self, path, *a, **k):
+        figs[Path(path).name] = self
+        return real(self, path, *a, **k)
+
+    matplotlib.figure.Figure.savefig = keep
+    try:
+        plot_compare(df, runs, {name: str(tmp_path / name) for name in PLOTS})
+    finally:
+        matplotlib.figure.Figure.savefig = real
+    return figs
