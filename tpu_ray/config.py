@@ -11,6 +11,7 @@ import difflib
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -527,6 +528,23 @@ class TrackingConfig(_Section):
     wandb: WandbTracking = Field(default_factory=WandbTracking)
 
 
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run's files live (run directory, tokenizer, shard sets): what most stages need of the
+    run besides their own section, handed to them in place of the whole config."""
+
+    run_dir: str
+    tokenizer_dir: str
+    shards_dir: str  # the main shard set, cut at `seq_len` (shard.seq_len)
+    seq_len: int
+
+    def shards_at(self, seq_len: int) -> str:
+        """Where the shards a phase at `seq_len` trains on are: another length's set in a folder of its own."""
+        from tpu_ray import storage
+
+        return self.shards_dir if seq_len == self.seq_len else storage.join(self.shards_dir, f"seq-{seq_len}")
+
+
 class RunConfig(_Section):
     name: str = "run"  # the run's name (default directory runs/<name>)
     seed: int = Field(0, ge=0, lt=2**32)  # numpy's and TF's seed range
@@ -654,6 +672,11 @@ class RunConfig(_Section):
         from tpu_ray import rundir
 
         return self.tokenizer.path or rundir.path(self.run_dir, rundir.TOKENIZER_DIR)
+
+    @property
+    def paths(self) -> RunPaths:
+        """Where this run's files are, for the stages that only read or write them."""
+        return RunPaths(self.run_dir, self.tokenizer_dir, self.shards_dir, self.shard.seq_len)
 
     # --- loading and overriding -------------------------------------------------------------
     @classmethod

@@ -6,12 +6,12 @@ both.
 
 from __future__ import annotations
 
-from tpu_ray import storage
 from tpu_ray.config import RunConfig
 
 
 def subdir(seq_len: int) -> str:
-    """The folder (inside the shard directory) of the shards cut at a phase's shorter length."""
+    """The folder (inside the shard directory) of the shards cut at a phase's shorter length (as
+    config.RunPaths.shards_at names it)."""
     return f"seq-{seq_len}"
 
 
@@ -22,4 +22,4 @@ def extra_lengths(cfg: RunConfig) -> tuple[int, ...]:
 
 def shards_dir(cfg: RunConfig, seq_len: int) -> str:
     """Where the shards a phase at `seq_len` trains on are."""
-    return cfg.shards_dir if seq_len == cfg.shard.seq_len else storage.join(cfg.shards_dir, subdir(seq_len))
+    return cfg.paths.shards_at(seq_len)
