@@ -51,6 +51,7 @@ def shards(work: Path, source: Path, seq_len: int):
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.pipeline import shard_job
     from tpu_ray.prepare.shards import process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe
 
@@ -68,7 +69,7 @@ def shards(work: Path, source: Path, seq_len: int):
         units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
         os.makedirs(cfg.shards_dir, exist_ok=True)
         results = {u.index: process_unit(u, tok, info, seq_len, cfg.shards_dir) for u in units}
-        shard_set(cfg, info, units, results, complete=True).write()
+        shard_set(shard_job(cfg), info, units, results, complete=True).write()
     return cfg
 
 
@@ -80,9 +81,9 @@ def run(work: Path, name: str, prep, source: Path, args) -> dict[int, float]:
     from learning import evaluate, test_batch
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.tokenizer import tokenizer_info
-    from tpu_ray.train.init_from import resolve_config
+    from tpu_ray.train.init_from import InitSpec, checkpoint_fields
     from tpu_ray.train.loop import train
-    from tpu_ray.train.model import hf_config
+    from tpu_ray.train.model import ModelSpec, hf_config
 
     src_cfg = RunConfig.from_yaml(str(source / "config.yaml"))
     over = {
@@ -94,13 +95,16 @@ def run(work: Path, name: str, prep, source: Path, args) -> dict[int, float]:
     }
     cfg = RunConfig.from_dict(over)
     if name == "continued":
-        cfg = resolve_config(cfg.override({"model.init_from": str(source / "model")}))
+        cfg = cfg.override({"model.init_from": str(source / "model")})
+        cfg = cfg.override(checkpoint_fields(InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)))
+    spec = ModelSpec(cfg.model, cfg.max_positions(), cfg.shard.seq_len, cfg.tokenizer_dir,
+                     InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from))
     if not (work / name / "model" / "config.json").exists():
         t = time.perf_counter()
         train(cfg)
         print(f"  {name}: trained {args.steps} steps in {time.perf_counter() - t:.0f} s", flush=True)
     batch = test_batch(cfg)
-    model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tokenizer_info(cfg.tokenizer_dir)))
+    model = TFAutoModelForMaskedLM.from_config(hf_config(spec, tokenizer_info(cfg.tokenizer_dir)))
     model(model.dummy_inputs, training=False)
     out = {}
     if name == "continued":  # step 0: the checkpoint itself, before any step on the new domain
@@ -108,7 +112,7 @@ def run(work: Path, name: str, prep, source: Path, args) -> dict[int, float]:
         out[0] = evaluate(ref, batch)[0]
     else:
         tf.keras.utils.set_random_seed(cfg.seed)
-        out[0] = evaluate(TFAutoModelForMaskedLM.from_config(hf_config(cfg, tokenizer_info(cfg.tokenizer_dir))), batch)[0]
+        out[0] = evaluate(TFAutoModelForMaskedLM.from_config(hf_config(spec, tokenizer_info(cfg.tokenizer_dir))), batch)[0]
     state = tf.train.get_checkpoint_state(str(work / name / "checkpoints"))
     for path in state.all_model_checkpoint_paths:
         tf.train.Checkpoint(model=model).restore(path).expect_partial()

@@ -73,6 +73,7 @@ def prepare(work: Path, args, extra_lengths: tuple[int, ...] = ()) -> object:
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.pipeline import shard_job
     from tpu_ray.prepare.shards import length_sets, process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe, save_tokenizer, train_tokenizer
 
@@ -103,10 +104,10 @@ def prepare(work: Path, args, extra_lengths: tuple[int, ...] = ()) -> object:
     os.makedirs(cfg.shards_dir, exist_ok=True)
     results = {u.index: process_unit(u, tok, info, args.seq_len, cfg.shards_dir, extra_lengths=extra_lengths)
                for u in units}
-    shard_set(cfg, describe(tok.to_str(), "bench"), units, results, complete=True).write()
+    shard_set(shard_job(cfg), describe(tok.to_str(), "bench"), units, results, complete=True).write()
     for length in extra_lengths:  # train.phases' shorter lengths: their own manifests (train/phases.py)
         phased = cfg.override({"train.phases": [{"steps": 1, "seq_len": length}, {"steps": 1, "seq_len": args.seq_len}]})
-        for sub in length_sets(phased, describe(tok.to_str(), "bench"), units, results, complete=True):
+        for sub in length_sets(shard_job(phased), describe(tok.to_str(), "bench"), units, results, complete=True):
             sub.write()
     return cfg
 

@@ -291,6 +291,7 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
     import ray
 
     from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.pipeline import shard_job
 
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     cluster = None
@@ -315,7 +316,7 @@ def measure_tpu_ray(cfg, actors: int | None, cpus: int, nodes: int) -> dict:
     driver0 = os.times()
     try:
         with cpu:
-            summary = make_shards(cfg, actors=actors)
+            summary = make_shards(shard_job(cfg), actors=actors)
         driver1 = os.times()
     finally:
         ray.shutdown()

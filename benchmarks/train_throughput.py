@@ -38,6 +38,7 @@ def prepare(work: Path, vocab: int) -> "object":
 
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.pipeline import shard_job
     from tpu_ray.prepare.shards import process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe, save_tokenizer, train_tokenizer
 
@@ -57,7 +58,7 @@ def prepare(work: Path, vocab: int) -> "object":
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     os.makedirs(cfg.shards_dir, exist_ok=True)
     results = {u.index: process_unit(u, tok, info, SEQ_LEN, cfg.shards_dir) for u in units}
-    shard_set(cfg, describe(tok.to_str(), "bench"), units, results, complete=True).write()
+    shard_set(shard_job(cfg), describe(tok.to_str(), "bench"), units, results, complete=True).write()
     return cfg
 
 
@@ -74,7 +75,7 @@ def reference_fit(cfg, steps: int, lr: float, warmup_steps: int, seq_len: int = 
     import tf_keras
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling, TFAutoModelForMaskedLM, create_optimizer
 
-    from tpu_ray.train.model import hf_config
+    from tpu_ray.train.model import ModelSpec, hf_config
     from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.prepare.tokenizer import tokenizer_info
 
@@ -101,7 +102,8 @@ def reference_fit(cfg, steps: int, lr: float, warmup_steps: int, seq_len: int = 
     ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files))
     ds = tf.data.TFRecordDataset(ds, num_parallel_reads=tf.data.AUTOTUNE).map(decode).shuffle(2048)
     ds = ds.repeat().batch(BATCH, drop_remainder=True).map(mask).prefetch(tf.data.AUTOTUNE)
-    model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tokenizer_info(cfg.tokenizer_dir)))
+    spec = ModelSpec(cfg.model, cfg.max_positions(), cfg.shard.seq_len, cfg.tokenizer_dir)  # from scratch
+    model = TFAutoModelForMaskedLM.from_config(hf_config(spec, tokenizer_info(cfg.tokenizer_dir)))
     optimizer, _ = create_optimizer(init_lr=lr, num_train_steps=steps, num_warmup_steps=warmup_steps,
                                     weight_decay_rate=0.01)
     model.compile(optimizer=optimizer, metrics=["accuracy"])
@@ -142,7 +144,7 @@ def input_batches_per_s(cfg, batches: int = 300) -> float:
     from tpu_ray.train.loop import mask_spec
 
     files = [p for p, _ in ShardSet.open(cfg.shards_dir).files("train")]
-    ds = train_dataset(files, SEQ_LEN, BATCH, mask_spec(cfg, tokenizer_info(cfg.tokenizer_dir)), 0, 2048)
+    ds = train_dataset(files, SEQ_LEN, BATCH, mask_spec(cfg.train, cfg.paths, tokenizer_info(cfg.tokenizer_dir)), 0, 2048)
     it = iter(ds)
     for _ in range(20):
         next(it)

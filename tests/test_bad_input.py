@@ -61,7 +61,7 @@ def _plan(corpus: str, tmp: Path):
     from tpu_ray.prepare.preflight import preflight_corpus
 
     cfg = RunConfig.from_dict({"corpus": {"source": corpus}, "output_dir": str(tmp / "run")})
-    preflight_corpus(cfg)
+    preflight_corpus(cfg.corpus)
     return plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
 
 

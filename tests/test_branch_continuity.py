@@ -10,15 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from tpu_ray.config import RunConfig
+from tpu_ray.config import RunConfig, TrainConfig
 from tpu_ray.train.branch import continuity_refusal, lr_at, mask_rate_at, with_defaults
 
 pytestmark = pytest.mark.quick
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "schedules.md"
 
 
-def _cfg(**over) -> RunConfig:
-    return RunConfig().override({"train.learning_rate": 1e-3, **over})
+def _cfg(**over) -> TrainConfig:
+    """The train section of a whole config with these overrides (validated as a run's is)."""
+    return RunConfig().override({"train.learning_rate": 1e-3, **over}).train
+
+
+def _set(t: TrainConfig, over: dict) -> TrainConfig:
+    """`t` with train.* overrides, validated as a run's config is."""
+    return RunConfig(train=t).override(over).train
 
 
 STABLE = {"train.schedule": "constant", "train.steps": 100_000, "train.warmup_steps": 2000}
@@ -33,15 +39,15 @@ def test_a_decay_without_decay_steps_starts_at_the_branch_step_not_at_the_fracti
     assert jump == ("the learning rate jumps at the branch step 20,000 (the stable run's 0.001, this run's "
                     "0.000261451); set train.decay_steps=2000 (the decay from the branch step)")
     settled = with_defaults(branch, stable, 20_000)
-    assert settled.train.decay_steps == 2000 and continuity_refusal(stable, settled, 20_000) is None
-    assert lr_at(settled.train, 20_000) == lr_at(stable.train, 20_000) == 1e-3
-    assert lr_at(settled.train, 21_000) < 1e-3  # and it does decay from there
+    assert settled.decay_steps == 2000 and continuity_refusal(stable, settled, 20_000) is None
+    assert lr_at(settled, 20_000) == lr_at(stable, 20_000) == 1e-3
+    assert lr_at(settled, 21_000) < 1e-3  # and it does decay from there
     # an explicit decay_steps that starts the decay before the branch step is refused, not changed
-    early = branch.override({"train.decay_steps": 4400})
-    assert with_defaults(early, stable, 20_000).train.decay_steps == 4400
+    early = _set(branch, {"train.decay_steps": 4400})
+    assert with_defaults(early, stable, 20_000).decay_steps == 4400
     assert "set train.decay_steps=2000" in continuity_refusal(stable, early, 20_000)
     # one that starts it later holds the peak up to there: continuous
-    assert continuity_refusal(stable, branch.override({"train.decay_steps": 1000}), 20_000) is None
+    assert continuity_refusal(stable, _set(branch, {"train.decay_steps": 1000}), 20_000) is None
 
 
 def test_unset_warm_ups_take_the_stable_runs():
@@ -53,10 +59,10 @@ def test_unset_warm_ups_take_the_stable_runs():
         "the learning rate jumps at the branch step 4,000 (the stable run's 0.0008, this run's 0.001); "
         "set train.warmup_steps=5000")
     settled = with_defaults(branch, stable, 4000)
-    assert settled.train.warmup_steps == 5000 and continuity_refusal(stable, settled, 4000) is None
+    assert settled.warmup_steps == 5000 and continuity_refusal(stable, settled, 4000) is None
     # a warm-up given differently is the user's: refused with the stable run's
-    other = branch.override({"train.warmup_steps": 240})
-    assert with_defaults(other, stable, 4000).train.warmup_steps == 240
+    other = _set(branch, {"train.warmup_steps": 240})
+    assert with_defaults(other, stable, 4000).warmup_steps == 240
     assert continuity_refusal(stable, other, 4000).endswith("set train.warmup_steps=5000")
 
 
@@ -70,11 +76,11 @@ def test_a_linear_masking_rate_scaled_by_the_branchs_steps_is_refused_with_the_e
     assert line == ("the masking rate jumps at the branch step 20,000 (the stable run's 0.27, this run's 0.163636); "
                     "set train.mask_prob_end=0.267 (the same line through the stable run's rate, ending at "
                     "train.steps=22000)")
-    fixed = with_defaults(branch.override({"train.mask_prob_end": 0.267}), stable, 20_000)
+    fixed = with_defaults(_set(branch, {"train.mask_prob_end": 0.267}), stable, 20_000)
     assert continuity_refusal(stable, fixed, 20_000) is None
     assert mask_rate_at(fixed, 20_000) == pytest.approx(0.27, rel=1e-9)
     # a constant masking rate of the branch: the stable run's rate there
-    const = branch.override({"train.mask_schedule": "constant", "train.mask_prob_end": None})
+    const = _set(branch, {"train.mask_schedule": "constant", "train.mask_prob_end": None})
     assert continuity_refusal(stable, with_defaults(const, stable, 20_000), 20_000).endswith(
         "set train.mask_prob=0.27")
 
@@ -110,12 +116,12 @@ def test_the_documented_branches_run_without_a_jump():
     stable run branched at 1,000 into a 100-step decay."""
     import yaml
 
-    def load(over: dict[str, str]) -> RunConfig:
-        return RunConfig().override({k: yaml.safe_load(v) for k, v in over.items()})
+    def load(over: dict[str, str]) -> TrainConfig:
+        return RunConfig().override({k: yaml.safe_load(v) for k, v in over.items()}).train
 
     stable = load(_doc_overrides(_doc_command("tpu-ray run --config my.yaml --output-dir runs/stable")))
     branch = load(_doc_overrides(_doc_command("tpu-ray train --config my.yaml --output-dir runs/decay-at-20k")))
-    assert stable.train.schedule == "constant" and branch.train.steps == 22_000
+    assert stable.schedule == "constant" and branch.steps == 22_000
     assert continuity_refusal(stable, with_defaults(branch, stable, 20_000), 20_000) is None
     # without train.decay_steps and train.warmup_steps too (the defaults)
     bare = load({k: v for k, v in _doc_overrides(_doc_command("tpu-ray train --config my.yaml --output-dir "
@@ -127,7 +133,7 @@ def test_the_documented_branches_run_without_a_jump():
                    "train.schedule": "constant"})
     assert "`[{steps: 800, seq_len: 32}, {steps: 400, seq_len: 64}]`" in DOCS.read_text()
     decay = load(_doc_overrides(_doc_command("tpu-ray train --config stable.yaml --output-dir runs/decay-at-1000")))
-    assert decay.train.steps == 1100 and decay.train.decay_steps == 100
+    assert decay.steps == 1100 and decay.decay_steps == 100
     assert continuity_refusal(phased, with_defaults(decay, phased, 1000), 1000) is None
 
 
@@ -139,4 +145,4 @@ def test_the_printed_fix_passes_the_check_when_the_rate_is_not_round():
     branch = with_defaults(_cfg(**{"train.schedule": "wsd", "train.steps": 21_000}), stable, 20_000)
     line = continuity_refusal(stable, branch, 20_000)
     value = float(re.search(r"set train.mask_prob=([\d.]+)$", line).group(1))
-    assert continuity_refusal(stable, branch.override({"train.mask_prob": value}), 20_000) is None
+    assert continuity_refusal(stable, _set(branch, {"train.mask_prob": value}), 20_000) is None

@@ -175,10 +175,10 @@ def continued(tmp_path_factory) -> list[str]:
 
     from transformers import RobertaConfig
 
-    from tests.helpers import REPO
+    from tests.helpers import REPO, init_spec
     from tpu_ray.config import RunConfig
-    from tpu_ray.train.export import stamp_provenance
-    from tpu_ray.train.init_from import resolve_config
+    from tpu_ray.train.export import config_digest, stamp_provenance
+    from tpu_ray.train.init_from import checkpoint_fields
 
     tmp_path = tmp_path_factory.mktemp("continued")
     parent_cfg = RunConfig.from_yaml(str(REPO / "jobs" / "configs" / "quickstart.yaml")).override(
@@ -187,13 +187,13 @@ def continued(tmp_path_factory) -> list[str]:
     model = tmp_path / "quickstart" / "model"
     RobertaConfig(vocab_size=800, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
                   max_position_embeddings=514, layer_norm_eps=1e-5, pad_token_id=1).save_pretrained(str(model))
-    (model / "tf_model.h5").write_bytes(b"")  # resolve_config reads the sizes; no weights are loaded here
+    (model / "tf_model.h5").write_bytes(b"")  # checkpoint_fields reads the sizes; no weights are loaded here
     for f in (REPO / "tests" / "data" / "kept_tokenizer").iterdir():  # a stored Unigram 800: nothing trained
         shutil.copy(f, model / f.name)
-    stamp_provenance(str(model), parent_cfg, 500)
+    stamp_provenance(str(model), config_digest(parent_cfg.fingerprint()), 500)
     child_cfg = RunConfig.from_yaml(str(REPO / "jobs" / "configs" / "continue_with_replay.yaml")).override(
         {"model.init_from": str(model), "output_dir": str(tmp_path / "continued")})
-    child_cfg = resolve_config(child_cfg)
+    child_cfg = child_cfg.override(checkpoint_fields(init_spec(child_cfg)))
     child = _scored(tmp_path / "continued", child_cfg, "set-C",
                     {"domain": "set-D", "general": "set-P", "domain_test": "set-T"})
     (tmp_path / "continued" / "init").mkdir()

@@ -27,6 +27,7 @@ from tpu_ray.errors import UserError
 def prepared_run(run_dir: Path, corpus: Path, tokenizer_dir: str, **overrides):
     """A run directory with the tokenizer and committed shards + manifest, like `tpu-ray shard` leaves."""
     from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.pipeline import shard_job
     from tpu_ray.prepare.shards import process_unit, shard_set
     from tpu_ray.prepare.tokenizer import describe, load_tokenizer_json
 
@@ -40,7 +41,7 @@ def prepared_run(run_dir: Path, corpus: Path, tokenizer_dir: str, **overrides):
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     (run_dir / "shards").mkdir(parents=True, exist_ok=True)
     results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir) for u in units}
-    shard_set(cfg, info, units, results, complete=True).write()
+    shard_set(shard_job(cfg), info, units, results, complete=True).write()
     return cfg
 
 
@@ -249,7 +250,7 @@ def test_op_name_extraction_from_xla_messages():
 ])
 @pytest.mark.quick
 def test_target_table(name, replicas, style, chips):
-    t = parse_target(name, RunConfig())
+    t = parse_target(name, RunConfig().train)
     assert (t.replicas, t.style, t.chips) == (replicas, style, chips) and t.peak and t.hbm_bytes > 0
 
 
@@ -257,7 +258,7 @@ def test_target_table(name, replicas, style, chips):
 @pytest.mark.quick
 def test_unknown_or_impossible_targets_are_usage_errors(name):
     with pytest.raises(UserError, match=f"--target {name}"):
-        parse_target(name, RunConfig())
+        parse_target(name, RunConfig().train)
 
 
 @pytest.mark.quick

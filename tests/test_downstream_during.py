@@ -73,7 +73,7 @@ def test_a_resumed_run_keeps_the_finished_trials_of_a_snapshot_and_runs_its_fail
         (task / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     entry = {"task": str(task), "every": 2, "seeds": 2, "finetune": {"learning_rates": [1e-3]}}
     cfg = _cfg(tmp_path, small_corpus, [entry]).override({"train.steps": 5})
-    (planned,) = check_downstream(cfg)
+    (planned,) = check_downstream(cfg.eval.downstream)
     run = tmp_path / "run"
     model = tmp_path / rundir.snapshot_dir("run", 2) / rundir.MODEL_DIR
     model.mkdir(parents=True)
@@ -91,7 +91,7 @@ def test_a_resumed_run_keeps_the_finished_trials_of_a_snapshot_and_runs_its_fail
     assert not recorded_trials(partial, planned.task, ident["model"], ident["settings_key"])  # a score missing
     records[1]["status"] = "ok"
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    during = DuringTraining(cfg, [planned])
+    during = DuringTraining(cfg.run_dir, cfg.train.steps, [planned])
     assert [step for step in range(1, 6) if during.due(step)] == [2, 4, 5]
     during._start(2)  # every trial of step 2 recorded: nothing submitted (no Ray cluster is running here)
     assert not during._pending and [step for step in range(1, 6) if during.due(step)] == [4, 5]
@@ -139,5 +139,5 @@ def test_the_documented_example_entry_loads_and_names_a_task_that_exists(tmp_pat
     row = next(line for line in (REPO / "docs" / "options.md").read_text().splitlines()
                if line.startswith("| `eval.downstream` |"))
     example = yaml.safe_load(re.search(r"(\[\{.*?\}\])", row).group(1))
-    (planned,) = check_downstream(_cfg(tmp_path, small_corpus, example))
+    (planned,) = check_downstream(_cfg(tmp_path, small_corpus, example).eval.downstream)
     assert planned.task.name == example[0]["task"] and planned.every == example[0]["every"]

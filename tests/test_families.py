@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import tiny_config
+from tests.helpers import model_spec, tiny_config
 from tpu_ray.errors import UserError
 
 
@@ -39,7 +39,7 @@ def test_a_tokenizer_with_the_old_mixed_set_still_describes_and_configures(tiny_
     for model_type in ("roberta", "bert"):
         cfg = tiny_config(tmp_path, tmp_path / "x.txt", **{"model.model_type": model_type,
                                                            "tokenizer.path": tiny_tokenizer_dir})
-        assert hf_config(cfg, info).pad_token_id == 1
+        assert hf_config(model_spec(cfg), info).pad_token_id == 1
 
 
 @pytest.mark.parametrize("value, why", [("tapas", "table structure"), ("layoutlm", "bounding boxes"),
@@ -68,6 +68,9 @@ def test_flops_per_token_follow_the_family(tmp_path):
                                               "intermediate_size": 128, "num_attention_heads": 2},
                                     "shard": {"seq_len": 64}})
 
+    def flops(c: RunConfig, vocab: int) -> float:
+        return train_flops_per_token(c.model, c.train, c.shard.seq_len, vocab)
+
     h, inter, seq, vocab = 64, 128, 64, 1000
     k = predictions_for(cfg("bert").train, seq)
 
@@ -75,14 +78,14 @@ def test_flops_per_token_follow_the_family(tmp_path):
         return 2 * q * h * h + 2 * kv * h * h + 2 * q * h * ffn + 2 * q * kv * h
 
     bert = 6 * (3 * layer(seq, seq, inter) + (h * h + h * vocab) * k) / seq
-    assert train_flops_per_token(cfg("bert"), vocab) == pytest.approx(bert)
+    assert flops(cfg("bert"), vocab) == pytest.approx(bert)
     xlm = 6 * (3 * layer(seq, seq, 4 * h) + h * vocab * seq) / seq
     for model_type in ("xlm", "flaubert"):
-        assert train_flops_per_token(cfg(model_type), vocab) == pytest.approx(xlm)
+        assert flops(cfg(model_type), vocab) == pytest.approx(xlm)
     # funnel from scratch: blocks [1, 1, 1] at 64, 32 (queries pooled from 64), 16 (from 32); decoder 2 x 64
     funnel = 6 * (layer(64, 64, inter) + layer(32, 64, inter) + layer(16, 32, inter) + 2 * layer(64, 64, inter)
                   + h * vocab * k) / seq
-    assert train_flops_per_token(cfg("funnel"), vocab) == pytest.approx(funnel)
+    assert flops(cfg("funnel"), vocab) == pytest.approx(funnel)
 
 
 @pytest.mark.quick
@@ -105,7 +108,7 @@ def test_xlm_special_tokens_are_never_random_replacements(tmp_path, small_corpus
     info = save_tokenizer(tok, out, 64, fam.tokens)
     extra = {tok.token_to_id(f"<special{i}>") for i in range(10)}
     cfg = tiny_config(tmp_path / "run", small_corpus, **{"model.model_type": "xlm", "tokenizer.path": out})
-    spec = mask_spec(cfg, tokenizer_info(out))
+    spec = mask_spec(cfg.train, cfg.paths, tokenizer_info(out))
     drawn = spec.random_ids(tf.constant([200_000]), tf.constant([1, 2], tf.int64), tf.int32).numpy()
     assert not set(np.unique(drawn)) & extra and drawn.max() < info.vocab_size
     assert extra <= set(spec.never_masked)

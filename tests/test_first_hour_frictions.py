@@ -89,7 +89,7 @@ def test_a_json_array_file_is_refused_naming_its_shape(tmp_path):
     path = tmp_path / "corpus.json"
     path.write_text(json.dumps([{"text": f"record {i}"} for i in range(50)], indent=2))
     cfg = RunConfig.from_dict({"corpus": {"source": str(path)}, "output_dir": str(tmp_path / "run")})
-    for check in (lambda: preflight_corpus(cfg),
+    for check in (lambda: preflight_corpus(cfg.corpus),
                   lambda: [read_unit_text(u, "all") for u in plan_units(CorpusConfig(source=str(path)),
                                                                          ShardConfig(), str(tmp_path / "r"))]):
         with pytest.raises(UserError) as err:
@@ -119,12 +119,13 @@ def test_an_iterable_dataset_whose_first_texts_are_null_is_written_with_them_ski
     raw ArrowNotImplementedError (the first batch's column was typed null, the next string)."""
     import datasets
 
-    from tpu_ray.prepare.given import point, write_given
+    from tpu_ray.pipeline import given_corpus
+    from tpu_ray.prepare.given import write_given
 
     rows = [{"text": None}] * 1500 + [{"text": f"line {i} of text"} for i in range(100)]
     ds = datasets.IterableDataset.from_generator(lambda: iter(rows))
-    cfg, given = point(RunConfig.from_dict({"output_dir": str(tmp_path / "run")}), ds)
-    (record,) = write_given(cfg, given)
+    cfg, given = given_corpus(RunConfig.from_dict({"output_dir": str(tmp_path / "run")}), ds)
+    (record,) = write_given(cfg.corpus, cfg.run_dir, cfg.ray.shared_filesystem, given)
     assert record["rows"] == 1600 and record["text_rows"] == 100, record
 
 
@@ -147,9 +148,9 @@ def test_every_example_config_reads_data_a_users_clone_reaches(name):
 def test_the_model_card_explains_the_torch_name_error_where_it_gives_the_call():
     """The plain pipeline("fill-mask", model=...) fails in tpu-ray's own environment (no torch) with
     NameError: torch, which only docs/run-directory.md explained; the model card says so too."""
-    from tpu_ray.train.export_safetensors import model_card
+    from tpu_ray.train.export_safetensors import model_card, run_record
 
-    card = model_card(RunConfig.from_dict({}), 10, 800, "roberta", mask="<mask>")
+    card = model_card(run_record(RunConfig.from_dict({})), 10, 800, "roberta", mask="<mask>")
     use = card[card.index("## Use"):card.index("## The run's config")]
     assert "NameError: name 'torch' is not defined" in use and 'framework="tf", dtype=None' in use
 
@@ -205,7 +206,7 @@ def test_the_replay_example_plans_every_source_offline(monkeypatch, tmp_path):
 
     monkeypatch.chdir(REPO)
     cfg = RunConfig.from_yaml("jobs/configs/continue_with_replay.yaml").override({"output_dir": str(tmp_path / "run")})
-    assert preflight_corpus(cfg)
+    assert preflight_corpus(cfg.corpus)
     for name, src in cfg.corpus.named_sources().items():
         if src.source != BUILTIN_CORPUS:
             assert plan_units(src, cfg.shard, cfg.run_dir), name
@@ -326,5 +327,5 @@ def test_a_branch_finds_a_moved_stable_runs_data_beside_its_config(tmp_path, sma
     shutil.move(tmp_path / "old", tmp_path / "new")
     (tmp_path / "old" / "shards").mkdir(parents=True)  # something else now lies at the old path
     branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "new")})
-    got = stable_data(branch, str(tmp_path / "new"))
+    got = branch.override(stable_data(branch.shard.dir, branch.tokenizer.path, str(tmp_path / "new")))
     assert (got.shard.dir, got.tokenizer.path) == (str(tmp_path / "new" / "shards"), str(tmp_path / "new" / "tokenizer"))

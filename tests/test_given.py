@@ -18,9 +18,9 @@ import pytest
 from tests.helpers import start_local_ray, tiny_config
 from tests.test_formats import docs, plain, shards_of, tok  # noqa: F401 - fixtures used by name
 from tpu_ray.errors import UserError
-from tpu_ray.pipeline import Pipeline
+from tpu_ray.pipeline import Pipeline, given_corpus
 from tpu_ray.prepare import given as given_mod
-from tpu_ray.prepare.given import mark_path, point, write_given
+from tpu_ray.prepare.given import mark_path, write_given
 
 KINDS = ["pandas.DataFrame", "pyarrow.Table", "datasets.Dataset", "datasets.IterableDataset", "iterable",
          "ray.data.Dataset"]
@@ -50,8 +50,8 @@ def _as(kind: str, texts: list[str], column: str = "text"):
 
 
 def _written(tmp_path: Path, data, name: str = "run", **overrides):
-    cfg, given = point(tiny_config(tmp_path / name, tmp_path / "unused", **overrides), data)
-    return cfg, write_given(cfg, given)
+    cfg, given = given_corpus(tiny_config(tmp_path / name, tmp_path / "unused", **overrides), data)
+    return cfg, write_given(cfg.corpus, cfg.run_dir, cfg.ray.shared_filesystem, given)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -189,8 +189,8 @@ def test_named_sources_take_data_and_paths_and_a_resume_with_other_data_is_refus
 def test_a_dict_without_sources_in_the_config_names_the_sources(tmp_path, docs):  # noqa: F811
     import pandas as pd
 
-    cfg, given = point(tiny_config(tmp_path / "run", tmp_path / "unused"),
-                       {"a": pd.DataFrame({"text": docs[:10]}), "b": list(docs[10:20])})
+    cfg, given = given_corpus(tiny_config(tmp_path / "run", tmp_path / "unused"),
+                              {"a": pd.DataFrame({"text": docs[:10]}), "b": list(docs[10:20])})
     assert list(cfg.corpus.sources) == ["a", "b"] and [g.kind for g in given] == ["pandas.DataFrame", "iterable"]
     assert cfg.corpus.sources["b"].source.endswith("corpus/b/*.parquet")
 
@@ -224,9 +224,9 @@ def test_a_gs_run_directory_gets_the_corpus_and_shards_like_a_file(kind, gcs_emu
     from tpu_ray import storage
 
     bucket = gcs_emulator.make_bucket()
-    cfg, given = point(tiny_config(tmp_path / "unused-run", tmp_path / "unused", output_dir=f"{bucket}/run"),
-                       _as(kind, docs))
-    (record,) = write_given(cfg, given)
+    cfg, given = given_corpus(tiny_config(tmp_path / "unused-run", tmp_path / "unused", output_dir=f"{bucket}/run"),
+                              _as(kind, docs))
+    (record,) = write_given(cfg.corpus, cfg.run_dir, cfg.ray.shared_filesystem, given)
     assert cfg.corpus.source == f"{bucket}/run/corpus/corpus/*.parquet" and record["text_rows"] == len(docs)
     assert storage.exists(f"{bucket}/run/corpus/corpus.given.json")
     assert not [p for p in storage.listdir(f"{bucket}/run/corpus") if ".tmp-" in p]

@@ -111,7 +111,7 @@ def test_the_preflight_warns_of_a_typod_field_without_failing_a_valid_corpus(tmp
                     + "".join(json.dumps({"text": t}) + "\n" for t in lines[200:400]))
     cfg = RunConfig.from_dict({"name": "t", "output_dir": str(tmp_path / "run"), "corpus": {"source": str(path)}})
     with caplog.at_level("WARNING", logger="tpu_ray.prepare.corpus"):
-        assert preflight_corpus(cfg) == [str(path)]
+        assert preflight_corpus(cfg.corpus) == [str(path)]
     assert "none of the" in caplog.text and "has field 'text'" in caplog.text and "fields: body, id" in caplog.text
 
 
@@ -284,7 +284,7 @@ def test_a_utf16_or_utf32_file_is_refused_in_one_line_naming_file_and_encoding(e
     if not suffix.endswith(".gz") and suffix != ".csv":  # the preflight sniffs uncompressed text files
         cfg = RunConfig.from_dict({"name": "t", "output_dir": str(tmp_path / "run"), "corpus": {"source": str(path)}})
         with pytest.raises(UserError, match=want):
-            preflight_corpus(cfg)
+            preflight_corpus(cfg.corpus)
 
 
 # ---- done when: 1,000 files, 0.05% cut records, 10% without the field, bad_records=skip ----------
@@ -296,6 +296,7 @@ def test_a_thousand_file_corpus_with_cut_and_fieldless_records_shards_exactly_th
     shards and the list are the same with one actor or two."""
     from tests.helpers import manifest_json, tiny_config
     from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.pipeline import shard_job
 
     d = tmp_path / "corpus"
     d.mkdir()
@@ -320,7 +321,7 @@ def test_a_thousand_file_corpus_with_cut_and_fieldless_records_shards_exactly_th
     runs = {}
     for actors in (1, 2):
         cfg = tiny_config(tmp_path / f"run{actors}", d, **base)
-        summary = make_shards(cfg, actors=actors)
+        summary = make_shards(shard_job(cfg), actors=actors)
         runs[actors] = (cfg, summary)
     cfg, summary = runs[1]
     assert summary.bad_records == 10 and summary.skipped_by_kind == {"jsonl": 2000}
@@ -371,6 +372,7 @@ def test_too_many_bad_records_fail_the_pass_and_a_rerun_with_a_higher_bound_resu
     writes the same list."""
     from tests.helpers import manifest_json, tiny_config
     from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.pipeline import shard_job
 
     path = tmp_path / "c.jsonl"
     _with_cut_records(path, lines[:760], 190)  # 4 of 760 records cut: 0.53%
@@ -378,10 +380,10 @@ def test_too_many_bad_records_fail_the_pass_and_a_rerun_with_a_higher_bound_resu
     cfg = tiny_config(tmp_path / "run", path, **base)
     with pytest.raises(UserError, match=r"4 bad records of 760 \(0.526%\) exceed corpus.max_bad_fraction=0.001; "
                                         r"they are listed in .*shards/bad_records.jsonl"):
-        make_shards(cfg, actors=2)
+        make_shards(shard_job(cfg), actors=2)
     listed = (Path(cfg.shards_dir) / BAD_FILE).read_text()
     assert len(listed.splitlines()) == 4 and not manifest_json(cfg.shards_dir)["complete"]
-    summary = make_shards(cfg.override({"corpus.max_bad_fraction": 0.01}), actors=2)
+    summary = make_shards(shard_job(cfg.override({"corpus.max_bad_fraction": 0.01})), actors=2)
     assert summary.skipped_units == summary.units > 1 and summary.bad_records == 4
     assert (Path(cfg.shards_dir) / BAD_FILE).read_text() == listed
     assert manifest_json(cfg.shards_dir)["complete"]

@@ -248,51 +248,6 @@ def test_failing_job_ends_failed_with_the_reason_last(failing_jobs, case):
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-def test_python_api_submit_wait_and_metrics(ray_head, job_corpus, tmp_path):
-    cfg = RunConfig.from_yaml(QUICKSTART).override(
-        # 100 steps: seconds of RUNNING after the first rows, so the mid-run read below is not a race.
-        SMALL | {"train.steps": 100, "train.eval_every": 50, "corpus.source": str(job_corpus),
-                 "output_dir": str(tmp_path / "run")})
-    job = submit(cfg, address=ray_head.address, working_dir=str(REPO))
-    try:
-        assert job.run_dir == str(tmp_path / "run")
-        assert not (REPO / STAGING_DIR).exists()  # the staged config left with the upload
-        # While the job runs, load_metrics returns what has been logged so far.
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        live = None
-        while live is None and time.monotonic() < deadline:
-            rows = job.metrics(kind="train")  # empty until the job has written something
-            status = job.status()  # read after the rows: RUNNING here means they were read mid-run
-            if status not in ("PENDING", "RUNNING"):
-                break
-            if len(rows):
-                live = rows
-            time.sleep(0.5)
-        assert live is not None, f"no train rows seen while the job ran (status {job.status()})"
-        assert live["step"].is_monotonic_increasing
-
-        assert job.wait(timeout=JOB_TIMEOUT_S) == "SUCCEEDED", job.logs()[-3000:]
-    finally:
-        job.stop()
-    assert job.status() == "SUCCEEDED"
-    assert "tpu-ray pretrain: SUCCEEDED" in job.logs()
-
-    df = load_metrics(job.run_dir)
-    assert {"kind", "step", "time", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
-            "tokens_per_s", "eval_loss", "eval_accuracy", "perplexity"} <= set(df.columns)
-    train = df[df["kind"] == "train"]
-    assert train["step"].tolist() == list(range(5, 101, 5))  # rising, every log_every steps
-    assert train["loss"].notna().all() and (train["tokens_per_s"] > 0).all()
-    assert df[df["kind"] == "eval"]["step"].tolist() == [50, 100]
-    assert len(job.metrics(kind="train")) == len(train)
-    assert len(live) <= len(train)
-
-    # A bare submission id is enough to follow a job: the run dir comes from the job's metadata.
-    again = JobHandle(job.submission_id, ray_head.address)
-    assert again.run_dir == job.run_dir and again.status() == "SUCCEEDED"
-
-
-@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 def test_cli_submit_wait_status_logs_metrics(ray_head, job_corpus, tmp_path, capsys, monkeypatch):
     from tpu_ray.cli import main
 
@@ -393,16 +348,55 @@ def test_example_configs_load_and_target_what_their_names_say():
     assert configs["quickstart"].corpus.source.startswith("builtin:")  # no download
 
 
-@pytest.mark.slow
-def test_prepare_then_train_jobs(ray_head, job_corpus, tmp_path):
-    """The TPU workflow: shards from a CPU job, then training on them from a second job."""
+@pytest.mark.slow  # two jobs of a tiny run: about a minute on 2 cores
+def test_prepare_then_train_jobs_through_the_python_api(ray_head, job_corpus, tmp_path):
+    """The TPU workflow through the Python API: shards from a CPU job, then training on them from a
+    second job, whose metrics are read while it runs and after it ends. (The whole pipeline in one job,
+    submit's default stage, is what `tpu-ray submit` sends in test_cli_submit_wait_status_logs_metrics;
+    these Python API reads once had a whole-pipeline job of their own, about 30 s of the slow set.)"""
     cfg = RunConfig.from_yaml(QUICKSTART).override(
-        SMALL | {"corpus.source": str(job_corpus), "output_dir": str(tmp_path / "run")})
+        # 100 steps: seconds of RUNNING after the first rows, so the mid-run read below is not a race.
+        SMALL | {"train.steps": 100, "train.eval_every": 50, "corpus.source": str(job_corpus),
+                 "output_dir": str(tmp_path / "run")})
     prepare = submit(cfg, address=ray_head.address, working_dir=str(REPO), stage="prepare")
+    assert prepare.run_dir == str(tmp_path / "run")
+    assert not (REPO / STAGING_DIR).exists()  # the staged config left with the upload
     assert prepare.wait(timeout=JOB_TIMEOUT_S) == "SUCCEEDED", prepare.logs()[-3000:]
     assert (tmp_path / "run" / "shards" / "manifest.json").is_file()
     assert not (tmp_path / "run" / "model").exists()
-    train = submit(cfg, address=ray_head.address, working_dir=str(REPO), stage="train")
-    assert train.wait(timeout=JOB_TIMEOUT_S) == "SUCCEEDED", train.logs()[-3000:]
+    job = submit(cfg, address=ray_head.address, working_dir=str(REPO), stage="train")
+    try:
+        # While the job runs, load_metrics returns what has been logged so far.
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        live = None
+        while live is None and time.monotonic() < deadline:
+            rows = job.metrics(kind="train")  # empty until the job has written something
+            status = job.status()  # read after the rows: RUNNING here means they were read mid-run
+            if status not in ("PENDING", "RUNNING"):
+                break
+            if len(rows):
+                live = rows
+            time.sleep(0.5)
+        assert live is not None, f"no train rows seen while the job ran (status {job.status()})"
+        assert live["step"].is_monotonic_increasing
+
+        assert job.wait(timeout=JOB_TIMEOUT_S) == "SUCCEEDED", job.logs()[-3000:]
+    finally:
+        job.stop()
+    assert job.status() == "SUCCEEDED"
+    assert f"tpu-ray train: SUCCEEDED run_dir={tmp_path / 'run'}" in job.logs()
     assert (tmp_path / "run" / "model" / "config.json").is_file()
-    assert train.metrics(kind="train")["step"].max() == 20
+
+    df = load_metrics(job.run_dir)
+    assert {"kind", "step", "time", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
+            "tokens_per_s", "eval_loss", "eval_accuracy", "perplexity"} <= set(df.columns)
+    train = df[df["kind"] == "train"]
+    assert train["step"].tolist() == list(range(5, 101, 5))  # rising, every log_every steps
+    assert train["loss"].notna().all() and (train["tokens_per_s"] > 0).all()
+    assert df[df["kind"] == "eval"]["step"].tolist() == [50, 100]
+    assert len(job.metrics(kind="train")) == len(train)
+    assert len(live) <= len(train)
+
+    # A bare submission id is enough to follow a job: the run dir comes from the job's metadata.
+    again = JobHandle(job.submission_id, ray_head.address)
+    assert again.run_dir == job.run_dir and again.status() == "SUCCEEDED"

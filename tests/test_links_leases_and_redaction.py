@@ -150,7 +150,7 @@ def test_a_planted_init_record_writes_nothing_outside_the_cache(gcs_emulator, tm
 def test_a_model_directory_link_to_a_file_outside_is_refused_not_copied(tmp_path):
     """A cloned model repository shipping `vocab.txt -> ~/.netrc` put that file into RUN/init and
     from there into RUN/model (which the card says to publish)."""
-    from tests.helpers import tiny_config
+    from tests.helpers import init_spec, tiny_config
     from tpu_ray.train.init_from import own_copy
 
     netrc = tmp_path / "netrc"
@@ -164,13 +164,13 @@ def test_a_model_directory_link_to_a_file_outside_is_refused_not_copied(tmp_path
     (model / "special_tokens_map.json").symlink_to("tokenizer.json")  # a link inside the directory is fine
     cfg = tiny_config(tmp_path / "run", tmp_path / "corpus.txt", **{"model.init_from": str(model)})
     with pytest.raises(UserError, match=r"model: vocab\.txt is a link to .*netrc, outside the model directory") as e:
-        own_copy(cfg)
+        own_copy(init_spec(cfg))
     assert "\n" not in str(e.value)
     leaked = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and b"s3cr3t" in p.read_bytes()]
     assert not leaked
     (model / "vocab.txt").unlink()
     (model / "vocab.txt").write_text("[PAD]\n")
-    own_copy(cfg)
+    own_copy(init_spec(cfg))
     assert (tmp_path / "run" / "init" / "special_tokens_map.json").read_text() == "{}"
 
 
@@ -252,9 +252,10 @@ def test_a_run_borrowing_a_shard_set_with_a_missing_file_rewrites_nothing_of_it(
     to-do list, written into A's directory, and A's manifest rewritten as this run's, incomplete."""
     from tests.helpers import tiny_config
     from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.pipeline import shard_job
 
     cfg_a = tiny_config(tmp_path / "a", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir})
-    make_shards(cfg_a)
+    make_shards(shard_job(cfg_a))
     shards = tmp_path / "a" / "shards"
     gone = sorted(shards.rglob("*.tfrecord"))[0]
     gone.unlink()
@@ -263,7 +264,7 @@ def test_a_run_borrowing_a_shard_set_with_a_missing_file_rewrites_nothing_of_it(
                                                           "shard.dir": str(shards)})
     with pytest.raises(UserError, match=rf"belong to run {cfg_a.run_dir} and 1 of their units lost or changed a "
                                         rf"file \(e\.g\. .*{gone.name}\).*tpu-ray shard --output-dir") as err:
-        make_shards(cfg_b)
+        make_shards(shard_job(cfg_b))
     assert "\n" not in str(err.value)
     assert {p: p.read_bytes() for p in shards.rglob("*") if p.is_file()} == before
 

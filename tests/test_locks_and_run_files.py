@@ -241,8 +241,8 @@ def test_a_run_sharding_into_its_default_dir_locks_it_against_another_run(tmp_pa
                                                           "shard.dir": cfg_a.shards_dir})
     refused = []
 
-    def while_a_shards(cfg, *args, **kwargs):
-        if cfg.run_dir == cfg_a.run_dir:  # A is in its shard stage: B must not get in
+    def while_a_shards(job, *args, **kwargs):
+        if job.paths.run_dir == cfg_a.run_dir:  # A is in its shard stage: B must not get in
             with pytest.raises(UserError, match=rf"{cfg_a.shards_dir}: in use by .*tpu-ray shard") as err:
                 Pipeline(cfg_b).shard()
             refused.append(str(err.value))
@@ -259,9 +259,10 @@ def test_another_runs_shards_are_never_cleaned_or_discarded(tmp_path, small_corp
     from tests.helpers import tiny_config
     from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.pipeline import shard_job
 
     cfg_a = tiny_config(tmp_path / "a", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir})
-    make_shards(cfg_a)
+    make_shards(shard_job(cfg_a))
     shards = tmp_path / "a" / "shards"
     manifest = ShardSet.load(str(shards))
     files = sorted(p for p in shards.rglob("*.tfrecord"))
@@ -271,7 +272,7 @@ def test_another_runs_shards_are_never_cleaned_or_discarded(tmp_path, small_corp
     before = (shards / "manifest.json").read_bytes()
     cfg_b = tiny_config(tmp_path / "b", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir,
                                                           "shard.dir": str(shards)})
-    summary = make_shards(cfg_b)
+    summary = make_shards(shard_job(cfg_b))
     assert (shards / "train" / ".tmp-train-00009-1.tfrecord.abc.tmp").exists()
     assert summary.skipped_units == summary.units and (shards / "manifest.json").read_bytes() == before
     assert "owner" not in json.loads(before)  # RUN_A/shards is RUN_A's: the same bytes wherever RUN_A is
@@ -280,12 +281,12 @@ def test_another_runs_shards_are_never_cleaned_or_discarded(tmp_path, small_corp
     manifest.write()
     cfg_c = cfg_b.override({"shard.seq_len": 32})
     with pytest.raises(UserError, match=rf"belong to run {cfg_a.run_dir} and were made from another") as err:
-        make_shards(cfg_c)
+        make_shards(shard_job(cfg_c))
     assert "\n" not in str(err.value)
     assert sorted(p for p in shards.rglob("*.tfrecord")) == files and (shards / "manifest.json").exists()
     # With A's settings but unfinished: also A's to finish, not B's.
     with pytest.raises(UserError, match=rf"belong to run {cfg_a.run_dir} and are unfinished"):
-        make_shards(cfg_b)
+        make_shards(shard_job(cfg_b))
     assert sorted(p for p in shards.rglob("*.tfrecord")) == files
 
 
@@ -373,18 +374,18 @@ def test_replacing_an_export_of_another_config_or_checkpoint_needs_force(tmp_pat
     model = tmp_path / "run" / "model"
     _export_dir(model, b"w", {PROVENANCE_KEY: {"config_sha256": "0" * 64, "step": 20}})
     with pytest.raises(UserError, match=r"model: an exported model made from another config is there; pass --force"):
-        refuse_replacing_export(cfg, force=False)
-    refuse_replacing_export(cfg, force=True)
+        refuse_replacing_export(config_digest(cfg.fingerprint()), cfg.run_dir, force=False)
+    refuse_replacing_export(config_digest(cfg.fingerprint()), cfg.run_dir, force=True)
     # Same config, but no checkpoint continues it (checkpoints/ deleted): another checkpoint chain.
-    _export_dir(model, b"w", {PROVENANCE_KEY: {"config_sha256": config_digest(cfg), "step": 20}})
+    _export_dir(model, b"w", {PROVENANCE_KEY: {"config_sha256": config_digest(cfg.fingerprint()), "step": 20}})
     with pytest.raises(UserError, match="from another checkpoint"):
-        refuse_replacing_export(cfg, force=False)
+        refuse_replacing_export(config_digest(cfg.fingerprint()), cfg.run_dir, force=False)
     ckpt = tmp_path / "run" / "checkpoints"
     ckpt.mkdir()
     for name in ("ckpt-20.index", "ckpt-20.data-00000-of-00001"):
         (ckpt / name).write_bytes(b"x")
     (ckpt / "checkpoint").write_text('model_checkpoint_path: "ckpt-20"\n')
-    refuse_replacing_export(cfg, force=False)  # a resumed run continues its own export
+    refuse_replacing_export(config_digest(cfg.fingerprint()), cfg.run_dir, force=False)  # a resumed run continues its own export
     # The CLI refuses before training, in one line, exit 2.
     _export_dir(model, b"w", {PROVENANCE_KEY: {"config_sha256": "0" * 64, "step": 20}})
     code = main(["train", "--output-dir", str(tmp_path / "run"), "--resume", "model.preset=tiny"])
@@ -446,10 +447,10 @@ def test_redact_keeps_the_user_and_hides_the_password():
 @pytest.mark.quick
 def test_model_card_never_shows_a_corpus_password(tmp_path):
     from tests.helpers import tiny_config
-    from tpu_ray.train.export_safetensors import model_card
+    from tpu_ray.train.export_safetensors import model_card, run_record
 
     cfg = tiny_config(tmp_path / "run", "https://alice:s3cr3t@host/corpus.txt")
-    card = model_card(cfg, 10, 800, "roberta")
+    card = model_card(run_record(cfg), 10, 800, "roberta")
     assert "s3cr3t" not in card and "https://alice:***@host/corpus.txt" in card
 
 

@@ -84,13 +84,14 @@ def test_shard_actor_on_a_20mb_line_stays_near_normal_memory(tmp_path, tiny_toke
     """Was: a shard actor peaked at 7.2 GB on a 50 MB line (137 MB normally)."""
     from tests.helpers import tiny_config
     from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.pipeline import shard_job
 
     one, normal = hostile_and_normal(tmp_path)
     peaks = {}
     for name, corpus in (("one", one), ("normal", normal)):
         cfg = tiny_config(tmp_path / name, corpus, **{"tokenizer.path": tiny_tokenizer_dir,
                                                       "shard.unit_bytes": 8 << 20})
-        summary = make_shards(cfg)
+        summary = make_shards(shard_job(cfg))
         assert summary.samples > 0
         peaks[name] = summary.peak_actor_rss_bytes
     print(f"shard actor peak RSS: one {LINE_MB} MB line {peaks['one'] / 2**20:.0f} MB, "

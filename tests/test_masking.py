@@ -116,7 +116,7 @@ def test_unk_is_an_ordinary_masking_target_and_other_specials_never_are():
     from tpu_ray.config import RunConfig
 
     tok = TokenizerInfo(sha256="", vocab_size=1000, cls_id=0, pad_id=1, sep_id=2, unk_id=3, mask_id=4)
-    spec = mask_spec(RunConfig(), tok)
+    spec = mask_spec(RunConfig().train, RunConfig().paths, tok)
     assert spec.target_ids == (3,) and spec.never_masked == (0, 1, 2, 4)
     ids = _batch(shape=(2048, 128))
     masked, labels = (t.numpy() for t in mask_tokens(ids, tf.constant([3, 4], tf.int64), spec))

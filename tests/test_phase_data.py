@@ -16,11 +16,11 @@ from tpu_ray.prepare.shard_set import ShardSet
 def _plan(cfg):
     """The run's spans, shard sets per length and the phases' data plan, as the loop builds them."""
     from tpu_ray.train.span_data import phase_data
-    from tpu_ray.train.phases import shards_dir, spans
+    from tpu_ray.train.phases import spans
 
-    all_spans = spans(cfg)
-    sets = {sp.seq_len: ShardSet.open(shards_dir(cfg, sp.seq_len)) for sp in all_spans}
-    return all_spans, sets, phase_data(cfg, all_spans, sets, None)
+    all_spans = spans(cfg.train, cfg.shard.seq_len)
+    sets = {sp.seq_len: ShardSet.open(cfg.paths.shards_at(sp.seq_len)) for sp in all_spans}
+    return all_spans, sets, phase_data(all_spans, sets, None, cfg.seed, cfg.train.shuffle_buffer)
 
 
 def _phase_records(cfg, all_spans, sets, data, index: int, local_start: int = 0) -> list[bytes]:
@@ -127,7 +127,7 @@ def test_a_phase_at_another_length_starts_with_text_the_first_did_not_read(tmp_p
 
 @pytest.mark.quick
 def test_each_phase_keeps_its_own_flops_per_token_by_its_index(tiny_tokenizer_dir, tmp_path):
-    from tests.helpers import tiny_config
+    from tests.helpers import model_spec, tiny_config
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.loop_hooks import PhaseFlops
     from tpu_ray.train.model import hf_config, train_flops_per_token
@@ -136,21 +136,22 @@ def test_each_phase_keeps_its_own_flops_per_token_by_its_index(tiny_tokenizer_di
     cfg = tiny_config(tmp_path, tmp_path, **{"tokenizer.path": tiny_tokenizer_dir, "train.phases": [
         {"steps": 2, "seq_len": 32}, {"steps": 2, "seq_len": 64}, {"steps": 2, "seq_len": 16}]})
     tok = tokenizer_info(tiny_tokenizer_dir)
-    model_config = hf_config(cfg, tok)
-    flops = PhaseFlops(cfg, tok.vocab_size, model_config)
-    seen = [(flops.of(span), train_flops_per_token(cfg, tok.vocab_size, model_config, span)) for span in spans(cfg)]
+    model_config = hf_config(model_spec(cfg), tok)
+    flops = PhaseFlops(cfg.model, cfg.train, cfg.shard.seq_len, tok.vocab_size, model_config)
+    seen = [(flops.of(span), train_flops_per_token(cfg.model, cfg.train, cfg.shard.seq_len, tok.vocab_size,
+                                                   model_config, span)) for span in spans(cfg.train, cfg.shard.seq_len)]
     assert [f for f, _ in seen] == [want for _, want in seen]
     assert len({f for f, _ in seen}) == 3  # three lengths, three figures
     from dataclasses import replace
 
-    assert flops.of(replace(spans(cfg)[1], index=0)) == seen[0][0]  # kept by the index
+    assert flops.of(replace(spans(cfg.train, cfg.shard.seq_len)[1], index=0)) == seen[0][0]  # kept by the index
 
 
 def test_each_source_of_a_mixture_continues_where_its_text_read_ends(tmp_path, small_corpus, tiny_tokenizer_dir):
     from tests.test_phases import _shard_sources
     from tpu_ray.train.span_data import phase_data, phase_tracker
     from tpu_ray.train.mixture import mixture_of
-    from tpu_ray.train.phases import shards_dir, spans
+    from tpu_ray.train.phases import spans
 
     lines = small_corpus.read_text().splitlines(keepends=True)
     (tmp_path / "a.txt").write_text("".join(lines[: len(lines) // 2]))
@@ -159,11 +160,11 @@ def test_each_source_of_a_mixture_continues_where_its_text_read_ends(tmp_path, s
     cfg = _shard_sources(tmp_path / "run", sources, tiny_tokenizer_dir, **{
         "train.phases": [{"steps": 8, "seq_len": 16, "batch_size": 128}, {"steps": 4, "seq_len": 32,
                                                                             "batch_size": 128}]})
-    all_spans = spans(cfg)
-    sets = {sp.seq_len: ShardSet.open(shards_dir(cfg, sp.seq_len)) for sp in all_spans}
-    mixture = mixture_of(cfg, sets[32])
-    data = phase_data(cfg, all_spans, sets, mixture)  # what the loop builds, and its trackers
-    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], mixture) for sp in all_spans]
+    all_spans = spans(cfg.train, cfg.shard.seq_len)
+    sets = {sp.seq_len: ShardSet.open(cfg.paths.shards_at(sp.seq_len)) for sp in all_spans}
+    mixture = mixture_of(cfg.corpus, cfg.seed, sets[32])
+    data = phase_data(all_spans, sets, mixture, cfg.seed, cfg.train.shuffle_buffer)  # what the loop builds, and its trackers
+    trackers = [phase_tracker(sp, sets[sp.seq_len], mixture, cfg.seed, cfg.train.shuffle_buffer) for sp in all_spans]
     ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
     text = {r: t for s in sets.values() for r, (_, _, t) in _texts(s).items()}
     read = []
@@ -189,7 +190,7 @@ def test_a_later_phase_checkpoint_from_before_the_fix_is_another_data_order(tmp_
     cfg = _shard(tmp_path / "run", small_corpus, tiny_tokenizer_dir, **{
         "train.phases": [{"steps": 6, "seq_len": 32}, {"steps": 4, "seq_len": 64, "batch_size": 8}]})
     all_spans, sets, data = _plan(cfg)
-    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], None) for sp in all_spans]
+    trackers = [phase_tracker(sp, sets[sp.seq_len], None, cfg.seed, cfg.train.shuffle_buffer) for sp in all_spans]
     for k, t in enumerate(trackers):
         t.phase_data, t.phase = data, k
     positions = PhasePositions(all_spans, trackers)
@@ -251,7 +252,7 @@ def test_a_phase_at_another_length_reads_no_text_of_a_streamed_corpus_twice(kind
     all_spans, sets, data = _plan(cfg)
     entries = sets[64].split_entries("train")
     assert len({e.unit for e in entries}) == 1 and len(entries) > 10  # one unit, many parts
-    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], None) for sp in spans(cfg)]
+    trackers = [phase_tracker(sp, sets[sp.seq_len], None, cfg.seed, cfg.train.shuffle_buffer) for sp in spans(cfg.train, cfg.shard.seq_len)]
     ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
     texts = {**_texts(sets[32]), **_texts(sets[64])}
     records = []

@@ -19,6 +19,7 @@ PHASES = [{"steps": 6, "seq_len": 32}, {"steps": 4, "seq_len": 64, "batch_size":
 def _shard(run_dir, corpus, tok_dir, **over):
     """The shard stage's own unit function and manifest writer, in this process (no Ray)."""
     from tpu_ray.prepare.corpus import plan_units
+    from tpu_ray.pipeline import shard_job
     from tpu_ray.prepare.shards import process_unit, text_tokenizer, write_sets
     from tpu_ray.prepare.tokenizer import load_tokenizer_json, tokenizer_info
     from tpu_ray.train.phases import extra_lengths
@@ -27,8 +28,8 @@ def _shard(run_dir, corpus, tok_dir, **over):
     tok, info = text_tokenizer(load_tokenizer_json(tok_dir)), tokenizer_info(tok_dir)
     units = plan_units(cfg.corpus, cfg.shard, cfg.run_dir)
     results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir,
-                                     extra_lengths=extra_lengths(cfg)) for u in units}
-    write_sets(cfg, info, units, results, complete=True)
+                                     extra_lengths=extra_lengths(cfg.train.phases, cfg.shard.seq_len)) for u in units}
+    write_sets(shard_job(cfg), info, units, results, complete=True)
     return cfg
 
 
@@ -164,18 +165,19 @@ def test_the_shard_stage_on_ray_writes_and_resumes_every_phase_length(phased, tm
     from pathlib import Path
 
     from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.pipeline import shard_job
 
     def digest(d):
         return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(d).rglob("*"))
                 if p.is_file()}
 
     cfg = tiny_config(tmp_path / "run", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir, "train.phases": PHASES})
-    first = make_shards(cfg, actors=2)
+    first = make_shards(shard_job(cfg), actors=2)
     expected = digest(phased.shards_dir)  # the in-process cut of the same corpus: the same bytes on Ray
     assert digest(cfg.shards_dir) == expected and "seq-32/manifest.json" in expected
-    assert make_shards(cfg, actors=2).skipped_units == first.units  # all committed, at every length
+    assert make_shards(shard_job(cfg), actors=2).skipped_units == first.units  # all committed, at every length
     (Path(cfg.shards_dir) / "seq-32" / "manifest.json").unlink()  # a phase length's set lost: its units redone
-    assert make_shards(cfg, actors=2).skipped_units == 0
+    assert make_shards(shard_job(cfg), actors=2).skipped_units == 0
     assert digest(cfg.shards_dir) == expected
 
 
@@ -188,8 +190,8 @@ def test_each_phase_masks_at_its_own_rate_with_its_own_static_bound(tiny_tokeniz
                                          "phases": [{"steps": 90, "seq_len": 32, "mask_prob": 0.4, "batch_size": 64},
                                                     {"steps": 10, "seq_len": 64}]}})
     tok = tokenizer_info(tiny_tokenizer_dir)
-    spans = plan(cfg).spans
-    got = [(sp.seq_len, sp.batch_size, mask_spec(cfg, tok, sp.span).mask_prob, mask_spec(cfg, tok, sp.span).predictions)
+    spans = plan(cfg.train, cfg.corpus, cfg.paths).spans
+    got = [(sp.seq_len, sp.batch_size, mask_spec(cfg.train, cfg.paths, tok, sp.span).mask_prob, mask_spec(cfg.train, cfg.paths, tok, sp.span).predictions)
            for sp in spans]
     assert got == [(32, 64, 0.4, 13), (64, 32, 0.15, 10)]
     assert spans[0].shards_dir.endswith("/seq-32") and spans[1].shards_dir == cfg.shards_dir
@@ -201,6 +203,7 @@ MIX_PHASES = [{"steps": 8, "seq_len": 16, "batch_size": 128}, {"steps": 8, "seq_
 
 def _shard_sources(run_dir, sources, tok_dir, **over):
     """_shard for a mixture: every source's units (plan_sources), cut at every phase length."""
+    from tpu_ray.pipeline import shard_job
     from tpu_ray.prepare.shards import process_unit, text_tokenizer, write_sets
     from tpu_ray.prepare.sources import all_units, plan_sources
     from tpu_ray.prepare.tokenizer import load_tokenizer_json, tokenizer_info
@@ -210,10 +213,10 @@ def _shard_sources(run_dir, sources, tok_dir, **over):
     cfg = RunConfig.from_dict({**base, "corpus": {"sources": sources, "validation_fraction": 0.1}}).override(
         {"tokenizer.path": tok_dir, **over})
     tok, info = text_tokenizer(load_tokenizer_json(tok_dir)), tokenizer_info(tok_dir)
-    planned = plan_sources(cfg)
+    planned = plan_sources(cfg.corpus, cfg.shard, cfg.run_dir)
     results = {u.index: process_unit(u, tok, info, cfg.shard.seq_len, cfg.shards_dir,
-                                     extra_lengths=extra_lengths(cfg)) for u in all_units(planned)}
-    write_sets(cfg, info, planned, results, complete=True)
+                                     extra_lengths=extra_lengths(cfg.train.phases, cfg.shard.seq_len)) for u in all_units(planned)}
+    write_sets(shard_job(cfg), info, planned, results, complete=True)
     return cfg
 
 
@@ -319,12 +322,13 @@ def test_a_decay_branched_inside_the_second_phase_ends_where_the_direct_run_ends
 ])
 @pytest.mark.quick
 def test_which_phases_a_branch_may_have(phases, step, needle):
-    from tpu_ray.train.phases import trained_difference
+    from tpu_ray.train.phases import spans, trained_difference
 
     stable = RunConfig.from_dict({"train": {"phases": STABLE}})
     branch = RunConfig.from_dict({"train": {"phases": phases, **({} if phases else {"steps": 10})},
                                   "shard": {"seq_len": 64}})
-    assert trained_difference(stable, branch, step) == needle
+    assert trained_difference(spans(stable.train, stable.shard.seq_len), spans(branch.train, branch.shard.seq_len),
+                              step) == needle
 
 
 def test_a_branch_with_other_phases_before_its_step_is_one_line_exit_2(phased, tmp_path, capsys):

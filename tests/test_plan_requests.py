@@ -467,14 +467,14 @@ def test_a_gs_mixture_of_three_sources_costs_o_files_requests_and_is_read_once(g
                                    "general": {"source": f"{root}/general/*.txt", "weight": 0.2},
                                    "held_out": {"source": f"{root}/held_out/*.txt", "weight": 0}}}})
     http_calls.clear()
-    planned = plan_sources(cfg)
+    planned = plan_sources(cfg.corpus, cfg.shard, cfg.run_dir)
     units = all_units(planned)
     assert [u.index for u in units] == list(range(len(units)))  # one numbering across the sources
     assert all(u.split_at == u.start for u in planned[2].units)  # evaluation only: all validation text
     first = dict(http_calls)
     assert first["GET"] <= 3 + 2 * len(units) and first.get("bytes", 0) <= 0.15 * total, first
     http_calls.clear()
-    assert all_units(plan_sources(cfg)) == units  # the stored per-source plans are reused
+    assert all_units(plan_sources(cfg.corpus, cfg.shard, cfg.run_dir)) == units  # the stored per-source plans are reused
     assert http_calls.get("bytes", 0) == 0 and http_calls["GET"] <= 3, dict(http_calls)
     http_calls.clear()
     for unit in units:

@@ -22,7 +22,7 @@ def _train(step: int, t: float, step_time: float, batch: int, seq_len: int, mfu=
 def test_eta_counts_the_steps_left_and_the_timed_evaluations():
     cfg = RunConfig().override({"train.steps": 100, "train.eval_every": 50, "train.batch_size": 16,
                                 "shard.seq_len": 64})
-    p = Progress(Plan.of(cfg))
+    p = Progress(Plan.of(cfg.train, cfg.shard.seq_len))
     p.update(_train(10, 1000.0, 0.5, 16, 64))
     assert p.eta_s() == pytest.approx(90 * 0.5)  # no evaluation timed yet: only the steps
     assert "+ 2 evaluations not yet timed" in p.line() and "step 10/100 (10%)" in p.line()
@@ -38,7 +38,7 @@ def test_eta_counts_later_phases_by_their_tokens_per_step():
     cfg = RunConfig().override({"train.phases": [{"steps": 40, "seq_len": 64, "batch_size": 16},
                                                  {"steps": 60, "seq_len": 128, "batch_size": 32}],
                                 "train.eval_every": 1000})
-    p = Progress(Plan.of(cfg))
+    p = Progress(Plan.of(cfg.train, cfg.shard.seq_len))
     p.update(_train(20, 1.0, 0.5, 16, 64))  # 1024 tokens per 0.5 s
     # 20 steps of phase 1 at 0.5 s, then 60 steps of 32 x 128 tokens at 2048 tokens/s (2 s each)
     assert p.eta_s() == pytest.approx(20 * 0.5 + 60 * 2.0)
@@ -47,7 +47,7 @@ def test_eta_counts_later_phases_by_their_tokens_per_step():
 
 def test_the_trainer_prints_plain_progress_lines_off_a_terminal(caplog):
     cfg = RunConfig().override({"train.steps": 20, "train.eval_every": 10})
-    mirror = ProgressMirror(cfg, terminal=False)
+    mirror = ProgressMirror(Plan.of(cfg.train, cfg.shard.seq_len), cfg.name, cfg.run_dir, terminal=False)
     with caplog.at_level(logging.INFO, logger="tpu_ray.train.loop"):
         mirror.write({"kind": "event", "event": "train_start", "step": 0})
         mirror.write(_train(5, 1.0, 0.1, 32, 128))
@@ -75,7 +75,7 @@ def test_status_reads_the_progress_of_a_run_directory(tmp_path, capsys):
 
 def test_on_a_terminal_the_line_is_drawn_with_a_bar(capsys):
     cfg = RunConfig().override({"train.steps": 20, "train.eval_every": 10})
-    mirror = ProgressMirror(cfg, terminal=True)
+    mirror = ProgressMirror(Plan.of(cfg.train, cfg.shard.seq_len), cfg.name, cfg.run_dir, terminal=True)
     mirror.write(_train(5, 1.0, 0.1, 32, 128))
     err = capsys.readouterr().err
     assert "━" in err and "step 5/20 (25%)" in err and "ETA 0:00:02" in err, err

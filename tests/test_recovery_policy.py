@@ -145,7 +145,7 @@ def test_the_recovery_loop_resumes_only_lost_capacity_and_records_both_events(tm
             raise rex.NodeDiedError("node-1")
         return {"steps": 5}
 
-    assert run_with_recovery(cfg, False, attempt) == {"steps": 5, "failures": 1}
+    assert run_with_recovery(cfg.train, cfg.run_dir, False, False, attempt) == {"steps": 5, "failures": 1}
     assert calls == [False, True]
     events = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["node_lost", "resumed_after_failure"]
@@ -157,5 +157,5 @@ def test_the_recovery_loop_resumes_only_lost_capacity_and_records_both_events(tm
 
     calls.clear()
     with pytest.raises(UserError):
-        run_with_recovery(cfg, False, bad)
+        run_with_recovery(cfg.train, cfg.run_dir, False, False, bad)
     assert calls == [False]

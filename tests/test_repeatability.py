@@ -3,9 +3,10 @@
 What a run promises (tpu_ray/train/repeatability.py, printed by `tpu-ray doctor` and the model card):
 the same losses at every logged step, the same evaluation figures and the same exported weights, to
 the last bit, whatever else the machine is doing, however many actors cut the shards, and whether it
-ran straight through or stopped at a checkpoint and was resumed. Each test below runs one variant of
-one tiny run (the baseline, shared by the module) and compares it with the baseline exactly: no
-tolerance, because the promise has none.
+ran straight through or stopped at a checkpoint and was resumed. The slow test below runs one variant
+of one tiny run that differs from the baseline in all of those ways at once (a run each cost about a
+minute of the slow set) and compares it with the baseline exactly: no tolerance, because the promise
+has none.
 
 Each run is `tpu-ray run` in a process of its own, as users run it. The tokenizer is BPE: a Unigram
 tokenizer trained by the run is not repeatable (its trainer gives pieces of equal score in another
@@ -76,7 +77,7 @@ def test_doctor_and_the_model_card_say_which_promise_a_run_has(tmp_path, small_c
     import io
 
     from tpu_ray.doctor.checks import run_doctor
-    from tpu_ray.train.export_safetensors import model_card
+    from tpu_ray.train.export_safetensors import model_card, run_record
 
     cfg = tiny_config(tmp_path / "run", small_corpus)
     for target, status, words in (("cpu", "PASS", "bit for bit"), ("v4-8", "WARN", "not promised")):
@@ -84,9 +85,9 @@ def test_doctor_and_the_model_card_say_which_promise_a_run_has(tmp_path, small_c
         run_doctor(cfg, target=target, out=out, xla=False)
         line = next(x for x in out.getvalue().splitlines() if x[6:21].strip() == "repeatability")
         assert line.startswith(status) and words in line, (target, line)
-    assert "- repeatability (cpu): bit for bit on one software stack" in model_card(cfg, 10, 800, "roberta")
-    assert "- repeatability (tpu): not promised" in model_card(cfg, 10, 800, "roberta", kind="tpu")
-    assert "enable_op_determinism()" in model_card(cfg, 10, 800, "roberta", kind="gpu")
+    assert "- repeatability (cpu): bit for bit on one software stack" in model_card(run_record(cfg), 10, 800, "roberta")
+    assert "- repeatability (tpu): not promised" in model_card(run_record(cfg), 10, 800, "roberta", kind="tpu")
+    assert "enable_op_determinism()" in model_card(run_record(cfg), 10, 800, "roberta", kind="gpu")
 
 
 @pytest.fixture(scope="module")
@@ -95,32 +96,31 @@ def baseline(tmp_path_factory, small_corpus) -> Path:
     return _run(tmp_path_factory.mktemp("repeat") / "baseline", small_corpus)
 
 
-@pytest.mark.slow  # the baseline and this run: `tpu-ray run`s of a tiny config, about 20 s each on 2 cores
-def test_three_shard_actors_beside_cpu_burning_processes_repeat_the_one_actor_run_made_alone(
+@pytest.mark.slow  # the baseline, then this run stopped and resumed: `tpu-ray run`s of a tiny config
+def test_three_shard_actors_on_a_busy_machine_stopped_and_resumed_repeat_the_one_actor_run_made_alone(
         baseline, tmp_path, small_corpus):
-    """Two promises in one run (each would need a run of its own otherwise): the shards three actors
-    cut train what one actor's train, and a machine busy elsewhere changes nothing. Two busy loops on
-    a 2-core machine: the run's threads are preempted at other points, tf.data's parallel reads and
-    TensorFlow's thread pools finish in another order, the actors end in another order."""
+    """Three promises in one run (each would need a run of its own otherwise): the shards three actors
+    cut train what one actor's train, a machine busy elsewhere changes nothing, and a run stopped at a
+    checkpoint (step 10) and resumed (to 20, train.extend_schedule) ends where the straight run ends.
+    Two busy loops on a 2-core machine while the first process shards, trains, evaluates and
+    checkpoints: the run's threads are preempted at other points, tf.data's parallel reads and
+    TensorFlow's thread pools finish in another order, the actors end in another order. (Not while the
+    resumed process runs: the loops take CPU from whatever else runs beside this test, the other xdist
+    worker's tests in CI.)"""
+    from tpu_ray.metrics_stream import read_records
+
+    run = tmp_path / "busy-three-actors-stopped"
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        run = _run(tmp_path / "loaded-three-actors", small_corpus, **{"shard.num_actors": 3})
+        _run(run, small_corpus, **{"shard.num_actors": 3, "train.steps": 10})
     finally:
         for p in burners:
             p.kill()
             p.wait()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["shards"]["actors"] == 3, summary["shards"]
-    _assert_same_run(run, baseline)
-
-
-@pytest.mark.slow  # two tiny pipeline runs of 10 steps (and the baseline when run alone)
-def test_a_run_stopped_at_a_checkpoint_and_resumed_repeats_the_uninterrupted_run(baseline, tmp_path, small_corpus):
-    run = _run(tmp_path / "stopped", small_corpus, **{"train.steps": 10})
     assert max(_figures(run, "train")) == 10
-    _run(run, small_corpus, "--resume", **{"train.extend_schedule": True})
-    from tpu_ray.metrics_stream import read_records
-
+    _run(run, small_corpus, "--resume", **{"shard.num_actors": 3, "train.extend_schedule": True})
     resumes = [r for r in read_records(str(run)) if r.get("kind") == "event" and r.get("event") == "resume"]
     assert resumes and resumes[-1]["step"] == 10, resumes
     _assert_same_run(run, baseline)

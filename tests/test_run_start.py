@@ -118,11 +118,11 @@ def test_auto_with_no_cluster_running_is_one_line(monkeypatch):
     assert cluster_choice(None) == "ray: RAY_ADDRESS=auto asks for a Ray cluster running on this machine; none is"
     cfg = tiny_config(REPO / "runs" / "never-made", REPO / "README.md")
     with pytest.raises(UserError, match=r"^RAY_ADDRESS=auto: no Ray cluster is running on this machine;"):
-        check_ray_address(cfg)
+        check_ray_address(cfg.ray)
     monkeypatch.delenv("RAY_ADDRESS")
     with pytest.raises(UserError, match=r"^ray.address=auto: no Ray cluster is running"):
-        check_ray_address(cfg.override({"ray.address": "auto"}))
-    check_ray_address(cfg.override({"ray.address": "local"}))  # local: nothing to find
+        check_ray_address(cfg.override({"ray.address": "auto"}).ray)
+    check_ray_address(cfg.override({"ray.address": "local"}).ray)  # local: nothing to find
 
 
 @pytest.mark.quick

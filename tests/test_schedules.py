@@ -406,7 +406,7 @@ def test_a_run_under_a_masking_schedule_trains_in_one_trace_and_evaluates_at_eva
     train(cfg)
     records = _records(tmp_path / "m", "train")
     assert [r["train_traces"] for r in records] == [1, 1]
-    spec = mask_spec(cfg, tokenizer_info(tiny_tokenizer_dir))
+    spec = mask_spec(cfg.train, cfg.paths, tokenizer_info(tiny_tokenizer_dir))
     assert (spec.mask_prob, spec.mask_prob_end, spec.schedule_steps) == (0.3, 0.15, 6)
     # The evaluation masks at eval.mask_prob, whatever the training rate: its spec has no schedule.
     from tpu_ray.train.eval_set import eval_spec

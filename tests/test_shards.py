@@ -15,6 +15,7 @@ from tpu_ray.prepare import shards as shards_mod
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.shard_set import ShardSet
 from tpu_ray.prepare.shards import chunk_ids, make_shards
+from tpu_ray.pipeline import shard_job
 from tpu_ray.prepare.tfrecord import read_records
 
 
@@ -38,7 +39,7 @@ def reference_run(tmp_path_factory, mid_corpus, tiny_tokenizer_dir, ray_local):
     """One uninterrupted run with 2 actors: the bytes every other run must reproduce."""
     tmp = tmp_path_factory.mktemp("ref")
     cfg = _cfg(tmp, mid_corpus, tiny_tokenizer_dir)
-    summary = make_shards(cfg, actors=2)
+    summary = make_shards(shard_job(cfg), actors=2)
     return cfg, summary, _digest_dir(Path(cfg.shards_dir))
 
 
@@ -59,7 +60,7 @@ def test_shards_are_identical_with_one_actor_or_three(tmp_path, reference_run, m
     assert summary.units >= 10 and summary.shards >= 10
     for n in (1, 3):
         cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir, name=f"a{n}")
-        make_shards(cfg, actors=n)
+        make_shards(shard_job(cfg), actors=n)
         assert _digest_dir(Path(cfg.shards_dir)) == expected, f"{n} actors gave other bytes"
 
 
@@ -96,7 +97,7 @@ def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
 
     monkeypatch.setattr(ShardSet, "write", crash_after_three)
     with pytest.raises(KeyboardInterrupt), caplog.at_level("WARNING", logger="tpu_ray"):
-        make_shards(cfg, actors=2)
+        make_shards(shard_job(cfg), actors=2)
     monkeypatch.setattr(ShardSet, "write", real_write)
     partial = manifest_json(cfg.shards_dir)
     assert not partial["complete"] and len(partial["units_done"]) == 3
@@ -104,7 +105,7 @@ def test_resume_after_a_crash_skips_committed_units_and_gives_the_same_bytes(
     assert re.search(r"interrupted; 3 of \d+ units are committed and kept in .*; run the same command", caplog.text)
     with pytest.raises(UserError, match="sharding did not finish"):
         shard_files(cfg.shards_dir, "train")  # training refuses a half-made shard set
-    summary = make_shards(cfg, actors=2)
+    summary = make_shards(shard_job(cfg), actors=2)
     assert summary.skipped_units == 3
     assert _digest_dir(Path(cfg.shards_dir)) == expected
     # The rate counts this run's tokens only: the resumed units' tokens are reported apart.
@@ -126,7 +127,7 @@ def test_manifest_is_rewritten_a_bounded_number_of_times(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(shards_mod, "MANIFEST_WRITES", 2)
     monkeypatch.setattr(ShardSet, "write", counting_write)
-    summary = make_shards(cfg, actors=2)
+    summary = make_shards(shard_job(cfg), actors=2)
     assert summary.units == 5
     assert written == [(2, False), (4, False), (5, True)]
 
@@ -144,7 +145,7 @@ def test_a_killed_actor_loses_no_sample_and_duplicates_none(tmp_path, reference_
             killed.append(pool[0])
             ray.kill(pool[0], no_restart=True)
 
-    summary = make_shards(cfg, actors=2, on_unit_done=kill_one)
+    summary = make_shards(shard_job(cfg), actors=2, on_unit_done=kill_one)
     assert killed
     assert _digest_dir(Path(cfg.shards_dir)) == expected
     assert summary.samples == ref_summary.samples
@@ -212,14 +213,14 @@ def test_empty_corpus(tmp_path, tiny_tokenizer_dir, ray_local):
     empty.write_text("")
     cfg = _cfg(tmp_path, empty, tiny_tokenizer_dir)
     with pytest.raises(UserError, match="the corpus is empty"):
-        make_shards(cfg)
+        make_shards(shard_job(cfg))
     assert _no_shards(cfg)
 
 
 def test_missing_corpus_file(tmp_path, tiny_tokenizer_dir, ray_local):
     cfg = _cfg(tmp_path, tmp_path / "nope.txt", tiny_tokenizer_dir)
     with pytest.raises(UserError, match=r"nope.txt.*no such file"):
-        make_shards(cfg)
+        make_shards(shard_job(cfg))
     assert _no_shards(cfg)
 
 
@@ -231,12 +232,12 @@ def test_non_utf8_fails_with_file_and_offset_or_is_replaced(tmp_path, small_corp
     bad.write_bytes(data[:offset] + b"caf\xe9\n" + data[offset:])
     cfg = _cfg(tmp_path, bad, tiny_tokenizer_dir, name="fail", **{"corpus.encoding_errors": "fail"})
     with pytest.raises(UserError) as err:
-        make_shards(cfg)
+        make_shards(shard_job(cfg))
     assert f"latin1.txt: byte {offset + 3}: not UTF-8" in str(err.value) and "\n" not in str(err.value)
     # Units before the bad one may be committed (the corpus is read once), never a complete set.
     assert manifest_json(cfg.shards_dir) is None or not manifest_json(cfg.shards_dir)["complete"]
     ok = _cfg(tmp_path, bad, tiny_tokenizer_dir, name="replace", **{"corpus.encoding_errors": "replace"})
-    assert make_shards(ok).samples > 0
+    assert make_shards(shard_job(ok)).samples > 0
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
@@ -252,7 +253,7 @@ def test_bad_bytes_in_a_late_unit_fail_the_one_read_and_the_fixed_rerun_gives_th
     corpus.write_bytes(data[:offset] + b"caf\xe9\n" + data[offset:])
     cfg = _cfg(tmp_path, corpus, tiny_tokenizer_dir, **{"corpus.encoding_errors": "fail"})
     with pytest.raises(UserError) as err:
-        make_shards(cfg, actors=1)
+        make_shards(shard_job(cfg), actors=1)
     assert f"mid.txt: byte {offset + 3}: not UTF-8" in str(err.value) and "\n" not in str(err.value)
     partial = manifest_json(cfg.shards_dir)
     assert partial is not None and not partial["complete"] and len(partial["units_done"]) >= 1
@@ -260,7 +261,7 @@ def test_bad_bytes_in_a_late_unit_fail_the_one_read_and_the_fixed_rerun_gives_th
         shard_files(cfg.shards_dir, "train")
     corpus.write_bytes(data)  # fixed: another size, so another plan; the unfinished attempt is dropped
     with caplog.at_level("WARNING", logger="tpu_ray"):
-        make_shards(cfg, actors=2)
+        make_shards(shard_job(cfg), actors=2)
     assert "unfinished attempt over another corpus plan" in caplog.text
     got = _digest_dir(Path(cfg.shards_dir))  # the manifest names another corpus path: shards compared
     assert got.pop("manifest.json") and got == {k: v for k, v in expected.items() if k != "manifest.json"}
@@ -272,7 +273,7 @@ def test_binary_file_given_as_text(tmp_path, tiny_tokenizer_dir, ray_local):
     binary.write_bytes(bytes(range(256)) * 100)
     cfg = _cfg(tmp_path, binary, tiny_tokenizer_dir)
     with pytest.raises(UserError, match="model.bin: byte 0: NUL byte, this looks like a binary file"):
-        make_shards(cfg)
+        make_shards(shard_job(cfg))
     assert _no_shards(cfg)
 
 
@@ -288,7 +289,7 @@ def test_tokenizer_without_special_tokens(tmp_path, small_corpus, ray_local):
     cfg = _cfg(tmp_path, small_corpus, str(tok_dir))
     # Named against the closest family convention (it has BERT's [UNK]: BERT's others are missing).
     with pytest.raises(UserError, match=r"plain: tokenizer lacks special token\(s\) \[CLS\] \[PAD\] \[SEP\] \[MASK\];"):
-        make_shards(cfg)
+        make_shards(shard_job(cfg))
     assert _no_shards(cfg)
 
 
@@ -341,7 +342,7 @@ def test_gs_corpus_to_gs_shards_gives_the_local_bytes(gcs_emulator, tmp_path, re
     storage.atomic_write_bytes(f"{bucket}/corpus/mid.txt", mid_corpus.read_bytes())
     cfg = _cfg(tmp_path, f"{bucket}/corpus/mid.txt", tiny_tokenizer_dir,
                **{"shard.dir": f"{bucket}/shards"})
-    summary = make_shards(cfg, actors=2)
+    summary = make_shards(shard_job(cfg), actors=2)
     listed = storage.glob(f"{bucket}/shards/*") + storage.glob(f"{bucket}/shards/*/*")
     remote = {p.split("/shards/", 1)[1]: storage.read_bytes(p) for p in listed if not storage.isdir(p)}
     local = {str(p.relative_to(cfg_local.shards_dir)): p.read_bytes()
@@ -388,7 +389,7 @@ class TestOnTwoNodes:
         _, _, expected = reference_run
         assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
         cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir, **{"ray.shared_filesystem": True})  # one machine
-        make_shards(cfg, actors=2)
+        make_shards(shard_job(cfg), actors=2)
         assert _digest_dir(Path(cfg.shards_dir)) == expected
 
     def test_a_local_shard_dir_on_two_nodes_is_refused_before_any_work(self, tmp_path, mid_corpus,
@@ -397,7 +398,7 @@ class TestOnTwoNodes:
         cfg = _cfg(tmp_path, mid_corpus, tiny_tokenizer_dir)
         with pytest.raises(UserError, match=r"^output_dir='.*': sharding on a 2-node Ray cluster needs a directory "
                                             r"every node can read; use gs://.*ray.shared_filesystem=true") as err:
-            make_shards(cfg, actors=2)
+            make_shards(shard_job(cfg), actors=2)
         assert "\n" not in str(err.value)
         assert not Path(cfg.shards_dir).exists()
 
@@ -440,7 +441,7 @@ def test_progress_and_summary_tell_units_samples_tokens_and_rate(tmp_path, small
 
     cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir)
     with caplog.at_level("INFO", logger="tpu_ray"):
-        summary = make_shards(cfg, actors=2)
+        summary = make_shards(shard_job(cfg), actors=2)
     progress = [r.getMessage() for r in caplog.records if r.name == "tpu_ray.prepare.progress"]
     # The last progress line is forced when every unit is done: units, samples and the rate.
     assert re.fullmatch(rf"\[shard\] {summary.units}/{summary.units} units, {summary.samples:,} samples, "
@@ -505,7 +506,7 @@ def test_a_unit_that_always_kills_its_actor_fails_after_the_retries_naming_it(
     (Path(cfg.run_dir) / "poison-always").touch()
     monkeypatch.setattr(shards_mod, "ShardWorker", PoisonWorker)
     with pytest.raises(UserError) as err:
-        make_shards(cfg, actors=2)
+        make_shards(shard_job(cfg), actors=2)
     msg = str(err.value)
     assert "\n" not in msg
     assert re.search(rf"shard unit 1 \({re.escape(str(small_corpus))} bytes \d+-\d+\) killed its actor 3 times",
@@ -518,12 +519,12 @@ def test_a_unit_that_always_kills_its_actor_fails_after_the_retries_naming_it(
 def test_a_unit_that_kills_its_actor_once_is_retried_and_gives_the_same_bytes(
         tmp_path, monkeypatch, small_corpus, tiny_tokenizer_dir, ray_local):
     ref = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir, name="ref")
-    make_shards(ref, actors=2)
+    make_shards(shard_job(ref), actors=2)
     cfg = _cfg(tmp_path, small_corpus, tiny_tokenizer_dir)
     Path(cfg.run_dir).mkdir(parents=True)
     (Path(cfg.run_dir) / "poison-once").touch()
     monkeypatch.setattr(shards_mod, "ShardWorker", PoisonWorker)
-    make_shards(cfg, actors=2)
+    make_shards(shard_job(cfg), actors=2)
     assert not (Path(cfg.run_dir) / "poison-once").exists()  # the unit did kill an actor
     assert _digest_dir(Path(cfg.shards_dir)) == _digest_dir(Path(ref.shards_dir))
 
@@ -610,7 +611,7 @@ def test_old_one_folder_run_dirs_still_train_and_are_not_resharded_in_place(tmp_
     found = shard_files(str(old), "train")
     assert found and all(Path(p).parent == old and Path(p).exists() for p, _ in found)
     with pytest.raises(UserError, match=r"manifest.json: shards in the old one-folder layout \(tpu-ray-shards/1\)"):
-        make_shards(cfg)
+        make_shards(shard_job(cfg))
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram", "wordpiece"])

@@ -152,6 +152,7 @@ def test_the_manifest_counts_skipped_records_and_the_shard_line_prints_them(tmp_
                                                                             tiny_tokenizer_dir, ray_local):
     from tests.helpers import manifest_json, tiny_config
     from tpu_ray.prepare.shards import make_shards
+    from tpu_ray.pipeline import shard_job
 
     lines = [s for s in small_corpus.read_text().splitlines() if s.strip()]
     path = tmp_path / "c.jsonl.gz"
@@ -159,7 +160,7 @@ def test_the_manifest_counts_skipped_records_and_the_shard_line_prints_them(tmp_
         for i, line in enumerate(lines):
             f.write(json.dumps({"text": None if i % 10 == 0 else line}) + "\n")
     cfg = tiny_config(tmp_path / "run", path, **{"tokenizer.path": tiny_tokenizer_dir})
-    summary = make_shards(cfg, actors=1)
+    summary = make_shards(shard_job(cfg), actors=1)
     skipped = len(range(0, len(lines), 10))
     assert manifest_json(cfg.shards_dir)["skipped_records"] == skipped == summary.skipped_records
     assert f"skipped_records={skipped}" in summary.line()

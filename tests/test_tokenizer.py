@@ -32,8 +32,8 @@ def test_each_kind_saves_a_directory_transformers_loads(tmp_path, lines, kind):
 
 @pytest.mark.quick
 def test_the_hash_names_the_content(tmp_path, lines):
-    # BPE training is reproducible; `tokenizers`' Unigram and WordPiece trainers are not (hash-map
-    # order), which is why a run trains its tokenizer once and records this hash in the manifest.
+    # A run trains its tokenizer once and records this hash in the manifest: a retrained tokenizer
+    # (the same text, another process) has the same hash (test below).
     bpe = TokenizerConfig(kind="bpe", vocab_size=600)
     a = save_tokenizer(train_tokenizer([lines], bpe), str(tmp_path / "a"), 128)
     b = save_tokenizer(train_tokenizer([lines], bpe), str(tmp_path / "b"), 128)
@@ -41,6 +41,51 @@ def test_the_hash_names_the_content(tmp_path, lines):
     assert a.sha256 == b.sha256 != c.sha256  # same content, same hash; other vocabulary, other hash
     assert tokenizer_info(str(tmp_path / "a")) == a
     assert not list(tmp_path.glob("a/.tmp-*"))  # committed atomically: no temp files left
+
+
+# Trains each kind on the text of argv[1] and writes each tokenizer's JSON to argv[2]/<kind>.json.
+_TRAIN_IN_A_FRESH_PROCESS = """
+import sys
+from pathlib import Path
+from tpu_ray.config import TokenizerConfig
+from tpu_ray.prepare.tokenizer import train_tokenizer
+lines = [s for s in Path(sys.argv[1]).read_text(encoding="utf-8").splitlines() if s.strip()]
+for kind in ("unigram", "wordpiece", "bpe"):
+    tok = train_tokenizer([lines], TokenizerConfig(kind=kind, vocab_size=800))
+    (Path(sys.argv[2]) / f"{kind}.json").write_text(tok.to_str(), encoding="utf-8")
+"""
+
+
+def test_two_processes_train_the_same_tokenizer_to_the_byte(tmp_path, tmp_path_factory):
+    """The same text trains the same tokenizer in another process, every kind: `tokenizers`' Unigram
+    and WordPiece trainers walk the words in a hash-map order seeded anew in each process (ids,
+    scores' last bits and WordPiece's tied merges differed), which canonical_unigram and
+    deterministic_wordpiece take out. Two fresh processes, at once: two hash seeds. 120 KB of
+    WikiText-2: enough for the old code's Unigram and WordPiece to differ in every pair of runs."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import wikitext_slice
+
+    text = wikitext_slice(tmp_path_factory, 120_000, "tok120k.txt")
+    outs = [tmp_path / "a", tmp_path / "b"]
+    procs = []
+    for out in outs:
+        out.mkdir()
+        procs.append(subprocess.Popen([sys.executable, "-c", _TRAIN_IN_A_FRESH_PROCESS, str(text), str(out)],
+                                      stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    differ = []
+    for kind in ("unigram", "wordpiece", "bpe"):
+        a, b = ((out / f"{kind}.json").read_bytes() for out in outs)
+        if a != b:
+            va, vb = (json.loads(x)["model"]["vocab"] for x in (a, b))
+            pairs = zip(va, vb) if isinstance(va, list) else zip(sorted(va, key=va.get), sorted(vb, key=vb.get))
+            differ.append((kind, next(((i, x, y) for i, (x, y) in enumerate(pairs) if x != y), "same vocabulary")))
+    assert not differ, f"two processes trained different tokenizers (kind, first differing id): {differ}"
 
 
 @pytest.mark.quick

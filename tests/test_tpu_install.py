@@ -98,7 +98,7 @@ def test_doctor_names_two_tensorflows_and_fails(tmp_path, monkeypatch, small_cor
     monkeypatch.syspath_prepend(str(site))
     out = io.StringIO()
     cfg = tiny_config(tmp_path / "run", small_corpus)
-    check = Doctor(cfg, parse_target("v6e-8", cfg), False, out).check_tensorflow()  # doctor's own check
+    check = Doctor(cfg, parse_target("v6e-8", cfg.train), False, out).check_tensorflow()  # doctor's own check
     status, text = check.status, f"{check.evidence} fix: {check.fix}"
     assert status == FAIL, out.getvalue()
     assert re.search(rf"2 distributions write the tensorflow package \(tensorflow \S+, tensorflow-tpu "
@@ -151,7 +151,7 @@ def libtpu_site(tmp_path, monkeypatch) -> Path:
 
 def _doctor(tmp_path, small_corpus, target: str):
     cfg = tiny_config(tmp_path / "run", small_corpus)
-    return Doctor(cfg, parse_target(target, cfg), False, io.StringIO())
+    return Doctor(cfg, parse_target(target, cfg.train), False, io.StringIO())
 
 
 @pytest.mark.quick

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, tiny_config
+from tests.helpers import REPO, model_spec, tiny_config
 from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
 SEQ_LEN = 64
@@ -273,6 +273,7 @@ from tpu_ray.train.inputs import MaskSpec, mask_tokens, mlm_targets, predictions
 from tpu_ray.train.strategy import StrategyInfo, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 from tpu_ray.train.loop import build, make_replica_grads, make_train_step
+from tpu_ray.train.model import ModelSpec
 
 cfg = RunConfig.from_dict({"shard": {"seq_len": 32}, "model": {"preset": "tiny", "dropout": 0.0},
                            "train": {"batch_size": 32, "cpu_replicas": 8, "warmup_steps": 0, "steps": 10}})
@@ -280,7 +281,8 @@ tok = TokenizerInfo("0" * 64, 500, 0, 2, 1, 3, 4)
 eight = select(cfg.train)
 assert eight.replicas == 8, eight.replicas
 one = StrategyInfo(tf.distribute.OneDeviceStrategy("/cpu:0"), "cpu", 1, "cpu", "float32", False, 1)
-s8, s1 = build(cfg, eight, tok), build(cfg, one, tok)
+spec = ModelSpec(cfg.model, cfg.max_positions(), cfg.shard.seq_len, cfg.tokenizer_dir)
+s8, s1 = build(cfg.train, cfg.paths, cfg.seed, spec, eight, tok), build(cfg.train, cfg.paths, cfg.seed, spec, one, tok)
 s8.model.set_weights(s1.model.get_weights())
 
 rng = np.random.default_rng(0)
@@ -443,11 +445,12 @@ class TestTpuLikeSlices:
 
         # Sharding actors: only the CPU head may run them, though every TPU host has a free CPU.
         from tpu_ray.prepare.shards import make_shards
+        from tpu_ray.pipeline import shard_job
 
         shard_cfg = tiny_config(tmp_path / "s", small_corpus, **{"tokenizer.path": tiny_tokenizer_dir,
                                                                   "ray.shared_filesystem": True})
         seen: set[str] = set()
-        summary = make_shards(shard_cfg, actors=3,
+        summary = make_shards(shard_job(shard_cfg), actors=3,
                               on_unit_done=lambda n, pool: seen.update(ray.get([a.node_id.remote() for a in pool])))
         assert summary.units >= 3 and seen == {head.node_id}
 
@@ -570,7 +573,7 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
         # merged with this one; the chief-only export is asserted on gs below).
         from tpu_ray.cluster.multiworker import _check_shared_run_dir
 
-        _check_shared_run_dir(cfg.override({"output_dir": str(tmp_path / "local"), "ray.shared_filesystem": True}))
+        _check_shared_run_dir(str(tmp_path / "local"), cfg.train.workers, shared_filesystem=True)
         outcome: dict = {}
 
         def run_training() -> None:
@@ -640,18 +643,6 @@ def test_losing_a_multiworker_node_resumes_every_worker_from_the_chiefs_gs_check
         cluster.shutdown()
 
 
-@pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-def test_a_user_error_inside_a_ray_train_worker_stays_one_line(tmp_path, shards_dir, tiny_tokenizer_dir, ray_local):
-    from tpu_ray.errors import UserError
-    from tpu_ray.train.launch import launch
-
-    cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"train.workers": 2, "train.batch_size": 15,
-                                                                     "train.workers_network_closed": True})
-    with pytest.raises(UserError, match=r"^train.batch_size=15 is not divisible by the 2 replicas") as err:
-        launch(cfg)
-    assert "\n" not in str(err.value)
-
-
 @pytest.mark.slow  # two Ray Train launches: about 1.5 minutes on 2 cores
 def test_multiworker_runs_one_after_another_in_one_process_hear_every_new_actor(tmp_path, small_corpus,
                                                                                 tiny_tokenizer_dir, ray_local):
@@ -659,9 +650,13 @@ def test_multiworker_runs_one_after_another_in_one_process_hear_every_new_actor(
     one Python process, two multi-worker pipelines one after the other each get every shard actor's
     answer without a stall, and a new actor answers after each. (A driver that had run fit() itself
     stopped hearing new actors once the TrainController was collected: docs/testing.md.) A recovery
-    retry is the same launch again (test_losing_a_multiworker_node_resumes_every_worker_...)."""
+    retry is the same launch again (test_losing_a_multiworker_node_resumes_every_worker_...).
+    The second pipeline's batch (15) does not divide over its 2 replicas: the user error raised inside
+    a Ray Train worker reaches the caller as one line, and the driver still hears new actors after a
+    failed fit() (one launch for what a test of its own launched again, over 20 s on 2 cores)."""
     import ray
 
+    from tpu_ray.errors import UserError
     from tpu_ray.pipeline import Pipeline
     from tpu_ray.prepare.actor_pool import STALL_S
 
@@ -677,12 +672,19 @@ def test_multiworker_runs_one_after_another_in_one_process_hear_every_new_actor(
 
     common = {"tokenizer.path": tiny_tokenizer_dir, "train.workers": 2, "train.workers_network_closed": True,
               "train.eval_every": 1000, "train.steps": 4, "train.checkpoint_every": 4, "train.log_every": 2}
-    for name in ("first", "second"):
-        result = Pipeline(tiny_config(tmp_path / name, small_corpus, **common)).run()
-        # A deaf driver waits STALL_S for its first shard unit, then replaces actors that never answer.
-        assert result.shard_summary["units"] >= 2 and result.shard_summary["seconds"] < STALL_S
-        assert [w["steps"] for w in result.train_summary["workers"]] == [4, 4]
-        a_new_actor_answers()
+    result = Pipeline(tiny_config(tmp_path / "first", small_corpus, **common)).run()
+    # A deaf driver waits STALL_S for its first shard unit, then replaces actors that never answer.
+    assert result.shard_summary["units"] >= 2 and result.shard_summary["seconds"] < STALL_S
+    assert [w["steps"] for w in result.train_summary["workers"]] == [4, 4]
+    a_new_actor_answers()
+
+    second = tiny_config(tmp_path / "second", small_corpus, **common, **{"train.batch_size": 15})
+    with pytest.raises(UserError, match=r"^train.batch_size=15 is not divisible by the 2 replicas") as err:
+        Pipeline(second).run()
+    assert "\n" not in str(err.value)
+    shards = json.loads((tmp_path / "second" / "summary.json").read_text())["shards"]  # its stage before training
+    assert shards["units"] >= 2 and shards["seconds"] < STALL_S
+    a_new_actor_answers()
 
 
 @pytest.mark.parametrize("layout, chips", [
@@ -714,8 +716,8 @@ def test_the_seed_fixes_the_initial_weights(tmp_path, shards_dir, tiny_tokenizer
     tok = tokenizer_info(tiny_tokenizer_dir)
     info = StrategyInfo(strategy=tf.distribute.get_strategy(), kind="cpu", replicas=1, device="cpu",
                         mixed_precision="float32", jit_compile=False, steps_per_execution=1)
-    digests = [weights_digest(build(_cfg(tmp_path, shards_dir, tiny_tokenizer_dir, seed=seed), info, tok).model)
-               for seed in (1, 1, 2)]
+    cfgs = [_cfg(tmp_path, shards_dir, tiny_tokenizer_dir, seed=seed) for seed in (1, 1, 2)]
+    digests = [weights_digest(build(c.train, c.paths, c.seed, model_spec(c), info, tok).model) for c in cfgs]
     assert digests[0] == digests[1] != digests[2]
 
 
@@ -779,16 +781,16 @@ def test_train_step_is_the_keras_fit_step(tmp_path, shards_dir, tiny_tokenizer_d
     cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir, **{"model.dropout": 0.0})
     tok = tokenizer_info(cfg.tokenizer_dir)
     files = [p for p, _ in shard_files(str(shards_dir), "train")]
-    it = iter(train_dataset(files, SEQ_LEN, 16, mask_spec(cfg, tok), cfg.seed, 256))
+    it = iter(train_dataset(files, SEQ_LEN, 16, mask_spec(cfg.train, cfg.paths, tok), cfg.seed, 256))
     batches = [next(it) for _ in range(4)]
     info = select(cfg.train)
 
-    ours = build(cfg, info, tok)
+    ours = build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), info, tok)
     step, _ = make_train_step(ours)
     for batch in batches:
         step(batch)
 
-    keras = build(cfg, info, tok)  # the same seed: the same initial weights
+    keras = build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), info, tok)  # the same seed: the same initial weights
     keras.model.compile(optimizer=keras.optimizer)
     for batch in batches:
         keras.model.train_on_batch({k: batch[k] for k in ("input_ids", "attention_mask", "labels")})
@@ -798,7 +800,7 @@ def test_train_step_is_the_keras_fit_step(tmp_path, shards_dir, tiny_tokenizer_d
                    for x, y in zip(a.model.trainable_variables, b.model.trainable_variables))
 
     assert int(ours.optimizer.iterations) == int(keras.optimizer.iterations) == 4
-    assert largest_difference(ours, build(cfg, info, tok)) > 1e-3  # the steps did change the weights
+    assert largest_difference(ours, build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), info, tok)) > 1e-3  # the steps did change the weights
     difference = largest_difference(ours, keras)
     assert difference < 1e-5, difference
 

@@ -188,7 +188,7 @@ def test_training_sizes_the_whole_word_bound_from_the_shards_and_reports_unscore
         "tokenizer.path": tiny_tokenizer_dir, "shard.dir": str(shards), "train.whole_word_mask": True,
         "train.steps": 2, "train.log_every": 1, "train.eval_every": 2, "eval.samples": 16,
         "train.placement": "local"})
-    assert mask_spec(cfg, tok).predictions == SEQ
+    assert mask_spec(cfg.train, cfg.paths, tok).predictions == SEQ
     train(cfg)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["unscored_targets"] for r in records if r["kind"] == "train"] == [0, 0]

@@ -20,7 +20,7 @@ import html
 import os
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -29,6 +29,9 @@ from tpu_ray.errors import UserError
 from tpu_ray.plots import dots, finish, new_figure, thousands
 from tpu_ray.report import _CSS, _check_run_dir, _fmt, _load_summary, load_metrics
 from tpu_ray.tables import by_step, column_values, last_value, median_value
+
+if TYPE_CHECKING:
+    from tpu_ray.config import CorpusConfig
 
 PLOTS = ("compare_loss.png", "compare_eval_sources.png", "compare_learning_rate.png", "compare_throughput.png")
 PAGE = "compare.html"
@@ -86,7 +89,7 @@ def run_config(run: str) -> dict[str, Any]:
             flat.pop(key, None)
         else:
             flat[key] = value
-    flat.update(_corpus(run, cfg))
+    flat.update(_corpus(run, cfg.corpus))
     return flat
 
 
@@ -103,7 +106,7 @@ def _resolved_schedule(t: Any) -> dict[str, Any]:
             "train.mask_prob_end": t.mask_prob_end if t.mask_schedule == "linear" else None}
 
 
-def _corpus(run: str, cfg: Any) -> dict[str, Any]:
+def _corpus(run: str, corpus: CorpusConfig) -> dict[str, Any]:
     """`corpus` (one source) or `corpus.sources.NAME`: the source and, after it, the fields it sets
     away from their defaults (weight included), so a mixture is a few lines, not one per field."""
     import json
@@ -126,7 +129,6 @@ def _corpus(run: str, cfg: Any) -> dict[str, Any]:
         extra = [f"{k}={v}" for k, v in fields.items() if k in defaults and v != defaults[k]]
         return ", ".join([str(where), *extra])
 
-    corpus = cfg.corpus
     if corpus.sources is None:
         return {"corpus": shown(corpus)}
     out: dict[str, Any] = {f"corpus.sources.{n}": shown(src) for n, src in corpus.sources.items()}

@@ -489,6 +489,16 @@ class TrainConfig(_Section):
             data = {k: v for k, v in data.items() if k != "eval_pad_multiple"}
         return data
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The train fields that shape the data and the model (RunConfig.fingerprint's `train`): apart
+        so a comparison of two train sections (a branch and its stable run) reads the same fields."""
+        keep = self.model_dump(mode="json", include={"batch_size", "weight_decay", "whole_word_mask",
+                                                     "mask_token_fraction", "random_token_fraction", "mask_count",
+                                                     *SCHEDULE_FIELDS})
+        if self.phases is not None:  # only then: a run without phases keeps its fingerprint's bytes
+            keep["phases"] = [p.model_dump(mode="json") for p in self.phases]
+        return keep
+
 
 class RayConfig(_Section):
     # The Ray cluster. None: RAY_ADDRESS, else a head running on this machine, else a new one; "local": always a
@@ -754,12 +764,7 @@ class RunConfig(_Section):
             keep["corpus"].pop(key, None)
         for src in (keep["corpus"].get("sources") or {}).values():
             src["evaluation_only"] = src.pop("weight") == 0  # all its text is validation: other shards
-        keep["train"] = self.train.model_dump(
-            mode="json", include={"batch_size", "weight_decay", "whole_word_mask", "mask_token_fraction",
-                                    "random_token_fraction", "mask_count", *SCHEDULE_FIELDS}
-        )
-        if self.train.phases is not None:  # only then: a run without phases keeps its fingerprint's bytes
-            keep["train"]["phases"] = [p.model_dump(mode="json") for p in self.train.phases]
+        keep["train"] = self.train.fingerprint()
         return keep
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_ray import rundir, saved_config, storage
 from tpu_ray.config import RunConfig
@@ -32,6 +32,10 @@ from tpu_ray.cluster.local import cluster_choice
 from tpu_ray.families import family, training_order
 from tpu_ray.logs import setup_api_logging
 from tpu_ray.redact import redact
+
+if TYPE_CHECKING:  # imported where used: the sharding side stays out of a plain `import tpu_ray.pipeline`
+    from tpu_ray.prepare.given import Given
+    from tpu_ray.prepare.shards import ShardJob
 
 log = logging.getLogger("tpu_ray")
 CONFIG_FILE = rundir.CONFIG_FILE  # kept for importers; rundir owns the layout
@@ -91,25 +95,54 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
     from tpu_ray.prepare.tokenizer import save_tokenizer, tokenizer_info, train_tokenizer
 
     if cfg.model.init_from and not cfg.tokenizer.path:  # the checkpoint's own tokenizer, validated and copied
-        from tpu_ray.train.init_from import copy_tokenizer
+        from functools import partial
 
-        return copy_tokenizer(cfg, force=force)
+        from tpu_ray.train.init_from import InitSpec, copy_tokenizer
+
+        def plan_sample():  # the corpus sample a vocabulary extension learns from: planned only for one
+            planned = plan_sources(cfg.corpus, cfg.shard, cfg.run_dir)
+            return partial(tokenizer_text, planned, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes, cfg.seed)
+
+        init = InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)
+        return copy_tokenizer(init, plan_sample, force=force)
     if cfg.tokenizer.path or (not force and storage.exists(rundir.path(cfg.tokenizer_dir, rundir.TOKENIZER_FILE))):
         info = tokenizer_info(cfg.tokenizer_dir)
         if cfg.model.init_from:  # a tokenizer given beside a checkpoint must still fit its embedding
-            from tpu_ray.train.init_from import check_tokenizer
+            from tpu_ray.train.init_from import InitSpec, check_tokenizer
 
-            check_tokenizer(cfg, info, cfg.tokenizer_dir, directory=cfg.tokenizer_dir)
+            check_tokenizer(InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from), info,
+                            cfg.tokenizer_dir, directory=cfg.tokenizer_dir)
         log.info("tokenizer: using %s (vocab %d, sha256 %s)", cfg.tokenizer_dir, info.vocab_size, info.sha256[:12])
         return info
 
     t0 = time.monotonic()
     fam = family(cfg.model.model_type)  # a from-scratch model's tokenizer follows its family's convention
-    tok = train_tokenizer(tokenizer_text(cfg, plan_sources(cfg)), cfg.tokenizer, fam.tokens, training_order(fam))
+    sample = tokenizer_text(plan_sources(cfg.corpus, cfg.shard, cfg.run_dir), cfg.tokenizer.train_bytes,
+                            cfg.corpus.max_line_bytes, cfg.seed)
+    tok = train_tokenizer(sample, cfg.tokenizer, fam.tokens, training_order(fam))
     info = save_tokenizer(tok, cfg.tokenizer_dir, cfg.max_input_tokens(), fam.tokens)  # what the exported model takes
     log.info("tokenizer: trained %s vocab %d in %.1fs -> %s (sha256 %s)", cfg.tokenizer.kind, info.vocab_size,
              time.monotonic() - t0, cfg.tokenizer_dir, info.sha256[:12])
     return info
+
+
+def shard_job(cfg: RunConfig) -> ShardJob:
+    """What the sharding stage reads of this run (prepare/shards.py), built here, where the run is
+    assembled: the stage is given its sections and the figures derived from the others."""
+    from tpu_ray.prepare.lengths import extra_lengths
+    from tpu_ray.prepare.shards import ShardJob
+
+    return ShardJob(cfg.corpus, cfg.shard, cfg.paths, extra_lengths(cfg.train.phases, cfg.shard.seq_len),
+                    cfg.positions_needed(), cfg.max_positions(), cfg.ray.shared_filesystem)
+
+
+def given_corpus(cfg: RunConfig, corpus: Any) -> tuple[RunConfig, list[Given]]:
+    """`cfg` with its corpus pointed at what `Pipeline(cfg, corpus=...)` was given (prepare/given.py's
+    `point`), validated again as a whole (a dict of sources must fit the rest of the config)."""
+    from tpu_ray.prepare.given import point
+
+    section, given = point(cfg.corpus, cfg.run_dir, corpus)
+    return RunConfig.from_dict({**cfg.model_dump(), "corpus": section}, origin="Pipeline(corpus=...)"), given
 
 
 @dataclass
@@ -166,15 +199,13 @@ class Pipeline:
         IterableDataset, ray.data.Dataset, an iterable of strings), or a dict {source name: either}
         for `corpus.sources`; data in memory is written once into RUN/corpus/ (prepare/given.py)."""
         if cfg.model.init_from:  # the checkpoint's architecture and sizes are the model's
-            from tpu_ray.train.init_from import resolve_config
+            from tpu_ray.train.init_from import InitSpec, checkpoint_fields
 
-            cfg = resolve_config(cfg)
+            cfg = cfg.override(checkpoint_fields(InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)))
         self._given: list = []
         self._downstream: list = []  # eval.downstream, checked (downstream/during.py)
         if corpus is not None:
-            from tpu_ray.prepare.given import point
-
-            cfg, self._given = point(cfg, corpus)
+            cfg, self._given = given_corpus(cfg, corpus)
         if cfg.train.branch_from:  # checked (continuity too) and its defaults filled before any stage (train/branch.py)
             from tpu_ray.train.branch import settled
 
@@ -213,7 +244,7 @@ class Pipeline:
         from tpu_ray.train.evaluate import check_eval_config, evaluate_run
 
         with self._lock("eval"):
-            check_eval_config(self.cfg)
+            check_eval_config(self.cfg.fingerprint(), self.cfg.run_dir)
             return evaluate_run(self.cfg)
 
     def run(self, resume: bool = False, force: bool = False, fill_mask: str | None = None) -> RunResult:
@@ -238,7 +269,7 @@ class Pipeline:
                 from tpu_ray.train.export import check_fill_mask_text
 
                 check_fill_mask_text(fill_mask, own=info.special_tokens[4])
-            ensure_ray(cfg)
+            ensure_ray(cfg.ray)
             if cfg.train.branch_from:  # the stable run's shards, checked by train/branch.py: none to write
                 log.info("shard: reading %s (train.branch_from's, as they are)", cfg.shards_dir)
             else:
@@ -266,7 +297,7 @@ class Pipeline:
         from tpu_ray.prepare.shards import make_shards
 
         with _stage(rec, "shard"):
-            summary = make_shards(self.cfg)
+            summary = make_shards(shard_job(self.cfg))
         rec.update(shards=summary.__dict__ | {"tokens_per_s": summary.tokens_per_s})
         return summary
 
@@ -277,8 +308,8 @@ class Pipeline:
             if self._downstream:  # fine-tuned beside the training, from the snapshots it writes
                 from tpu_ray.downstream.during import DuringTraining
 
-                ensure_ray(self.cfg)
-                with DuringTraining(self.cfg, self._downstream):
+                ensure_ray(self.cfg.ray)
+                with DuringTraining(self.cfg.run_dir, self.cfg.train.steps, self._downstream):
                     summary = launch(self.cfg, resume=resume)
             else:
                 summary = launch(self.cfg, resume=resume)
@@ -311,8 +342,8 @@ class Pipeline:
         from tpu_ray.prepare.given import write_given
 
         if any(g.kind == "ray.data.Dataset" for g in self._given):
-            ensure_ray(self.cfg)
-        write_given(self.cfg, self._given)
+            ensure_ray(self.cfg.ray)
+        write_given(self.cfg.corpus, self.cfg.run_dir, self.cfg.ray.shared_filesystem, self._given)
         self._given = []  # once per Pipeline: its later stages read what was written
 
     def _lock(self, stage: str, directory: str | None = None):
@@ -336,33 +367,33 @@ class Pipeline:
             if cfg.eval.downstream:  # each task read and its options checked: not after training
                 from tpu_ray.downstream.during import check_downstream
 
-                self._downstream = check_downstream(cfg)
+                self._downstream = check_downstream(cfg.eval.downstream)
         from tpu_ray.prepare.preflight import preflight_corpus
 
         if corpus and not self._given:
-            preflight_corpus(cfg)  # a bad corpus fails before the run directory is written
+            preflight_corpus(cfg.corpus)  # a bad corpus fails before the run directory is written
         if ray or self._given:
-            check_ray_address(cfg)
+            check_ray_address(cfg.ray)
         announce(cfg, stage, ray or bool(self._given))
         with ExitStack() as held:
             held.enter_context(self._lock(stage, cfg.run_dir))
             if self._given:  # data in memory: written (or checked unchanged) under the run's lock
                 self._write_given()
                 if corpus:
-                    preflight_corpus(cfg)
+                    preflight_corpus(cfg.corpus)
             if ray and corpus and not _same_dir(cfg.shards_dir, cfg.run_dir):
                 # The shard directory has its own lock, default (RUN/shards) or explicit: another run
                 # reading these shards (shard.dir=RUN/shards) is one writer too.
                 held.enter_context(self._lock(stage, cfg.shards_dir))
             saved_config.check_config(cfg)  # another config is named as such, before the export's own guard
             if stage in ("run", "train"):
-                from tpu_ray.train.export import refuse_replacing_export
+                from tpu_ray.train.export import config_digest, refuse_replacing_export
 
-                refuse_replacing_export(cfg, getattr(self, "_force_export", False))
+                refuse_replacing_export(config_digest(cfg.fingerprint()), cfg.run_dir, getattr(self, "_force_export", False))
             if cfg.model.init_from:  # the run's own copy of its checkpoint, made once (train/init_from.py)
                 self.cfg = cfg = _own_init_copy(cfg)
             if ray and start_ray:
-                ensure_ray(cfg)
+                ensure_ray(cfg.ray)
             saved_config.save_config(cfg, resume, versions(), command_line())
             yield
 
@@ -383,9 +414,10 @@ def _same_dir(a: str, b: str) -> bool:
 def _own_init_copy(cfg: RunConfig) -> RunConfig:
     """RUN/init made (or kept), its source and hash recorded in summary.json; the returned config
     carries model.init_sha256, so config.yaml records it too."""
-    from tpu_ray.train.init_from import init_dir, own_copy
+    from tpu_ray.train.init_from import InitSpec, init_dir, own_copy
 
-    cfg = own_copy(cfg)
+    cfg = cfg.override({"model.init_sha256": own_copy(InitSpec(cfg.model, cfg.tokenizer, cfg.paths,
+                                                               cfg.train.branch_from))})
     _Recorder(cfg.run_dir, None).update(init_from={"source": cfg.model.init_from, "sha256": cfg.model.init_sha256,
                                                    "copy": init_dir(cfg.run_dir)})
     return cfg

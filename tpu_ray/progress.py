@@ -21,10 +21,13 @@ import datetime
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_ray.errors import UserError
 from tpu_ray.ray_gauges import RayGauges
+
+if TYPE_CHECKING:
+    from tpu_ray.config import TrainConfig
 
 log = logging.getLogger("tpu_ray.train.loop")  # the trainer's lines keep the trainer's name
 
@@ -39,15 +42,15 @@ class Plan:
     spans: tuple[tuple[int, int], ...]
 
     @classmethod
-    def of(cls, cfg: Any) -> Plan:
-        t = cfg.train
+    def of(cls, t: TrainConfig, seq_len: int) -> Plan:
+        """From the train section and `seq_len` (shard.seq_len, the length of a run without phases)."""
         if t.phases:
             spans, end = [], 0
             for p in t.phases:
                 end += p.steps
                 spans.append((end, (p.batch_size or t.batch_size) * p.seq_len))
         else:
-            spans = [(t.steps, t.batch_size * cfg.shard.seq_len)]
+            spans = [(t.steps, t.batch_size * seq_len)]
         return cls(total=t.steps, eval_every=t.eval_every, spans=tuple(spans))
 
     def evaluations_after(self, step: int) -> int:
@@ -154,10 +157,10 @@ class ProgressMirror:
 
     kinds = ("train", "eval", "event")
 
-    def __init__(self, cfg: Any, terminal: bool | None = None):
-        self.progress = Progress(Plan.of(cfg))
+    def __init__(self, plan: Plan, name: str, run_dir: str, terminal: bool | None = None):
+        self.progress = Progress(plan)
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
-        self.gauges = RayGauges.if_connected(cfg.name, cfg.run_dir)
+        self.gauges = RayGauges.if_connected(name, run_dir)
 
     def write(self, record: dict[str, Any]) -> None:
         self.progress.update(record)
@@ -200,7 +203,7 @@ def status_line(run_dir: str) -> str:
     starts = [i for i, r in enumerate(records) if r.get("kind") == "event" and r.get("event") == "train_start"]
     if not starts:
         return "not training yet (no train_start in the metrics)"
-    progress = Progress(Plan.of(cfg))
+    progress = Progress(Plan.of(cfg.train, cfg.shard.seq_len))
     for r in records[starts[-1]:]:
         progress.update(r)
     line = progress.line()

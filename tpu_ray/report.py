@@ -118,7 +118,7 @@ def _recipe_rows(run_dir: str, df: pd.DataFrame) -> list[tuple[str, str]]:
         cfg = read_saved_config(run_dir)
     except (UserError, OSError, ValueError) as exc:
         return [("recipe", f"cannot be read: {exc}")]
-    rows = [("recipe", recipe_text(cfg))] if cfg else []
+    rows = [("recipe", recipe_text(cfg.train, cfg.model))] if cfg else []
     events = df[(df["kind"] == "event") & (df["event"] == "output_bias")] if "event" in df.columns else df.iloc[0:0]
     for _, e in events.iterrows():
         rows.append(("output bias", f"{e.get('init')}: log frequencies of {int(e['tokens_counted']):,} training "

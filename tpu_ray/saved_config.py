@@ -17,7 +17,7 @@ import time
 import yaml
 
 from tpu_ray import storage
-from tpu_ray.config import SCHEDULE_FIELDS, RunConfig
+from tpu_ray.config import SCHEDULE_FIELDS, RunConfig, RunPaths, ShardConfig, TokenizerConfig
 from tpu_ray.errors import DamagedRunDir, UserError
 from tpu_ray.rundir import CONFIG_FILE, MANIFEST_FILE, RUN_INFO_FILE, TOKENIZER_FILE, checkpoint_files, path
 from tpu_ray.redact import redact, redact_obj
@@ -32,14 +32,14 @@ _PINNED_BY = {
 }
 
 
-def held_artifacts(cfg: RunConfig) -> list[str]:
+def held_artifacts(tokenizer: TokenizerConfig, shard: ShardConfig, paths: RunPaths) -> list[str]:
     """Which of the run's own tokenizer, shards and checkpoints exist (not external tokenizer.path/shard.dir)."""
     held = []
-    if not cfg.tokenizer.path and storage.exists(path(cfg.tokenizer_dir, TOKENIZER_FILE)):
+    if not tokenizer.path and storage.exists(path(paths.tokenizer_dir, TOKENIZER_FILE)):
         held.append("tokenizer")
-    if not cfg.shard.dir and storage.exists(path(cfg.shards_dir, MANIFEST_FILE)):
+    if not shard.dir and storage.exists(path(paths.shards_dir, MANIFEST_FILE)):
         held.append("shards")
-    if checkpoint_files(cfg.run_dir):
+    if checkpoint_files(paths.run_dir):
         held.append("checkpoints")
     return held
 
@@ -76,13 +76,13 @@ def check_config(cfg: RunConfig) -> bool:
     old, new = redact_obj(saved.fingerprint()), redact_obj(cfg.fingerprint())  # config.yaml holds user:***
     if old == new:
         return False
-    for artifact in held_artifacts(cfg):
+    for artifact in held_artifacts(cfg.tokenizer, cfg.shard, cfg.paths):
         sections = _PINNED_BY[artifact]
         a = old if sections is None else {k: old.get(k) for k in sections}
         b = new if sections is None else {k: new.get(k) for k in sections}
         if sections is None and cfg.train.extend_schedule:  # checkpoints continue under a new schedule
             a, b = _without_schedule(a), _without_schedule(b)
-        if cfg.model.init_from:  # taken from the checkpoint (init_from.resolve_config), pinned by its hash
+        if cfg.model.init_from:  # taken from the checkpoint (init_from.checkpoint_fields), pinned by its hash
             a, b = _without_checkpoint_derived(a), _without_checkpoint_derived(b)
         diff = first_difference(a, b)
         if diff:

@@ -38,6 +38,10 @@ from tpu_ray.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
+# What trains once placed: train(cfg, resume) -> summary (tpu_ray.train.launch.train_here): the one
+# callee every placement hands the whole run to.
+TrainFn = Callable[[RunConfig, bool], dict]
+
 
 def _worker_loop(config: dict[str, Any]) -> None:
     """Runs in each Ray Train worker: train, then report what this worker read and ended with."""
@@ -55,13 +59,14 @@ def _worker_loop(config: dict[str, Any]) -> None:
     ray.train.report({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
 
 
-def launch_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig, bool], dict]) -> dict[str, Any]:
+def launch_multiworker(cfg: RunConfig, resume: bool, train: TrainFn) -> dict[str, Any]:
     """One multi-worker attempt (`train_multiworker`) in a Ray task and process of its own, on this
     process's node (the run directory and Ray Train's bookkeeping are where this process sees them);
     raises what the attempt raised: a typed error as itself, a lost launcher as Ray says."""
     import ray
 
-    _check_shared_run_dir(cfg)  # one line before any process starts
+    # One line before any process starts.
+    _check_shared_run_dir(cfg.run_dir, cfg.train.workers, cfg.ray.shared_filesystem)
     options: dict[str, Any] = {"name": "tpu_ray.train_launcher"}
     node = _this_node()
     if node is not None:
@@ -95,15 +100,15 @@ def _this_node() -> str | None:
         return None
 
 
-def _launch_task(cfg_dict: dict[str, Any], resume: bool, train: Callable[[RunConfig, bool], dict],
-                 env: dict[str, str]) -> dict[str, Any]:
-    """Body of the launcher task: the driver's storage environment, then Ray Train's `fit()`."""
+def _launch_task(cfg_dict: dict[str, Any], resume: bool, train: TrainFn, env: dict[str, str]) -> dict[str, Any]:
+    """Body of the launcher task: the driver's storage environment, then Ray Train's `fit()` on the
+    whole run (`cfg_dict`, the run's config as JSON: what a Ray task is handed)."""
     os.environ.update(env)  # before storage's first use; this process ends with the task (max_calls=1)
     setup_logging()
     return train_multiworker(RunConfig.from_dict(cfg_dict), resume, train)
 
 
-def train_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig, bool], dict]) -> dict[str, Any]:
+def train_multiworker(cfg: RunConfig, resume: bool, train: TrainFn) -> dict[str, Any]:
     """`train(cfg, resume)` on `train.workers` Ray workers (see placement.run_training for `train`);
     checks that they all ended with the same weights. Runs Ray Train's `fit()` in this process: call
     it through `launch_multiworker`, never in a user's process."""
@@ -112,7 +117,7 @@ def train_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig, 
     from ray.train.tensorflow import TensorflowTrainer
 
     t = cfg.train
-    _check_shared_run_dir(cfg)
+    _check_shared_run_dir(cfg.run_dir, t.workers, cfg.ray.shared_filesystem)
     use_gpu = bool(t.num_gpus)
     trainer = TensorflowTrainer(
         _worker_loop,
@@ -122,7 +127,7 @@ def train_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig, 
                                      resources_per_worker={"GPU": t.num_gpus} if use_gpu else {"CPU": 1}),
         # Retries are recovery.run_with_recovery's (see the module docstring), not Ray Train's.
         run_config=RayRunConfig(name=f"{cfg.name}-train", failure_config=FailureConfig(max_failures=0),
-                                **_ray_train_storage(cfg)),
+                                **_ray_train_storage(cfg.run_dir)),
     )
     log.info("training on %d Ray Train workers (MultiWorkerMirroredStrategy)", t.workers)
     try:
@@ -147,25 +152,26 @@ def train_multiworker(cfg: RunConfig, resume: bool, train: Callable[[RunConfig, 
     return summary
 
 
-def _check_shared_run_dir(cfg: RunConfig) -> None:
+def _check_shared_run_dir(run_dir: str, workers: int, shared_filesystem: bool) -> None:
     """Workers on several nodes must all see the run directory: the chief's checkpoints decide
-    where every worker resumes, and each worker reports through it."""
+    where every worker resumes, and each worker reports through it (`workers`: train.workers,
+    `shared_filesystem`: ray.shared_filesystem)."""
     import ray
 
     if not ray.is_initialized():
         return  # Ray Train will start a local (one-node) cluster
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if len(nodes) > 1 and not storage.is_remote(cfg.run_dir) and not cfg.ray.shared_filesystem:
-        raise UserError(f"output_dir={cfg.run_dir!r}: train.workers={cfg.train.workers} on a {len(nodes)}-node "
+    if len(nodes) > 1 and not storage.is_remote(run_dir) and not shared_filesystem:
+        raise UserError(f"output_dir={run_dir!r}: train.workers={workers} on a {len(nodes)}-node "
                         f"Ray cluster needs a run directory every node can read; use gs://... or a shared mount "
                         f"given as a URL")
 
 
-def _ray_train_storage(cfg: RunConfig) -> dict[str, Any]:
+def _ray_train_storage(run_dir: str) -> dict[str, Any]:
     """Ray Train's own bookkeeping goes to `<run_dir>/ray_train`. On gs:// it goes through our fsspec
     filesystem (wrapped for pyarrow, which Ray Train writes with), so it uses the same credentials
     and endpoint as the rest of the run (the emulator in tests) and no temp dir is left behind."""
-    path = rundir.path(cfg.run_dir, rundir.RAY_TRAIN_DIR)
+    path = rundir.path(run_dir, rundir.RAY_TRAIN_DIR)
     if not storage.is_remote(path):
         return {"storage_path": os.path.abspath(path)}
     import pyarrow.fs

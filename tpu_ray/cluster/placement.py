@@ -17,9 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_ray.cluster.multiworker import TrainFn, launch_multiworker
+from tpu_ray.cluster.recovery import run_with_recovery
 from tpu_ray.cluster.tpu_env import TPU_ENV_KEYS, settle_pjrt_library
 from tpu_ray.cluster.tpu_slice import TpuSlice, expected_hosts
-from tpu_ray.config import RunConfig
+from tpu_ray.config import RunConfig, TrainConfig
 from tpu_ray.errors import NoCapacity, UserError, find_user_error
 from tpu_ray.cluster.autoscaler import INFEASIBLE, cluster_autoscales, launch_summary
 from tpu_ray.logs import setup_logging
@@ -30,21 +32,18 @@ SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
 POD_TYPE_LABEL = "ray.io/tpu-pod-type"
 
-# What trains once placed: train(cfg, resume) -> summary (tpu_ray.train.launch.train_here).
-TrainFn = Callable[[RunConfig, bool], dict]
-
 
 def tpu_head_resources(resources: dict[str, float]) -> list[str]:
     return sorted(k for k in resources if _HEAD.match(k))
 
 
-def placement_for(cfg: RunConfig, cluster_resources: dict[str, float],
+def placement_for(t: TrainConfig, cluster_resources: dict[str, float],
                   autoscaling: bool = False) -> tuple[str, dict[str, Any]]:
-    """(kind, Ray options) for the training task; options are empty for local.
+    """(kind, Ray options) for the training task; options are empty for local. Decided by the
+    train section alone (placement, strategy, tpu_topology, num_gpus) and what the cluster offers.
 
     `autoscaling`: the cluster's autoscaler may still launch a TPU slice that is not up yet.
     """
-    t = cfg.train
     kind = t.placement
     heads = tpu_head_resources(cluster_resources)
     if kind == "auto":
@@ -226,41 +225,45 @@ def run_training(cfg: RunConfig, resume: bool, train: TrainFn) -> dict:
     reference and settles the TPU runtime's environment before calling it.
     """
     if cfg.train.workers > 1:
-        from tpu_ray.cluster.multiworker import launch_multiworker
-        from tpu_ray.cluster.recovery import run_with_recovery
-
         def attempt(resume: bool, wait_s: float | None, on_reserved) -> dict:
             on_reserved({"placement": "multiworker", "workers": cfg.train.workers})
             return launch_multiworker(cfg, resume, train)  # Ray Train's fit() in a process of its own
 
-        return run_with_recovery(cfg, resume, attempt)
+        return run_with_recovery(cfg.train, cfg.run_dir, cfg.ray.shared_filesystem, resume, attempt)
     if cfg.train.placement == "local" or (cfg.train.placement == "auto" and not _ray_up()):
         return train(cfg, resume)
     import ray
 
-    kind, options = placement_for(cfg, ray.cluster_resources(), autoscaling=cluster_autoscales())
+    kind, options = placement_for(cfg.train, ray.cluster_resources(), autoscaling=cluster_autoscales())
     if kind == "local":
         return train(cfg, resume)
     from tpu_ray.cluster.shared_dir import require_shared
 
     require_shared(cfg.run_dir, "output_dir", f"training on a {kind.upper()} node", cfg.ray.shared_filesystem)
-    from tpu_ray.cluster.recovery import run_with_recovery
+    cfg_dict = cfg.model_dump(mode="json")  # the whole run, as the remote task is handed it
 
-    return run_with_recovery(cfg, resume, lambda resume, wait_s, on_reserved: _placed_attempt(
-        cfg, resume, kind, dict(options), wait_s, on_reserved, train))
+    def attempt(resume: bool, wait_s: float | None, on_reserved) -> dict:
+        def start(task_options: dict[str, Any]) -> Any:
+            # max_retries=0: a lost node is handled by recovery.run_with_recovery (new reservation, resume).
+            return ray.remote(max_retries=0)(_train_task).options(**task_options).remote(cfg_dict, resume, train)
+
+        return _placed_attempt(cfg.train, kind, dict(options), wait_s, on_reserved, start)
+
+    return run_with_recovery(cfg.train, cfg.run_dir, cfg.ray.shared_filesystem, resume, attempt)
 
 
-def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, Any], wait_s: float | None,
-                    on_reserved, train: TrainFn) -> dict:
-    """Reserve the slice (or ask for the GPUs), run the training task there once, release."""
+def _placed_attempt(t: TrainConfig, kind: str, options: dict[str, Any], wait_s: float | None,
+                    on_reserved, start: Callable[[dict[str, Any]], Any]) -> dict:
+    """Reserve the slice (or ask for the GPUs), run the training task there once, release.
+    `start(ray_options)` submits the training task (the whole run, built by `run_training`) and
+    returns its ObjectRef; this attempt needs of the config only the slice's wait and name."""
     import ray
 
     reservation = None
     if kind == "tpu":
         head = options.pop("head_resource")
         # A recovery attempt waits as long as the recovery allows; a first attempt train.tpu_wait_timeout_s.
-        reservation = reserve_tpu_slice(head, cfg.train.tpu_wait_timeout_s if wait_s is None else wait_s,
-                                        cfg.train.tpu_name)
+        reservation = reserve_tpu_slice(head, t.tpu_wait_timeout_s if wait_s is None else wait_s, t.tpu_name)
         options = _tpu_client_options(reservation.slice, reservation.head_pg)
         log.info("reserved TPU slice %s (%s): %d host(s)", reservation.slice.name or "(single host)",
                  reservation.slice.pod_type, len(reservation.slice.hosts))
@@ -268,10 +271,8 @@ def _placed_attempt(cfg: RunConfig, resume: bool, kind: str, options: dict[str, 
     else:
         on_reserved({"placement": kind})  # the task itself waits for a GPU node (Ray queues it)
     log.info("training placed on Ray: %s %s", kind, options)
-    # max_retries=0: a lost node is handled by recovery.run_with_recovery (new reservation, resume).
-    task = ray.remote(max_retries=0)(_train_task).options(**options)
     try:
-        summary = ray.get(task.remote(cfg.model_dump(mode="json"), resume, train))
+        summary = ray.get(start(options))
     except ray.exceptions.RayTaskError as exc:
         user_error = find_user_error(exc)
         if user_error is not None:

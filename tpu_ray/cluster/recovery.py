@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_ray import storage
-from tpu_ray.config import RunConfig, TrainConfig
+from tpu_ray.config import TrainConfig
 from tpu_ray.errors import Failure, FailureKind, classify
 from tpu_ray.metrics_stream import MetricsWriter
 
@@ -83,13 +83,16 @@ def last_commit(run_dir: str) -> tuple[int | None, float | None]:
     return (int(match.group(1)) if match else None), modified
 
 
-def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]) -> dict:
+def run_with_recovery(train: TrainConfig, run_dir: str, shared_filesystem: bool, resume: bool,
+                      attempt: Callable[..., dict]) -> dict:
     """Call `attempt(resume, capacity_wait_s, on_reserved)` until it returns, resuming after each
     lost node.
 
     `attempt` reserves the capacity (waiting `capacity_wait_s` for it, its own default if None),
     calls `on_reserved({...where...})`, runs the training task and releases the capacity; it raises
-    what `ray.get` raised.
+    what `ray.get` raised. The loop itself reads only the train section's recovery policy and the run
+    directory (its last commit, and the metrics stream it writes `node_lost` to: a file of its own
+    when `shared_filesystem`, as every writer of a shared run directory).
     """
     failures = 0
     wait_s: float | None = None
@@ -98,7 +101,7 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
 
     def on_reserved(where: dict[str, Any]) -> None:
         if failures and metrics is not None:
-            record_resume(metrics, cfg, failures, lost_at, where)
+            record_resume(metrics, run_dir, failures, lost_at, where)
 
     try:
         while True:
@@ -107,17 +110,17 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
                 summary = attempt(resume, wait_s, on_reserved)
             except Exception as exc:
                 failure = classify(exc)
-                decision = decide(failure, failures, cfg.train)
+                decision = decide(failure, failures, train)
                 if not decision.retry:
                     if failures or failure.kind.retryable:
                         log.warning("not recovering: %s", decision.why)
                     raise
                 failures += 1
                 lost_at = time.time()
-                metrics = metrics or MetricsWriter(cfg.run_dir, shared=cfg.ray.shared_filesystem)
-                step = record_failure(metrics, cfg, failure, failures, t0)
+                metrics = metrics or MetricsWriter(run_dir, shared=shared_filesystem)
+                step = record_failure(metrics, run_dir, train.max_failures, failure, failures, t0)
                 log.warning("training capacity lost (%s, failure %d of %d); resuming from step %s when capacity "
-                            "is back", failure.error, failures, cfg.train.max_failures, step)
+                            "is back", failure.error, failures, train.max_failures, step)
                 resume, wait_s = True, decision.wait_s
                 continue
             if failures:
@@ -128,20 +131,21 @@ def run_with_recovery(cfg: RunConfig, resume: bool, attempt: Callable[..., dict]
             metrics.close()
 
 
-def record_failure(metrics: Any, cfg: RunConfig, failure: Failure, failures: int, attempt_started: float) -> int | None:
+def record_failure(metrics: Any, run_dir: str, max_failures: int, failure: Failure, failures: int,
+                   attempt_started: float) -> int | None:
     """The `node_lost` event (TPU/GPU path and multi-worker path alike); returns the step it resumes from."""
-    step, committed = last_commit(cfg.run_dir)
+    step, committed = last_commit(run_dir)
     now = time.time()
-    metrics.event("node_lost", stage="train", failure=failures, max_failures=cfg.train.max_failures,
+    metrics.event("node_lost", stage="train", failure=failures, max_failures=max_failures,
                   error=failure.error, failure_kind=failure.kind.name.lower(), last_checkpoint_step=step,
                   lost_s=round(now - max(committed or attempt_started, attempt_started), 3))
     metrics.flush()
     return step
 
 
-def record_resume(metrics: Any, cfg: RunConfig, failures: int, lost_at: float, where: dict[str, Any]) -> None:
+def record_resume(metrics: Any, run_dir: str, failures: int, lost_at: float, where: dict[str, Any]) -> None:
     """The `resumed_after_failure` event: the wait for capacity and the step resumed from."""
-    step, _ = last_commit(cfg.run_dir)
+    step, _ = last_commit(run_dir)
     metrics.event("resumed_after_failure", stage="train", failure=failures,
                   waited_s=round(time.time() - lost_at, 3), step=step or 0, **where)
     metrics.flush()

@@ -49,9 +49,9 @@ from tpu_ray.accelerators import TPU_LIBTPU, local_tpu_chips
 from tpu_ray.cluster.tpu_env import LIBTPU_CHOICE_ENV, LIBTPU_PATH_ENV, choose_libtpu, pip_libtpu_version
 from tpu_ray.config import RunConfig
 from tpu_ray.doctor.estimates import (GB, HBM_WARN_FRACTION, PROBE_BYTES, PROBE_FLOPS, PROBE_MAX_LAYERS,
-                                      ASSUMED_UTILIZATION, fmt_bytes, fmt_count, fmt_duration, memory_per_replica,
-                                      param_count, probe_batch)
-from tpu_ray.doctor.program import op_origin, unsupported_ops
+                                      ASSUMED_UTILIZATION, Sizing, fmt_bytes, fmt_count, fmt_duration,
+                                      memory_per_replica, param_count, probe_batch)
+from tpu_ray.doctor.program import BuildSpec, op_origin, unsupported_ops
 from tpu_ray.doctor.targets import Target, parse_target
 from tpu_ray.errors import UserError
 from tpu_ray.families import family
@@ -129,6 +129,11 @@ class Doctor:
     @property
     def failed(self) -> bool:
         return any(c.status == FAIL for c in self.checks)
+
+    def sizing(self) -> Sizing:
+        """What the estimates read of this run (estimates.py), assembled from its sections."""
+        cfg = self.cfg
+        return Sizing(cfg.model, cfg.train, cfg.shard.seq_len, cfg.max_positions())
 
     # -- storage -----------------------------------------------------------------------------
     def probe(self, path: str) -> tuple[str, str]:
@@ -231,7 +236,7 @@ class Doctor:
         if files:
             src = ", ".join(f"{f}={w}" for f, w in files.items())
             try:
-                found = _call_with_timeout(lambda: preflight_corpus(self.cfg), 4 * STORAGE_TIMEOUT_S)
+                found = _call_with_timeout(lambda: preflight_corpus(self.cfg.corpus), 4 * STORAGE_TIMEOUT_S)
             except UserError as exc:
                 self.add("corpus", FAIL, str(exc), "point corpus.source (or --corpus) at existing text")
                 return
@@ -307,14 +312,16 @@ class Doctor:
 
     def check_vocab(self) -> None:
         """Tokenizer vs model config vs shards: vocab size, special ids, pad id."""
-        from tpu_ray.train.model import hf_config
+        from tpu_ray.train.init_from import InitSpec
+        from tpu_ray.train.model import ModelSpec, hf_config
 
         cfg, tok, shards = self.cfg, self.tok, self.shards
         if tok is None:
             self.add("vocab", WARN, "no tokenizer to compare with the model config (see tokenizer)")
             return
         try:
-            hf = hf_config(cfg, tok)
+            hf = hf_config(ModelSpec(cfg.model, cfg.max_positions(), cfg.shard.seq_len, cfg.tokenizer_dir,
+                                     InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)), tok)
         except UserError as exc:  # e.g. a RoBERTa tokenizer whose pad id is not 1
             self.add("vocab", FAIL, str(exc), "retrain the tokenizer with tpu-ray tokenizer --force")
             return
@@ -433,48 +440,49 @@ class Doctor:
         """The run's plan (train/plan.py): its spans, each on a row, as the trainer will run them."""
         from tpu_ray.train.plan import plan
 
-        for line in plan(self.cfg, start=self.branch_step).rows():
+        for line in plan(self.cfg.train, self.cfg.corpus, self.cfg.paths, start=self.branch_step).rows():
             self.add("plan", PASS, line)
 
     def check_phases(self) -> None:
         """train.phases: the phases, their batches on this target, and each shorter phase's shards."""
         from tpu_ray.prepare.shard_set import ShardSet
-        from tpu_ray.train.phases import describe, extra_lengths, shards_dir, spans
+        from tpu_ray.train.phases import describe, extra_lengths, spans
 
-        n = self.target.replicas
-        for sp in spans(self.cfg):
+        n, all_spans = self.target.replicas, spans(self.cfg.train, self.cfg.shard.seq_len)
+        for sp in all_spans:
             if sp.batch_size % n:
                 self.add("phases", FAIL, f"train.phases[{sp.index}]: batch {sp.batch_size} does not split over {n} "
                          f"replicas of {self.target.name}", f"use a multiple of {n}")
                 return
         if self.shards is not None:  # the run's shards are made: so must every phase's be
-            for length in extra_lengths(self.cfg):
-                where = shards_dir(self.cfg, length)
+            for length in extra_lengths(self.cfg.train.phases, self.cfg.shard.seq_len):
+                where = self.cfg.paths.shards_at(length)
                 try:
                     sub = _call_with_timeout(lambda d=where: ShardSet.load(d), STORAGE_TIMEOUT_S)
                 except (UserError, TimeoutError) as exc:
                     self.add("phases", FAIL, str(exc), "rerun `tpu-ray shard` with this config")
                     return
                 if sub is None or not sub.complete or sub.seq_len != length:
-                    self.add("phases", FAIL, f"{shards_dir(self.cfg, length)}: no complete shards at seq_len {length}",
+                    self.add("phases", FAIL, f"{where}: no complete shards at seq_len {length}",
                              "rerun `tpu-ray shard` with this config (it cuts every phase's length in one pass)")
                     return
-        self.add("phases", PASS, f"{describe(self.cfg)}: one compile per phase; evaluation at seq_len "
+        self.add("phases", PASS, f"{describe(self.cfg.train, all_spans)}: one compile per phase; evaluation at seq_len "
                  f"{self.cfg.shard.seq_len}")
 
     def check_branch(self) -> None:
         """train.branch_from: the checkpoint it names, and whether this config may continue it."""
-        from tpu_ray.train.branch import resolve
+        from tpu_ray.train.branch import BranchSpec, resolve
         from tpu_ray.train.curves import describe
 
         try:
-            branch = resolve(self.cfg)
+            c = self.cfg
+            branch = resolve(BranchSpec(c.train, c.model, c.shard, c.corpus, c.seed, c.tokenizer.path))
         except UserError as exc:
             self.add("branch", FAIL, str(exc))
             return
         self.branch_step = branch.step
         self.add("branch", PASS, f"from {branch.checkpoint} at step {branch.step:,} ({self.cfg.train.steps - branch.step:,} "
-                 f"steps under this run's schedule: {describe(branch.config.train)}; no jump at the branch step)")
+                 f"steps under this run's schedule: {describe(branch.train)}; no jump at the branch step)")
 
     def check_paths(self) -> None:
         cfg, tgt = self.cfg, self.target
@@ -549,7 +557,7 @@ class Doctor:
         from tpu_ray.train.loop import mask_spec
 
         tok = self.tok or TokenizerInfo("synthetic", self.cfg.tokenizer.vocab_size, 0, 2, 1, 3, 4)
-        return tok, mask_spec(self.cfg, tok)
+        return tok, mask_spec(self.cfg.train, self.cfg.paths, tok)
 
     def pipeline_files(self, batch: int) -> tuple[list[str], str]:
         """Train shard files for the probe: (up to 2 of) the run's own, else two synthetic ones."""
@@ -600,10 +608,10 @@ class Doctor:
         cfg = self.cfg
         tok, _ = self.vocab_and_spec()
         per_replica = max(1, cfg.train.batch_size // self.target.replicas)
-        batch = probe_batch(cfg, tok.vocab_size, per_replica)
+        batch = probe_batch(self.sizing(), tok.vocab_size, per_replica)
         if batch == 0:
-            need = memory_per_replica(cfg, tok.vocab_size, 1, act_bytes=4)
-            flops = cfg.shard.seq_len * train_flops_per_token(cfg, tok.vocab_size)
+            need = memory_per_replica(self.sizing(), tok.vocab_size, 1, act_bytes=4)
+            flops = cfg.shard.seq_len * train_flops_per_token(cfg.model, cfg.train, cfg.shard.seq_len, tok.vocab_size)
             self.add("xla compile", WARN, f"skipped: one sample at seq_len {cfg.shard.seq_len} needs "
                      f"{fmt_count(flops)} FLOP and {(need['activations'] + need['logits']) / GB:.0f} GB on this CPU "
                      f"(probe limit {fmt_count(PROBE_FLOPS)} FLOP, {PROBE_BYTES / GB:.0f} GB)",
@@ -621,16 +629,23 @@ class Doctor:
             batches = iter(self.dataset(files, batch))
             self.add_xla(xla_probe(step_factory, batches), f"full train step at {shape}{note} on {source}")
             return
-        self.check_target_program(probe_cfg, tok, batch, files, f"{note} on {source}")
+        from tpu_ray.train.init_from import InitSpec
+        from tpu_ray.train.model import ModelSpec
 
-    def check_target_program(self, probe_cfg: RunConfig, tok, batch: int, files: list[str], note: str) -> None:
+        p = probe_cfg
+        init = InitSpec(p.model, p.tokenizer, p.paths, p.train.branch_from)
+        spec = BuildSpec(p.train, p.paths, p.seed,
+                         ModelSpec(p.model, p.max_positions(), p.shard.seq_len, p.tokenizer_dir, init))
+        self.check_target_program(spec, tok, batch, files, f"{note} on {source}")
+
+    def check_target_program(self, spec: BuildSpec, tok, batch: int, files: list[str], note: str) -> None:
         """Compile what the target runs: its precision, steps per execution, replicas (see program.py)."""
         from tpu_ray.doctor.program import Program, run_program, target_precision, target_steps_per_execution
 
         tgt = self.target
-        program = Program(tgt.replicas, target_precision(self.cfg, tgt.kind),
-                          target_steps_per_execution(self.cfg, tgt.kind), batch, self.cfg.shard.seq_len)
-        result = run_program(probe_cfg, tok, program, files)
+        program = Program(tgt.replicas, target_precision(self.cfg.train, tgt.kind),
+                          target_steps_per_execution(self.cfg.train, tgt.kind), batch, self.cfg.shard.seq_len)
+        result = run_program(spec, tok, program, files)
         label = f"{tgt.name} program: {program.describe()}{note}"
         if not result.get("ok"):
             message = result.get("error", "")
@@ -662,17 +677,18 @@ class Doctor:
         tok, _ = self.vocab_and_spec()
         act_bytes = 2 if tgt.kind in ("tpu", "gpu") else 4
         # train.phases: the memory of the most demanding phase; the plan sums the phases' own steps.
-        all_spans = spans(cfg)
-        worst = max(all_spans, key=lambda sp: sum(memory_per_replica(cfg, tok.vocab_size, max(1, sp.batch_size
+        all_spans = spans(cfg.train, cfg.shard.seq_len)
+        sz = self.sizing()
+        worst = max(all_spans, key=lambda sp: sum(memory_per_replica(sz, tok.vocab_size, max(1, sp.batch_size
                                                                                                // tgt.replicas),
                                                                      act_bytes, span=sp).values()))
         gb, seq = worst.batch_size, worst.seq_len
         per_replica = max(1, gb // tgt.replicas)
-        mem = memory_per_replica(cfg, tok.vocab_size, per_replica, act_bytes, span=worst)
+        mem = memory_per_replica(sz, tok.vocab_size, per_replica, act_bytes, span=worst)
         total = sum(mem.values())
         fixed = mem["weights"] + mem["gradients"] + mem["adam"]
         per_sample = (total - fixed) / per_replica
-        parts = (f"params {fmt_count(param_count(cfg, tok.vocab_size))} -> weights+grads+AdamW "
+        parts = (f"params {fmt_count(param_count(sz, tok.vocab_size))} -> weights+grads+AdamW "
                  f"{fmt_bytes(fixed)}, activations {fmt_bytes(mem['activations'])}, logits {fmt_bytes(mem['logits'])}")
         share = total / tgt.hbm_bytes
         line = (f"~{fmt_bytes(total)} per replica at batch {per_replica}x{seq} of {fmt_bytes(tgt.hbm_bytes)} "
@@ -699,7 +715,7 @@ class Doctor:
         parts, hours = [], 0.0
         for sp in all_spans:  # each phase at its own length, batch and FLOPs per token
             b, length = sp.batch_size, sp.seq_len
-            step_s = (train_flops_per_token(cfg, tok.vocab_size, span=sp) * b * length
+            step_s = (train_flops_per_token(cfg.model, cfg.train, cfg.shard.seq_len, tok.vocab_size, span=sp) * b * length
                       / (tgt.replicas * peak * ASSUMED_UTILIZATION))
             hours += sp.steps * step_s / 3600
             parts.append(f"~{fmt_duration(step_s)}/step, {fmt_count(b * length / step_s)} tokens/s"
@@ -788,19 +804,20 @@ def run_doctor(cfg: RunConfig | Callable[[], RunConfig], target: str | None = No
         cfg = cfg() if callable(cfg) and not isinstance(cfg, RunConfig) else cfg
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if cfg.model.init_from:  # the checkpoint's architecture and sizes, as the run will use them
-            from tpu_ray.train.init_from import resolve_config
+            from tpu_ray.train.init_from import InitSpec, checkpoint_fields
 
-            cfg = resolve_config(cfg)
+            cfg = cfg.override(checkpoint_fields(InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)))
         if cfg.train.branch_from:  # the stable run's shards and tokenizer, as the branch will read them
             from tpu_ray.train.branch import stable_data, stable_run_dir
 
-            cfg = stable_data(cfg, stable_run_dir(cfg.train.branch_from))
+            if over := stable_data(cfg.shard.dir, cfg.tokenizer.path, stable_run_dir(cfg.train.branch_from)):
+                cfg = cfg.override(over)
     except UserError as exc:
         print(f"{FAIL}  {'config':<15} {exc}", file=out, flush=True)
         print(f"{'':6}{'':<15} fix: correct the config (the message names the field)", file=out, flush=True)
         print(f"doctor: 1 FAIL, nothing else checked ({time.monotonic() - t0:.0f}s)", file=out, flush=True)
         return 1
-    tgt = parse_target(target, cfg)
+    tgt = parse_target(target, cfg.train)
     print(f"tpu-ray doctor: run {cfg.name}, target {tgt.describe()}", file=out, flush=True)
     doctor = Doctor(cfg, tgt, full, out)
     try:

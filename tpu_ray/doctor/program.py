@@ -7,26 +7,40 @@ optimizer update is the strategy's cross-replica merge, as in training. The mult
 takes its step count as a tensor, so the program compiled for `steps_per_execution=100` is the one
 executed here with n=2. Logical CPU devices can only be set before TensorFlow starts, so when this
 process already runs TensorFlow with another device count the probe runs in a fresh process
-(`python -m tpu_ray.doctor.program`, JSON in and out).
+(`python -m tpu_ray.doctor.program`: the request pickled in, the result as JSON out).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from pathlib import Path
 
-from tpu_ray.config import RunConfig
+from tpu_ray.config import RunPaths, TrainConfig
 from tpu_ray.errors import UserError
+from tpu_ray.train.model import ModelSpec
 
 RUN_STEPS = 2  # steps per execution actually run (the compiled loop takes its count as a tensor)
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What the trainer's build() and its masking are given, built by doctor from the run (at the
+    probe's depth): the train section (optimizer, schedule, masking), the run's locations (its
+    tokenizer; `paths.seq_len` the masking's length), the seed, and what the model is made from."""
+
+    train: TrainConfig
+    paths: RunPaths
+    seed: int
+    model: ModelSpec
 
 
 @dataclass(frozen=True)
@@ -64,17 +78,17 @@ def op_origin(message: str) -> str:
     return f" (created at {Path(path).name}:{line} in {fn})"
 
 
-def target_precision(cfg: RunConfig, kind: str) -> str:
+def target_precision(train: TrainConfig, kind: str) -> str:
     """The precision training picks on `kind` (strategy.select's rule), float32 on CPU."""
-    p = cfg.train.mixed_precision
+    p = train.mixed_precision
     return {"tpu": "mixed_bfloat16", "gpu": "mixed_float16"}.get(kind, "float32") if p == "auto" else p
 
 
-def target_steps_per_execution(cfg: RunConfig, kind: str) -> int:
-    return cfg.train.steps_per_execution or (64 if kind == "tpu" else 1)
+def target_steps_per_execution(train: TrainConfig, kind: str) -> int:
+    return train.steps_per_execution or (64 if kind == "tpu" else 1)
 
 
-def compile_program(cfg: RunConfig, tok: Any, program: Program, files: list[str]) -> dict[str, Any]:
+def compile_program(spec: BuildSpec, tok: Any, program: Program, files: list[str]) -> dict[str, Any]:
     """Build, compile and run the program here; needs `program.replicas` CPU devices in this process.
     Returns {"ok", "compile_s", "step_s", "traces", "loss"} or {"ok": False, "error": message}."""
     import tensorflow as tf
@@ -91,11 +105,11 @@ def compile_program(cfg: RunConfig, tok: Any, program: Program, files: list[str]
     try:
         info = StrategyInfo(strategy, "cpu", program.replicas, "cpu", program.precision, True,
                             program.steps_per_execution)
-        s = build(cfg, info, tok)
+        s = build(spec.train, spec.paths, spec.seed, spec.model, info, tok)
         train_step, train_steps = make_train_step(s)
-        spec = mask_spec(cfg, tok)
+        masks = mask_spec(spec.train, spec.paths, tok)
         dist = strategy.distribute_datasets_from_function(
-            lambda ctx: train_dataset(files, program.seq_len, program.per_replica_batch, spec, cfg.seed, 64))
+            lambda ctx: train_dataset(files, program.seq_len, program.per_replica_batch, masks, spec.seed, 64))
         iterator = iter(dist)
         multi = program.steps_per_execution > 1
 
@@ -134,31 +148,31 @@ def can_host(replicas: int) -> bool:
     return len(tf.config.list_logical_devices("CPU")) >= replicas
 
 
-def run_program(cfg: RunConfig, tok: Any, program: Program, files: list[str], timeout_s: float = 1800) -> dict:
-    """compile_program here if this process can host the replicas, else in a fresh process."""
+def run_program(spec: BuildSpec, tok: Any, program: Program, files: list[str], timeout_s: float = 1800) -> dict:
+    """compile_program here if this process can host the replicas, else in a fresh process. The
+    request is pickled: its sections and specs reach the same package in a child of this process as
+    they are, with no second (JSON) form of each to keep in step."""
     if can_host(program.replicas):
-        return compile_program(cfg, tok, program, files)
-    request = {"cfg": cfg.model_dump(mode="json"), "tok": asdict(tok), "program": asdict(program), "files": files}
-    proc = subprocess.run([sys.executable, "-m", "tpu_ray.doctor.program"], input=json.dumps(request),
-                          capture_output=True, text=True, timeout=timeout_s,
+        return compile_program(spec, tok, program, files)
+    request = {"spec": spec, "tok": tok, "program": program, "files": files}
+    proc = subprocess.run([sys.executable, "-m", "tpu_ray.doctor.program"], input=pickle.dumps(request),
+                          capture_output=True, timeout=timeout_s,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")})
-    lines = proc.stdout.strip().splitlines()
+    lines = proc.stdout.decode(errors="replace").strip().splitlines()
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "error": f"compile process exited {proc.returncode}: {tail}"}
     return json.loads(lines[-1])
 
 
 def main() -> None:
-    from tpu_ray.prepare.tokenizer import TokenizerInfo
     from tpu_ray.train.strategy import use_logical_cpus
 
-    request = json.loads(sys.stdin.read())
-    program = Program(**request["program"])
+    request = pickle.loads(sys.stdin.buffer.read())  # from run_program, the parent process
+    program = request["program"]
     if program.replicas > 1:
         use_logical_cpus(program.replicas)  # before TensorFlow starts
-    result = compile_program(RunConfig.from_dict(request["cfg"]), TokenizerInfo(**request["tok"]), program,
-                             request["files"])
+    result = compile_program(request["spec"], request["tok"], program, request["files"])
     print(json.dumps(result))
 
 

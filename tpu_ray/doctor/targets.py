@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tpu_ray.accelerators import GPU_TARGETS, PEAK_FLOPS_PER_REPLICA, TPU_GENERATIONS
 from tpu_ray.cluster.tpu_slice import expected_hosts
-from tpu_ray.config import RunConfig
+from tpu_ray.config import TrainConfig
 from tpu_ray.doctor.estimates import GB
 from tpu_ray.errors import UserError
 
@@ -34,9 +34,10 @@ TARGET_EXAMPLES = "v2-8, v3-8, v3-8-node, v4-8, v4-16, v4-32, v5e-8 (v5litepod-8
 _TPU_NAME = re.compile(r"(v2|v3|v4|v5e|v5litepod|v5p|v6e)-(\d+)(?:-(node|vm))?")
 
 
-def parse_target(name: str | None, cfg: RunConfig) -> Target:
-    """A target from its name (`v4-8`, `v3-8-node`, `a100-8`, `cpu`); default: train.tpu_topology or cpu."""
-    name = (name or cfg.train.tpu_topology or "cpu").strip().lower()
+def parse_target(name: str | None, train: TrainConfig) -> Target:
+    """A target from its name (`v4-8`, `v3-8-node`, `a100-8`, `cpu`); default: train.tpu_topology or
+    cpu (train.cpu_replicas replicas)."""
+    name = (name or train.tpu_topology or "cpu").strip().lower()
     m = _TPU_NAME.fullmatch(name)
     if m:
         family, cores, style = m.group(1), int(m.group(2)), m.group(3) or "vm"
@@ -55,6 +56,6 @@ def parse_target(name: str | None, cfg: RunConfig) -> Target:
         return Target(name, "gpu", "gpu", n, n, max(1, -(-n // 8)), hbm * GB, PEAK_FLOPS_PER_REPLICA[peak_key])
     if name == "cpu":
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        n = cfg.train.cpu_replicas
+        n = train.cpu_replicas
         return Target("cpu", "cpu", "cpu", n, 1, 1, ram / n, None)
     raise UserError(f"--target {name}: unknown accelerator; use one of {TARGET_EXAMPLES}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_ray import rundir, storage
-from tpu_ray.config import RunConfig
+from tpu_ray.config import DownstreamEval
 from tpu_ray.downstream.finetune import FinetuneSpec, default_learning_rates, model_fingerprint
 from tpu_ray.downstream.sweep import Summary, Trial, grid, record, recorded_trials, settle, submit_trials
 from tpu_ray.downstream.tasks import Task, load_task
@@ -39,11 +39,11 @@ class Planned:
     spec: FinetuneSpec
 
 
-def check_downstream(cfg: RunConfig) -> list[Planned]:
+def check_downstream(downstream: list[DownstreamEval]) -> list[Planned]:
     """Every eval.downstream entry's task and options, read and checked before any stage runs: a
     missing task file or an unknown option fails in one line naming the entry, not after training."""
     planned = []
-    for i, entry in enumerate(cfg.eval.downstream):
+    for i, entry in enumerate(downstream):
         where = f"eval.downstream[{i}]"
         options = {f"finetune.{k}": v for k, v in entry.finetune.items()}
         if "finetune.seeds" in options:
@@ -64,10 +64,11 @@ def check_downstream(cfg: RunConfig) -> list[Planned]:
 
 class DuringTraining:
     """Watches RUN/downstream/ for snapshots while training runs and fine-tunes each one; `close()`
-    (after training) takes the last snapshots, waits for every trial and records them."""
+    (after training) takes the last snapshots, waits for every trial and records them. `last_step`:
+    the run's train.steps, where every entry fine-tunes whatever its `every`."""
 
-    def __init__(self, cfg: RunConfig, planned: list[Planned], poll_s: float = POLL_S):
-        self.run_dir, self.last_step, self.planned, self.poll_s = cfg.run_dir, cfg.train.steps, planned, poll_s
+    def __init__(self, run_dir: str, last_step: int, planned: list[Planned], poll_s: float = POLL_S):
+        self.run_dir, self.last_step, self.planned, self.poll_s = run_dir, last_step, planned, poll_s
         self._seen: set[int] = set()
         self._pending: dict[tuple[int, int], dict[Any, Trial]] = {}  # (step, entry) -> running trials
         self._grids: dict[tuple[int, int], list[Trial]] = {}

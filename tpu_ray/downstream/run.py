@@ -182,4 +182,4 @@ def _connect(ray_values: dict[str, Any]) -> None:
     unknown = sorted(set(ray_values) - {"ray.address", "ray.num_cpus"})
     if unknown:
         raise UserError(f"{unknown[0]}: unknown option; fine-tuning takes ray.address and ray.num_cpus")
-    ensure_ray(RunConfig().override(ray_values) if ray_values else RunConfig())
+    ensure_ray((RunConfig().override(ray_values) if ray_values else RunConfig()).ray)

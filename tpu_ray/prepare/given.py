@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_ray import rundir, storage
-from tpu_ray.config import RunConfig
+from tpu_ray.config import CorpusConfig
 from tpu_ray.errors import UserError, first_line
 from tpu_ray.prepare.records import arrow_texts, check_arrow_type
 
@@ -90,12 +90,13 @@ def mark_path(run_dir: str, name: str) -> str:
     return rundir.path(run_dir, GIVEN_DIR, f"{name}.given.json")
 
 
-def point(cfg: RunConfig, corpus: Any) -> tuple[RunConfig, list[Given]]:
-    """`cfg` with each given source's `source` set: a path as given, in-memory data to its parquet
-    files in the run directory (written later, under the run's lock, by `write_given`)."""
+def point(section: CorpusConfig, run_dir: str, corpus: Any) -> tuple[dict[str, Any], list[Given]]:
+    """The corpus section (as data, for the run's assembler to validate with the rest of the config:
+    pipeline.py's `given_corpus`) with each given source's `source` set: a path as given, in-memory
+    data to its parquet files in `run_dir` (written later, under the run's lock, by `write_given`)."""
     entries = corpus if isinstance(corpus, dict) else {None: corpus}
-    data = cfg.model_dump()
-    sources = cfg.corpus.sources
+    data = section.model_dump()
+    sources = section.sources
     if None in entries and sources is not None:
         raise UserError(f"corpus=: the config names sources ({', '.join(sources)}); pass a dict "
                         f"{{source name: data or path}}")
@@ -107,37 +108,37 @@ def point(cfg: RunConfig, corpus: Any) -> tuple[RunConfig, list[Given]]:
             raise UserError(f"corpus={{{name!r}: ...}}: no such source in corpus.sources ({known}); use its name")
         kind = kind_of(value)
         source_name = name or "corpus"
-        where = str(value) if kind is None else storage.join(corpus_dir(cfg.run_dir, source_name), "*.parquet")
+        where = str(value) if kind is None else storage.join(corpus_dir(run_dir, source_name), "*.parquet")
         if kind is not None:
             given.append(Given(source_name, value, kind))
         if name is None:
-            data["corpus"]["source"] = where
+            data["source"] = where
         elif sources is not None:
-            data["corpus"]["sources"][name]["source"] = where
+            data["sources"][name]["source"] = where
         else:
             new_sources[name] = {"source": where, "weight": 1.0}
     if new_sources:  # the dict is the corpus: its entries replace corpus.source
         from tpu_ray.config import BUILTIN_CORPUS
 
-        data["corpus"].update(sources=new_sources, source=BUILTIN_CORPUS, validation_source=None)
-    return RunConfig.from_dict(data, origin="Pipeline(corpus=...)"), given
+        data.update(sources=new_sources, source=BUILTIN_CORPUS, validation_source=None)
+    return data, given
 
 
 # ------------------------------------------------------------------------------------- writing
-def write_given(cfg: RunConfig, given: list[Given]) -> list[dict]:
-    """Write each given source once into the run directory (or check that the data written there
-    earlier is the same); returns what was given, as recorded."""
+def write_given(corpus: CorpusConfig, run_dir: str, shared_filesystem: bool, given: list[Given]) -> list[dict]:
+    """Write each given source once into `run_dir` (or check that the data written there earlier is
+    the same); returns what was given, as recorded. `corpus`: the pointed section (`point`), whose
+    sources name each text column; `shared_filesystem`: ray.shared_filesystem."""
     from tpu_ray.cluster.shared_dir import require_shared
 
-    require_shared(cfg.run_dir, "output_dir", "an in-memory corpus written into the run directory",
-                   cfg.ray.shared_filesystem)
-    return [_write_one(cfg, g) for g in given]
+    require_shared(run_dir, "output_dir", "an in-memory corpus written into the run directory", shared_filesystem)
+    return [_write_one(corpus, run_dir, g) for g in given]
 
 
-def _write_one(cfg: RunConfig, g: Given) -> dict:
-    src = cfg.corpus.named_sources()[g.name]
-    final, mark = corpus_dir(cfg.run_dir, g.name), mark_path(cfg.run_dir, g.name)
-    tmp = rundir.path(cfg.run_dir, GIVEN_DIR, f".tmp-{g.name}-{uuid.uuid4().hex[:8]}")
+def _write_one(corpus: CorpusConfig, run_dir: str, g: Given) -> dict:
+    src = corpus.named_sources()[g.name]
+    final, mark = corpus_dir(run_dir, g.name), mark_path(run_dir, g.name)
+    tmp = rundir.path(run_dir, GIVEN_DIR, f".tmp-{g.name}-{uuid.uuid4().hex[:8]}")
     try:
         if g.kind == "ray.data.Dataset":
             record = _write_ray(g, tmp, src.text_field, src.text_lists)
@@ -148,7 +149,7 @@ def _write_one(cfg: RunConfig, g: Given) -> dict:
             raise UserError(f"{g.label}: no text rows (columns: {', '.join(record['columns']) or 'none'}); "
                             f"give a corpus with text in column {src.text_field!r}")
         if storage.exists(mark):
-            return _same_as_before(cfg, g, record, json.loads(storage.read_text(mark)))
+            return _same_as_before(run_dir, g, record, json.loads(storage.read_text(mark)))
         if storage.exists(final):  # a write that never committed: replaced
             storage.remove(final, recursive=True)
         _move(tmp, final)
@@ -161,11 +162,11 @@ def _write_one(cfg: RunConfig, g: Given) -> dict:
             storage.remove(tmp, recursive=True)
 
 
-def _same_as_before(cfg: RunConfig, g: Given, now: dict, then: dict) -> dict:
+def _same_as_before(run_dir: str, g: Given, now: dict, then: dict) -> dict:
     if now["content_sha256"] == then.get("content_sha256"):
         log.info("corpus: %s is the data this run was made with (sha256 %s)", g.label, now["content_sha256"][:12])
         return then
-    raise UserError(f"{g.label}: not the data {cfg.run_dir} was made with (then {then.get('kind')}, "
+    raise UserError(f"{g.label}: not the data {run_dir} was made with (then {then.get('kind')}, "
                     f"{then.get('text_rows')} text rows, sha256 {str(then.get('content_sha256'))[:12]}; now "
                     f"{now['kind']}, {now['text_rows']} text rows, sha256 {now['content_sha256'][:12]}); pass "
                     f"the original data, or use a new output_dir")

@@ -6,7 +6,7 @@ both.
 
 from __future__ import annotations
 
-from tpu_ray.config import RunConfig
+from tpu_ray.config import PhaseConfig
 
 
 def subdir(seq_len: int) -> str:
@@ -15,11 +15,7 @@ def subdir(seq_len: int) -> str:
     return f"seq-{seq_len}"
 
 
-def extra_lengths(cfg: RunConfig) -> tuple[int, ...]:
-    """The phase lengths other than `shard.seq_len`: each a shard set of its own, `subdir(L)`."""
-    return tuple(sorted({p.seq_len for p in cfg.train.phases or []} - {cfg.shard.seq_len}))
-
-
-def shards_dir(cfg: RunConfig, seq_len: int) -> str:
-    """Where the shards a phase at `seq_len` trains on are."""
-    return cfg.paths.shards_at(seq_len)
+def extra_lengths(phases: list[PhaseConfig] | None, seq_len: int) -> tuple[int, ...]:
+    """The lengths of `train.phases` other than `shard.seq_len` (`seq_len`): each a shard set of its
+    own, `subdir(L)` (config.RunPaths.shards_at(L) says where)."""
+    return tuple(sorted({p.seq_len for p in phases or []} - {seq_len}))

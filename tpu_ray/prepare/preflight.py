@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from tpu_ray import storage
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.streams import Counts
+
+if TYPE_CHECKING:
+    from tpu_ray.config import CorpusConfig
 
 log = logging.getLogger("tpu_ray.prepare.corpus")
 
@@ -15,7 +19,7 @@ SNIFF_BYTES = 8192
 SNIFF_FILES = 64
 
 
-def preflight_corpus(cfg) -> list[str]:
+def preflight_corpus(corpus: CorpusConfig) -> list[str]:
     """Check the corpus before a stage writes anything into the run directory: a typo'd, empty or
     binary corpus must not leave a run directory whose saved config then refuses the corrected rerun.
 
@@ -29,8 +33,8 @@ def preflight_corpus(cfg) -> list[str]:
     from tpu_ray.prepare.readers import reader
 
     checked: list[str] = []
-    named = cfg.corpus.named_sources()
-    prefix = {n: "corpus" if cfg.corpus.sources is None else f"corpus.sources.{n}" for n in named}
+    named = corpus.named_sources()
+    prefix = {n: "corpus" if corpus.sources is None else f"corpus.sources.{n}" for n in named}
     for field, source, corpus in [(f"{prefix[n]}.{key}", getattr(src, key), src) for n, src in named.items()
                                   for key in ("source", "validation_source")]:
         if not source or source == BUILTIN_CORPUS or source.startswith("hf:"):

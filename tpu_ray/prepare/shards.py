@@ -14,6 +14,9 @@ the same bytes under the same name: exactly-once by construction.
 Why the scheduler is hand-written: `ray.util.ActorPool` loses the unit of an actor that dies
 (it raises and forgets it), and Ray Data's writers name files by UUID and size them by blocks.
 What remains is ~50 lines around `ray.wait` that resubmits a dead actor's unit to a fresh actor.
+
+The stage is given a `ShardJob`, what it reads of the run (the corpus and shard sections, where the
+run's files are, the phases' other lengths, the model's positions), built once by the pipeline.
 """
 
 from __future__ import annotations
@@ -32,14 +35,13 @@ from typing import Any
 import numpy as np
 
 from tpu_ray import storage
-from tpu_ray.config import RunConfig
+from tpu_ray.config import CorpusConfig, RunPaths, ShardConfig
 from tpu_ray.prepare.corpus import WorkUnit, iter_chunks
 from tpu_ray.prepare.sources import PlannedSource, all_units, plan_sources
 from tpu_ray.prepare.streams import Counts
 from tpu_ray.prepare.lines import split_long_lines, warn_split_lines
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.actor_pool import run_on_pool
-from tpu_ray.prepare.lengths import extra_lengths, shards_dir
 from tpu_ray.prepare.bad_records import check_sources, skipped_by_kind, unit_stats
 from tpu_ray.prepare.shard_set import SPLITS, ShardSet, manifest_path
 from tpu_ray.prepare.text_bytes import bytes_per_token
@@ -401,13 +403,28 @@ class ShardSummary:
                 f"bad_records={self.bad_records} storage_requests={self.requests}")
 
 
-def record_groups(cfg: RunConfig, planned: list[PlannedSource]) -> list[tuple[str | None, list[int], str, float]]:
+@dataclass(frozen=True)
+class ShardJob:
+    """What the sharding stage reads of a run, built once where the run is assembled (pipeline.py's
+    `shard_job`): the stage cannot depend on a section it is not given (the model, training, trackers)."""
+
+    corpus: CorpusConfig
+    shard: ShardConfig
+    paths: RunPaths  # the tokenizer it encodes with, the shard sets it writes, the run that owns them
+    lengths: tuple[int, ...]  # train.phases' lengths other than shard.seq_len (prepare/lengths.py)
+    positions_needed: int  # the model positions a shard.seq_len sample uses ...
+    max_positions: int  # ... and those the model has: checked here too, for explicit shard dirs
+    shared_filesystem: bool  # ray.shared_filesystem: whether other nodes' actors see the shards dir
+
+
+def record_groups(job: ShardJob, planned: list[PlannedSource]) -> list[tuple[str | None, list[int], str, float]]:
     """Each source's units and record settings, for the corpus-wide record rules (bad_records.py)."""
     from tpu_ray.prepare.sources import source_corpus
 
-    named = cfg.corpus.sources is not None
+    named = job.corpus.sources is not None
     return [(f"corpus.sources.{p.name}" if named else None, [u.index for u in p.units],
-             source_corpus(cfg, p.name).text_field, source_corpus(cfg, p.name).max_bad_fraction) for p in planned]
+             source_corpus(job.corpus, p.name).text_field, source_corpus(job.corpus, p.name).max_bad_fraction)
+            for p in planned]
 
 
 def _by_kind(kinds: dict[str, int]) -> str:
@@ -424,75 +441,76 @@ def _plan_digest(units: list[WorkUnit], sources: dict[str, dict] | None = None) 
     return hashlib.sha256(payload).hexdigest()
 
 
-def sources_meta(cfg: RunConfig, planned: list[PlannedSource]) -> dict[str, dict] | None:
+def sources_meta(corpus: CorpusConfig, planned: list[PlannedSource]) -> dict[str, dict] | None:
     """A mixture's sources as the manifest records them (None for the one-source corpus, whose
     manifest stays as earlier versions wrote it)."""
-    if cfg.corpus.sources is None:
+    if corpus.sources is None:
         return None
     return {p.name: {"units": list(p.unit_range), "evaluation_only": p.weight == 0} for p in planned}
 
 
-def shard_set(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
+def shard_set(job: ShardJob, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
               results: dict[int, dict], complete: bool) -> ShardSet:
     """The shard set of the units committed so far (`results`: process_unit's, by unit index).
     `planned`: plan_sources' sources, or the one-source corpus's units (benchmarks, tests)."""
     if planned and isinstance(planned[0], WorkUnit):
         planned = [PlannedSource("corpus", 1.0, list(planned))]  # type: ignore[arg-type]
     units = all_units(planned)
-    sources = sources_meta(cfg, planned)
-    source = cfg.corpus.model_dump(mode="json", exclude_none=cfg.corpus.sources is not None)
-    if cfg.corpus.sources is None:  # the one-source manifest's `source` as earlier versions wrote it
+    sources = sources_meta(job.corpus, planned)
+    source = job.corpus.model_dump(mode="json", exclude_none=job.corpus.sources is not None)
+    if job.corpus.sources is None:  # the one-source manifest's `source` as earlier versions wrote it
         source = {k: v for k, v in source.items() if k not in ("sources", "weight_temperature", "weight_schedule")}
-    return ShardSet.from_results(cfg.shards_dir, seq_len=cfg.shard.seq_len, tok=info, source=redact_obj(source),
-                                 plan_sha256=_plan_digest(units, sources), units=len(units), results=results,
-                                 complete=complete, sources=sources, owner=cfg.run_dir if cfg.shard.dir else None)
+    return ShardSet.from_results(job.paths.shards_dir, seq_len=job.shard.seq_len, tok=info,
+                                 source=redact_obj(source), plan_sha256=_plan_digest(units, sources),
+                                 units=len(units), results=results, complete=complete, sources=sources,
+                                 owner=job.paths.run_dir if job.shard.dir else None)
 
 
-def length_sets(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
+def length_sets(job: ShardJob, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
                 results: dict[int, dict], complete: bool) -> list[ShardSet]:
     """The shard sets of train.phases' shorter lengths (`<shards>/seq-L`, train split only), from
     the same units' results (`by_length`); [] without phases."""
-    lengths = extra_lengths(cfg)
-    if not lengths:
+    if not job.lengths:
         return []
-    main = shard_set(cfg, info, planned, {}, complete)  # the header fields they share
+    main = shard_set(job, info, planned, {}, complete)  # the header fields they share
     out = []
-    for length in lengths:
+    for length in job.lengths:
         sub = {u: r["by_length"][length] for u, r in results.items()}
-        out.append(ShardSet.from_results(shards_dir(cfg, length), seq_len=length, tok=info, source=main.source,
+        out.append(ShardSet.from_results(job.paths.shards_at(length), seq_len=length, tok=info, source=main.source,
                                          plan_sha256=main.plan_sha256, units=main.units, results=sub,
                                          complete=complete, sources=main.sources, owner=main.owner))
     return out
 
 
-def write_sets(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
+def write_sets(job: ShardJob, info: TokenizerInfo, planned: list[PlannedSource] | list[WorkUnit],
                results: dict[int, dict], complete: bool) -> ShardSet:
     """Commit the manifests: the phases' sets first, the main one last (the one training checks
     for `complete`); returns the main set."""
-    for sub in length_sets(cfg, info, planned, results, complete):
+    for sub in length_sets(job, info, planned, results, complete):
         sub.write()
-    main = shard_set(cfg, info, planned, results, complete)
+    main = shard_set(job, info, planned, results, complete)
     main.write()
     return main
 
 
-def committed_lengths(cfg: RunConfig, results: dict[int, dict], digest: str, tok_sha256: str,
+def committed_lengths(job: ShardJob, results: dict[int, dict], digest: str, tok_sha256: str,
                       owned: bool) -> dict[int, dict]:
     """`results` (the main set's committed units) narrowed to the units every phase length's set
     committed too, each with its `by_length` entries; unchanged without phases."""
 
-    for length in extra_lengths(cfg):
-        sub = ShardSet.load(shards_dir(cfg, length))
+    for length in job.lengths:
+        sub = ShardSet.load(job.paths.shards_at(length))
         if sub is None and not owned and results:
-            raise UserError(f"{shards_dir(cfg, length)}: train.phases needs shards at seq_len {length}, and the "
-                            f"shards in {cfg.shards_dir} belong to another run; shard into a shard.dir of this run")
+            raise UserError(f"{job.paths.shards_at(length)}: train.phases needs shards at seq_len {length}, and "
+                            f"the shards in {job.paths.shards_dir} belong to another run; shard into a shard.dir "
+                            f"of this run")
         done = sub.committed_units(digest, tok_sha256, length, owned) if sub is not None else {}
         results = {u: {**r, "by_length": {**r.get("by_length", {}), length: done[u]}}
                    for u, r in results.items() if u in done}
     return results
 
 
-def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) -> ShardSummary:
+def make_shards(job: ShardJob, actors: int | None = None, on_unit_done=None) -> ShardSummary:
     """Run the sharding stage on the Ray cluster `ray.init()` connected to; resumable.
 
     `on_unit_done(units_done, pool)` is called after each committed unit (progress hooks, and
@@ -501,23 +519,23 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     import ray
 
     t0, calls_before = time.monotonic(), storage.requests_made()
-    out_dir = cfg.shards_dir
-    tokenizer_json = load_tokenizer_json(cfg.tokenizer_dir)
-    info = describe(tokenizer_json, cfg.tokenizer_dir, declared_roles(cfg.tokenizer_dir))
-    if cfg.positions_needed() > cfg.max_positions():  # also checked by config; here for explicit dirs
-        raise UserError(f"shard.seq_len={cfg.shard.seq_len}: needs {cfg.positions_needed()} model positions, "
-                        f"model.max_position_embeddings is {cfg.max_positions()}")
+    out_dir, tokenizer_dir = job.paths.shards_dir, job.paths.tokenizer_dir
+    tokenizer_json = load_tokenizer_json(tokenizer_dir)
+    info = describe(tokenizer_json, tokenizer_dir, declared_roles(tokenizer_dir))
+    if job.positions_needed > job.max_positions:  # also checked by config; here for explicit dirs
+        raise UserError(f"shard.seq_len={job.shard.seq_len}: needs {job.positions_needed} model positions, "
+                        f"model.max_position_embeddings is {job.max_positions}")
     from tpu_ray.cluster.shared_dir import require_shared
 
-    require_shared(out_dir, "shard.dir" if cfg.shard.dir else "output_dir", "sharding", cfg.ray.shared_filesystem)
-    planned = plan_sources(cfg)
+    require_shared(out_dir, "shard.dir" if job.shard.dir else "output_dir", "sharding", job.shared_filesystem)
+    planned = plan_sources(job.corpus, job.shard, job.paths.run_dir)
     units = all_units(planned)
     storage.makedirs(out_dir)
     previous = ShardSet.load(out_dir)
-    digest = _plan_digest(units, sources_meta(cfg, planned))
-    owned = owns(cfg, previous)
-    results = previous.committed_units(digest, info.sha256, cfg.shard.seq_len, owned) if previous else {}
-    results = committed_lengths(cfg, results, digest, info.sha256, owned)
+    digest = _plan_digest(units, sources_meta(job.corpus, planned))
+    owned = owns(job, previous)
+    results = previous.committed_units(digest, info.sha256, job.shard.seq_len, owned) if previous else {}
+    results = committed_lengths(job, results, digest, info.sha256, owned)
     todo = [u for u in units if u.index not in results]
     if todo and not owned:  # checked before any actor starts: nothing is written into another run's set
         raise UserError(f"{out_dir}: these shards belong to run {previous.owner_run() if previous else '?'} and "
@@ -527,20 +545,19 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
     nodes = ray.nodes()
     placement = off_tpu_options(nodes)  # never on TPU hosts (one process per host owns the TPU)
     cluster_cpus = max(1.0, cpu_outside_tpu_hosts(nodes) if placement else ray.cluster_resources().get("CPU", 1.0))
-    n_actors = actors or cfg.shard.num_actors or int(cluster_cpus)
+    n_actors = actors or job.shard.num_actors or int(cluster_cpus)
     n_actors = max(1, min(n_actors, len(todo))) if todo else 0
     actor_cpus = _actor_cpus(cluster_cpus, n_actors)
     Worker = ray.remote(num_cpus=actor_cpus, max_restarts=0, max_concurrency=2, **placement)(ShardWorker)
     tok_ref = ray.put(tokenizer_json)
-    env = actor_env(cfg.shard.tokenizer_threads)
+    env = actor_env(job.shard.tokenizer_threads)
 
     def new_actor():
-        return Worker.remote(tok_ref, info, cfg.shard.seq_len, out_dir, env, cfg.corpus.max_line_bytes,
-                             extra_lengths(cfg))
+        return Worker.remote(tok_ref, info, job.shard.seq_len, out_dir, env, job.corpus.max_line_bytes, job.lengths)
 
     pool = [new_actor() for _ in range(n_actors)]
     try:
-        return _shard_on_pool(cfg, info, planned, todo, results, pool, new_actor, on_unit_done, t0, calls_before,
+        return _shard_on_pool(job, info, planned, todo, results, pool, new_actor, on_unit_done, t0, calls_before,
                               owned)
     finally:
         # Always release the actors (and their CPUs), also when a unit fails with bad input:
@@ -549,13 +566,13 @@ def make_shards(cfg: RunConfig, actors: int | None = None, on_unit_done=None) ->
             ray.kill(actor)
 
 
-def owns(cfg: RunConfig, shards: ShardSet | None) -> bool:
+def owns(job: ShardJob, shards: ShardSet | None) -> bool:
     """Whether this run made (and so may clean, resume or discard) the shards in its shard
     directory: its default RUN/shards always; an explicit shard.dir when there is no manifest yet
     (this run makes them) or the manifest's owner (see ShardSet.owner_run) is this run."""
-    if shards is None or not cfg.shard.dir:
+    if shards is None or not job.shard.dir:
         return True
-    return _same_path(shards.owner_run(), cfg.run_dir)
+    return _same_path(shards.owner_run(), job.paths.run_dir)
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -577,17 +594,17 @@ def _actor_cpus(cluster_cpus: float, n_actors: int) -> float:
     return min(1.0, cluster_cpus / max(n_actors, 1))
 
 
-def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSource], todo: list[WorkUnit],
+def _shard_on_pool(job: ShardJob, info: TokenizerInfo, planned: list[PlannedSource], todo: list[WorkUnit],
                    results: dict[int, dict], pool: list, new_actor, on_unit_done, t0: float,
                    calls_before: int, owned: bool = True) -> ShardSummary:
-    out_dir = cfg.shards_dir
+    out_dir = job.paths.shards_dir
     units = all_units(planned)
     skipped = len(results)
     n_actors = len(pool)
     # One read per unit (bytes read stay within 1.1x the corpus): bad input fails the shard pass
     # itself. Units committed before it stay out of any complete manifest (training refuses an
     # incomplete one) and are kept for the fixed rerun; see _resume_state.
-    retries = cfg.shard.max_unit_retries
+    retries = job.shard.max_unit_retries
     stats = {"samples": sum(s["samples"] for r in results.values() for s in r["shards"]),
              "tokens": sum(r["tokens"] for r in results.values())}
     progress = Progress("shard", total=len(units), done=skipped, unit="units", live=lambda: _live(pool), **stats)
@@ -602,7 +619,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         stats["samples"] += sum(s["samples"] for s in res["shards"])
         stats["tokens"] += res["tokens"]
         if (len(results) - skipped) % every == 0:
-            write_sets(cfg, info, planned, results, complete=False)
+            write_sets(job, info, planned, results, complete=False)
         progress.advance(1, samples=stats["samples"], tokens=stats["tokens"])
         if on_unit_done:
             on_unit_done(len(results), pool)
@@ -611,7 +628,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         run_on_pool(pool, todo, "process", new_actor, on_done, progress, retries)
     except KeyboardInterrupt:
         # Ctrl-C: record every committed unit (the next run skips them) and say how to continue.
-        write_sets(cfg, info, planned, results, complete=False)
+        write_sets(job, info, planned, results, complete=False)
         progress.close()
         log.warning("shard: interrupted; %d of %d units are committed and kept in %s; run the same command "
                     "to continue from them", len(results), len(units), manifest_path(out_dir))
@@ -619,24 +636,24 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
     except UserError:
         # Bad input in a unit: keep what is committed (incomplete: nothing trains on it) for the rerun.
         if len(results) > skipped:
-            write_sets(cfg, info, planned, results, complete=False)
+            write_sets(job, info, planned, results, complete=False)
         progress.close()
         raise
-    warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), cfg.corpus.max_line_bytes, "shard")
+    warn_split_lines(sum(results[u.index].get("split_lines", 0) for u in todo), job.corpus.max_line_bytes, "shard")
     if owned:
-        _cleanup_temp(out_dir, extra_lengths(cfg))
+        _cleanup_temp(out_dir, job.lengths)
         try:  # the corpus-wide record rules, per source: a text field no record has; too many bad records
-            bad = check_sources(results, record_groups(cfg, planned), out_dir)
+            bad = check_sources(results, record_groups(job, planned), out_dir)
         except UserError:
-            write_sets(cfg, info, planned, results, complete=False)  # every unit kept for the rerun
+            write_sets(job, info, planned, results, complete=False)  # every unit kept for the rerun
             progress.close()
             raise
-        shards = write_sets(cfg, info, planned, results, complete=True)
+        shards = write_sets(job, info, planned, results, complete=True)
     else:  # another run's finished shards, read as they are: nothing here is ours to clean or rewrite
-        shards = ShardSet.load(out_dir) or shard_set(cfg, info, planned, results, complete=True)
+        shards = ShardSet.load(out_dir) or shard_set(job, info, planned, results, complete=True)
         bad = getattr(shards, "bad_records", None) or 0
     progress.close()
-    _require_a_sample(cfg, shards, len(units))
+    _require_a_sample(job, shards, len(units))
     _require_validation_of_evaluation_sources(shards)
     summary = ShardSummary(
         shards=len(shards.entries), samples=sum(shards.samples(s) for s in SPLITS),
@@ -646,7 +663,7 @@ def _shard_on_pool(cfg: RunConfig, info: TokenizerInfo, planned: list[PlannedSou
         peak_actor_rss_bytes=max((r.get("peak_rss_bytes", 0) for r in results.values()), default=0),
         skipped_records=shards.skipped_records, skipped_by_kind=skipped_by_kind(results), bad_records=bad,
         skipped_by_source=({p.name: sum(results[u.index].get("skipped_records", 0) for u in p.units) for p in planned}
-                           if cfg.corpus.sources is not None else {}),
+                           if job.corpus.sources is not None else {}),
         read_bytes=_actors_total(results, "read_bytes"),
         requests=_actors_total(results, "requests") + storage.requests_made() - calls_before)
     log.info("shard summary: %s", summary.line())
@@ -679,12 +696,12 @@ def _live(pool: list) -> list[dict]:
     return out
 
 
-def _require_a_sample(cfg: RunConfig, shards: ShardSet, units: int) -> None:
+def _require_a_sample(job: ShardJob, shards: ShardSet, units: int) -> None:
     """Nothing to train on is a failure of this stage, not a success that the next stage refuses."""
     if shards.samples("train"):
         return
-    body = cfg.shard.seq_len - 2
-    raise UserError(f"corpus.source={cfg.corpus.source!r}: {shards.corpus_tokens} tokens in {units} unit(s), "
+    body = job.shard.seq_len - 2
+    raise UserError(f"corpus.source={job.corpus.source!r}: {shards.corpus_tokens} tokens in {units} unit(s), "
                     f"fewer than one training sample of shard.seq_len-2={body} tokens per unit; give more "
                     f"text or lower shard.seq_len")
 

@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tpu_ray.config import CorpusConfig, RunConfig
+from tpu_ray.config import CorpusConfig, ShardConfig
 from tpu_ray.prepare.corpus import PLAN_FILE, WorkUnit, iter_train_text, plan_units
 
 ONE_SOURCE = "corpus"  # the name of `corpus.source` when there are no named sources
@@ -36,11 +36,11 @@ class PlannedSource:
         return (self.units[0].index, self.units[-1].index + 1) if self.units else (0, 0)
 
 
-def source_corpus(cfg: RunConfig, name: str) -> CorpusConfig:
+def source_corpus(corpus: CorpusConfig, name: str) -> CorpusConfig:
     """A named source as the one-source CorpusConfig the planner reads (weight 0: all validation)."""
-    if cfg.corpus.sources is None:
-        return cfg.corpus
-    src = cfg.corpus.sources[name]
+    if corpus.sources is None:
+        return corpus
+    src = corpus.sources[name]
     fields = src.model_dump(exclude={"weight"})
     if src.weight == 0:  # evaluation only: every byte of it is validation text
         fields.update(source=src.validation_source or src.source, validation_source=None, validation_fraction=1.0)
@@ -48,13 +48,14 @@ def source_corpus(cfg: RunConfig, name: str) -> CorpusConfig:
     return CorpusConfig(**fields)
 
 
-def plan_sources(cfg: RunConfig) -> list[PlannedSource]:
-    """Every source's units, numbered 0..n-1 across the sources in config order."""
-    if cfg.corpus.sources is None:
-        return [PlannedSource(ONE_SOURCE, 1.0, plan_units(cfg.corpus, cfg.shard, cfg.run_dir))]
+def plan_sources(corpus: CorpusConfig, shard: ShardConfig, run_dir: str) -> list[PlannedSource]:
+    """Every source's units, numbered 0..n-1 across the sources in config order (each source's plan
+    stored in `run_dir`, as corpus.plan_units keeps it)."""
+    if corpus.sources is None:
+        return [PlannedSource(ONE_SOURCE, 1.0, plan_units(corpus, shard, run_dir))]
     out, offset = [], 0
-    for name, src in cfg.corpus.sources.items():
-        units = plan_units(source_corpus(cfg, name), cfg.shard, cfg.run_dir, field=f"corpus.sources.{name}",
+    for name, src in corpus.sources.items():
+        units = plan_units(source_corpus(corpus, name), shard, run_dir, field=f"corpus.sources.{name}",
                            plan_file=f"plan-{name}.json")
         units = [WorkUnit(**{**u.to_dict(), "index": offset + i}) for i, u in enumerate(units)]
         out.append(PlannedSource(name, src.weight, units))
@@ -66,16 +67,17 @@ def all_units(planned: list[PlannedSource]) -> list[WorkUnit]:
     return [u for p in planned for u in p.units]
 
 
-def tokenizer_text(cfg: RunConfig, planned: list[PlannedSource]) -> Iterator[list[str]]:
-    """The tokenizer's sample: each training source gives its weight's share of tokenizer.train_bytes
-    (evaluation-only sources give none), read as the one-source sample is (iter_train_text), the
-    sources' batches interleaved so that no source's text comes all last."""
-    budget = cfg.tokenizer.train_bytes
+def tokenizer_text(planned: list[PlannedSource], budget: int, max_line_bytes: int,
+                   seed: int) -> Iterator[list[str]]:
+    """The tokenizer's sample: each training source gives its weight's share of `budget`
+    (tokenizer.train_bytes; evaluation-only sources give none), read as the one-source sample is
+    (iter_train_text, lines cut at corpus.max_line_bytes, drawn by the run's seed), the sources'
+    batches interleaved so that no source's text comes all last."""
     if len(planned) == 1:
-        return iter_train_text(planned[0].units, budget, cfg.corpus.max_line_bytes, cfg.seed)
+        return iter_train_text(planned[0].units, budget, max_line_bytes, seed)
     weights = {p.name: p.weight for p in planned if p.weight > 0}
     total = sum(weights.values())
-    streams = [iter_train_text(p.units, max(1, int(budget * p.weight / total)), cfg.corpus.max_line_bytes, cfg.seed)
+    streams = [iter_train_text(p.units, max(1, int(budget * p.weight / total)), max_line_bytes, seed)
                for p in planned if p.weight > 0]
     return (batch for batches in itertools.zip_longest(*streams) for batch in batches if batch is not None)
 

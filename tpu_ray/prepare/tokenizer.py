@@ -100,7 +100,8 @@ def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig, tokens: 
                     order: list[str] | None = None) -> Tokenizer:
     """Train on `batches` with the special `tokens` of the model's family, at ids 0..4 in `order`."""
     cls, sep = tokens.cls, tokens.sep
-    tok, trainer = build_untrained(cfg.kind, cfg.lowercase, order or list(tokens.as_tuple()), tokens.unk)
+    special = list(order or tokens.as_tuple())
+    tok, trainer = build_untrained(cfg.kind, cfg.lowercase, special, tokens.unk)
     trainer.vocab_size = cfg.vocab_size
     seen = {"lines": 0, "chars": 0}
 
@@ -110,7 +111,14 @@ def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig, tokens: 
             seen["chars"] += sum(map(len, batch))
             yield batch
 
-    tok.train_from_iterator(counted(batches), trainer=trainer)
+    if cfg.kind == "wordpiece":  # trained twice (deterministic_wordpiece says why): the text is kept
+        text = list(counted(batches))
+        tok.train_from_iterator(iter(text), trainer=trainer)
+        tok = deterministic_wordpiece(tok, text, cfg, special, tokens.unk)
+    else:
+        tok.train_from_iterator(counted(batches), trainer=trainer)
+    if cfg.kind == "unigram":
+        tok = canonical_unigram(tok, len(special))
     got = tok.get_vocab_size(with_added_tokens=True)
     if got < cfg.vocab_size * SMALL_VOCAB_FRACTION:
         log.warning("tokenizer: vocabulary of %d, far below tokenizer.vocab_size=%d: the training text "
@@ -124,6 +132,88 @@ def train_tokenizer(batches: Iterable[list[str]], cfg: TokenizerConfig, tokens: 
     )
     tok.add_special_tokens([mask_token(tokens.mask)])
     return tok
+
+
+# Unigram scores are kept to 6 decimals (about float32's precision, what SentencePiece stores):
+# below that they are the trainer's rounding noise, never a difference between two pieces.
+SCORE_DECIMALS = 6
+# The score step `tokenizers`' Unigram trainer adds between the characters it keeps without a
+# score of their own (UnigramTrainer::finalize, min_score_penalty_delta).
+_PENALTY_STEP = 0.0001
+
+
+def canonical_unigram(tok: Tokenizer, n_special: int) -> Tokenizer:
+    """The trained Unigram vocabulary made a function of the text alone: scores rounded to
+    SCORE_DECIMALS, the characters the trainer scored below every piece re-scored in character
+    order, and the pieces after the `n_special` special tokens ordered by (-score, piece).
+
+    Why: `tokenizers`' Unigram trainer (0.22) walks the words in hash-map order (ahash, seeded anew
+    in every process), so two processes training on the same text give different vocabularies:
+    every EM step sums the words' expected counts in another order (scores differ in the last bits,
+    and by 4e-11 where an expected count of exactly 1, 2, ... falls either side of the integer: the
+    trainer's digamma approximation steps there), the characters it keeps without a score of their
+    own get min, min+1e-4, ... in hash order, and equal scores keep that order (ids differ). No
+    option or environment variable (threads included) pins the hash seed. Rounding keeps the scores
+    to 1e-6 (segmentation unchanged but between alternatives within 1e-6 of each other): two
+    processes write the same tokenizer.json unless one score's noise straddles a rounding step,
+    about 1 training in 8,000 on WikiText-2 at 8,000 pieces (three scores off by 4e-11, the rest by
+    under 1e-13). The lasting fix is upstream (the trainer sorting its words). The special tokens
+    keep their ids 0..n_special-1.
+    """
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    special, pieces = vocab[:n_special], vocab[n_special:]
+    if not pieces:
+        return tok
+    # The trainer's finalize: each required character missing from the model gets min_score plus
+    # a penalty grown by _PENALTY_STEP, in hash order (the same float arithmetic finds them here).
+    lowest = min(score for _, score in pieces)
+    singles = {i for i, (piece, _) in enumerate(pieces) if len(piece) == 1}
+    ladder: list[int] = []
+    value, penalty = lowest, 0.0
+    while found := [i for i in singles if pieces[i][1] == value and i not in ladder]:
+        ladder += found
+        penalty += _PENALTY_STEP
+        value = lowest + penalty
+    scores = sorted((round(pieces[i][1], SCORE_DECIMALS) for i in ladder), reverse=True)
+    rescored = dict(zip(sorted(pieces[i][0] for i in ladder), scores))
+    ordered = sorted(([piece, rescored.get(piece, round(score, SCORE_DECIMALS))] for piece, score in pieces),
+                     key=lambda ps: (-ps[1], ps[0]))
+    data["model"]["vocab"] = special + ordered
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def deterministic_wordpiece(first: Tokenizer, text: list[list[str]], cfg: TokenizerConfig, special: list[str],
+                            unk: str) -> Tokenizer:
+    """WordPiece trained again on `text` with the continuation pieces ("##a", one per character)
+    given ids in character order up front; laid out as special tokens, characters, continuation
+    pieces, merges (in the order they were learnt).
+
+    Why: `tokenizers`' WordPiece trainer (0.22; BPE with a "##" prefix) gives each "##a" its id as
+    it meets it while walking the words in hash-map order (ahash, seeded anew in every process),
+    and breaks ties between equally frequent merges by those ids: two processes learn other merges
+    at the vocabulary's edge (WordPiece 8,000 on WikiText-2 valid: "##ua" and "Josh" in one,
+    "##hu" and "Joshu" in the other). `first`, the first training, names the continuation pieces
+    the text has; given to the trainer as special tokens they take ids in the order given (and
+    count against vocab_size as before), then they are plain vocabulary again (not added tokens).
+    The price: the text is held in memory (at most tokenizer.train_bytes) and trained on twice.
+    BPE (no prefix, its alphabet sorted) needs none of this.
+    """
+    prefix = "##"
+    continuing = sorted(t for t in first.get_vocab() if t.startswith(prefix) and len(t) == len(prefix) + 1)
+    tok, trainer = build_untrained("wordpiece", cfg.lowercase, special + continuing, unk)
+    trainer.vocab_size = cfg.vocab_size
+    tok.train_from_iterator(iter(text), trainer=trainer)
+    data = json.loads(tok.to_str())
+    pinned = set(continuing)
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] not in pinned]
+    vocab: dict[str, int] = data["model"]["vocab"]
+    by_id = sorted(vocab, key=vocab.__getitem__)
+    rest = by_id[len(special):]
+    layout = (by_id[:len(special)] + [t for t in rest if len(t) == 1] + continuing
+              + [t for t in rest if len(t) > 1 and t not in pinned])
+    data["model"]["vocab"] = {t: i for i, t in enumerate(layout)}
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def mask_token(mask: str = TPU_RAY_MIXED.mask) -> AddedToken:

@@ -36,6 +36,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from tpu_ray import storage
+from tpu_ray.config import TokenizerConfig
 from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -321,9 +322,9 @@ def merge_plan(sp: Speller, parts: list[str], vocab: dict[str, int]) -> list[tup
     return plan
 
 
-def extend(tokenizer_dir: str, cfg: Any, batches_fn: Callable[[], Iterable[list[str]]]) -> dict[str, Any]:
+def extend(tokenizer_dir: str, tk: TokenizerConfig, batches_fn: Callable[[], Iterable[list[str]]]) -> dict[str, Any]:
     """Extend the checkpoint's tokenizer in the local directory `tokenizer_dir` (its copy, not yet
-    committed) as `cfg.tokenizer` asks; `batches_fn()` gives the corpus sample (called twice: for
+    committed) as the tokenizer section `tk` asks; `batches_fn()` gives the corpus sample (called twice: for
     the words, then for the tokens per word after). Writes tokenizer.json and the record; returns it."""
     path = os.path.join(tokenizer_dir, "tokenizer.json")
     base_json = open(path, encoding="utf-8").read()
@@ -335,7 +336,6 @@ def extend(tokenizer_dir: str, cfg: Any, batches_fn: Callable[[], Iterable[list[
     if max(base.vocab.values()) + 1 != first_id:
         raise UserError(f"tokenizer.extend_tokens: the checkpoint's tokenizer has ids up to {max(base.vocab.values())} "
                         f"for {first_id} tokens (gaps); its vocabulary cannot be extended")
-    tk = cfg.tokenizer
     data = json.loads(base_json)
     chosen: list[tuple[str, list[str], str]] = []  # token, parts, origin
     if tk.add_tokens_file:

@@ -70,8 +70,8 @@ def metric_items(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def flat_config(cfg: Any) -> dict[str, str]:
-    """The run's config as dotted parameters (`train.learning_rate`), values as text."""
+def flat_config(config: dict[str, Any]) -> dict[str, str]:
+    """A run's config (as dumped to JSON) as dotted parameters (`train.learning_rate`), values as text."""
     out: dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -81,20 +81,21 @@ def flat_config(cfg: Any) -> dict[str, str]:
         else:
             out[prefix] = str(value)[:6000]  # MLflow's limit on a parameter's value
 
-    walk("", redact_obj(cfg.model_dump(mode="json")))
+    walk("", redact_obj(config))
     return out
 
 
 class Tracker:
     """A metrics-stream mirror (tpu_ray.metrics_stream.Mirror) sending to one tracker. Subclasses
     implement `_open` (start or continue the tracked run; returns its id), `_send(batch)` (a list of
-    (step, {key: value})), `_artifacts(files, tmp_dirs)` and `_finish(ended)`."""
+    (step, {key: value})), `_artifacts(files, tmp_dirs)` and `_finish(ended)`. `run_name` names a new
+    tracked run; `params` (flat_config) are the config it records."""
 
     name = "tracker"
     kinds = KINDS
 
-    def __init__(self, run_dir: str, cfg: Any, stage: str):
-        self.run_dir, self.cfg, self.stage = run_dir, cfg, stage
+    def __init__(self, run_dir: str, run_name: str, params: dict[str, str], stage: str):
+        self.run_dir, self.run_name, self.params, self.stage = run_dir, run_name, params, stage
         self._queue: queue.Queue = queue.Queue()
         self._events: list[dict[str, Any]] = []
         self._lock = threading.Lock()

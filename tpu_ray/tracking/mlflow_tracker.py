@@ -8,7 +8,8 @@ import os
 from typing import Any
 
 from tpu_ray.redact import redact
-from tpu_ray.tracking.base import Tracker, flat_config
+from tpu_ray.config import MlflowTracking
+from tpu_ray.tracking.base import Tracker
 from tpu_ray.tracking.state import read_state, update_state
 
 BATCH = 1000  # MLflow's limit on metrics per log_batch call
@@ -17,15 +18,15 @@ BATCH = 1000  # MLflow's limit on metrics per log_batch call
 class MlflowTracker(Tracker):
     name = "mlflow"
 
-    def __init__(self, run_dir: str, cfg: Any, stage: str):
+    def __init__(self, run_dir: str, settings: MlflowTracking, run_name: str, params: dict[str, str], stage: str):
         # MLflow retries a failed request 7 times with doubling waits (minutes): the thread would hold
         # records that long before it can say so. Two quick retries, unless the user chose otherwise.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-        self.settings = cfg.tracking.mlflow
+        self.settings = settings
         self.client: Any = None
-        super().__init__(run_dir, cfg, stage)
+        super().__init__(run_dir, run_name, params, stage)
 
     def _open(self) -> str:
         from mlflow import MlflowClient
@@ -42,7 +43,7 @@ class MlflowTracker(Tracker):
         exp = self.client.get_experiment_by_name(self.settings.experiment)
         exp_id = exp.experiment_id if exp else self.client.create_experiment(self.settings.experiment)
         tags = {"tpu_ray.run_dir": self.run_dir, **self.settings.tags}
-        run = self.client.create_run(exp_id, run_name=self.settings.run_name or self.cfg.name, tags=tags)
+        run = self.client.create_run(exp_id, run_name=self.settings.run_name or self.run_name, tags=tags)
         update_state(self.run_dir, self.name, uri=redact(self.settings.uri), experiment_id=exp_id)
         self.run_id = run.info.run_id
         self._params({})
@@ -58,7 +59,7 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=params[i:i + 100])
 
     def _flat(self) -> dict[str, str]:
-        return flat_config(self.cfg)
+        return self.params
 
     def _send(self, batch: list[tuple[int, dict[str, float]]]) -> None:
         from mlflow.entities import Metric

@@ -3,35 +3,37 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from tpu_ray.config import RunConfig
 from tpu_ray.saved_config import read_saved_config
-from tpu_ray.tracking.base import Tracker
+from tpu_ray.tracking.base import Tracker, flat_config
 from tpu_ray.tracking.mlflow_tracker import MlflowTracker
 from tpu_ray.tracking.wandb_tracker import WandbTracker
 
 log = logging.getLogger("tpu_ray.tracking")
 
 
-def trackers(cfg: Any, run_dir: str, stage: str = "train") -> list[Tracker]:
+def trackers(cfg: RunConfig, run_dir: str, stage: str = "train") -> list[Tracker]:
     """The trackers `cfg.tracking` turns on, sending `run_dir`'s records (`stage`: train or finetune).
-    A tracker whose library is not installed is warned about and left out, never fatal."""
+    The whole config, as the tracked run records it (its parameters). A tracker whose library is not
+    installed is warned about and left out, never fatal."""
     out: list[Tracker] = []
-    t = getattr(cfg, "tracking", None)
-    if t is None:
-        return out
+    t = cfg.tracking
+
+    def params() -> dict[str, str]:
+        return flat_config(cfg.model_dump(mode="json"))
     if t.mlflow.uri:
         try:
             import mlflow  # noqa: F401 - missing: said here, not in the sending thread
 
-            out.append(MlflowTracker(run_dir, cfg, stage))
+            out.append(MlflowTracker(run_dir, t.mlflow, cfg.name, params(), stage))
         except ImportError:
             log.warning("tracking.mlflow.uri is set but mlflow is not installed: pip install 'tpu-ray[tracking]'")
     if t.wandb.project:
         try:
             import wandb  # noqa: F401
 
-            out.append(WandbTracker(run_dir, cfg, stage))
+            out.append(WandbTracker(run_dir, t.wandb, cfg.name, params(), stage))
         except ImportError:
             log.warning("tracking.wandb.project is set but wandb is not installed: pip install 'tpu-ray[tracking]'")
     return out

@@ -10,18 +10,19 @@ import tempfile
 from typing import Any
 
 from tpu_ray import storage
-from tpu_ray.tracking.base import Tracker, flat_config
+from tpu_ray.config import WandbTracking
+from tpu_ray.tracking.base import Tracker
 from tpu_ray.tracking.state import read_state, update_state
 
 
 class WandbTracker(Tracker):
     name = "wandb"
 
-    def __init__(self, run_dir: str, cfg: Any, stage: str):
-        self.settings = cfg.tracking.wandb
+    def __init__(self, run_dir: str, settings: WandbTracking, run_name: str, params: dict[str, str], stage: str):
+        self.settings = settings
         self.run: Any = None
         self._owns = False
-        super().__init__(run_dir, cfg, stage)
+        super().__init__(run_dir, run_name, params, stage)
 
     def _directory(self) -> str:
         """W&B's files beside the run (RUN/wandb); a gs:// run's in a local temporary directory."""
@@ -38,8 +39,8 @@ class WandbTracker(Tracker):
         run_id = known.get("run_id") if known.get("project") == self.settings.project else None
         previous = wandb.run  # a run of this process (the trainer's, when it runs in the driver)
         self.run = wandb.init(
-            project=self.settings.project, entity=self.settings.entity, name=self.settings.run_name or self.cfg.name,
-            tags=self.settings.tags or None, config=flat_config(self.cfg), id=run_id,
+            project=self.settings.project, entity=self.settings.entity, name=self.settings.run_name or self.run_name,
+            tags=self.settings.tags or None, config=self.params, id=run_id,
             resume="allow", dir=self._directory(), mode=self.settings.mode, job_type=self.stage,
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )

@@ -8,6 +8,7 @@ iteration counter the schedule reads) and step; its data position follows from t
 --resume, so the branch sees exactly the batches and masks the stable run would have seen next.
 That holds only for the same shards, tokenizer, model, seed, batch and shuffle buffer: checked here
 against the stable run's config.yaml before anything is restored. The stable run is only read.
+Those checks compare sections (`BranchSpec`: what a branch reads of its run), never two whole configs.
 With train.phases the branch continues in the phase its step falls in: the phases must agree with
 the stable run's over the steps it trained (phases.trained_difference); the phase holding the
 branch step may end elsewhere (a shorter or longer last phase is the branch's budget).
@@ -17,7 +18,8 @@ stable run's (within RTOL), or it is refused in one line naming the setting that
 Two defaults make the common branch continuous by itself: an unset train.warmup_steps is the stable
 run's warm-up, and a wsd decay without train.decay_steps starts at the branch step (decay_fraction
 scales train.steps, which for a branch is the stable run's step plus the decay). Both are filled
-into the branch's config (`settled`), so config.yaml records them and a resumed branch keeps them.
+into the branch's config (`settled`, where the whole config is assembled), so config.yaml records them
+and a resumed branch keeps them.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_ray import rundir, storage
-from tpu_ray.config import SCHEDULE_FIELDS, RunConfig
+from tpu_ray.config import SCHEDULE_FIELDS, CorpusConfig, ModelConfig, RunConfig, ShardConfig, TrainConfig
 from tpu_ray.errors import UserError
 from tpu_ray.train import curves
+from tpu_ray.train.phases import phase_spans, span_at, spans, trained_difference
 
 log = logging.getLogger("tpu_ray.train.loop")
 _CKPT = re.compile(r"^ckpt-(\d+)$")
@@ -42,11 +45,29 @@ RTOL = 1e-6  # how close the branch's rates at the branch step must be to the st
 
 
 @dataclass(frozen=True)
+class BranchSpec:
+    """What a branch reads of its run, built by the caller that assembles the run: the sections that
+    must be the stable run's (the model, how the shards are cut, the seed, the train fields that decide
+    the batches and masks, the mixture's weights), the train section whose schedule is the branch's
+    own, and the shards and tokenizer it names (shard.dir, tokenizer.path; None: the stable run's)."""
+
+    train: TrainConfig
+    model: ModelConfig
+    shard: ShardConfig
+    corpus: CorpusConfig
+    seed: int
+    tokenizer_path: str | None
+
+
+@dataclass(frozen=True)
 class Branch:
     run_dir: str  # the stable run
     checkpoint: str  # its checkpoint prefix (.../checkpoints/ckpt-N)
     step: int
-    config: RunConfig  # the branch's config with its defaults filled in (`with_defaults`)
+    train: TrainConfig  # the branch's train section with its defaults filled in (`with_defaults`)
+    # The dotted overrides that make this run's config the branch's (`settled`): its defaults, and the
+    # stable run's shards and tokenizer where it names none (`stable_data`).
+    overrides: dict[str, Any]
 
 
 def stable_run_dir(branch_from: str) -> str:
@@ -57,10 +78,10 @@ def stable_run_dir(branch_from: str) -> str:
     return where
 
 
-def resolve(cfg: RunConfig) -> Branch:
-    """The checkpoint `train.branch_from` names (a run: its last committed one), checked against this
-    run's config: one line naming what differs, or how to point at the stable run's data."""
-    where = str(cfg.train.branch_from).rstrip("/")
+def locate(branch_from: str) -> tuple[str, str, int]:
+    """(the stable run's directory, the checkpoint, its step) that `train.branch_from` names: one of
+    its checkpoints, or a run (its last committed one)."""
+    where = str(branch_from).rstrip("/")
     found = _CKPT.match(where.rsplit("/", 1)[-1])
     if found:
         run_dir = stable_run_dir(where)
@@ -68,37 +89,48 @@ def resolve(cfg: RunConfig) -> Branch:
         if not storage.exists(checkpoint + ".index"):
             raise UserError(f"train.branch_from={where}: no such checkpoint ({checkpoint}.index is missing); "
                             f"name one the run keeps (train.keep_checkpoints), or the run for its last one")
-    else:
-        from tpu_ray.resume import latest_checkpoint
+        return run_dir, checkpoint, step
+    from tpu_ray.resume import latest_checkpoint
 
-        run_dir = where
-        latest = latest_checkpoint(run_dir)
-        if latest is None or latest[1] is None:
-            raise UserError(f"train.branch_from={where}: no committed checkpoint there; point at a tpu-ray run "
-                            f"directory that has trained, or at one of its checkpoints (RUN/checkpoints/ckpt-N)")
-        checkpoint, step = latest
-    cfg = stable_data(cfg, run_dir)
-    stable = _check_compatible(cfg, run_dir, where, step)
-    if step >= cfg.train.steps:
+    latest = latest_checkpoint(where)
+    if latest is None or latest[1] is None:
+        raise UserError(f"train.branch_from={where}: no committed checkpoint there; point at a tpu-ray run "
+                        f"directory that has trained, or at one of its checkpoints (RUN/checkpoints/ckpt-N)")
+    return where, latest[0], latest[1]
+
+
+def resolve(spec: BranchSpec) -> Branch:
+    """The checkpoint `train.branch_from` names (a run: its last committed one), checked against what
+    this run reads (`spec`): one line naming what differs, or how to point at the stable run's data."""
+    where = str(spec.train.branch_from).rstrip("/")
+    run_dir, checkpoint, step = locate(where)
+    data = stable_data(spec.shard.dir, spec.tokenizer_path, run_dir)
+    stable = _check_compatible(spec, data, run_dir, where, step)
+    if step >= spec.train.steps:
         raise UserError(f"train.branch_from={where}: its checkpoint is at step {step}, not before train.steps="
-                        f"{cfg.train.steps}; set train.steps beyond {step} (the branch's decay ends there)")
-    settled_cfg = with_defaults(cfg, stable, step)
-    if why := continuity_refusal(stable, settled_cfg, step):
+                        f"{spec.train.steps}; set train.steps beyond {step} (the branch's decay ends there)")
+    filled = _defaults(spec.train, stable.train, step)
+    settled_train = _with(spec.train, filled)
+    if why := continuity_refusal(stable.train, settled_train, step):
         raise UserError(f"train.branch_from={where}: {why}")
-    return Branch(run_dir, checkpoint, step, settled_cfg)
+    return Branch(run_dir, checkpoint, step, settled_train, {**data, **{f"train.{k}": v for k, v in filled.items()}})
 
 
 def settled(cfg: RunConfig) -> RunConfig:
     """`cfg` with the branch's defaults filled in, checked: a fresh branch resolves its checkpoint
     (all refusals here, before any stage starts); a resumed one (its own checkpoints) takes what its
-    first start filled in from its config.yaml (the stable run's latest checkpoint may have moved)."""
+    first start filled in from its config.yaml (the stable run's latest checkpoint may have moved).
+    It takes the whole config because it makes one: the branch's, which every stage of the run
+    (pipeline, trainer) then reads and config.yaml records; everything else here takes sections."""
     if not cfg.train.branch_from:
         return cfg
     from tpu_ray.resume import latest_checkpoint
     from tpu_ray.saved_config import read_saved_config
 
     if latest_checkpoint(cfg.run_dir) is None:
-        return resolve(cfg).config
+        spec = BranchSpec(cfg.train, cfg.model, cfg.shard, cfg.corpus, cfg.seed, cfg.tokenizer.path)
+        over = resolve(spec).overrides
+        return cfg.override(over) if over else cfg
     saved = read_saved_config(cfg.run_dir)
     if saved is None or saved.train.branch_from != cfg.train.branch_from:
         return cfg
@@ -110,20 +142,20 @@ def settled(cfg: RunConfig) -> RunConfig:
     return cfg.override(over) if over else cfg
 
 
-def stable_data(cfg: RunConfig, run_dir: str) -> RunConfig:
-    """`cfg` reading the stable run's shards and tokenizer where it names none (shard.dir,
-    tokenizer.path unset): the only ones a branch may continue on, so typing them is no choice."""
+def stable_data(shard_dir: str | None, tokenizer_path: str | None, run_dir: str) -> dict[str, str]:
+    """The overrides that read the stable run's shards and tokenizer where this run names none
+    (shard.dir, tokenizer.path unset): the only ones a branch may continue on, so typing them is no
+    choice. Overrides, not a config: the caller that assembles the run applies them."""
     from tpu_ray.saved_config import read_saved_config
 
-    if cfg.shard.dir and cfg.tokenizer.path:
-        return cfg
+    if shard_dir and tokenizer_path:
+        return {}
     source = read_saved_config(run_dir)
     if source is None:  # refused by _check_compatible, naming the missing config
-        return cfg
-    over = {k: _where_it_is(run_dir, named, default) for k, named, default, given in (
-        ("shard.dir", source.shard.dir, rundir.SHARDS_DIR, cfg.shard.dir),
-        ("tokenizer.path", source.tokenizer.path, rundir.TOKENIZER_DIR, cfg.tokenizer.path)) if not given}
-    return cfg.override(over)
+        return {}
+    return {k: _where_it_is(run_dir, named, default) for k, named, default, given in (
+        ("shard.dir", source.shard.dir, rundir.SHARDS_DIR, shard_dir),
+        ("tokenizer.path", source.tokenizer.path, rundir.TOKENIZER_DIR, tokenizer_path)) if not given}
 
 
 def _where_it_is(run_dir: str, named: str | None, default: str) -> str:
@@ -142,23 +174,31 @@ def _where_it_is(run_dir: str, named: str | None, default: str) -> str:
                     f"absolute paths")
 
 
-def with_defaults(cfg: RunConfig, stable: RunConfig, step: int) -> RunConfig:
-    """The branch's unset warm-up is the stable run's; its wsd decay without decay_steps starts at
-    the branch step. Why: those are the settings under which the branch continues the curve."""
-    t, over = cfg.train, {}
+def _defaults(t: TrainConfig, stable: TrainConfig, step: int) -> dict[str, Any]:
+    """The train fields `with_defaults` fills in, by name."""
+    over: dict[str, Any] = {}
     if t.warmup_steps is None:
-        over["train.warmup_steps"] = curves.warmup_steps(stable.train)
+        over["warmup_steps"] = curves.warmup_steps(stable)
     if t.schedule == "wsd" and t.decay_steps is None and t.steps > step:
-        over["train.decay_steps"] = t.steps - step
-    return cfg.override(over) if over else cfg
+        over["decay_steps"] = t.steps - step
+    return over
 
 
-def mask_rate_at(cfg: RunConfig, step: int) -> float:
+def with_defaults(t: TrainConfig, stable: TrainConfig, step: int) -> TrainConfig:
+    """The branch's train section (`t`) with its unset warm-up the stable run's, and its wsd decay
+    without decay_steps starting at the branch step. Why: those are the settings under which the
+    branch continues the curve."""
+    return _with(t, _defaults(t, stable, step))
+
+
+def _with(t: TrainConfig, fields: dict[str, Any]) -> TrainConfig:
+    """`t` with `fields` set, validated as the user's settings are (not a copy that skips the checks)."""
+    return type(t).model_validate({**t.model_dump(), **fields}) if fields else t
+
+
+def mask_rate_at(t: TrainConfig, step: int) -> float:
     """The masking rate of the batch at optimizer iteration `step` (a phase's mask_prob where set)."""
-    from tpu_ray.train.phases import span_at, spans
-
-    t = cfg.train
-    start = span_at(spans(cfg), step).mask_prob if t.phases else None
+    start = span_at(phase_spans(t), step).mask_prob if t.phases else None
     return float(curves.mask_rate(t, step, start=start))
 
 
@@ -170,13 +210,14 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= RTOL * max(abs(a), abs(b))
 
 
-def continuity_refusal(stable: RunConfig, branch: RunConfig, step: int) -> str | None:
-    """Where the branch's learning rate or masking rate at `step` is not the stable run's: one line
-    naming the rate, both values and the setting that makes them equal (None: continuous)."""
-    a, b = lr_at(stable.train, step), lr_at(branch.train, step)
+def continuity_refusal(stable: TrainConfig, branch: TrainConfig, step: int) -> str | None:
+    """Where the branch's learning rate or masking rate at `step` is not the stable run's (their train
+    sections): one line naming the rate, both values and the setting that makes them equal (None:
+    continuous)."""
+    a, b = lr_at(stable, step), lr_at(branch, step)
     if not _close(a, b):
         return (f"the learning rate jumps at the branch step {step:,} (the stable run's {a:.6g}, this run's "
-                f"{b:.6g}); {_lr_fix(stable.train, branch.train, step, a)}")
+                f"{b:.6g}); {_lr_fix(stable, branch, step, a)}")
     a, b = mask_rate_at(stable, step), mask_rate_at(branch, step)
     if not _close(a, b):
         return (f"the masking rate jumps at the branch step {step:,} (the stable run's {a:.6g}, this run's "
@@ -209,20 +250,17 @@ def _lr_fix(stable: Any, t: Any, step: int, want: float) -> str:
             f"({curves.describe(stable)}, train.steps={stable.steps})")
 
 
-def _mask_fix(branch: RunConfig, step: int, want: float) -> str:
-    """The setting that gives the branch the stable run's masking rate at `step`."""
-    t = branch.train
+def _mask_fix(t: TrainConfig, step: int, want: float) -> str:
+    """The setting that gives the branch (its train section `t`) the stable run's masking rate at `step`."""
     if t.mask_schedule == "linear" and step > 0:
         end = t.mask_prob + (want - t.mask_prob) * t.steps / step  # the line through the stable run's rate
         for value in _roundings(end):
-            if 0 < value < 1 and _close(mask_rate_at(branch.override({"train.mask_prob_end": value}), step), want):
+            if 0 < value < 1 and _close(mask_rate_at(_with(t, {"mask_prob_end": value}), step), want):
                 return (f"set train.mask_prob_end={value!r} (the same line through the stable run's rate, ending at "
                         f"train.steps={t.steps})")
         return f"set train.mask_schedule=constant train.mask_prob_end=null train.mask_prob={_short(want)}"
     if t.phases:
-        from tpu_ray.train.phases import span_at, spans
-
-        i = span_at(spans(branch), step).index
+        i = span_at(phase_spans(t), step).index
         if t.phases[i].mask_prob is not None:
             return f"set train.phases[{i}].mask_prob={_short(want)}"
     return f"set train.mask_prob={_short(want)}"
@@ -238,52 +276,56 @@ def _short(x: float) -> str:
     return repr(next(v for v in _roundings(x) if abs(v - x) <= RTOL / 10 * abs(x)))
 
 
-def _check_compatible(cfg: RunConfig, run_dir: str, where: str, step: int) -> RunConfig:
-    """The stable run's saved config, once this run may continue its checkpoint (else one line)."""
+def _check_compatible(spec: BranchSpec, data: dict[str, str], run_dir: str, where: str, step: int) -> RunConfig:
+    """The stable run's saved config, once this run (`spec`, reading the shards and tokenizer `data`
+    points at where it names none) may continue its checkpoint (else one line)."""
     from tpu_ray.saved_config import first_difference, read_saved_config
-    from tpu_ray.train.phases import trained_difference
 
     source = read_saved_config(run_dir)
     if source is None:
         raise UserError(f"train.branch_from={where}: {run_dir} has no {rundir.CONFIG_FILE}; branch from a tpu-ray "
                         f"run directory")
     fix = f"branch with the stable run's config (its {rundir.CONFIG_FILE}), changing only the schedule"
-    saved, mine = _comparable(source), _comparable(cfg)
-    if cfg.model.init_sha256 is None:  # a continued branch before its own copy: its hash is compared then
+    stable = BranchSpec(source.train, source.model, source.shard, source.corpus, source.seed, source.tokenizer.path)
+    saved, mine = _comparable(stable), _comparable(spec)
+    if spec.model.init_sha256 is None:  # a continued branch before its own copy: its hash is compared then
         saved["model"]["init_sha256"] = None
     diff = first_difference(saved, mine)
     if diff:
         raise UserError(f"train.branch_from={where}: the run was trained with another config ({diff}); {fix}")
-    diff = trained_difference(source, cfg, step)  # train.phases: the same over the steps trained
+    # train.phases: the same over the steps trained
+    diff = trained_difference(spans(source.train, source.shard.seq_len), spans(spec.train, spec.shard.seq_len), step)
     if diff:
         raise UserError(f"train.branch_from={where}: train.phases differ from the stable run's over the {step:,} "
                         f"steps it trained ({diff}); keep its phases up to step {step} (the phase holding that "
                         f"step may end elsewhere, the phases after it are the branch's own)")
-    if not storage.exists(_manifest_or_dir(cfg.shards_dir)):
-        raise UserError(f"train.branch_from={where}: this run has no shards at {cfg.shards_dir}; read the stable "
+    # Both named now: this run's own, or the stable run's (stable_data).
+    shards_dir = str(data.get("shard.dir", spec.shard.dir))
+    tokenizer_dir = str(data.get("tokenizer.path", spec.tokenizer_path))
+    if not storage.exists(_manifest_or_dir(shards_dir)):
+        raise UserError(f"train.branch_from={where}: this run has no shards at {shards_dir}; read the stable "
                         f"run's: shard.dir={source.shards_dir} tokenizer.path={source.tokenizer_dir}")
-    if not _same_shards(source.shards_dir, cfg.shards_dir):
-        raise UserError(f"train.branch_from={where}: other shards ({cfg.shards_dir}, the run's are "
+    if not _same_shards(source.shards_dir, shards_dir):
+        raise UserError(f"train.branch_from={where}: other shards ({shards_dir}, the run's are "
                         f"{source.shards_dir}); set shard.dir={source.shards_dir}")
-    not_yet = not cfg.tokenizer.path and _tokenizer_sha(cfg.tokenizer_dir) is None  # this command makes it
-    if not not_yet and _tokenizer_sha(source.tokenizer_dir) != _tokenizer_sha(cfg.tokenizer_dir):
-        raise UserError(f"train.branch_from={where}: another tokenizer ({cfg.tokenizer_dir}, the run's is "
+    if _tokenizer_sha(source.tokenizer_dir) != _tokenizer_sha(tokenizer_dir):
+        raise UserError(f"train.branch_from={where}: another tokenizer ({tokenizer_dir}, the run's is "
                         f"{source.tokenizer_dir}); set tokenizer.path={source.tokenizer_dir}")
     return source
 
 
-def _comparable(cfg: RunConfig) -> dict[str, Any]:
-    """The fingerprint less the schedule (the branch's own), the evaluation, and the corpus, the
-    tokenizer and where the shards lie (the shards and the tokenizer themselves are compared
-    instead), plus the data order's fields: the shuffle buffer and a mixture's weights."""
-    fp = cfg.fingerprint()
-    fp["train"] = {k: v for k, v in fp["train"].items() if k not in (*SCHEDULE_FIELDS, "phases")}  # phases: below
-    fp["train"].update({k: getattr(cfg.train, k) for k in _DATA_ORDER})
-    fp["shard"] = {k: v for k, v in fp["shard"].items() if k != "dir"}
-    corpus = cfg.corpus.model_dump(mode="json")
-    fp["mixture"] = {"weights": {n: src["weight"] for n, src in (corpus.get("sources") or {}).items()},
-                     **{k: corpus.get(k) for k in ("weight_temperature", "weight_schedule")}}
-    return {k: v for k, v in fp.items() if k not in ("corpus", "tokenizer", "eval")}
+def _comparable(spec: BranchSpec) -> dict[str, Any]:
+    """The fingerprint's sections a branch shares with its stable run, less the schedule (the branch's
+    own; phases: compared by trained_difference) and where the shards lie (the shards and the tokenizer
+    themselves are compared instead), plus the data order's fields: the shuffle buffer and a mixture's
+    weights. The corpus, the tokenizer and the evaluation are not compared."""
+    train = {k: v for k, v in spec.train.fingerprint().items() if k not in (*SCHEDULE_FIELDS, "phases")}
+    train.update({k: getattr(spec.train, k) for k in _DATA_ORDER})
+    corpus = spec.corpus.model_dump(mode="json")
+    return {"seed": spec.seed, "model": spec.model.model_dump(mode="json"), "train": train,
+            "shard": {k: v for k, v in spec.shard.model_dump(mode="json").items() if k != "dir"},
+            "mixture": {"weights": {n: src["weight"] for n, src in (corpus.get("sources") or {}).items()},
+                        **{k: corpus.get(k) for k in ("weight_temperature", "weight_schedule")}}}
 
 
 def _manifest_or_dir(shards_dir: str) -> str:
@@ -310,21 +352,21 @@ def _tokenizer_sha(tokenizer_dir: str) -> str | None:
         return None
 
 
-def restore(cfg: RunConfig, s: Any, metrics: Any) -> int:
-    """Load the branch checkpoint into this run's objects (`s`: loop.TrainSetup), record this run's
-    schedule in it, and return its step, where the branch starts."""
+def restore(checkpoint: str, stable_run: str, t: TrainConfig, s: Any, metrics: Any) -> int:
+    """Load the branch `checkpoint` (of run `stable_run`: `resolve`'s Branch, which the trainer
+    resolves for a fresh branch) into this run's objects (`s`: loop.TrainSetup), record this run's
+    schedule (the train section `t`) in it, and return its step, where the branch starts."""
     from tpu_ray.train import schedule as lr_schedule
 
-    branch = resolve(cfg)
     with tempfile.TemporaryDirectory(prefix="tpu-ray-branch-") as tmp:
-        prefix = _local_copy(branch.checkpoint, tmp)
+        prefix = _local_copy(checkpoint, tmp)
         status = s.checkpoint.restore(prefix)
         status.assert_existing_objects_matched()
         status.expect_partial()  # schedule_shape: absent from checkpoints written before curves had shapes
-    lr_schedule.adopt(s.checkpoint, cfg.train)
+    lr_schedule.adopt(s.checkpoint, t)
     step = int(s.step_var.numpy())
-    log.info("branched from %s at step %d (%s)", branch.checkpoint, step, branch.run_dir)
-    metrics.event("branch", stage="train", step=step, checkpoint=branch.checkpoint, source=branch.run_dir)
+    log.info("branched from %s at step %d (%s)", checkpoint, step, stable_run)
+    metrics.event("branch", stage="train", step=step, checkpoint=checkpoint, source=stable_run)
     return step
 
 

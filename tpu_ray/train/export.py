@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from tpu_ray import storage
 from tpu_ray.config import MASK
@@ -13,36 +13,36 @@ from tpu_ray.redact import redact_obj
 PROVENANCE_KEY = "tpu_ray_export"  # in the export's config.json: what it was made from
 
 
-def config_digest(cfg) -> str:
-    """sha256 of what shapes the model (RunConfig.fingerprint): equal for a resumed run."""
+def config_digest(fingerprint: dict[str, Any]) -> str:
+    """sha256 of what shapes the model (RunConfig.fingerprint(), given): equal for a resumed run."""
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps(redact_obj(cfg.fingerprint()), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(redact_obj(fingerprint), sort_keys=True).encode()).hexdigest()
 
 
-def stamp_provenance(model_dir: str, cfg, step: int) -> None:
-    """Record in the local export's config.json the config and step it was made from."""
+def stamp_provenance(model_dir: str, config_sha256: str, step: int) -> None:
+    """Record in the local export's config.json the config (its `config_digest`) and step it was made from."""
     import json
     import os
 
     path = os.path.join(model_dir, "config.json")
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
-    data[PROVENANCE_KEY] = {"config_sha256": config_digest(cfg), "step": step}
+    data[PROVENANCE_KEY] = {"config_sha256": config_sha256, "step": step}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
 
 
-def refuse_replacing_export(cfg, force: bool) -> None:
-    """Refuse, before training, to replace RUN/model made from another config or another
-    checkpoint chain (no checkpoint left to continue) unless `force` (--force)."""
+def refuse_replacing_export(config_sha256: str, run_dir: str, force: bool) -> None:
+    """Refuse, before training, to replace `run_dir`'s model made from another config (another
+    `config_digest`) or another checkpoint chain (no checkpoint left to continue) unless `force` (--force)."""
     import json
 
     from tpu_ray import rundir
 
-    model = rundir.path(cfg.run_dir, rundir.MODEL_DIR)
+    model = rundir.path(run_dir, rundir.MODEL_DIR)
     try:
         data = json.loads(storage.read_text(storage.join(model, "config.json")))
     except (FileNotFoundError, NotADirectoryError, ValueError, UnicodeDecodeError):
@@ -51,9 +51,9 @@ def refuse_replacing_export(cfg, force: bool) -> None:
         return
     made = data.get(PROVENANCE_KEY) if isinstance(data, dict) else None
     made = made if isinstance(made, dict) else {}
-    if made.get("config_sha256") not in (None, config_digest(cfg)):
+    if made.get("config_sha256") not in (None, config_sha256):
         why = "from another config"
-    elif not rundir.checkpoint_files(cfg.run_dir):  # any there: the trainer resumes them or refuses
+    elif not rundir.checkpoint_files(run_dir):  # any there: the trainer resumes them or refuses
         why = "from another checkpoint (no checkpoint here continues it)"
     else:
         return

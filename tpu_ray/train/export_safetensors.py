@@ -15,14 +15,17 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tpu_ray import storage
+from tpu_ray.config import CorpusConfig, RunConfig
 from tpu_ray.families import FAMILIES
 from tpu_ray.redact import redact
+from tpu_ray.train.export import config_digest
 from tpu_ray.train.repeatability import guarantee
 
 log = logging.getLogger(__name__)
@@ -75,13 +78,45 @@ def _command(run_dir: str) -> str | None:
         return None
 
 
-def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None,
+@dataclass(frozen=True)
+class RunRecord:
+    """What an export records of the run that made it: the model card's run lines, the whole config
+    (as YAML, for the card) and its digest (config.json's provenance stamp, tpu_ray/train/export.py).
+    Resolved once from the config by whoever assembles the run (`run_record`), so the trainer's
+    export is handed the record, never the config; the run directory and tokenizer stay paths, as
+    the card reads the command and the added tokens at export time."""
+
+    name: str
+    run_dir: str
+    tokenizer_dir: str
+    corpus: str  # corpus_line
+    tokenizer_kind: str
+    sizes: dict[str, int]
+    origin: str  # "continued from ..." or "preset `...`"
+    seq_len: int
+    batch_size: int
+    learning_rate: float
+    seed: int
+    recipe: str
+    config_yaml: str
+    config_sha256: str
+
+
+def run_record(cfg: RunConfig) -> RunRecord:
+    """The export's record of run `cfg` (see RunRecord): it records the whole config, so it reads it."""
+    from tpu_ray.train.recipe import recipe_text
+
+    origin = f"continued from {cfg.model.init_from}" if cfg.model.init_from else f"preset `{cfg.model.preset}`"
+    return RunRecord(cfg.name, cfg.run_dir, cfg.tokenizer_dir, corpus_line(cfg.corpus), cfg.tokenizer.kind,
+                     cfg.model.sizes(), origin, cfg.shard.seq_len, cfg.train.batch_size, cfg.train.learning_rate,
+                     cfg.seed, recipe_text(cfg.train, cfg.model), cfg.to_yaml().rstrip("\n"), config_digest(cfg.fingerprint()))
+
+
+def model_card(run: RunRecord, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None,
                mask: str = "[MASK]", kind: str = "cpu") -> str:
     """README.md of the exported model: what it was trained on, how long, how well, and how; `kind`
     (cpu, gpu, tpu): what trained it, for the line on whether a rerun repeats it."""
-    from tpu_ray.train.recipe import recipe_text
-    t = cfg.train
-    tokens = step * t.batch_size * cfg.shard.seq_len
+    tokens = step * run.batch_size * run.seq_len
     ev = last_eval or {}  # the trainer's last eval record (read from memory: gs:// metrics may still be held)
     if ev.get("eval_loss") is not None:
         quality = (f"- final eval loss (masked tokens, step {ev.get('step')}): {ev['eval_loss']:.4f}; "
@@ -89,9 +124,8 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
                    f"accuracy {ev.get('eval_accuracy', float('nan')):.3f}")
     else:
         quality = "- final eval loss: not evaluated (no validation samples)"
-    sizes = cfg.model.sizes()
-    origin = f"continued from {cfg.model.init_from}" if cfg.model.init_from else f"preset `{cfg.model.preset}`"
-    command = _command(cfg.run_dir)
+    sizes = run.sizes
+    command = _command(run.run_dir)
     made_by = f"`{command}`" if command else "(not recorded)"
     lines = [
         "---",
@@ -99,16 +133,16 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "pipeline_tag: fill-mask",
         "tags: [tpu-ray, masked-lm]",
         "---",
-        f"# {cfg.name}: a {model_type} masked language model trained with tpu-ray",
+        f"# {run.name}: a {model_type} masked language model trained with tpu-ray",
         "",
-        f"- corpus: {corpus_line(cfg)}",
-        f"- tokenizer: {cfg.tokenizer.kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `{mask}`)",
-        *([line] if (line := _vocabulary_line(cfg)) else []),
+        f"- corpus: {run.corpus}",
+        f"- tokenizer: {run.tokenizer_kind}, vocabulary {vocab_size} (`tokenizer.json` here; mask token `{mask}`)",
+        *([line] if (line := _vocabulary_line(run.tokenizer_dir)) else []),
         f"- model: {model_type}, hidden {sizes['hidden_size']}, {sizes['num_hidden_layers']} layers, "
-        f"{sizes['num_attention_heads']} heads ({origin}), sequence length {cfg.shard.seq_len}",
-        f"- training: {step} steps of {t.batch_size} sequences x {cfg.shard.seq_len} tokens "
-        f"= {tokens:,} tokens seen; learning rate {t.learning_rate}, seed {cfg.seed}",
-        f"- recipe: {recipe_text(cfg)}",
+        f"{sizes['num_attention_heads']} heads ({run.origin}), sequence length {run.seq_len}",
+        f"- training: {step} steps of {run.batch_size} sequences x {run.seq_len} tokens "
+        f"= {tokens:,} tokens seen; learning rate {run.learning_rate}, seed {run.seed}",
+        f"- recipe: {run.recipe}",
         quality,
         f"- repeatability ({kind}): {guarantee(kind)}",
         f"- made by: {made_by}",
@@ -133,7 +167,7 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
         "## The run's config",
         "",
         "```yaml",
-        cfg.to_yaml().rstrip("\n"),
+        run.config_yaml,
         "```",
         "",
     ]
@@ -141,11 +175,11 @@ def model_card(cfg: Any, step: int, vocab_size: int, model_type: str, last_eval:
     return redact("\n".join(lines))  # the card people publish: no password of a corpus URL
 
 
-def _vocabulary_line(cfg: Any) -> str | None:
+def _vocabulary_line(tokenizer_dir: str) -> str | None:
     """The added tokens of an extended vocabulary (prepare/vocabulary.py), if any."""
     from tpu_ray.prepare.vocabulary import card_line
 
-    return card_line(cfg.tokenizer_dir)
+    return card_line(tokenizer_dir)
 
 
 def _pytorch_differs(model_type: str) -> str:
@@ -153,25 +187,25 @@ def _pytorch_differs(model_type: str) -> str:
     return fam.pytorch_differs if fam else ""
 
 
-def write_pytorch_files(directory: str | Path, s: Any, cfg: Any, last_eval: dict[str, Any] | None = None) -> None:
+def write_pytorch_files(directory: str | Path, s: Any, run: RunRecord, last_eval: dict[str, Any] | None = None) -> None:
     """The export hook: model.safetensors + README.md into the export staging `directory`.
 
-    `s` is the trainer's TrainSetup (model, tok, step_var), `cfg` the run's config the card records;
-    `last_eval` its last eval record.
+    `s` is the trainer's TrainSetup (model, tok, step_var), `run` the record of the run the card
+    holds; `last_eval` its last eval record.
     """
     write_safetensors(s.model, directory)
     if differs := _pytorch_differs(s.model.config.model_type):
         log.warning("export: model.safetensors is written, but %s", differs)
     kind = s.info.kind if s.info.kind != "multiworker" else ("cpu" if s.info.device == "cpu" else "gpu")
-    card = model_card(cfg, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval,
+    card = model_card(run, int(s.step_var.numpy()), s.tok.vocab_size, s.model.config.model_type, last_eval,
                       mask=s.tok.tokens.mask, kind=kind)
     (Path(directory) / MODEL_CARD).write_text(card, encoding="utf-8")
 
 
-def corpus_line(cfg: Any) -> str:
+def corpus_line(corpus: CorpusConfig) -> str:
     """The corpus as the model card names it: the one source, or each source with its weight."""
-    if cfg.corpus.sources is None:
-        return f"`{cfg.corpus.source}`"
+    if corpus.sources is None:
+        return f"`{corpus.source}`"
     parts = [f"`{name}` = `{src.source}` ({'evaluation only' if src.weight == 0 else f'weight {src.weight:g}'})"
-             for name, src in cfg.corpus.sources.items()]
+             for name, src in corpus.sources.items()]
     return "a mixture: " + "; ".join(parts)

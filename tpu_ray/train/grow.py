@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from tpu_ray.config import RunConfig
 from tpu_ray.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -47,27 +46,29 @@ def _scopeless(name: str) -> str:
     return name.split("/", 1)[-1]
 
 
-def load_grown(model: Any, cfg: RunConfig, old_config: Any, load: Callable[[Any, RunConfig], str]) -> str:
-    """Load the checkpoint (`load`, into a model of its own config `old_config`) and grow it into `model`."""
+def load_grown(model: Any, old_config: Any, load: Callable[[Any], str], tokenizer_dir: str, init_from: str) -> str:
+    """Load the checkpoint (`load`, into a model of its own config `old_config`) and grow it into
+    `model`, as the run's tokenizer in `tokenizer_dir` records its extension; `init_from` names the
+    checkpoint in messages."""
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
 
     from tpu_ray.prepare.vocabulary import read_record
 
     rows = int(old_config.vocab_size)
-    record = read_record(cfg.tokenizer_dir)
+    record = read_record(tokenizer_dir)
     if record is None or record["vocab_size"] != int(model.config.vocab_size):
-        raise UserError(f"{cfg.tokenizer_dir}: the model has {model.config.vocab_size} vocabulary rows and the "
+        raise UserError(f"{tokenizer_dir}: the model has {model.config.vocab_size} vocabulary rows and the "
                         f"checkpoint {rows}, but the tokenizer records no such extension; make it again with "
                         f"`tpu-ray tokenizer --force`")
     pieces = [t["pieces"] for t in sorted(record["tokens"], key=lambda t: t["id"])]
     with tf.device("/cpu:0"):
         old = TFAutoModelForMaskedLM.from_config(old_config)
         old(old.dummy_inputs, training=False)
-        loaded = load(old, cfg)
+        loaded = load(old)
     mine, theirs = model.weights, old.weights
     if len(mine) != len(theirs) or any(_scopeless(a.name) != _scopeless(b.name) for a, b in zip(mine, theirs)):
-        raise UserError(f"model.init_from={cfg.model.init_from}: the grown model's weights do not pair with the "
+        raise UserError(f"model.init_from={init_from}: the grown model's weights do not pair with the "
                         f"checkpoint's ({len(mine)} and {len(theirs)}); the vocabulary cannot be grown")
     changed = 0
     for new, src in zip(mine, theirs):

@@ -32,13 +32,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpu_ray import rundir, storage
 from tpu_ray.confine import confined
-from tpu_ray.config import RunConfig
+from tpu_ray.config import ModelConfig, RunConfig, RunPaths, TokenizerConfig
 from tpu_ray.errors import DamagedRunDir, UserError, first_line
 from tpu_ray.families import FAMILIES, family
 from tpu_ray.confine import is_confined
@@ -53,6 +54,20 @@ SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "inter
                "max_position_embeddings")
 FIX_COPY = "remove the run's init/ folder and run again with model.init_from in place to copy it again"
 FIX = "give model.init_from a Hugging Face model directory (config.json, weights, tokenizer) or a tpu-ray run"
+
+
+@dataclass(frozen=True)
+class InitSpec:
+    """What resolving `model.init_from` reads of a run, built once by whoever assembles the run:
+    the model section (the source, its pinned hash, the type and sizes a config may name), the
+    tokenizer section (tokenizer.path, the tokens an extension adds), the run's locations (RUN/init,
+    its tokenizer directory; shard.seq_len against the checkpoint's positions) and
+    train.branch_from (a branch reads its stable run's copy of the same source)."""
+
+    model: ModelConfig
+    tokenizer: TokenizerConfig
+    paths: RunPaths
+    branch_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -179,32 +194,32 @@ def _is_sha256(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
-def _record_fits(record: dict[str, Any], cfg: RunConfig) -> bool:
-    return record["source"] == cfg.model.init_from and cfg.model.init_sha256 in (None, record["sha256"])
+def _record_fits(record: dict[str, Any], model: ModelConfig) -> bool:
+    return record["source"] == model.init_from and model.init_sha256 in (None, record["sha256"])
 
 
-def source_for(cfg: RunConfig) -> Source:
+def source_for(spec: InitSpec) -> Source:
     """What this run initialises from: its own copy in RUN/init once its first stage made it (the
     source itself is never read again), else a branch's stable run's copy of the same source, else
     model.init_from itself."""
-    record = read_record(cfg.run_dir)
-    if record is not None and _record_fits(record, cfg):
-        return _copy_source(cfg.run_dir, record)
-    if stable := _stable_copy(cfg):
+    record = read_record(spec.paths.run_dir)
+    if record is not None and _record_fits(record, spec.model):
+        return _copy_source(spec.paths.run_dir, record)
+    if stable := _stable_copy(spec):
         return _copy_source(*stable)
-    return resolve(str(cfg.model.init_from))
+    return resolve(str(spec.model.init_from))
 
 
-def _stable_copy(cfg: RunConfig) -> tuple[str, dict[str, Any]] | None:
+def _stable_copy(spec: InitSpec) -> tuple[str, dict[str, Any]] | None:
     """A branch off a continued run (train.branch_from): the stable run's directory and the record of
     its copy of this same source (why: the source may be gone since; the copy is what it trained from)."""
-    if not cfg.train.branch_from:
+    if not spec.branch_from:
         return None
     from tpu_ray.train.branch import stable_run_dir
 
-    run_dir = stable_run_dir(cfg.train.branch_from)
+    run_dir = stable_run_dir(spec.branch_from)
     record = read_record(run_dir)
-    return (run_dir, record) if record is not None and _record_fits(record, cfg) else None
+    return (run_dir, record) if record is not None and _record_fits(record, spec.model) else None
 
 
 def file_sha256(path: str) -> str:
@@ -269,29 +284,31 @@ def _copy_source(run_dir: str, record: dict[str, Any]) -> Source:
     return Source("copy", where, str(target))
 
 
-def own_copy(cfg: RunConfig) -> RunConfig:
+def own_copy(spec: InitSpec) -> str:
     """Copy what model.init_from holds into RUN/init (the first stage, under the run's lock; a copy
-    already there for this source is kept) and return `cfg` with model.init_sha256 set to its hash.
+    already there for this source is kept) and return its hash, for model.init_sha256 (the caller
+    sets it in the run's config, so config.yaml records it).
 
     Files are committed one by one, source.json last: a copy cut short is never taken as complete."""
-    record = read_record(cfg.run_dir)
-    if record is not None and _record_fits(record, cfg):
-        _copy_source(cfg.run_dir, record)  # verified: a damaged copy stops here, in one line
-        return cfg.override({"model.init_sha256": record["sha256"]})
-    if stable := _stable_copy(cfg):  # a branch: the stable run's copy, file for file
-        return _copy_of_stable(cfg, *stable)
-    src = resolve(str(cfg.model.init_from))
-    where = init_dir(cfg.run_dir)
-    local_run = not storage.is_remote(cfg.run_dir)
+    run_dir = spec.paths.run_dir
+    record = read_record(run_dir)
+    if record is not None and _record_fits(record, spec.model):
+        _copy_source(run_dir, record)  # verified: a damaged copy stops here, in one line
+        return record["sha256"]
+    if stable := _stable_copy(spec):  # a branch: the stable run's copy, file for file
+        return _copy_of_stable(run_dir, *stable)
+    src = resolve(str(spec.model.init_from))
+    where = init_dir(run_dir)
+    local_run = not storage.is_remote(run_dir)
     if local_run:
-        storage.makedirs(cfg.run_dir)
-    staging = tempfile.mkdtemp(prefix=".init-staging-", dir=cfg.run_dir if local_run else None)
+        storage.makedirs(run_dir)
+    staging = tempfile.mkdtemp(prefix=".init-staging-", dir=run_dir if local_run else None)
     try:
         _gather_source(src, staging)
         files = {os.path.relpath(os.path.join(d, n), staging).replace(os.sep, "/"): file_sha256(os.path.join(d, n))
                  for d, _, names in os.walk(staging) for n in names}
         digest = content_hash(files)
-        pin = cfg.model.init_sha256
+        pin = spec.model.init_sha256
         if pin and pin != digest:
             raise UserError(f"model.init_sha256={pin}: {src.where} now holds other content (sha256 {digest}); "
                             f"point model.init_from at the checkpoint of that hash, or drop model.init_sha256")
@@ -299,20 +316,21 @@ def own_copy(cfg: RunConfig) -> RunConfig:
             storage.remove(where, recursive=True)
         for rel in sorted(files):
             storage.atomic_copy_file(os.path.join(staging, rel), storage.join(where, rel))
-        record = {"source": cfg.model.init_from, "kind": src.kind, "resolved": src.local, "sha256": digest,
+        record = {"source": spec.model.init_from, "kind": src.kind, "resolved": src.local, "sha256": digest,
                   "files": files, "copied": time.time()}
         storage.atomic_write_text(rundir.path(where, rundir.INIT_RECORD_FILE), json.dumps(record, indent=1) + "\n")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("init_from: copied %s (%d files, sha256 %s) -> %s; the run reads this copy from now on",
              src.where, len(files), digest[:12], where)
-    return cfg.override({"model.init_sha256": digest})
+    return digest
 
 
-def _copy_of_stable(cfg: RunConfig, run_dir: str, record: dict[str, Any]) -> RunConfig:
-    """RUN/init as the stable run's verified copy (same files, same hash), source.json last."""
+def _copy_of_stable(own_run_dir: str, run_dir: str, record: dict[str, Any]) -> str:
+    """RUN/init (of `own_run_dir`) as the stable run's verified copy (same files, same hash),
+    source.json last; returns the hash."""
     src = _copy_source(run_dir, record)
-    where = init_dir(cfg.run_dir)
+    where = init_dir(own_run_dir)
     if storage.exists(where):
         storage.remove(where, recursive=True)
     for rel in sorted(record["files"]):
@@ -320,7 +338,7 @@ def _copy_of_stable(cfg: RunConfig, run_dir: str, record: dict[str, Any]) -> Run
     mine = {**record, "copied": time.time(), "via": src.where}
     storage.atomic_write_text(rundir.path(where, rundir.INIT_RECORD_FILE), json.dumps(mine, indent=1) + "\n")
     log.info("init_from: copied the stable run's copy %s (sha256 %s) -> %s", src.where, record["sha256"][:12], where)
-    return cfg.override({"model.init_sha256": record["sha256"]})
+    return record["sha256"]
 
 
 def _gather_source(src: Source, out: str) -> None:
@@ -425,11 +443,13 @@ def source_hf_config(src: Source):
         if run_cfg.model.init_from:  # that run's own copy of its checkpoint (or its source, before one)
             from tpu_ray.prepare.vocabulary import read_record
 
-            config = source_hf_config(source_for(run_cfg))
+            config = source_hf_config(source_for(InitSpec(run_cfg.model, run_cfg.tokenizer, run_cfg.paths,
+                                                          run_cfg.train.branch_from)))
             if (record := read_record(run_cfg.tokenizer_dir)) is not None:  # its vocabulary grew
                 config.vocab_size = record["vocab_size"]
             return config
-        return scratch_hf_config(run_cfg, tokenizer_info(run_cfg.tokenizer_dir))
+        return scratch_hf_config(run_cfg.model, tokenizer_info(run_cfg.tokenizer_dir), run_cfg.max_positions(),
+                                 run_cfg.shard.seq_len, run_cfg.tokenizer_dir)
     data = _read_config_json(src)
     model_type = data.get("model_type")
     if model_type not in FAMILIES:
@@ -440,9 +460,9 @@ def source_hf_config(src: Source):
         raise UserError(f"{src.where}/config.json: not a valid {model_type} config ({first_line(exc)}); {FIX}") from None
 
 
-def checkpoint_hf_config(cfg: RunConfig):
-    """The model config of `cfg.model.init_from` (called by train.model.hf_config)."""
-    return source_hf_config(source_for(cfg))
+def checkpoint_hf_config(spec: InitSpec):
+    """The model config of `model.init_from` (called by train.model.hf_config)."""
+    return source_hf_config(source_for(spec))
 
 
 def _sizes(config: Any, model_type: str) -> dict[str, int]:
@@ -456,16 +476,18 @@ def _sizes(config: Any, model_type: str) -> dict[str, int]:
     return out
 
 
-def resolve_config(cfg: RunConfig) -> RunConfig:
-    """`cfg` with the checkpoint's model type and sizes; explicit sizes that disagree are refused,
-    and shard.seq_len must fit the checkpoint's position embeddings. Once the run holds its copy
-    (RUN/init) that copy is read and its hash fills in model.init_sha256."""
-    src = source_for(cfg)
+def checkpoint_fields(spec: InitSpec) -> dict[str, Any]:
+    """The config overrides that make the run's config the checkpoint's: its model type and sizes
+    (explicit sizes that disagree are refused; shard.seq_len must fit its position embeddings), and
+    what a continued run takes from what it trains (_as_trained). Once the run holds its copy
+    (RUN/init) that copy is read and its hash fills in model.init_sha256. The caller that assembles
+    the run applies them (`cfg.override(...)`): one config, resolved once, for every stage."""
+    src = source_for(spec)
     if src.kind == "hf" and not any(os.path.exists(os.path.join(src.local, f)) for f in WEIGHT_FILES):
         raise UserError(f"model.init_from={src.where}: no weights (tf_model.h5 or model.safetensors); {FIX}")
     config = source_hf_config(src)
     model_type = config.model_type
-    m = cfg.model
+    m = spec.model
     if m.model_type != model_type and m.model_type != "roberta":  # roberta is the default, not a choice
         raise UserError(f"model.model_type={m.model_type}: the checkpoint {src.where} is a {model_type}; "
                         f"leave model.model_type out (the checkpoint decides) or set it to {model_type}")
@@ -475,10 +497,10 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         if mine is not None and mine != value:
             raise UserError(f"model.{key}={mine}: the checkpoint {src.where} has {key}={value}; "
                             f"leave model.{key} out (the checkpoint's sizes are the model)")
-    overrides: dict[str, Any] = {"model.model_type": model_type, **_as_trained(cfg, sizes)}
+    overrides: dict[str, Any] = {"model.model_type": model_type, **_as_trained(spec, sizes)}
     if src.kind == "copy":  # the run's own copy, or a branch's stable run's
-        own = read_record(cfg.run_dir)
-        record = own if own is not None and _record_fits(own, cfg) else _stable_copy(cfg)[1]
+        own = read_record(spec.paths.run_dir)
+        record = own if own is not None and _record_fits(own, spec.model) else _stable_copy(spec)[1]
         overrides["model.init_sha256"] = record["sha256"]
     overrides.update({f"model.{k}": v for k, v in sizes.items()})
     eps = getattr(config, "layer_norm_eps", None)
@@ -486,19 +508,20 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         overrides["model.layer_norm_eps"] = eps
     fam = family(model_type)
     positions = sizes.get("max_position_embeddings")
-    if positions is not None and cfg.shard.seq_len + fam.position_offset > positions:
-        raise UserError(f"shard.seq_len={cfg.shard.seq_len}: the checkpoint {src.where} has {positions} position "
+    seq_len = spec.paths.seq_len
+    if positions is not None and seq_len + fam.position_offset > positions:
+        raise UserError(f"shard.seq_len={seq_len}: the checkpoint {src.where} has {positions} position "
                         f"embeddings ({model_type} positions start at {fam.position_offset}); use shard.seq_len <= "
                         f"{positions - fam.position_offset}")
-    cfg = cfg.override(overrides)
-    if cfg.tokenizer.add_tokens_file and not storage.exists(storage.join(cfg.tokenizer_dir, "tokenizer.json")):
+    tk = spec.tokenizer  # the overrides leave the tokenizer's files where they are
+    if tk.add_tokens_file and not storage.exists(storage.join(spec.paths.tokenizer_dir, "tokenizer.json")):
         from tpu_ray.prepare.vocabulary import Speller, file_tokens
 
-        file_tokens(cfg.tokenizer.add_tokens_file, Speller(base_tokenizer_json(cfg)))  # bad input: before any write
-    return cfg
+        file_tokens(tk.add_tokens_file, Speller(base_tokenizer_json(spec)))  # bad input: before any write
+    return overrides
 
 
-def _as_trained(cfg: RunConfig, sizes: dict[str, int]) -> dict[str, Any]:
+def _as_trained(spec: InitSpec, sizes: dict[str, int]) -> dict[str, Any]:
     """The config fields a continued run takes from what it trains: tokenizer.kind and vocab_size of
     the tokenizer it uses (the checkpoint's, or tokenizer.path), model.preset when the
     checkpoint's sizes are a preset's, and the fresh-start fields at their defaults. Why: config.yaml, the model card and `doctor` read them, and
@@ -509,7 +532,8 @@ def _as_trained(cfg: RunConfig, sizes: dict[str, int]) -> dict[str, Any]:
     from tpu_ray.config import MODEL_PRESETS
     from tpu_ray.prepare.tokenizer import load_tokenizer_json
 
-    text = load_tokenizer_json(cfg.tokenizer.path) if cfg.tokenizer.path else base_tokenizer_json(cfg)
+    path = spec.tokenizer.path
+    text = load_tokenizer_json(path) if path else base_tokenizer_json(spec)
     out: dict[str, Any] = {}
     kind = {"BPE": "bpe", "Unigram": "unigram", "WordPiece": "wordpiece"}.get(json.loads(text)["model"].get("type"))
     if kind:
@@ -535,26 +559,29 @@ def _tokenizer_dir(src: Source) -> str:
     return src.local
 
 
-def copy_tokenizer(cfg: RunConfig, force: bool = False):
+def copy_tokenizer(spec: InitSpec, plan_sample: Callable[[], Callable[[], Iterable[list[str]]]],
+                   force: bool = False):
     """Validate the checkpoint's tokenizer and copy it to the run's tokenizer directory (the shards
-    then record its hash). Returns its TokenizerInfo."""
+    then record its hash). Returns its TokenizerInfo. `plan_sample()`: plans the corpus and returns
+    what reads the sample an extension learns from (the caller's: it holds the corpus; called only
+    when the run extends the vocabulary)."""
     from tpu_ray.prepare.tokenizer import TOKENIZER_FILE, tokenizer_info
 
-    out = cfg.tokenizer_dir
+    out = spec.paths.tokenizer_dir
     if not force and storage.exists(storage.join(out, TOKENIZER_FILE)):
         info = tokenizer_info(out)
-        check_tokenizer(cfg, info, out, directory=out)
+        check_tokenizer(spec, info, out, directory=out)
         return info
-    src = source_for(cfg)
+    src = source_for(spec)
     tok_dir = _tokenizer_dir(src)
     with tempfile.TemporaryDirectory(prefix="tpu-ray-tok-") as tmp:
         _gather_tokenizer(src, tok_dir, tmp)
         info = tokenizer_info(tmp)
-        check_tokenizer(cfg, info, f"{src.where} tokenizer", base=True)
-        if extends(cfg):
-            _extend(cfg, info, tmp)
+        check_tokenizer(spec, info, f"{src.where} tokenizer", base=True)
+        if extends(spec.tokenizer):
+            _extend(spec, info, tmp, plan_sample)
             info = tokenizer_info(tmp)
-            check_tokenizer(cfg, info, out, directory=tmp)
+            check_tokenizer(spec, info, out, directory=tmp)
         storage.makedirs(out)
         names = sorted(os.listdir(tmp), key=lambda n: n == TOKENIZER_FILE)  # tokenizer.json last: complete
         for name in names:
@@ -564,27 +591,25 @@ def copy_tokenizer(cfg: RunConfig, force: bool = False):
     return tokenizer_info(out)
 
 
-def extends(cfg: RunConfig) -> bool:
+def extends(tokenizer: TokenizerConfig) -> bool:
     """Whether the run adds tokens to its checkpoint's vocabulary (prepare/vocabulary.py)."""
-    return bool(cfg.tokenizer.extend_tokens or cfg.tokenizer.add_tokens_file)
+    return bool(tokenizer.extend_tokens or tokenizer.add_tokens_file)
 
 
-def _extend(cfg: RunConfig, info: Any, tmp: str) -> None:
+def _extend(spec: InitSpec, info: Any, tmp: str, plan_sample: Callable[[], Callable[[], Iterable[list[str]]]]) -> None:
     """The checkpoint's tokenizer in `tmp`, extended with the tokens the run asks for."""
-    from tpu_ray.prepare.sources import plan_sources, tokenizer_text
     from tpu_ray.prepare.vocabulary import extend
 
-    rows = _rows(cfg)
+    rows = _rows(spec)
     if info.vocab_size != rows:
-        raise UserError(f"model.init_from={cfg.model.init_from}: its embedding has {rows} rows for a vocabulary of "
+        raise UserError(f"model.init_from={spec.model.init_from}: its embedding has {rows} rows for a vocabulary of "
                         f"{info.vocab_size} (padded); tokenizer.extend_tokens / add_tokens_file need them equal")
-    planned = plan_sources(cfg)
-    extend(tmp, cfg, lambda: tokenizer_text(cfg, planned))
+    extend(tmp, spec.tokenizer, plan_sample())
 
 
-def base_tokenizer_json(cfg: RunConfig) -> str:
+def base_tokenizer_json(spec: InitSpec) -> str:
     """The checkpoint's own tokenizer.json (what an extended tokenizer grew from)."""
-    src = source_for(cfg)
+    src = source_for(spec)
     tok_dir = _tokenizer_dir(src)
     path = storage.join(tok_dir, "tokenizer.json")
     if storage.exists(path):
@@ -618,26 +643,26 @@ def _gather_tokenizer(src: Source, tok_dir: str, tmp: str) -> None:
             os.remove(os.path.join(tmp, name))
 
 
-def _rows(cfg: RunConfig) -> int:
-    return int(checkpoint_hf_config(cfg).vocab_size)
+def _rows(spec: InitSpec) -> int:
+    return int(checkpoint_hf_config(spec).vocab_size)
 
 
-def check_tokenizer(cfg: RunConfig, info: Any, where: str, directory: str | None = None, base: bool = False) -> None:
+def check_tokenizer(spec: InitSpec, info: Any, where: str, directory: str | None = None, base: bool = False) -> None:
     """Vocabulary == embedding rows (or padded up to a multiple of 8..128 as some checkpoints are),
     or exactly the checkpoint's vocabulary plus the tokens its extension record (in `directory`)
     names; the special tokens are the family's convention. `base`: the checkpoint's own tokenizer,
     before any extension the run asks for."""
     from tpu_ray.prepare.vocabulary import EXTENSION_FILE, check_growth, read_record, tokens_file_changed
 
-    rows = _rows(cfg)
+    rows = _rows(spec)
+    tk = spec.tokenizer
     record = read_record(directory) if directory else None
     if record is not None:
-        check_growth(record, storage.read_text(storage.join(directory, "tokenizer.json")), base_tokenizer_json(cfg),
+        check_growth(record, storage.read_text(storage.join(directory, "tokenizer.json")), base_tokenizer_json(spec),
                      rows, where)
         rows = record["vocab_size"]
-        tk = cfg.tokenizer
         asked = (tk.extend_tokens, tk.add_tokens_file)
-        if extends(cfg) and asked != (record.get("extend_tokens"), record.get("add_tokens_file")):
+        if extends(tk) and asked != (record.get("extend_tokens"), record.get("add_tokens_file")):
             raise UserError(f"{where}: extended with tokenizer.extend_tokens={record.get('extend_tokens')} "
                             f"add_tokens_file={record.get('add_tokens_file')} ({EXTENSION_FILE}), not as this run "
                             f"asks; make it again with `tpu-ray tokenizer --force`")
@@ -646,15 +671,15 @@ def check_tokenizer(cfg: RunConfig, info: Any, where: str, directory: str | None
                             f"(sha256 {record['add_tokens_sha256'][:12]}, {EXTENSION_FILE}); the file has changed "
                             f"since; restore it, or make the tokenizer again (`tpu-ray tokenizer --force`, before shards) or "
                             f"use a new --output-dir")
-    elif extends(cfg) and not base:
+    elif extends(tk) and not base:
         raise UserError(f"{where}: the checkpoint's tokenizer, not extended as tokenizer.extend_tokens / "
                         f"add_tokens_file ask; make it with `tpu-ray tokenizer --force`")
     padded = info.vocab_size < rows and any(rows % m == 0 and rows - info.vocab_size < m for m in (8, 16, 32, 64, 128))
     if info.vocab_size != rows and not padded:
         raise UserError(f"{where}: vocabulary of {info.vocab_size} tokens, but the checkpoint's embedding has "
                         f"{rows} rows; use the tokenizer the checkpoint was trained with")
-    fam = family(cfg.model.model_type)
-    if info.special_tokens != fam.tokens.as_tuple() and cfg.model.model_type != "albert":
+    fam = family(spec.model.model_type)
+    if info.special_tokens != fam.tokens.as_tuple() and spec.model.model_type != "albert":
         log.info("tokenizer %s: special tokens %s (family %s convention: %s)", where, " ".join(info.special_tokens),
                  fam.model_type, " ".join(fam.tokens.as_tuple()))
     if fam.required_pad_id is not None and info.pad_id != fam.required_pad_id:
@@ -663,19 +688,20 @@ def check_tokenizer(cfg: RunConfig, info: Any, where: str, directory: str | None
 
 
 # --- the checkpoint's weights ---------------------------------------------------------------------
-def load_weights(model: Any, cfg: RunConfig) -> str:
+def load_weights(model: Any, spec: InitSpec) -> str:
     """Load the checkpoint's weights into the built `model`; every model weight must be found.
     Returns a description of what was read."""
-    config = checkpoint_hf_config(cfg)
+    config = checkpoint_hf_config(spec)
     if int(model.config.vocab_size) != int(config.vocab_size):  # an extended vocabulary: load, then grow
         from tpu_ray.train.grow import load_grown
 
-        return load_grown(model, cfg, config, _load_source)
-    return _load_source(model, cfg)
+        return load_grown(model, config, lambda old: _load_source(old, spec), spec.paths.tokenizer_dir,
+                          str(spec.model.init_from))
+    return _load_source(model, spec)
 
 
-def _load_source(model: Any, cfg: RunConfig) -> str:
-    src = source_for(cfg)
+def _load_source(model: Any, spec: InitSpec) -> str:
+    src = source_for(spec)
     if src.kind == "run" or (src.kind == "copy" and os.path.isdir(os.path.join(src.local, rundir.CHECKPOINTS_DIR))):
         return _load_run_checkpoint(model, src)
     h5 = os.path.join(src.local, "tf_model.h5")

@@ -9,11 +9,14 @@ train step's trace count and the host's input wait per interval, (3) resume at a
 the same data and masks. The loop is still Keras underneath: a transformers TF model, a tf-keras
 AdamW from train/optimizer.py, `steps_per_execution` steps per host round trip.
 
-`_train_loop` runs every run the same way, as its steps: the plan (train/plan.py: the spans; a run
-without train.phases is one) and what each span reads (train/span_data.py) -> restore_or_start ->
-trainer_hooks (loop_hooks.py: log, eval, checkpoint, snapshot: objects, each with its own every=) -> per
-span: train_input (the span's length, batch, masking) -> make_train_step -> executions (hooks.py: no
-execution crosses a hook's or the span's boundary) -> finish (export, summary).
+`train` is the one function here that reads the whole config: it resolves it once into what each
+stage takes (the sections, RunPaths, the seed, and small specs: ModelSpec, StartSpec, LoopSpec, the
+export's RunRecord) and builds the objects: the plan (train/plan.py: the spans; a run without
+train.phases is one) and what each span reads (train/span_data.py) -> build -> restore_or_start.
+`_train_loop` then runs every run the same way, as its steps: trainer_hooks (loop_hooks.py: log, eval,
+checkpoint, snapshot: objects, each with its own every=) -> per span: train_input (the span's length,
+batch, masking) -> make_train_step -> executions (hooks.py: no execution crosses a hook's or the
+span's boundary) -> finish (export, summary).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,14 +41,15 @@ from tpu_ray.train.evaluation import EvalSums, evaluator as make_evaluator
 from tpu_ray.train.generation import Generation
 from tpu_ray.train.hooks import Hooks, TrainSums, executions
 from tpu_ray.train.loop_hooks import PhaseFlops, Snapshot, recover_results, trainer_hooks
-from tpu_ray.config import RunConfig
+from tpu_ray.config import CorpusConfig, EvalConfig, RunConfig, RunPaths, TrainConfig
 from tpu_ray.train.phases import Span
-from tpu_ray.train.plan import SpanPlan, plan as plan_of
+from tpu_ray.train.plan import Plan, SpanPlan, plan as plan_of
 from tpu_ray.train.inputs import IGNORE, MaskSpec, masked_batches, predictions_for
 from tpu_ray.errors import UserError
 from tpu_ray.train.metrics import MetricsWriter
-from tpu_ray.train.model import hf_config
-from tpu_ray.train.export_safetensors import write_pytorch_files
+from tpu_ray.train.init_from import InitSpec, load_weights
+from tpu_ray.train.model import ModelSpec, hf_config
+from tpu_ray.train.export_safetensors import RunRecord, run_record, write_pytorch_files
 from tpu_ray.prepare.shard_set import ShardSet
 from tpu_ray.train.strategy import StrategyInfo, keeps_global_policy, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
@@ -69,7 +74,7 @@ def masked_sums(labels: tf.Tensor, logits: tf.Tensor) -> tuple[tf.Tensor, tf.Ten
 class TrainSetup:
     """The built objects one training (or evaluation) process works on, and where its run lives; no
     config: what a stage needs from it is handed to that stage (the hooks the train section, the
-    export the whole config it records)."""
+    export the run's record, export_safetensors.RunRecord)."""
 
     run_dir: str
     tokenizer_dir: str
@@ -83,22 +88,24 @@ class TrainSetup:
     step_var: tf.Variable
 
 
-def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
-    """Model, optimizer and the checkpoint object over them, created inside the strategy's scope."""
+def build(t: TrainConfig, paths: RunPaths, seed: int, model_spec: ModelSpec, info: StrategyInfo,
+          tok: TokenizerInfo) -> TrainSetup:
+    """Model, optimizer and the checkpoint object over them, created inside the strategy's scope:
+    the model from `model_spec` (train/model.py), the optimizer and schedule from the train section,
+    the initial weights and dropout from `seed`; `paths`: where the run's checkpoints and tokenizer are."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM
 
     from tpu_ray.train import schedule as lr_schedule
     from tpu_ray.train.optimizer import make_optimizer
 
-    t = cfg.train
-    refuse_precision(cfg.model.model_type, info.mixed_precision)
+    refuse_precision(model_spec.model.model_type, info.mixed_precision)
     warmup = curves.warmup_steps(t)
     # `seed` fixes the initial weights and dropout too, not only data order and masks: an
     # uninterrupted run can be repeated exactly (after --resume only the dropout draws differ).
-    tf_keras.utils.set_random_seed(cfg.seed)
+    tf_keras.utils.set_random_seed(seed)
     with info.strategy.scope():
-        model = TFAutoModelForMaskedLM.from_config(hf_config(cfg, tok))
+        model = TFAutoModelForMaskedLM.from_config(hf_config(model_spec, tok))
         model(model.dummy_inputs, training=False)  # create the variables now, in scope
         optimizer, schedule = make_optimizer(t, warmup)
         if info.mixed_precision == "mixed_float16":  # float16 needs loss scaling; bfloat16 does not
@@ -113,8 +120,8 @@ def build(cfg: RunConfig, info: StrategyInfo, tok: TokenizerInfo) -> TrainSetup:
     # stream, as the workers read different data (equal seeds would repeat worker 0's masks).
     worker = info.worker_index
     if worker:
-        tf.random.set_seed(cfg.seed + 7919 * worker)
-    return TrainSetup(cfg.run_dir, cfg.tokenizer_dir, t.keep_checkpoints, info, tok, model, optimizer, schedule,
+        tf.random.set_seed(seed + 7919 * worker)
+    return TrainSetup(paths.run_dir, paths.tokenizer_dir, t.keep_checkpoints, info, tok, model, optimizer, schedule,
                       checkpoint, step_var)
 
 
@@ -217,23 +224,23 @@ def make_eval_step(s: TrainSetup):
     return eval_step
 
 
-def mask_spec(cfg: RunConfig, tok: TokenizerInfo, span: Span | None = None) -> MaskSpec:
+def mask_spec(t: TrainConfig, paths: RunPaths, tok: TokenizerInfo, span: Span | None = None) -> MaskSpec:
     """The masking of training batches (train.mask_schedule=linear: the rate moves with the step);
-    `span`: a phase's length and rate (train/phases.py); None: the run's own."""
-    t = cfg.train
-    seq_len = cfg.shard.seq_len if span is None else span.seq_len
+    `span`: a phase's length and rate (train/phases.py); None: the run's own (`paths.seq_len`,
+    train.mask_prob). `paths`: the tokenizer (whole words) and the shards their bound is sampled from."""
+    seq_len = paths.seq_len if span is None else span.seq_len
     mask_prob = t.mask_prob if span is None else span.mask_prob
     scheduled = t.mask_schedule == "linear" and t.mask_prob_end is not None
     words = None
     if t.whole_word_mask:  # word starts from the tokenizer's vocabulary (train/words.py)
         from tpu_ray.prepare.tokenizer import load_tokenizer_json
 
-        words = continuation_table(load_tokenizer_json(cfg.tokenizer_dir))
+        words = continuation_table(load_tokenizer_json(paths.tokenizer_dir))
     # Every special token (XLM's <special0-9> too) is never masked nor drawn as a random replacement.
     specials = tuple(sorted({*tok.special_ids, *(i for i in tok.reserved_ids if i < tok.vocab_size)}))
     predictions = predictions_for(t, seq_len, mask_prob)
     if words is not None:  # the bound the corpus's own words need (long words would lose targets)
-        predictions = max(predictions, sampled_word_bound(cfg, words, tok, span))
+        predictions = max(predictions, sampled_word_bound(paths, t.mask_prob, words, tok, span))
     return MaskSpec(mask_prob, tok.mask_id, tok.vocab_size, specials, predictions,
                     target_ids=(tok.unk_id,), continues_word=words, mask_fraction=t.mask_token_fraction,
                     random_fraction=t.random_token_fraction, exact_count=t.mask_count == "exact",
@@ -257,110 +264,139 @@ def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Te
     return gathered_logits(model, batch, training)
 
 
-def open_shards(cfg: RunConfig, tok: TokenizerInfo) -> ShardSet:
-    """The run's shards, checked before a step is paid for: complete, made with this tokenizer and
-    seq_len, present with the manifest's sizes (contents too, when small), all from one listing.
-    With train.phases, each shorter phase's set (train/phases.py) is checked the same way."""
-    from tpu_ray.train.phases import extra_lengths
+def open_shards(paths: RunPaths, tok: TokenizerInfo, lengths: tuple[int, ...] = ()) -> ShardSet:
+    """The run's shards (`paths.shards_dir`), checked before a step is paid for: complete, made with
+    this tokenizer and seq_len, present with the manifest's sizes (contents too, when small), all
+    from one listing. `lengths`: train.phases' other lengths, each set (train/phases.py) checked the same way."""
     from tpu_ray.train.span_data import phase_shards
 
-    shards = ShardSet.open(cfg.shards_dir)
+    shards = ShardSet.open(paths.shards_dir)
     shards.require_complete()
-    shards.require_made_with(tok, cfg.shard.seq_len, cfg.tokenizer_dir)
+    shards.require_made_with(tok, paths.seq_len, paths.tokenizer_dir)
     if not shards.files("train"):
-        raise UserError(f"{cfg.shards_dir}: no train shards; run `tpu-ray shard` first")
+        raise UserError(f"{paths.shards_dir}: no train shards; run `tpu-ray shard` first")
     shards.verify()
-    for length in extra_lengths(cfg):
-        phase_shards(cfg, tok, length)
+    for length in lengths:
+        phase_shards(paths, tok, length)
     return shards
 
 
 def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = None) -> dict[str, Any]:
-    """Train to `cfg.train.steps`, evaluating, checkpointing and exporting; returns the summary."""
+    """Train to `cfg.train.steps`, evaluating, checkpointing and exporting; returns the summary.
+
+    The trainer's one reader of the whole config: it resolves the run, once, into what each stage
+    takes (the plan, the sections, the run's paths and seed, the specs of the model, the start and
+    the export's record), builds the objects they work on, and hands `_train_loop` the rest."""
+    from tpu_ray.train.mixture import mixture_of
+    from tpu_ray.train.phases import extra_lengths
+    from tpu_ray.train.span_data import shard_sets, span_data
+
     t_start = time.monotonic()
     if cfg.train.branch_from:  # a branch's source is checked first (its shards are the ones to read), its defaults filled
         from tpu_ray.train.branch import settled
 
         cfg = settled(cfg)
-    tok = tokenizer_info(cfg.tokenizer_dir)
-    shards = open_shards(cfg, tok)
+    t, paths = cfg.train, cfg.paths
+    tok = tokenizer_info(paths.tokenizer_dir)
+    shards = open_shards(paths, tok, extra_lengths(t.phases, paths.seq_len))
+    init = InitSpec(cfg.model, cfg.tokenizer, paths, t.branch_from)
     # tf.data's DataLossError names no file: naming_corrupt_files names the shard.
-    with keeps_global_policy(), shards.naming_corrupt_files():
-        return _train(cfg, tok, shards, resume, metrics, t_start)
-
-
-def _train(cfg: RunConfig, tok: TokenizerInfo, shards: ShardSet, resume: bool, metrics: MetricsWriter | None,
-           t_start: float) -> dict[str, Any]:
-    info = select(cfg.train)
-    gb = cfg.train.batch_size
-    if gb % info.replicas:
-        raise UserError(f"train.batch_size={gb} is not divisible by the {info.replicas} replicas; "
-                        f"use a multiple of {info.replicas}")
-    log.info("training: %s", info.describe(gb))
-    # Multi-worker: every worker runs this loop; only the chief writes metrics, checkpoints and the
-    # export. The others log metrics to a scratch directory and, in CheckpointStore(write=False),
-    # save into scratch (TF requires every worker to take part in a save) and restore the chief's.
-    chief = info.is_chief
-    with ExitStack() as cleanup:
+    with keeps_global_policy(), shards.naming_corrupt_files(), ExitStack() as cleanup:
+        info = select(t)
+        if t.batch_size % info.replicas:
+            raise UserError(f"train.batch_size={t.batch_size} is not divisible by the {info.replicas} replicas; "
+                            f"use a multiple of {info.replicas}")
+        log.info("training: %s", info.describe(t.batch_size))
+        # Multi-worker: every worker runs this loop; only the chief writes metrics, checkpoints and the
+        # export. The others log metrics to a scratch directory and, in CheckpointStore(write=False),
+        # save into scratch (TF requires every worker to take part in a save) and restore the chief's.
+        chief = info.is_chief
         if not chief:
             scratch = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="tpu-ray-worker-"))
             metrics = MetricsWriter(scratch, tensorboard=False)
         elif metrics is None:
-            storage.makedirs(cfg.run_dir)
+            storage.makedirs(paths.run_dir)
             metrics = MetricsWriter.for_run(cfg)  # with the progress line, Ray's gauges, the trackers
             cleanup.callback(metrics.close)
-        s = build(cfg, info, tok)
+        model_spec = ModelSpec(cfg.model, cfg.max_positions(), paths.seq_len, paths.tokenizer_dir, init)
+        s = build(t, paths, cfg.seed, model_spec, info, tok)
         ckpts = cleanup.enter_context(checkpoint_store(s, write=chief))
-        return _train_loop(cfg, s, ckpts, metrics, resume, shards, t_start)
+        # Each span's masking (its length and rate) is resolved once here, where the tokenizer is known.
+        run_plan = plan_of(t, cfg.corpus, paths).with_masks(lambda span: mask_spec(t, paths, tok, span))
+        for sp in run_plan.spans:
+            if sp.batch_size % info.replicas:
+                raise UserError(f"train.phases[{sp.span.index}].batch_size={sp.batch_size} is not divisible by the "
+                                f"{info.replicas} replicas; use a multiple of {info.replicas}")
+        data = span_data(run_plan, shard_sets(run_plan, shards, paths, tok), mixture_of(cfg.corpus, cfg.seed, shards), cfg.seed,
+                         t.shuffle_buffer)
+        run_mask = mask_spec(t, paths, tok)  # the run's own: the evaluation's, and the never-masked ids
+        branch = None
+        if t.branch_from and not ckpts.present:  # a fresh branch: the stable run's checkpoint it starts from
+            from tpu_ray.train.branch import BranchSpec, resolve
+
+            found = resolve(BranchSpec(t, cfg.model, cfg.shard, cfg.corpus, cfg.seed, cfg.tokenizer.path))
+            branch = BranchPoint(found.checkpoint, found.run_dir)
+        bias = (OutputBias(cfg.corpus, cfg.seed, paths.seq_len, run_mask.never_masked)
+                if cfg.model.output_bias == "unigram" else None)
+        start_spec = StartSpec(t, branch, init if cfg.model.init_from else None, bias)
+        start = restore_or_start(ckpts, s, metrics, resume, start_spec, shards)
+        evaluate = evaluator(s, shards, t.batch_size // info.replicas, run_mask, cfg.eval, paths.seq_len)
+        flops = PhaseFlops(cfg.model, t, paths.seq_len, tok.vocab_size, s.model.config)
+        loop = LoopSpec(t, cfg.seed, run_plan, run_record(cfg), frozenset(d.every for d in cfg.eval.downstream),
+                        evaluate_start=bool(cfg.model.init_from))
+        return _train_loop(loop, s, ckpts, metrics, data, start, evaluate, flops.of, t_start)
 
 
-def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, resume: bool,
-                shards: ShardSet, t_start: float) -> dict[str, Any]:
-    """The loop, in named steps: the plan, restore, hooks, then per span of the plan (a run without
-    train.phases is one span) its input and step functions (one compile per span: static shapes
-    within it) and its executions; the model, optimizer, step and hooks carried across; the summary."""
-    from tpu_ray.train.span_data import span_data
+@dataclass(frozen=True)
+class LoopSpec:
+    """What the loop reads of the run besides the objects it works on, resolved once by `train`."""
 
-    # Each span's masking (its length and rate) is resolved once here, where the tokenizer is known.
-    info, run_plan = s.info, plan_of(cfg).with_masks(lambda span: mask_spec(cfg, s.tok, span))
-    for sp in run_plan.spans:
-        if sp.batch_size % info.replicas:
-            raise UserError(f"train.phases[{sp.span.index}].batch_size={sp.batch_size} is not divisible by the "
-                            f"{info.replicas} replicas; use a multiple of {info.replicas}")
-    data = span_data(cfg, run_plan, shards, s.tok)
+    train: TrainConfig  # steps, batch, the hooks' grids, train.accept_new_data_order
+    seed: int  # with the step, fixes each batch's masks (train_input)
+    plan: Plan  # the spans, each with its masking (Plan.with_masks)
+    record: RunRecord  # what the export (and each downstream snapshot) records of the run
+    snapshot_every: frozenset[int]  # eval.downstream's grids, one per task (empty: no snapshots)
+    evaluate_start: bool = False  # model.init_from: a continued run's curves start at its checkpoint's evaluation
+
+
+def _train_loop(spec: LoopSpec, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter, data: Any,
+                start: int, evaluate: Callable[[int], Any] | None, flops_of: Callable[[Span], float],
+                t_start: float) -> dict[str, Any]:
+    """The loop, in named steps: the hooks, then per span of the plan (a run without train.phases is
+    one span) its input and step functions (one compile per span: static shapes within it) and its
+    executions; the model, optimizer, step and hooks carried across; the summary. `data`: what each
+    span reads (train/span_data.py); `start`: the step restore_or_start gave; `evaluate`: the
+    evaluator (None: no validation samples); `flops_of`: a span's FLOPs per token (PhaseFlops)."""
+    t, run_plan, info = spec.train, spec.plan, s.info
     source_samples = data.source_samples if data.mixture is not None else None
-    start = restore_or_start(cfg, s, ckpts, metrics, resume, shards)
     # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
-    timer = CheckpointTimer(cfg.train.checkpoint_every_minutes if info.kind != "multiworker" else None)
+    timer = CheckpointTimer(t.checkpoint_every_minutes if info.kind != "multiworker" else None)
     traced: list[Any] = []
-    hooks = trainer_hooks(cfg.train, s, ckpts, metrics, evaluator(cfg, s, shards, cfg.train.batch_size // info.replicas),
-                          lambda: sum(f.experimental_get_tracing_count() for f in traced),
-                          PhaseFlops(cfg, s.tok.vocab_size, s.model.config).of,
-                          position=lambda step: data.positions.at(step).to_json(), timer=timer,
+    hooks = trainer_hooks(t, s, ckpts, metrics, evaluate, lambda: sum(f.experimental_get_tracing_count() for f in traced),
+                          flops_of, position=lambda step: data.positions.at(step).to_json(), timer=timer,
                           source_samples=source_samples)
-    if cfg.eval.downstream:  # the model at each task's grid, for the driver's fine-tuning (tpu_ray.downstream.during)
-        snapshot_dir = lambda at: rundir.path(rundir.snapshot_dir(cfg.run_dir, at), rundir.MODEL_DIR)  # noqa: E731
-        hooks.add(Snapshot(lambda at: export(s, cfg, out=snapshot_dir(at)), info.is_chief),
-                  every={d.every for d in cfg.eval.downstream})
+    if spec.snapshot_every:  # the model at each task's grid, for the driver's fine-tuning (tpu_ray.downstream.during)
+        snapshot_dir = lambda at: rundir.path(rundir.snapshot_dir(s.run_dir, at), rundir.MODEL_DIR)  # noqa: E731
+        hooks.add(Snapshot(lambda at: export(s, spec.record, out=snapshot_dir(at)), info.is_chief),
+                  every=spec.snapshot_every)
     train_log = hooks["log"]
     phases = ({"phases": [{"steps": sp.span.steps, "seq_len": sp.seq_len, "batch_size": sp.batch_size,
                            "mask_prob": sp.mask_prob} for sp in run_plan.spans]} if run_plan.phased else {})
     remaining = run_plan.remaining(start)  # the first even when resumed at the end: its position is checked
 
     step, files_read = start, []
-    first = train_input(remaining[0], s, start, data.trackers[remaining[0].span.index], cfg.seed)
+    first = train_input(remaining[0], s, start, data.trackers[remaining[0].span.index], spec.seed)
     if ckpts.latest:  # resumed: the stored position is checked before the first step (and its event written
         # before train_start); the trackers are bound now, as the strategy built each input pipeline
         at = data.positions.check_resume(ckpts.stored_position(), start, ckpts.latest_url,
-                                         cfg.train.accept_new_data_order)
+                                         t.accept_new_data_order)
         metrics.event("resume", stage="train", step=start, checkpoint=ckpts.latest_url, epoch=at.epoch,
                       sample_in_epoch=at.sample_in_epoch, samples=at.samples)
-    _start_training(info, metrics, hooks, start, cfg.train.batch_size, evaluate_start=bool(cfg.model.init_from),
-                    **phases)
+    _start_training(info, metrics, hooks, start, t.batch_size, evaluate_start=spec.evaluate_start, **phases)
     for sp in remaining:
         span = sp.span
         train_log.start_span(span)  # the train records' seq_len, batch and FLOPs follow the span
-        iterator, mine = first if sp is remaining[0] else train_input(sp, s, step, data.trackers[span.index], cfg.seed)
+        iterator, mine = first if sp is remaining[0] else train_input(sp, s, step, data.trackers[span.index], spec.seed)
         files_read.extend(mine)
         train_step, train_steps = make_train_step(s)
         traced.extend((train_step, train_steps))
@@ -370,11 +406,11 @@ def _train_loop(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: 
             metrics.event("phase_start", stage="train", step=step, phase=span.index, seq_len=span.seq_len,
                           batch_size=span.batch_size, mask_prob=span.mask_prob, end=span.end,
                           text_read=data.text_read(span.index))
-        for done in executions(step, cfg.train.steps, info.steps_per_execution, hooks,
+        for done in executions(step, t.steps, info.steps_per_execution, hooks,
                                make_execute(s, iterator, train_step, train_steps), stop=span.end):
             step = done.step
         hooks.force("log", step)  # a train record per span: none mixes two phases' figures
-    summary = finish(cfg, s, metrics, hooks, start, step, files_read, t_start)
+    summary = finish(s, metrics, hooks, start, step, files_read, t_start, t.batch_size, spec.record)
     summary.update(data.summary(step))  # a mixture's draws per source (and per phase)
     return summary
 
@@ -401,8 +437,42 @@ def refuse_precision(model_type: str, precision: str) -> None:
         raise UserError(why)
 
 
-def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metrics: MetricsWriter,
-                     resume: bool, shards: ShardSet | None = None) -> int:
+@dataclass(frozen=True)
+class BranchPoint:
+    """A fresh branch's start (train.branch_from, resolved by train/branch.resolve): the stable
+    run's checkpoint and the run it belongs to."""
+
+    checkpoint: str
+    stable_run: str
+
+
+@dataclass(frozen=True)
+class OutputBias:
+    """model.output_bias=unigram: what the head's starting bias is counted from: the training
+    sources (`corpus`: their weights), the run's seed (the share of each file read), its shard
+    length, and the ids never masked (the run's MaskSpec.never_masked)."""
+
+    corpus: CorpusConfig
+    seed: int
+    seq_len: int
+    never_masked: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    """Where a run starts, resolved once by `train`: the train section (its schedule, checked and
+    adopted on --resume); without a checkpoint of its own, a branch point (train.branch_from), the
+    model.init_from resolution (train/init_from.InitSpec), and the unigram output bias, each None
+    when the config does not ask for it."""
+
+    train: TrainConfig
+    branch: BranchPoint | None = None
+    init: InitSpec | None = None
+    output_bias: OutputBias | None = None
+
+
+def restore_or_start(ckpts: CheckpointStore, s: TrainSetup, metrics: MetricsWriter, resume: bool, spec: StartSpec,
+                     shards: ShardSet | None = None) -> int:
     """The step to start from: 0, or the latest checkpoint's with --resume (refused without it).
     A fresh start with model.init_from loads the checkpoint's weights (optimizer and schedule fresh);
     one with train.branch_from the stable run's checkpoint whole (train/branch.py); one with
@@ -410,20 +480,18 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
         metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
     if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
-        if cfg.model.output_bias == "unigram" and (cfg.train.branch_from or cfg.model.init_from):
+        if spec.output_bias is not None and (spec.train.branch_from or spec.init is not None):
             log.info("model.output_bias=unigram is for a fresh model: the head's bias is the trained one it starts from")
-        if cfg.train.branch_from:  # a decay branched off a stable run: its checkpoint, this run's schedule
+        if spec.branch is not None:  # a decay branched off a stable run: its checkpoint, this run's schedule
             from tpu_ray.train.branch import restore as restore_branch
 
-            return restore_branch(cfg, s, metrics)
-        if cfg.model.init_from:
-            from tpu_ray.train.init_from import load_weights
-
-            loaded = load_weights(s.model, cfg)
+            return restore_branch(spec.branch.checkpoint, spec.branch.stable_run, spec.train, s, metrics)
+        if spec.init is not None:
+            loaded = load_weights(s.model, spec.init)
             log.info("initialised from %s", loaded)
-            metrics.event("init_from", stage="train", step=0, source=cfg.model.init_from, weights=loaded)
-        if cfg.model.output_bias == "unigram" and not cfg.model.init_from:
-            start_output_bias(cfg, s, shards, metrics)
+            metrics.event("init_from", stage="train", step=0, source=spec.init.model.init_from, weights=loaded)
+        elif spec.output_bias is not None:
+            start_output_bias(s, shards, metrics, spec.output_bias)
         return 0
     if not resume:
         raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
@@ -431,21 +499,21 @@ def restore_or_start(cfg: RunConfig, s: TrainSetup, ckpts: CheckpointStore, metr
     from tpu_ray.train import schedule as lr_schedule
 
     ckpts.restore(s.checkpoint)
-    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, cfg.train, s.checkpoint.schedule_shape)
-    lr_schedule.adopt(s.checkpoint, cfg.train)  # what the next checkpoint records
+    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, spec.train, s.checkpoint.schedule_shape)
+    lr_schedule.adopt(s.checkpoint, spec.train)  # what the next checkpoint records
     start = int(s.step_var.numpy())
     log.info("resumed from %s at step %d", ckpts.latest_url, start)
     return start  # the resume event is written by train_input, with the input position
 
 
-def start_output_bias(cfg: RunConfig, s: TrainSetup, shards: ShardSet | None, metrics: MetricsWriter) -> None:
+def start_output_bias(s: TrainSetup, shards: ShardSet | None, metrics: MetricsWriter, bias: OutputBias) -> None:
     """model.output_bias=unigram: the head's bias at the log frequencies of the training tokens; the
     event records how many were counted and the loss a frequency-only model has on them (nats)."""
     from tpu_ray.train.output_bias import frequency_loss, set_output_bias, token_log_frequencies, training_sources
 
-    never = mask_spec(cfg, s.tok).never_masked
-    sources = training_sources(shards, cfg.corpus, cfg.seed) if shards is not None else {}
-    log_p, counted = token_log_frequencies(sources, cfg.shard.seq_len, s.tok.vocab_size, never)
+    never = bias.never_masked
+    sources = training_sources(shards, bias.corpus, bias.seed) if shards is not None else {}
+    log_p, counted = token_log_frequencies(sources, bias.seq_len, s.tok.vocab_size, never)
     name = set_output_bias(s.model, log_p)
     entropy = frequency_loss(log_p, never)
     log.info("output bias %s set from %d training tokens (%s): a frequency-only loss of %.3f nats", name,
@@ -496,19 +564,20 @@ def make_execute(s: TrainSetup, iterator, train_step, train_steps):
     return execute
 
 
-def finish(cfg: RunConfig, s: TrainSetup, metrics: MetricsWriter, hooks: Hooks, start: int, step: int,
-           files_read: list[str], t_start: float) -> dict[str, Any]:
-    """Export (chief), the run summary (from the log's and the evaluation's own records), the train_end event."""
+def finish(s: TrainSetup, metrics: MetricsWriter, hooks: Hooks, start: int, step: int, files_read: list[str],
+           t_start: float, global_batch: int, record: RunRecord) -> dict[str, Any]:
+    """Export (chief; `record`: what it records of the run), the run summary (from the log's and the
+    evaluation's own records), the train_end event."""
     info, train_log = s.info, hooks["log"]
     evaluation = hooks["eval"] if "eval" in hooks else None
     if train_log.last is None and info.is_chief:  # no step ran (resumed at its end): the results stand
-        recover_results(cfg.run_dir, step, train_log, evaluation)
+        recover_results(s.run_dir, step, train_log, evaluation)
     last, finite = train_log.last or {}, train_log.last_finite or {}
     last_eval = (evaluation.last if evaluation else None) or {}
-    export_dir = export(s, cfg, evaluation.last if evaluation else None) if info.is_chief else None
+    export_dir = export(s, record, evaluation.last if evaluation else None) if info.is_chief else None
     summary = {
         "strategy": type(info.strategy).__name__, "kind": info.kind, "device": info.device,
-        "replicas": info.replicas, "global_batch": cfg.train.batch_size, "steps": step, "resumed_from": start,
+        "replicas": info.replicas, "global_batch": global_batch, "steps": step, "resumed_from": start,
         "train_traces": last.get("train_traces"), "final_loss": finite.get("loss"),
         "final_loss_step": finite.get("step"), "diverged_at": train_log.diverged_at,
         "eval_loss": last_eval.get("eval_loss"), "eval_accuracy": last_eval.get("eval_accuracy"),
@@ -529,15 +598,16 @@ def weights_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def evaluator(cfg: RunConfig, s: TrainSetup, shards: ShardSet, per_replica: int):
+def evaluator(s: TrainSetup, shards: ShardSet, per_replica: int, mask: MaskSpec, ev: EvalConfig, seq_len: int):
     """`evaluate(step)` -> train/evaluation.Evaluation over every source's fixed set, with this
-    model's eval step and the run's masking; None when no source has validation samples."""
-    return make_evaluator(s, shards, per_replica, make_eval_step(s), mask_spec(cfg, s.tok), cfg.eval,
-                          cfg.shard.seq_len)
+    model's eval step and the run's masking (`mask`: mask_spec of the run, no span), as the eval
+    section says, at the run's shard length; None when no source has validation samples."""
+    return make_evaluator(s, shards, per_replica, make_eval_step(s), mask, ev, seq_len)
 
 
-def export(s: TrainSetup, cfg: RunConfig, last_eval: dict[str, Any] | None = None, out: str | None = None) -> str:
-    """`<run_dir>/model` (or `out`): weights + config + tokenizer, loadable by pipeline("fill-mask").
+def export(s: TrainSetup, record: RunRecord, last_eval: dict[str, Any] | None = None, out: str | None = None) -> str:
+    """`<run_dir>/model` (or `out`): weights + config + tokenizer, loadable by pipeline("fill-mask"),
+    with `record` (export_safetensors.run_record: the run's config, its digest) in the card and config.json.
 
     Written locally first, then replaced whole (storage.commit_dir): never old and new files mixed.
     """
@@ -546,10 +616,10 @@ def export(s: TrainSetup, cfg: RunConfig, last_eval: dict[str, Any] | None = Non
     out = out or rundir.path(s.run_dir, rundir.MODEL_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         s.model.save_pretrained(tmp)
-        write_pytorch_files(tmp, s, cfg, last_eval)  # model.safetensors (PyTorch layout, no torch) + README.md model card
+        write_pytorch_files(tmp, s, record, last_eval)  # model.safetensors (PyTorch layout, no torch) + README.md model card
         for name in sorted(storage.listdir(s.tokenizer_dir)):
             base = name.rsplit("/", 1)[-1]
             (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.tokenizer_dir, base)))
-        stamp_provenance(tmp, cfg, int(s.step_var.numpy()))
+        stamp_provenance(tmp, record.config_sha256, int(s.step_var.numpy()))
         storage.commit_dir(tmp, out, last="config.json")  # written beside, renamed into place whole
     return out

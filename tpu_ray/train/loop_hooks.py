@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from tpu_ray.config import RunConfig, TrainConfig
+from tpu_ray.config import ModelConfig, TrainConfig
 from tpu_ray.errors import UserError
 from tpu_ray.train.hooks import Hook, Hooks, StepInfo, TrainSums
 from tpu_ray.train.metrics import MetricsWriter, eval_line, train_line
@@ -220,16 +220,20 @@ def trainer_hooks(t: TrainConfig, s: Any, ckpts: Any, metrics: MetricsWriter, ev
 
 class PhaseFlops:
     """Training FLOPs per token of each span, kept by the span's index (an object's `id()` is no key:
-    a later phase's object may take a freed one's id, and with it that phase's FLOPs)."""
+    a later phase's object may take a freed one's id, and with it that phase's FLOPs). What
+    train/model.train_flops_per_token reads: the model and train sections, the run's shard length,
+    the vocabulary and the built model's transformers config."""
 
-    def __init__(self, cfg: RunConfig, vocab_size: int, model_config: Any):
-        self.cfg, self.vocab_size, self.model_config = cfg, vocab_size, model_config
+    def __init__(self, model: ModelConfig, t: TrainConfig, seq_len: int, vocab_size: int, model_config: Any):
+        self.model, self.t, self.seq_len = model, t, seq_len
+        self.vocab_size, self.model_config = vocab_size, model_config
         self.by_phase: dict[int, float] = {}
 
     def of(self, span: Any) -> float:
         """Span `span`'s FLOPs per token (train/phases.Span: its length and masking rate)."""
         if span.index not in self.by_phase:
-            self.by_phase[span.index] = train_flops_per_token(self.cfg, self.vocab_size, self.model_config, span)
+            self.by_phase[span.index] = train_flops_per_token(self.model, self.t, self.seq_len, self.vocab_size,
+                                                                 self.model_config, span)
         return self.by_phase[span.index]
 
 

@@ -5,10 +5,13 @@ TensorBoard mirror, and the readable log lines of its train and eval records.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from tpu_ray import metrics_stream
-from tpu_ray.progress import ProgressMirror
+from tpu_ray.progress import Plan as ProgressPlan, ProgressMirror
+
+if TYPE_CHECKING:
+    from tpu_ray.config import RunConfig
 
 log = logging.getLogger("tpu_ray.train.metrics")
 
@@ -23,12 +26,14 @@ class MetricsWriter(metrics_stream.MetricsWriter):
                          mirrors=mirrors)
 
     @classmethod
-    def for_run(cls, cfg: Any) -> MetricsWriter:
+    def for_run(cls, cfg: RunConfig) -> MetricsWriter:
         """The chief trainer's writer: TensorBoard, the progress line with Ray's gauges
-        (tpu_ray/progress.py) and the trackers `cfg.tracking` turns on (tpu_ray/tracking)."""
+        (tpu_ray/progress.py) and the trackers `cfg.tracking` turns on (tpu_ray/tracking), which record
+        the whole config."""
         from tpu_ray.tracking.trackers import trackers  # config and yaml: only where a run is configured
 
-        return cls(cfg.run_dir, mirrors=[ProgressMirror(cfg), *trackers(cfg, cfg.run_dir, "train")])
+        progress = ProgressMirror(ProgressPlan.of(cfg.train, cfg.shard.seq_len), cfg.name, cfg.run_dir)
+        return cls(cfg.run_dir, mirrors=[progress, *trackers(cfg, cfg.run_dir, "train")])
 
 
 def _tensorboard(run_dir: str) -> metrics_stream.Mirror:

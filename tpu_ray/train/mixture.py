@@ -28,12 +28,16 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from tpu_ray.train.input_position import InputPosition, PositionTracker
 from tpu_ray.errors import UserError
+
+if TYPE_CHECKING:
+    from tpu_ray.config import CorpusConfig
 
 log = logging.getLogger(__name__)
 
@@ -199,22 +203,22 @@ def mixed_records(streams: Sequence[tf.data.Dataset], mixture: Mixture, samples_
     return tf.data.Dataset.choose_from_datasets(list(streams), choices(mixture, samples_per_step, start))
 
 
-def mixture_of(cfg, shards) -> Mixture | None:
-    """The run's mixture from its config and shard set (None for one source); a training source
-    without a train sample is refused here, before a step is paid for."""
-    if cfg.corpus.sources is None:
+def mixture_of(corpus: CorpusConfig, seed: int, shards) -> Mixture | None:
+    """The run's mixture from its corpus section and shard set (None for one source); a training
+    source without a train sample is refused here, before a step is paid for."""
+    if corpus.sources is None:
         return None
-    missing = [n for n in cfg.corpus.trained() if n not in shards.source_names()]
+    missing = [n for n in corpus.trained() if n not in shards.source_names()]
     if missing:
         raise UserError(f"{shards.directory}: the shards hold no source {missing[0]!r} of corpus.sources; they were "
                         f"made from another corpus: reshard (a new shard.dir) or fix corpus.sources")
-    samples = {n: shards.samples("train", n) for n in cfg.corpus.trained()}
+    samples = {n: shards.samples("train", n) for n in corpus.trained()}
     empty = [n for n, k in samples.items() if not k]
     if empty:
         raise UserError(f"corpus.sources.{empty[0]}: no train samples (its text made only validation samples, or "
                         f"none); give it more text, a lower validation_fraction, or weight 0 (evaluation only)")
-    mixture = mixture_for(cfg.corpus, samples, cfg.seed)
-    log.info("%s", shares_line(cfg.corpus, mixture))
+    mixture = mixture_for(corpus, samples, seed)
+    log.info("%s", shares_line(corpus, mixture))
     return mixture
 
 

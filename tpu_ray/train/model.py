@@ -1,15 +1,23 @@
-"""The model's transformers config, its FLOPs per token, and device peaks for MFU."""
+"""The model's transformers config, its FLOPs per token, and device peaks for MFU.
+
+The model section builds the model: `hf_config` reads a ModelSpec (the section and the few figures
+it needs from the rest of the run, computed once by whoever assembles the run), never the whole
+run config, so what shapes the model is visible at its one door.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpu_ray import accelerators
-from tpu_ray.config import RunConfig
+from tpu_ray.config import ModelConfig, TrainConfig
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 from tpu_ray.families import family
+from tpu_ray.train.init_from import InitSpec, check_tokenizer, checkpoint_hf_config
+from tpu_ray.train.model_config import check_pad_id, scratch_hf_config
 
 if TYPE_CHECKING:
     from tpu_ray.train.phases import Span
@@ -17,38 +25,42 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def hf_config(cfg: RunConfig, tok: TokenizerInfo):
-    """A transformers config sized from the run config and matched to the tokenizer.
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the model's transformers config is made from: the model section; the position
+    embeddings the run gives a fresh model (RunConfig.max_positions) and the run's shard length
+    (Longformer's attention window); where the run's tokenizer is (its extension record; named when
+    refused); with model.init_from, the checkpoint's resolution (init_from.InitSpec)."""
+
+    model: ModelConfig
+    max_positions: int
+    seq_len: int
+    tokenizer_dir: str
+    init: InitSpec | None = None
+
+
+def hf_config(spec: ModelSpec, tok: TokenizerInfo):
+    """A transformers config sized from the model section and matched to the tokenizer.
 
     With `model.init_from` the checkpoint's own config.json is the config (dropout aside); else
-    the family's published defaults and the run's sizes (train/model_config.py)."""
-    from tpu_ray.train.model_config import check_pad_id, scratch_hf_config
-
-    if not cfg.model.init_from:
-        return scratch_hf_config(cfg, tok)
-    from tpu_ray.train.init_from import checkpoint_hf_config
-
-    check_pad_id(cfg, tok)
-    config = checkpoint_hf_config(cfg)
+    the family's published defaults and the section's sizes (train/model_config.py)."""
+    m = spec.model
+    if not m.init_from:
+        return scratch_hf_config(m, tok, spec.max_positions, spec.seq_len, spec.tokenizer_dir)
+    if spec.init is None:
+        raise ValueError("ModelSpec.init: model.init_from is set, but no InitSpec says where it resolves")
+    check_pad_id(m.model_type, tok, spec.tokenizer_dir)
+    config = checkpoint_hf_config(spec.init)
     if tok.vocab_size > config.vocab_size:  # an extended vocabulary: exactly its recorded growth
-        from tpu_ray.train.init_from import check_tokenizer
-
-        check_tokenizer(cfg, tok, cfg.tokenizer_dir, directory=cfg.tokenizer_dir)
+        check_tokenizer(spec.init, tok, spec.tokenizer_dir, directory=spec.tokenizer_dir)
         config.vocab_size = tok.vocab_size
-    for name in family(cfg.model.model_type).dropout_fields:
-        setattr(config, name, cfg.model.dropout)
+    for name in family(m.model_type).dropout_fields:
+        setattr(config, name, m.dropout)
     return config
 
 
-def check_pad_id(cfg: RunConfig, tok: TokenizerInfo) -> None:
-    """Kept for importers: train/model_config.py has it."""
-    from tpu_ray.train.model_config import check_pad_id as check
-
-    check(cfg, tok)
-
-
-def train_flops_per_token(cfg: RunConfig, vocab_size: int, model_config: Any = None,
-                          span: Span | None = None) -> float:
+def train_flops_per_token(model: ModelConfig, train: TrainConfig, seq_len: int, vocab_size: int,
+                          model_config: Any = None, span: Span | None = None) -> float:
     """Model FLOPs per trained token (forward + backward = 3x forward, 2 FLOPs per MAC).
 
     Counts what executes, per family where it differs: every layer's projections and attention at
@@ -57,15 +69,16 @@ def train_flops_per_token(cfg: RunConfig, vocab_size: int, model_config: Any = N
     gathered positions of each sequence, except for families whose head is the whole model's (xlm,
     flaubert: every position projected, tpu_ray.families `head=None`). `model_config`: the built
     model's transformers config (a checkpoint's funnel blocks); None: the from-scratch shape.
-    `span`: a phase's length and masking rate (train/phases.py); None: the run's own.
+    `span`: a phase's length and masking rate (train/phases.py); None: the run's own (`seq_len`,
+    shard.seq_len, and train.mask_prob).
     """
     from tpu_ray.train.inputs import predictions_for
 
-    s = cfg.model.sizes()
-    seq = cfg.shard.seq_len if span is None else span.seq_len
+    s = model.sizes()
+    seq = seq_len if span is None else span.seq_len
     h, layers, inter = s["hidden_size"], s["num_hidden_layers"], s["intermediate_size"]
-    model_type = cfg.model.model_type
-    scored = predictions_for(cfg.train, seq, None if span is None else span.mask_prob)
+    model_type = model.model_type
+    scored = predictions_for(train, seq, None if span is None else span.mask_prob)
     transform = h * h  # the head's dense layer before the vocabulary projection (BERT, RoBERTa, ...)
     if family(model_type).head is None:  # the whole model is called: every position is projected
         scored = seq

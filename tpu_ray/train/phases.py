@@ -3,8 +3,10 @@ full one (BERT's 90% at 128 then 10% at 512), each phase with its own static sha
 
 Why spans: everything that depends on the shapes (the input pipeline, the masking bound, the FLOPs
 per token, the doctor's memory and time) takes the span it serves (its seq_len, batch and masking
-rate) beside the run's config; train/plan.py turns the spans into the run's plan, which the loop runs
-span after span. A run without phases has one span, with the run's own values.
+rate) beside the sections it reads; train/plan.py turns the spans into the run's plan, which the loop
+runs span after span. A run without phases has one span, with the run's own values. Spans are made
+from the train section and shard.seq_len alone (`spans(cfg.train, cfg.shard.seq_len)`); where a plan
+exists, its spans (`Plan.phases()`) are the ones to read.
 
 Where a phase's samples live: the shard stage cuts the same tokens at every phase's length in one
 reading of the corpus; the longest length (`shard.seq_len`) is the shard set as always, every other
@@ -19,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_ray.config import RunConfig
-from tpu_ray.prepare.lengths import extra_lengths, shards_dir, subdir  # noqa: F401 (read from here too)
+from tpu_ray.config import TrainConfig
+from tpu_ray.prepare.lengths import extra_lengths, subdir  # noqa: F401 (read from here too)
 from tpu_ray.errors import UserError
 
 
@@ -40,13 +42,18 @@ class Span:
         return self.end - self.start
 
 
-def spans(cfg: RunConfig) -> list[Span]:
-    """The run's phases in order; one span over the whole run when `train.phases` is unset."""
-    t = cfg.train
+def spans(t: TrainConfig, seq_len: int) -> list[Span]:
+    """The run's phases in order; one span over the whole run at `seq_len` (shard.seq_len) when
+    `train.phases` is unset."""
     if not t.phases:
-        return [Span(0, 0, t.steps, cfg.shard.seq_len, t.batch_size, t.mask_prob)]
+        return [Span(0, 0, t.steps, seq_len, t.batch_size, t.mask_prob)]
+    return phase_spans(t)
+
+
+def phase_spans(t: TrainConfig) -> list[Span]:
+    """The spans of `train.phases` (set): each phase names its own length, so no other is needed."""
     out, start = [], 0
-    for i, p in enumerate(t.phases):
+    for i, p in enumerate(t.phases or []):
         out.append(Span(i, start, start + p.steps, p.seq_len, p.batch_size or t.batch_size,
                         p.mask_prob if p.mask_prob is not None else t.mask_prob))
         start += p.steps
@@ -61,12 +68,12 @@ def span_at(all_spans: list[Span], step: int) -> Span:
     return all_spans[-1]
 
 
-def trained_difference(before: RunConfig, now: RunConfig, step: int) -> str:
-    """The first difference between two runs' phases over steps [0, step) ("" if none), as
-    `train.phases[i].field: saved X, now Y`: what a branch at `step` (train.branch_from) must keep.
-    The phase holding the branch step may end elsewhere (the branch's own budget); the phases after
-    it are the branch's own; a phase's mask_prob is schedule, the branch's own like train.mask_prob."""
-    old, new = spans(before), spans(now)
+def trained_difference(before: list[Span], now: list[Span], step: int) -> str:
+    """The first difference between two runs' phases (`spans` of each) over steps [0, step) ("" if
+    none), as `train.phases[i].field: saved X, now Y`: what a branch at `step` (train.branch_from) must
+    keep. The phase holding the branch step may end elsewhere (the branch's own budget); the phases
+    after it are the branch's own; a phase's mask_prob is schedule, the branch's own like train.mask_prob."""
+    old, new = before, now
     for a in old:
         if a.start >= step:
             break
@@ -84,12 +91,13 @@ def trained_difference(before: RunConfig, now: RunConfig, step: int) -> str:
     return ""
 
 
-def describe(cfg: RunConfig) -> str:
-    """One line for people: `900 steps at 128 -> 100 steps at 512 (batch 64)`."""
+def describe(t: TrainConfig, all_spans: list[Span]) -> str:
+    """One line for people: `900 steps at 128 -> 100 steps at 512 (batch 64)` (a span's batch and
+    masking rate named where they are not the train section's)."""
     parts = []
-    for s in spans(cfg):
-        extra = "" if s.batch_size == cfg.train.batch_size else f" batch {s.batch_size}"
-        extra += "" if s.mask_prob == cfg.train.mask_prob else f" mask {s.mask_prob:g}"
+    for s in all_spans:
+        extra = "" if s.batch_size == t.batch_size else f" batch {s.batch_size}"
+        extra += "" if s.mask_prob == t.mask_prob else f" mask {s.mask_prob:g}"
         parts.append(f"{s.steps:,} steps at {s.seq_len}{extra}")
     return " -> ".join(parts)
 

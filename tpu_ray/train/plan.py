@@ -1,4 +1,5 @@
-"""The run's plan: the config resolved once, before training, into the spans the loop runs.
+"""The run's plan: what it reads of the run (the train section, the corpus's weight stages, where
+the shards lie) resolved once, before training, into the spans the loop runs.
 
 Why a plan: a plain run, a phased run (train.phases), a mixture and a branch (train.branch_from) all
 train the same way, span after span: each span has its steps, sequence length, batch, masking rate,
@@ -20,8 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tpu_ray.config import CorpusConfig, RunConfig, TrainConfig
-from tpu_ray.prepare.lengths import shards_dir
+from tpu_ray.config import CorpusConfig, RunPaths, TrainConfig
 from tpu_ray.train import curves
 from tpu_ray.train.phases import Span, spans
 
@@ -96,6 +96,10 @@ class Plan:
         """The plan with each span's MaskSpec, `spec_of(span)`."""
         return replace(self, spans=tuple(replace(sp, mask=spec_of(sp.span)) for sp in self.spans))
 
+    def phases(self) -> list[Span]:
+        """The spans' phases (steps, seq_len, batch, masking rate), as `phases.spans` makes them."""
+        return [sp.span for sp in self.spans]
+
     def remaining(self, step: int) -> tuple[SpanPlan, ...]:
         """The spans still to run from `step` on (the one holding step `step + 1` first)."""
         return tuple(sp for sp in self.spans if sp.span.end > step) or self.spans[-1:]
@@ -132,14 +136,16 @@ def stages_in(corpus: CorpusConfig, span: Span) -> tuple[int, ...]:
                  if s < span.end and (i + 1 == len(starts) or starts[i + 1] > span.start))
 
 
-def plan(cfg: RunConfig, start: int = 0) -> Plan:
-    """The run's plan from its config; `start`: the step it starts at (a branch's checkpoint step)."""
-    all_spans = spans(cfg)
-    curve = curves.curve(cfg.train)
+def plan(t: TrainConfig, corpus: CorpusConfig, paths: RunPaths, start: int = 0) -> Plan:
+    """The run's plan from what it reads: the train section (phases, schedule), the corpus's weight
+    stages, where each length's shards lie (`paths`, whose seq_len is shard.seq_len); `start`: the
+    step it starts at (a branch's checkpoint step)."""
+    all_spans = spans(t, paths.seq_len)
+    curve = curves.curve(t)
     out = []
     for sp, data in zip(all_spans, data_starts(all_spans)):
         first, last = max(sp.start, min(start, sp.end - 1)), max(sp.end - 1, sp.start)
-        out.append(SpanPlan(sp, shards_dir(cfg, sp.seq_len), stages_in(cfg.corpus, sp),
+        out.append(SpanPlan(sp, paths.shards_at(sp.seq_len), stages_in(corpus, sp),
                             (float(curves.rate(curve, first)), float(curves.rate(curve, last))),
-                            (mask_rate(cfg.train, sp, first), mask_rate(cfg.train, sp, last)), data))
-    return Plan(tuple(out), start, cfg.train.steps, curve, bool(cfg.train.phases))
+                            (mask_rate(t, sp, first), mask_rate(t, sp, last)), data))
+    return Plan(tuple(out), start, t.steps, curve, bool(t.phases))

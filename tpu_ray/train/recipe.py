@@ -3,14 +3,14 @@ the report show it, read from the run's config so the two cannot disagree with w
 
 from __future__ import annotations
 
-from tpu_ray.config import RunConfig
+from tpu_ray.config import ModelConfig, TrainConfig
 from tpu_ray.train.curves import describe
 
 
-def recipe_text(cfg: RunConfig) -> str:
-    """Peak rate and schedule, masking, and how a fresh model started (its output bias and weight
-    scale; a run from trained weights says so instead, as those levers do not apply to it)."""
-    t, m = cfg.train, cfg.model
+def recipe_text(t: TrainConfig, m: ModelConfig) -> str:
+    """Peak rate and schedule, masking (the train section), and how a fresh model started (the model
+    section: its output bias and weight scale; a run from trained weights says so instead, as those
+    levers do not apply to it)."""
     masking = f"{t.mask_prob:.0%} masked ({'an exact count per sequence' if t.mask_count == 'exact' else 'a random count'})"
     if m.init_from or t.branch_from:
         start = "weights from " + ("model.init_from" if m.init_from else "train.branch_from")

@@ -7,9 +7,11 @@ load, with 1 or 3 shard actors, straight or stopped and resumed). Elsewhere it i
 XLA document, no more: `tf.config.experimental.enable_op_determinism()` (which replaced
 TF_DETERMINISTIC_OPS in TF 2.8) promises the same outputs for the same inputs on the same hardware,
 and is what GPUs need (their default kernels may add in a different order on each run); tpu-ray does
-not turn it on. Neither TensorFlow nor XLA documents a determinism promise for TPUs. The tokenizer
-stage is outside the promise for Unigram: the `tokenizers` trainer gives pieces of equal score in a
-different order in each process, so their ids (and the run) differ; BPE and WordPiece repeat. No promise holds
+not turn it on. Neither TensorFlow nor XLA documents a determinism promise for TPUs. A tokenizer the
+run trains repeats too: `tokenizers`' Unigram and WordPiece trainers walk the words in a hash order
+seeded anew in each process, and tpu_ray/prepare/tokenizer.py takes that out (canonical_unigram,
+deterministic_wordpiece); a Unigram score is kept to 6 decimals, and its last-bit noise may straddle
+one, about once in 8,000 trainings (tests/test_tokenizer.py: two processes, every kind). No promise holds
 across TensorFlow versions or processors: another CPU's kernels may round differently, and 2,000
 steps grow a last-bit difference into a different third decimal.
 """
@@ -19,8 +21,9 @@ from __future__ import annotations
 GUARANTEE = {
     "cpu": "bit for bit on one software stack (the same TensorFlow, Python and CPU kind): the same config "
            "and seed give the same losses, evaluation figures and weights, under load, with any number of "
-           "shard actors, straight or resumed (tested); not a Unigram tokenizer the run trains (tied pieces "
-           "get other ids each time); another CPU or TensorFlow version may round differently",
+           "shard actors, straight or resumed, the tokenizer the run trains included (tested; a Unigram score, "
+           "kept to 6 decimals, may round one step apart about once in 8,000 trainings); another CPU or "
+           "TensorFlow version may round differently",
     "gpu": "not promised: TensorFlow repeats GPU runs only with tf.config.experimental.enable_op_determinism(), "
            "which tpu-ray does not turn on; expect the same curve, not the same digits",
     "tpu": "not promised: neither TensorFlow nor XLA documents run-to-run determinism on TPUs, and tpu-ray has "

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_ray.config import RunConfig
+from tpu_ray.config import RunPaths
 from tpu_ray.errors import UserError
-from tpu_ray.prepare.lengths import shards_dir
 from tpu_ray.prepare.shard_set import ShardSet
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 from tpu_ray.train.phases import Span
@@ -54,41 +53,47 @@ class SpanData:
         return self.phase_data.text_read(bound.pipelines)[index]
 
 
-def span_data(cfg: RunConfig, plan: Plan, shards: ShardSet, tok: TokenizerInfo) -> SpanData:
-    """Every span's shard set and tracker, and the positions over them (see the module's docstring)."""
-    from tpu_ray.train.mixture import mixture_of
+def shard_sets(plan: Plan, shards: ShardSet, paths: RunPaths, tok: TokenizerInfo) -> dict[int, ShardSet]:
+    """Each span's shard set by length: `shards` (the run's own, at shard.seq_len, checked by the
+    caller) and every other length's, checked here (`phase_shards`)."""
+    return {sp.seq_len: shards if sp.seq_len == paths.seq_len else phase_shards(paths, tok, sp.seq_len)
+            for sp in plan.spans}
+
+
+def span_data(plan: Plan, sets: dict[int, ShardSet], mixture: Any, seed: int, shuffle_buffer: int) -> SpanData:
+    """Every span's tracker over its shard set (`sets`, by length: `shard_sets`), and the positions
+    over them (see the module's docstring). `mixture`: the run's (train/mixture.mixture_of, its weights
+    from the main set's sample counts, in every span; None: one source); `seed` and `shuffle_buffer`:
+    the run's, which with the shards decide the order samples are read in."""
     from tpu_ray.train.phases import PhasePositions
 
-    all_spans = [sp.span for sp in plan.spans]
-    sets = {sp.seq_len: shards if sp.seq_len == cfg.shard.seq_len else phase_shards(cfg, tok, sp.seq_len)
-            for sp in all_spans}
-    mixture = mixture_of(cfg, shards)  # the weights from the main set's sample counts, in every span
+    all_spans = plan.phases()
     if not plan.phased:
-        tracker = phase_tracker(cfg, all_spans[0], shards, mixture, whole=True)
+        tracker = phase_tracker(all_spans[0], sets[all_spans[0].seq_len], mixture, seed, shuffle_buffer, whole=True)
         return SpanData(sets, [tracker], tracker, mixture, None)
-    trackers = [phase_tracker(cfg, sp, sets[sp.seq_len], mixture) for sp in all_spans]
-    data = phase_data(cfg, all_spans, sets, mixture)  # each phase continues the text read so far
+    trackers = [phase_tracker(sp, sets[sp.seq_len], mixture, seed, shuffle_buffer) for sp in all_spans]
+    data = phase_data(all_spans, sets, mixture, seed, shuffle_buffer)  # each phase continues the text read so far
     for index, tracker in enumerate(trackers):
         tracker.phase_data, tracker.phase = data, index
     return SpanData(sets, trackers, PhasePositions(all_spans, trackers), mixture, data)
 
 
-def phase_shards(cfg: RunConfig, tok: TokenizerInfo, seq_len: int) -> ShardSet:
+def phase_shards(paths: RunPaths, tok: TokenizerInfo, seq_len: int) -> ShardSet:
     """The checked shard set a phase at `seq_len` trains on (the run's own at shard.seq_len)."""
-    where = shards_dir(cfg, seq_len)
+    where = paths.shards_at(seq_len)
     shards = ShardSet.load(where)
     if shards is None:
         raise UserError(f"{where}: no shards at seq_len {seq_len} for train.phases; rerun `tpu-ray shard` with "
                         f"this config (it cuts every phase's length in one pass)")
     shards.require_complete()
-    shards.require_made_with(tok, seq_len, cfg.tokenizer_dir)
+    shards.require_made_with(tok, seq_len, paths.tokenizer_dir)
     if not shards.files("train"):
         raise UserError(f"{where}: no train shards at seq_len {seq_len}; give more text or shorter phases")
     shards.verify(splits=("train",))
     return shards
 
 
-def phase_data(cfg: RunConfig, all_spans: list[Span], sets: dict[int, ShardSet], mixture: Any) -> Any:
+def phase_data(all_spans: list[Span], sets: dict[int, ShardSet], mixture: Any, seed: int, shuffle_buffer: int) -> Any:
     """The phases' data plan (train/phase_data.py): each length's train files per source, and
     the samples each phase takes from each source per input pipeline (the mixture's closed form)."""
     from tpu_ray.train.mixture import counts_before, source_seed
@@ -97,7 +102,7 @@ def phase_data(cfg: RunConfig, all_spans: list[Span], sets: dict[int, ShardSet],
     names = ("corpus",) if mixture is None else mixture.names
     files = {length: {n: shard_files(shards, None if mixture is None else n) for n in names}
              for length, shards in sets.items()}
-    seeds = {"corpus": cfg.seed} if mixture is None else {n: source_seed(cfg.seed, k) for k, n in enumerate(names)}
+    seeds = {"corpus": seed} if mixture is None else {n: source_seed(seed, k) for k, n in enumerate(names)}
 
     def consumed(span: Span, pipelines: int) -> dict[str, int]:
         per_step = span.batch_size // pipelines
@@ -106,10 +111,11 @@ def phase_data(cfg: RunConfig, all_spans: list[Span], sets: dict[int, ShardSet],
         counts = counts_before(mixture.between(span.start, span.end), per_step, span.steps * per_step)
         return {n: int(c) for n, c in zip(names, counts)}
 
-    return PhaseData(all_spans, cfg.train.shuffle_buffer, files, seeds, consumed)
+    return PhaseData(all_spans, shuffle_buffer, files, seeds, consumed)
 
 
-def phase_tracker(cfg: RunConfig, span: Span, shards: ShardSet, mixture: Any, whole: bool = False) -> Any:
+def phase_tracker(span: Span, shards: ShardSet, mixture: Any, seed: int, shuffle_buffer: int,
+                  whole: bool = False) -> Any:
     """The position tracker of one span's stream: its shard set, batch, and with a mixture the
     stages in force over its steps (a weight stage at its global step). `whole`: a one-span plan,
     which draws by the whole mixture (its digest is what older checkpoints recorded)."""
@@ -117,10 +123,10 @@ def phase_tracker(cfg: RunConfig, span: Span, shards: ShardSet, mixture: Any, wh
     from tpu_ray.train.mixture import MixtureTracker
 
     if mixture is None:
-        return PositionTracker(shards.files("train"), span.batch_size, cfg.train.shuffle_buffer, seed=cfg.seed)
+        return PositionTracker(shards.files("train"), span.batch_size, shuffle_buffer, seed=seed)
     by_source = {n: shards.files("train", n) for n in mixture.names}
     if not whole and (empty := [n for n, files in by_source.items() if not files]):
         raise UserError(f"{shards.directory}: no train samples of corpus.sources.{empty[0]} at seq_len "
                         f"{span.seq_len} (train.phases[{span.index}]); rerun `tpu-ray shard` with this config")
-    return MixtureTracker(shards.files("train"), span.batch_size, cfg.train.shuffle_buffer,
+    return MixtureTracker(shards.files("train"), span.batch_size, shuffle_buffer,
                           mixture if whole else mixture.between(span.start, span.end), by_source)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_ray.errors import UserError
 
 if TYPE_CHECKING:
-    from tpu_ray.config import RunConfig
+    from tpu_ray.config import RunPaths
     from tpu_ray.prepare.tokenizer import TokenizerInfo
 
 METASPACE, BYTE_LEVEL, WORDPIECE = "\u2581", "\u0120", "##"
@@ -48,22 +48,21 @@ def continuation_table(tokenizer_json: str) -> tuple[bool, ...]:
 _WORD_BOUNDS: dict[tuple, int] = {}
 
 
-def sampled_word_bound(cfg: RunConfig, words: tuple[bool, ...], tok: TokenizerInfo, span: Any = None,
-                       rows_per_file: int = 64, max_files: int = 16) -> int:
+def sampled_word_bound(paths: RunPaths, mask_prob: float, words: tuple[bool, ...], tok: TokenizerInfo,
+                       span: Any = None, rows_per_file: int = 64, max_files: int = 16) -> int:
     """inputs.whole_word_bound over a sample of the train shards (`rows_per_file` rows of up to
     `max_files` files spread over the split), measured once per shard set and masking rate.
-    `span`: a phase (train/phases.Span: its length's shards and its rate); None: the run's own."""
+    `span`: a phase (train/phases.Span: its length's shards and its rate); None: the run's own
+    (shard.seq_len's set, `mask_prob`: train.mask_prob)."""
     import numpy as np
     import tensorflow as tf
 
     from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.train.inputs import parse_batch, whole_word_bound
 
-    from tpu_ray.prepare.lengths import shards_dir
-
-    seq_len = cfg.shard.seq_len if span is None else span.seq_len
-    mask_prob = cfg.train.mask_prob if span is None else span.mask_prob
-    where = shards_dir(cfg, seq_len)
+    seq_len = paths.seq_len if span is None else span.seq_len
+    mask_prob = mask_prob if span is None else span.mask_prob
+    where = paths.shards_at(seq_len)
     try:  # training opened and checked them already; a doctor's program check may have none here
         files = sorted(ShardSet.open(where).files("train"))
     except (UserError, OSError):
