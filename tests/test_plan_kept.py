@@ -2,8 +2,8 @@
 must not move a single loss of theirs. The losses at every logged step are compared with values
 recorded from main's code before the fix (tests/plan_kept.json); phase 1 of a phased run is kept
 too (only later phases read other data). The tokenizer is a stored one (tests/data/kept_tokenizer,
-trained once on the suite's small corpus): tokenizer training is not the same in two processes,
-and the losses of the first steps move by more with another vocabulary than with other samples.
+trained once on the suite's small corpus): it pins the vocabulary across `tokenizers` versions and
+the rare Unigram score that rounds apart in two processes (prepare/tokenizer.py), and the losses of the first steps move by more with another vocabulary than with other samples.
 To record again (only when a change is meant to move them): TPU_RAY_RECORD_KEPT=1 and run this file."""
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ def docs(small_corpus) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory, small_corpus):
-    """A BPE tokenizer (its training is deterministic, unlike the suite's Unigram one): the same
-    tokens in every session, so shard digests can be recorded."""
+    """A BPE tokenizer (its trainer is exact in every process; a Unigram one is made repeatable only
+    up to a rare rounding tie): the same tokens in every session, so shard digests can be recorded."""
     from tokenizers import Tokenizer
 
     from tpu_ray.config import TokenizerConfig

@@ -8,10 +8,9 @@ of one tiny run that differs from the baseline in all of those ways at once (a r
 minute of the slow set) and compares it with the baseline exactly: no tolerance, because the promise
 has none.
 
-Each run is `tpu-ray run` in a process of its own, as users run it. The tokenizer is BPE: a Unigram
-tokenizer trained by the run is not repeatable (its trainer gives pieces of equal score in another
-order in each process, so their ids differ; measured: 3 runs, 3 tokenizer.json files), and the
-promise says so.
+Each run is `tpu-ray run` in a process of its own, as users run it. The tokenizer is BPE, the one
+trainer whose output is exact in every process; Unigram and WordPiece are made repeatable after
+training (prepare/tokenizer.py: canonical order; tests/test_tokenizer.py checks two processes).
 """
 
 from __future__ import annotations

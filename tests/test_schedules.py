@@ -40,7 +40,7 @@ def test_each_schedule_takes_its_values_at_chosen_steps_in_python_and_in_tensorf
 
     over, expected = EXPECTED[name]
     t = _train(**over)
-    lr = learning_rate(t)
+    lr = learning_rate(curves.curve(t))
     for step, value in expected.items():
         assert float(curves.rate(curves.curve(t), step)) == pytest.approx(value * 1e-3, abs=1e-9), (name, step)
         assert float(lr(step)) == pytest.approx(value * 1e-3, rel=1e-5, abs=1e-10), (name, step)
@@ -50,10 +50,11 @@ def test_each_schedule_takes_its_values_at_chosen_steps_in_python_and_in_tensorf
 def test_linear_is_todays_transformers_curve_value_for_value():
     from transformers import create_optimizer
 
+    from tpu_ray.train import curves
     from tpu_ray.train.schedule import learning_rate
 
     _, reference = create_optimizer(init_lr=1e-3, num_train_steps=100, num_warmup_steps=10)
-    ours = learning_rate(_train())
+    ours = learning_rate(curves.curve(_train()))
     for step in (0, 1, 9, 10, 11, 50, 98, 99, 100):
         assert float(ours(step)) == pytest.approx(float(reference(step)), rel=1e-6, abs=1e-12), step
 
@@ -63,9 +64,10 @@ def test_the_rate_is_traced_once_for_every_step():
     """A pure function of the step tensor: one trace serves every step (the XLA rules)."""
     import tensorflow as tf
 
+    from tpu_ray.train import curves
     from tpu_ray.train.schedule import learning_rate
 
-    lr = learning_rate(_train(**{"train.schedule": "wsd"}))
+    lr = learning_rate(curves.curve(_train(**{"train.schedule": "wsd"})))
     f = tf.function(lambda s: lr(s), jit_compile=True)
     values = [float(f(tf.constant(s, tf.int64))) for s in (0, 10, 85, 99)]
     assert f.experimental_get_tracing_count() == 1 and values[1] == pytest.approx(1e-3)
@@ -74,20 +76,20 @@ def test_the_rate_is_traced_once_for_every_step():
 @pytest.mark.quick
 def test_a_warm_up_as_long_as_the_run_is_warned_at_start_and_by_doctor(tmp_path, small_corpus, caplog):
     from tpu_ray.doctor.checks import WARN, run_doctor
-    from tpu_ray.train import curves
+    from tpu_ray.train import curves, schedule
     from tpu_ray.train.optimizer import make_optimizer
 
     cfg = tiny_config(tmp_path / "short", small_corpus, **{"train.steps": 30, "train.warmup_steps": 100})
-    (line,) = curves.warnings(cfg.train)
+    (line,) = curves.warnings(curves.curve(cfg.train))
     assert "never reaches train.learning_rate=0.001" in line and "train.warmup_steps" in line
     with caplog.at_level("WARNING"):
-        make_optimizer(cfg.train)
+        make_optimizer(schedule.from_train(cfg.train), cfg.train.weight_decay)
     assert any("never reaches" in r.getMessage() for r in caplog.records)
     out = io.StringIO()
     run_doctor(cfg, target="cpu", out=out, xla=False)
     (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "schedule"]
     assert row.startswith(WARN) and "never reaches" in row
-    assert not curves.warnings(cfg.override({"train.warmup_steps": 3}).train)
+    assert not curves.warnings(curves.curve(cfg.override({"train.warmup_steps": 3}).train))
 
 
 @pytest.mark.parametrize("over, needle", [

@@ -837,12 +837,13 @@ def test_weight_decay_0_trains_with_the_same_optimizer_class(tmp_path, shards_di
     at rate 0, without `_create_all_weights`). Every valid value trains, with one optimizer class."""
     from transformers import AdamWeightDecay
 
+    from tpu_ray.train import schedule
     from tpu_ray.train.loop import train
     from tpu_ray.train.optimizer import make_optimizer
 
     cfg = _cfg(tmp_path / "run", shards_dir, tiny_tokenizer_dir,
                **{"train.steps": 2, "train.checkpoint_every": 2, "train.eval_every": 2, "train.log_every": 1,
                   "train.weight_decay": 0.0})
-    assert isinstance(make_optimizer(cfg.train, 1)[0], AdamWeightDecay)
+    assert isinstance(make_optimizer(schedule.from_train(cfg.train), cfg.train.weight_decay)[0], AdamWeightDecay)
     summary = train(cfg)
     assert summary["steps"] == 2 and np.isfinite(_records(tmp_path / "run", "train")[-1]["loss"])

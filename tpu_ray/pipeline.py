@@ -71,9 +71,9 @@ def announce(cfg: RunConfig, stage: str, ray: bool) -> None:
     schedule that will not do what its options suggest (a warm-up longer than a shortened run), so
     that neither is found out after the run. The trainer logs the schedule again when it starts."""
     if stage in ("run", "train"):
-        from tpu_ray.train.curves import warnings
+        from tpu_ray.train.curves import curve, warnings
 
-        for line in warnings(cfg.train):
+        for line in warnings(curve(cfg.train), cfg.train.decay_steps):
             log.warning("learning-rate schedule: %s", line)
     if not ray:
         return

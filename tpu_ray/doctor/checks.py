@@ -424,7 +424,7 @@ class Doctor:
         shape = curves.describe(t)
         c = curves.curve(t)
         ends = f"peak {t.learning_rate:g}, last step at {float(curves.rate(c, t.steps - 1)):.3g}"
-        problems = curves.warnings(t)
+        problems = curves.warnings(c, t.decay_steps)
         if problems:
             self.add("schedule", WARN, f"{shape}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if problems[1:]
                                                                      else ""))

@@ -352,10 +352,10 @@ def _tokenizer_sha(tokenizer_dir: str) -> str | None:
         return None
 
 
-def restore(checkpoint: str, stable_run: str, t: TrainConfig, s: Any, metrics: Any) -> int:
+def restore(checkpoint: str, stable_run: str, s: Any, metrics: Any) -> int:
     """Load the branch `checkpoint` (of run `stable_run`: `resolve`'s Branch, which the trainer
     resolves for a fresh branch) into this run's objects (`s`: loop.TrainSetup), record this run's
-    schedule (the train section `t`) in it, and return its step, where the branch starts."""
+    schedule (`s.recorded`) in it, and return its step, where the branch starts."""
     from tpu_ray.train import schedule as lr_schedule
 
     with tempfile.TemporaryDirectory(prefix="tpu-ray-branch-") as tmp:
@@ -363,7 +363,7 @@ def restore(checkpoint: str, stable_run: str, t: TrainConfig, s: Any, metrics: A
         status = s.checkpoint.restore(prefix)
         status.assert_existing_objects_matched()
         status.expect_partial()  # schedule_shape: absent from checkpoints written before curves had shapes
-    lr_schedule.adopt(s.checkpoint, t)
+    lr_schedule.adopt(s.checkpoint, s.recorded)
     step = int(s.step_var.numpy())
     log.info("branched from %s at step %d (%s)", checkpoint, step, stable_run)
     metrics.event("branch", stage="train", step=step, checkpoint=checkpoint, source=stable_run)

@@ -84,47 +84,6 @@ def mask_rate(t: TrainConfig, step: Any, xp: Any = np, start: float | None = Non
     return first + (t.mask_prob_end - first) * xp.clip(step / t.steps, 0.0, 1.0)
 
 
-# The numbers a checkpoint records of its curve (train/schedule.py keeps them as two float64 variables):
-# `values` beside `shape_values`, named by NAMES and SHAPE_NAMES; the coded shape fields by _CODES.
-NAMES = ("train.steps", "warmup steps", "train.learning_rate")
-SHAPE_NAMES = ("train.schedule", "train.decay_steps", "train.decay_fraction", "train.decay_shape",
-               "train.min_lr_ratio", "train.mask_schedule", "train.mask_prob_end")
-_CODES = {0: KINDS, 3: ("linear", "1-sqrt"), 5: ("constant", "linear")}
-
-
-def values(t: TrainConfig) -> list[float]:
-    """train.steps, the warm-up's steps and the peak rate."""
-    return [float(t.steps), float(warmup_steps(t)), float(t.learning_rate)]
-
-
-def shape_values(t: TrainConfig) -> list[float]:
-    """The options beyond `values` that shape the curves (the decay's only under wsd; 0 where unset)."""
-    wsd = t.schedule == "wsd"
-    return [float(KINDS.index(t.schedule)), float(t.decay_steps or 0) if wsd else 0.0,
-            float(t.decay_fraction) if wsd and t.decay_steps is None else 0.0,
-            float(("linear", "1-sqrt").index(t.decay_shape)) if wsd else 0.0, float(t.min_lr_ratio),
-            float(t.mask_schedule == "linear"), float(t.mask_prob_end or 0.0)]
-
-
-def changes(saved: list[float], saved_shape: list[float] | None, t: TrainConfig) -> list[str]:
-    """`name old -> new` for each recorded number of the curve that `t` changes (what --resume
-    refuses without train.extend_schedule); read from a checkpoint or from the saved config alike."""
-    out = [f"{n} {_fmt(a)} -> {_fmt(b)}" for n, a, b in zip(NAMES, saved, values(t)) if a != b]
-    if saved_shape is not None:
-        out += [f"{n} {_named(i, a)} -> {_named(i, b)}" for i, (n, a, b) in
-                enumerate(zip(SHAPE_NAMES, saved_shape, shape_values(t))) if a != b]
-    return out
-
-
-def _named(i: int, x: float) -> str:
-    codes = _CODES.get(i)
-    return codes[int(x)] if codes and 0 <= int(x) < len(codes) else _fmt(x)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:g}" if x != int(x) else str(int(x))
-
-
 def describe(t: TrainConfig) -> str:
     """One line: the curve's shape, as doctor and the resume check name it."""
     c = curve(t)
@@ -135,9 +94,10 @@ def describe(t: TrainConfig) -> str:
     return f"{c.kind}: warm-up {c.warmup}, then {what}{mask}"
 
 
-def warnings(t: TrainConfig) -> list[str]:
-    """What makes a schedule not do what its options suggest (each one line, with the fix)."""
-    c, out = curve(t), []
+def warnings(c: Curve, decay_steps: int | None = None) -> list[str]:
+    """What makes the curve `c` not do what its options suggest (each one line, with the fix);
+    `decay_steps`: train.decay_steps as given (it does nothing outside wsd)."""
+    out: list[str] = []
     if c.warmup >= c.steps:
         out.append(f"the warm-up ({c.warmup} steps) is not shorter than the run (train.steps={c.steps}): the "
                    f"learning rate never reaches train.learning_rate={c.peak:g} (it ends at "
@@ -147,7 +107,7 @@ def warnings(t: TrainConfig) -> list[str]:
         out.append(f"the decay (train.schedule=wsd, {c.decay_steps} steps from step {c.decay_start}) starts inside "
                    f"the warm-up ({c.warmup} steps): the rate never holds its peak; shorten the decay or the "
                    f"warm-up")
-    if t.schedule != "wsd" and t.decay_steps is not None:
-        out.append(f"train.decay_steps={t.decay_steps} is used only by train.schedule=wsd (this run: "
-                   f"{t.schedule}); remove it or set train.schedule=wsd")
+    if c.kind != "wsd" and decay_steps is not None:
+        out.append(f"train.decay_steps={decay_steps} is used only by train.schedule=wsd (this run: "
+                   f"{c.kind}); remove it or set train.schedule=wsd")
     return out

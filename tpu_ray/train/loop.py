@@ -35,12 +35,12 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_ray import rundir, storage
-from tpu_ray.train import curves
+from tpu_ray.train import schedule as lr_schedule
 from tpu_ray.train.checkpoints import CheckpointStore, CheckpointTimer
 from tpu_ray.train.evaluation import EvalSums, evaluator as make_evaluator
 from tpu_ray.train.generation import Generation
 from tpu_ray.train.hooks import Hooks, TrainSums, executions
-from tpu_ray.train.loop_hooks import PhaseFlops, Snapshot, recover_results, trainer_hooks
+from tpu_ray.train.loop_hooks import HookSpec, PhaseFlops, Snapshot, recover_results, trainer_hooks
 from tpu_ray.config import CorpusConfig, EvalConfig, RunConfig, RunPaths, TrainConfig
 from tpu_ray.train.phases import Span
 from tpu_ray.train.plan import Plan, SpanPlan, plan as plan_of
@@ -50,6 +50,7 @@ from tpu_ray.train.metrics import MetricsWriter
 from tpu_ray.train.init_from import InitSpec, load_weights
 from tpu_ray.train.model import ModelSpec, hf_config
 from tpu_ray.train.export_safetensors import RunRecord, run_record, write_pytorch_files
+from tpu_ray.train.optimizer import make_optimizer
 from tpu_ray.prepare.shard_set import ShardSet
 from tpu_ray.train.strategy import StrategyInfo, keeps_global_policy, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
@@ -86,43 +87,41 @@ class TrainSetup:
     schedule: Any
     checkpoint: tf.train.Checkpoint
     step_var: tf.Variable
+    recorded: lr_schedule.Schedule  # what `checkpoint` records of the schedule, checked and adopted on --resume
 
 
 def build(t: TrainConfig, paths: RunPaths, seed: int, model_spec: ModelSpec, info: StrategyInfo,
           tok: TokenizerInfo) -> TrainSetup:
     """Model, optimizer and the checkpoint object over them, created inside the strategy's scope:
-    the model from `model_spec` (train/model.py), the optimizer and schedule from the train section,
-    the initial weights and dropout from `seed`; `paths`: where the run's checkpoints and tokenizer are."""
+    the model from `model_spec` (train/model.py), the optimizer and schedule from the train section
+    (its schedule resolved once: schedule.from_train), the initial weights and dropout from `seed`; `paths`:
+    where the run's checkpoints and tokenizer are."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM
 
-    from tpu_ray.train import schedule as lr_schedule
-    from tpu_ray.train.optimizer import make_optimizer
-
     refuse_precision(model_spec.model.model_type, info.mixed_precision)
-    warmup = curves.warmup_steps(t)
+    sch = lr_schedule.from_train(t)
     # `seed` fixes the initial weights and dropout too, not only data order and masks: an
     # uninterrupted run can be repeated exactly (after --resume only the dropout draws differ).
     tf_keras.utils.set_random_seed(seed)
     with info.strategy.scope():
         model = TFAutoModelForMaskedLM.from_config(hf_config(model_spec, tok))
         model(model.dummy_inputs, training=False)  # create the variables now, in scope
-        optimizer, schedule = make_optimizer(t, warmup)
+        optimizer, schedule = make_optimizer(sch, t.weight_decay)
         if info.mixed_precision == "mixed_float16":  # float16 needs loss scaling; bfloat16 does not
             optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
         # Create the slots now (legacy tf-keras optimizers otherwise make them on first apply), so a
         # restore is complete before the first step.
         optimizer._create_all_weights(model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var,
-                                         schedule=lr_schedule.variable(t), schedule_shape=lr_schedule.shape_variable(t))
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var, **lr_schedule.variables(sch))
     # Multi-worker: the same initial weights everywhere (above), but each worker its own dropout
     # stream, as the workers read different data (equal seeds would repeat worker 0's masks).
     worker = info.worker_index
     if worker:
         tf.random.set_seed(seed + 7919 * worker)
     return TrainSetup(paths.run_dir, paths.tokenizer_dir, t.keep_checkpoints, info, tok, model, optimizer, schedule,
-                      checkpoint, step_var)
+                      checkpoint, step_var, sch)
 
 
 def checkpoint_store(s: TrainSetup, write: bool = True) -> CheckpointStore:
@@ -338,12 +337,12 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
             branch = BranchPoint(found.checkpoint, found.run_dir)
         bias = (OutputBias(cfg.corpus, cfg.seed, paths.seq_len, run_mask.never_masked)
                 if cfg.model.output_bias == "unigram" else None)
-        start_spec = StartSpec(t, branch, init if cfg.model.init_from else None, bias)
+        start_spec = StartSpec(branch, init if cfg.model.init_from else None, bias)
         start = restore_or_start(ckpts, s, metrics, resume, start_spec, shards)
         evaluate = evaluator(s, shards, t.batch_size // info.replicas, run_mask, cfg.eval, paths.seq_len)
         flops = PhaseFlops(cfg.model, t, paths.seq_len, tok.vocab_size, s.model.config)
-        loop = LoopSpec(t, cfg.seed, run_plan, run_record(cfg), frozenset(d.every for d in cfg.eval.downstream),
-                        evaluate_start=bool(cfg.model.init_from))
+        loop = LoopSpec(t, HookSpec.of(t), cfg.seed, run_plan, run_record(cfg),
+                        frozenset(d.every for d in cfg.eval.downstream), evaluate_start=bool(cfg.model.init_from))
         return _train_loop(loop, s, ckpts, metrics, data, start, evaluate, flops.of, t_start)
 
 
@@ -351,7 +350,8 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
 class LoopSpec:
     """What the loop reads of the run besides the objects it works on, resolved once by `train`."""
 
-    train: TrainConfig  # steps, batch, the hooks' grids, train.accept_new_data_order
+    train: TrainConfig  # steps, batch, train.checkpoint_every_minutes, train.accept_new_data_order
+    hooks: HookSpec  # the hooks' grids and train.on_nan (trainer_hooks)
     seed: int  # with the step, fixes each batch's masks (train_input)
     plan: Plan  # the spans, each with its masking (Plan.with_masks)
     record: RunRecord  # what the export (and each downstream snapshot) records of the run
@@ -372,7 +372,7 @@ def _train_loop(spec: LoopSpec, s: TrainSetup, ckpts: CheckpointStore, metrics: 
     # Multi-worker saves are collectives: every worker must save at the same steps, so by steps only.
     timer = CheckpointTimer(t.checkpoint_every_minutes if info.kind != "multiworker" else None)
     traced: list[Any] = []
-    hooks = trainer_hooks(t, s, ckpts, metrics, evaluate, lambda: sum(f.experimental_get_tracing_count() for f in traced),
+    hooks = trainer_hooks(spec.hooks, s, ckpts, metrics, evaluate, lambda: sum(f.experimental_get_tracing_count() for f in traced),
                           flops_of, position=lambda step: data.positions.at(step).to_json(), timer=timer,
                           source_samples=source_samples)
     if spec.snapshot_every:  # the model at each task's grid, for the driver's fine-tuning (tpu_ray.downstream.during)
@@ -460,12 +460,11 @@ class OutputBias:
 
 @dataclass(frozen=True)
 class StartSpec:
-    """Where a run starts, resolved once by `train`: the train section (its schedule, checked and
-    adopted on --resume); without a checkpoint of its own, a branch point (train.branch_from), the
-    model.init_from resolution (train/init_from.InitSpec), and the unigram output bias, each None
-    when the config does not ask for it."""
+    """Where a run without a checkpoint of its own starts, resolved once by `train`: a branch point
+    (train.branch_from), the model.init_from resolution (train/init_from.InitSpec), and the unigram
+    output bias, each None when the config does not ask for it. (A resumed run's schedule is checked
+    against `TrainSetup.recorded`, what build made of the train section.)"""
 
-    train: TrainConfig
     branch: BranchPoint | None = None
     init: InitSpec | None = None
     output_bias: OutputBias | None = None
@@ -480,12 +479,12 @@ def restore_or_start(ckpts: CheckpointStore, s: TrainSetup, metrics: MetricsWrit
     if ckpts.started_over:  # only a half-written first checkpoint was there (logged by the store)
         metrics.event("start_over", stage="train", step=0, reason=ckpts.started_over)
     if not ckpts.present:  # any committed or complete checkpoint: a fresh start would overwrite them
-        if spec.output_bias is not None and (spec.train.branch_from or spec.init is not None):
+        if spec.output_bias is not None and (spec.branch is not None or spec.init is not None):
             log.info("model.output_bias=unigram is for a fresh model: the head's bias is the trained one it starts from")
         if spec.branch is not None:  # a decay branched off a stable run: its checkpoint, this run's schedule
             from tpu_ray.train.branch import restore as restore_branch
 
-            return restore_branch(spec.branch.checkpoint, spec.branch.stable_run, spec.train, s, metrics)
+            return restore_branch(spec.branch.checkpoint, spec.branch.stable_run, s, metrics)
         if spec.init is not None:
             loaded = load_weights(s.model, spec.init)
             log.info("initialised from %s", loaded)
@@ -496,11 +495,8 @@ def restore_or_start(ckpts: CheckpointStore, s: TrainSetup, metrics: MetricsWrit
     if not resume:
         raise UserError(f"{ckpts.directory}: this run directory already has checkpoints; pass --resume "
                         f"to continue it or use a new --output-dir")
-    from tpu_ray.train import schedule as lr_schedule
-
     ckpts.restore(s.checkpoint)
-    lr_schedule.check_resume(s.checkpoint.schedule, ckpts.latest_url, spec.train, s.checkpoint.schedule_shape)
-    lr_schedule.adopt(s.checkpoint, spec.train)  # what the next checkpoint records
+    lr_schedule.resume(s.checkpoint, ckpts.latest_url, s.recorded)  # checked, then what the next checkpoint records
     start = int(s.step_var.numpy())
     log.info("resumed from %s at step %d", ckpts.latest_url, start)
     return start  # the resume event is written by train_input, with the input position

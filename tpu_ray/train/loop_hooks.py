@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tpu_ray.config import ModelConfig, TrainConfig
@@ -199,20 +200,36 @@ class Snapshot(Hook):
             self.write(step)
 
 
-def trainer_hooks(t: TrainConfig, s: Any, ckpts: Any, metrics: MetricsWriter, evaluate: Callable[[int], Any] | None,
+@dataclass(frozen=True)
+class HookSpec:
+    """What the trainer's hooks read of the train section, resolved once by the trainer (`of`): each
+    one's grid, what a non-finite loss does, and the peak FLOPs an MFU is taken against."""
+
+    log_every: int  # train.log_every
+    eval_every: int  # train.eval_every
+    checkpoint_every: int  # train.checkpoint_every
+    on_nan: str  # train.on_nan: stop | continue
+    peak_flops: float | None  # train.peak_flops (None: the device's published figure, if any)
+
+    @classmethod
+    def of(cls, t: TrainConfig) -> HookSpec:
+        return cls(t.log_every, t.eval_every, t.checkpoint_every, t.on_nan, t.peak_flops)
+
+
+def trainer_hooks(spec: HookSpec, s: Any, ckpts: Any, metrics: MetricsWriter, evaluate: Callable[[int], Any] | None,
                   traces: Callable[[], int], flops_of: Callable[[Any], float],
                   position: Callable[[int], str] | None = None, timer: Any = None,
                   source_samples: Callable[[int], dict[str, int]] | None = None) -> Hooks:
     """log (sums every execution, a record each log_every) -> eval (eval_every) -> checkpoint
     (checkpoint_every, and when `timer` is due: train.checkpoint_every_minutes); each also at the
     run's last step. `position(step)` is the input position saved beside each checkpoint."""
-    nonfinite = NonFinite(t.on_nan, metrics, ckpts)
+    nonfinite = NonFinite(spec.on_nan, metrics, ckpts)
     hooks = Hooks()
-    train_log = hooks.add(TrainLog(s, metrics, nonfinite, flops_of, peak_flops(s.info.device, t.peak_flops),
-                                   traces, source_samples), every=t.log_every)
+    train_log = hooks.add(TrainLog(s, metrics, nonfinite, flops_of, peak_flops(s.info.device, spec.peak_flops),
+                                   traces, source_samples), every=spec.log_every)
     if evaluate:
-        hooks.add(Evaluate(evaluate, metrics, train_log.level), every=t.eval_every)
-    checkpoint = hooks.add(Checkpoint(s.model, ckpts, nonfinite, position, timer), every=t.checkpoint_every)
+        hooks.add(Evaluate(evaluate, metrics, train_log.level), every=spec.eval_every)
+    checkpoint = hooks.add(Checkpoint(s.model, ckpts, nonfinite, position, timer), every=spec.checkpoint_every)
     if timer is not None:
         hooks.add(TimedCheckpoint(checkpoint), every=None)
     return hooks

@@ -12,27 +12,23 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tpu_ray.config import TrainConfig
+from tpu_ray.train.schedule import Schedule, learning_rate
 
 log = logging.getLogger("tpu_ray.train.loop")  # the trainer's log lines keep the trainer's name
 ADAM = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-8}  # create_optimizer's defaults
 NO_DECAY = ["LayerNorm", "layer_norm", "bias"]
 
 
-def make_optimizer(t: TrainConfig, warmup: int | None = None) -> tuple[Any, Any]:
-    """(optimizer, learning-rate schedule) for `t`: one optimizer class for any weight decay (create_optimizer's
-    AdamWeightDecay with its arguments), the rate a pure function of the step. A schedule that will not do
-    what its options suggest (a warm-up as long as the run) is logged here, at every start."""
+def make_optimizer(sch: Schedule, weight_decay: float) -> tuple[Any, Any]:
+    """(optimizer, learning-rate schedule) for the run's schedule `sch` (schedule.from_train) and train.weight_decay:
+    one optimizer class for any weight decay (create_optimizer's AdamWeightDecay with its arguments), the rate
+    a pure function of the step. A schedule that will not do what its options suggest (a warm-up as long as
+    the run) is logged here, at every start."""
     from transformers import AdamWeightDecay
 
-    from tpu_ray.train import curves
-    from tpu_ray.train.schedule import learning_rate
-
-    if warmup is not None:  # the warm-up the caller resolved (train.warmup_steps, else the ratio's)
-        t = t.model_copy(update={"warmup_steps": warmup})
-    for line in curves.warnings(t):
+    for line in sch.warnings:
         log.warning("learning-rate schedule: %s", line)
-    schedule = learning_rate(t)
-    optimizer = AdamWeightDecay(learning_rate=schedule, weight_decay_rate=float(t.weight_decay),
+    schedule = learning_rate(sch.curve)
+    optimizer = AdamWeightDecay(learning_rate=schedule, weight_decay_rate=float(weight_decay),
                                 exclude_from_weight_decay=NO_DECAY, **ADAM)
     return optimizer, schedule
