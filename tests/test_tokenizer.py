@@ -3,6 +3,8 @@ and the built-in corpus the quickstart trains on."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tpu_ray.config import SPECIAL_TOKENS, TokenizerConfig
@@ -255,3 +257,26 @@ def test_a_role_file_naming_a_token_outside_the_vocabulary_or_lacking_a_role(tmp
     lacking = _mpnet_shaped(tmp_path / "lack", config={k: v for k, v in MPNET_ROLES.items() if k != "mask_token"})
     with pytest.raises(UserError, match=r"tokenizer_config.json: names no mask_token"):
         tokenizer_info(lacking)
+
+
+@pytest.mark.quick
+def test_canonical_unigram_finds_the_unscored_characters_whatever_the_last_bits():
+    """The characters at the bottom of a trained Unigram model sit at its lowest score or 4e-11 above
+    it (the trainer's digamma steps where an expected count is a whole number), and which ones do
+    depends on the process's summation order: two such vocabularies must canonicalise alike."""
+    from tokenizers import Tokenizer, models
+
+    from tpu_ray.prepare.tokenizer import canonical_unigram
+
+    special = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("<mask>", 0.0)]
+    low = -10.0
+
+    def trained(noisy: str) -> Tokenizer:  # `noisy` is the character whose score is 4e-11 off
+        pieces = [("ab", -5.0), ("c", low + 1e-4)] + [(ch, low + (4e-11 if ch == noisy else 0.0)) for ch in "abd"]
+        return Tokenizer(models.Unigram(special + pieces, unk_id=3, byte_fallback=False))
+
+    one, other = (canonical_unigram(trained(ch), len(special)).to_str() for ch in ("a", "b"))
+    assert one == other
+    vocab = json.loads(one)["model"]["vocab"]
+    assert [p for p, _ in vocab[:5]] == [p for p, _ in special]  # special tokens keep ids 0..4
+    assert vocab[5] == ["ab", -5.0]

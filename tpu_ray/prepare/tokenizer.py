@@ -166,12 +166,15 @@ def canonical_unigram(tok: Tokenizer, n_special: int) -> Tokenizer:
     if not pieces:
         return tok
     # The trainer's finalize: each required character missing from the model gets min_score plus
-    # a penalty grown by _PENALTY_STEP, in hash order (the same float arithmetic finds them here).
+    # a penalty grown by _PENALTY_STEP, in hash order. Found by rounded score: real single
+    # characters sit at the minimum or within 1e-13 of it depending on the summation order, so an
+    # exact comparison would put another set of characters on the ladder in each process.
     lowest = min(score for _, score in pieces)
     singles = {i for i, (piece, _) in enumerate(pieces) if len(piece) == 1}
     ladder: list[int] = []
     value, penalty = lowest, 0.0
-    while found := [i for i in singles if pieces[i][1] == value and i not in ladder]:
+    while found := [i for i in singles if round(pieces[i][1], SCORE_DECIMALS) == round(value, SCORE_DECIMALS)
+                    and i not in ladder]:
         ladder += found
         penalty += _PENALTY_STEP
         value = lowest + penalty
@@ -196,7 +199,9 @@ def deterministic_wordpiece(first: Tokenizer, text: list[list[str]], cfg: Tokeni
     "##hu" and "Joshu" in the other). `first`, the first training, names the continuation pieces
     the text has; given to the trainer as special tokens they take ids in the order given (and
     count against vocab_size as before), then they are plain vocabulary again (not added tokens).
-    The price: the text is held in memory (at most tokenizer.train_bytes) and trained on twice.
+    The price: the sampled text is held in memory (tokenizer.train_bytes of it, as Python strings: up
+    to 4 bytes a character for emoji, 2 for CJK) and trained on twice (measured on 24 MB: 5.4 s and
+    135 MB peak, against 3.2 s and 107 MB for one training).
     BPE (no prefix, its alphabet sorted) needs none of this.
     """
     prefix = "##"

@@ -11,7 +11,8 @@ not turn it on. Neither TensorFlow nor XLA documents a determinism promise for T
 run trains repeats too: `tokenizers`' Unigram and WordPiece trainers walk the words in a hash order
 seeded anew in each process, and tpu_ray/prepare/tokenizer.py takes that out (canonical_unigram,
 deterministic_wordpiece); a Unigram score is kept to 6 decimals, and its last-bit noise may straddle
-one, about once in 8,000 trainings (tests/test_tokenizer.py: two processes, every kind). No promise holds
+one: rare, measured on WikiText-2 at 8,000 pieces as about once in 8,000 trainings, not measured
+on every kind of text (tests/test_tokenizer.py: two processes, every kind). No promise holds
 across TensorFlow versions or processors: another CPU's kernels may round differently, and 2,000
 steps grow a last-bit difference into a different third decimal.
 """
@@ -22,7 +23,8 @@ GUARANTEE = {
     "cpu": "bit for bit on one software stack (the same TensorFlow, Python and CPU kind): the same config "
            "and seed give the same losses, evaluation figures and weights, under load, with any number of "
            "shard actors, straight or resumed, the tokenizer the run trains included (tested; a Unigram score, "
-           "kept to 6 decimals, may round one step apart about once in 8,000 trainings); another CPU or "
+           "kept to 6 decimals, may rarely round one step apart: about once in 8,000 trainings on WikiText-2); "
+           "another CPU or "
            "TensorFlow version may round differently",
     "gpu": "not promised: TensorFlow repeats GPU runs only with tf.config.experimental.enable_op_determinism(), "
            "which tpu-ray does not turn on; expect the same curve, not the same digits",
