@@ -81,9 +81,9 @@ def run(work: Path, name: str, prep, source: Path, args) -> dict[int, float]:
     from learning import evaluate, test_batch
     from tpu_ray.config import RunConfig
     from tpu_ray.prepare.tokenizer import tokenizer_info
-    from tpu_ray.train.init_from import InitSpec, checkpoint_fields
+    from tpu_ray.train.init_from import checkpoint_fields
     from tpu_ray.train.loop import train
-    from tpu_ray.train.model import ModelSpec, hf_config
+    from tpu_ray.train.model import hf_config
 
     src_cfg = RunConfig.from_yaml(str(source / "config.yaml"))
     over = {
@@ -96,9 +96,8 @@ def run(work: Path, name: str, prep, source: Path, args) -> dict[int, float]:
     cfg = RunConfig.from_dict(over)
     if name == "continued":
         cfg = cfg.override({"model.init_from": str(source / "model")})
-        cfg = cfg.override(checkpoint_fields(InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)))
-    spec = ModelSpec(cfg.model, cfg.max_positions(), cfg.shard.seq_len, cfg.tokenizer_dir,
-                     InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from))
+        cfg = cfg.override(checkpoint_fields(cfg.init_spec))
+    spec = cfg.model_spec
     if not (work / name / "model" / "config.json").exists():
         t = time.perf_counter()
         train(cfg)

@@ -51,20 +51,6 @@ def tiny_config(run_dir: Path, corpus: Path, **overrides):
     return cfg.override(overrides) if overrides else cfg
 
 
-def init_spec(cfg):
-    """What resolving model.init_from reads of `cfg` (train/init_from.InitSpec), as the run's assembler builds it."""
-    from tpu_ray.train.init_from import InitSpec
-
-    return InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)
-
-
-def model_spec(cfg):
-    """What the model's transformers config is made from (train/model.ModelSpec), as train/loop.py builds it."""
-    from tpu_ray.train.model import ModelSpec
-
-    return ModelSpec(cfg.model, cfg.max_positions(), cfg.shard.seq_len, cfg.tokenizer_dir, init_spec(cfg))
-
-
 def manifest_json(shards_dir: str) -> dict | None:
     """The manifest as written (its raw JSON, for tests asserting what the shard stage wrote), or None."""
     import json

@@ -175,7 +175,7 @@ def continued(tmp_path_factory) -> list[str]:
 
     from transformers import RobertaConfig
 
-    from tests.helpers import REPO, init_spec
+    from tests.helpers import REPO
     from tpu_ray.config import RunConfig
     from tpu_ray.train.export import config_digest, stamp_provenance
     from tpu_ray.train.init_from import checkpoint_fields
@@ -193,7 +193,7 @@ def continued(tmp_path_factory) -> list[str]:
     stamp_provenance(str(model), config_digest(parent_cfg.fingerprint()), 500)
     child_cfg = RunConfig.from_yaml(str(REPO / "jobs" / "configs" / "continue_with_replay.yaml")).override(
         {"model.init_from": str(model), "output_dir": str(tmp_path / "continued")})
-    child_cfg = child_cfg.override(checkpoint_fields(init_spec(child_cfg)))
+    child_cfg = child_cfg.override(checkpoint_fields(child_cfg.init_spec))
     child = _scored(tmp_path / "continued", child_cfg, "set-C",
                     {"domain": "set-D", "general": "set-P", "domain_test": "set-T"})
     (tmp_path / "continued" / "init").mkdir()

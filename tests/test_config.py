@@ -53,16 +53,15 @@ def test_malformed_yaml_and_code_tags_are_rejected(tmp_path):
 def test_model_defaults_are_the_published_configuration(model_type, positions, eps, type_vocab):
     """16.4: the exported config.json says what roberta-base's / bert-base's says, whatever seq_len."""
     from tpu_ray.prepare.tokenizer import TokenizerInfo
-    from tests.helpers import model_spec
     from tpu_ray.train.model import hf_config
 
     cfg = RunConfig.from_dict({"model": {"model_type": model_type}, "shard": {"seq_len": 64}})
     tok = TokenizerInfo(sha256="", vocab_size=1000, cls_id=0, pad_id=1, sep_id=2, unk_id=3, mask_id=4)
-    hf = hf_config(model_spec(cfg), tok)
+    hf = hf_config(cfg.model_spec, tok)
     assert (hf.max_position_embeddings, hf.layer_norm_eps, hf.type_vocab_size) == (positions, eps, type_vocab)
     assert cfg.max_input_tokens() == 512  # the tokenizer's model_max_length: fine-tune on 512 tokens
     explicit = cfg.override({"model.max_position_embeddings": 130, "model.layer_norm_eps": 1e-7})
-    assert (hf_config(model_spec(explicit), tok).max_position_embeddings, hf_config(model_spec(explicit), tok).layer_norm_eps) == (130, 1e-7)
+    assert (hf_config(explicit.model_spec, tok).max_position_embeddings, hf_config(explicit.model_spec, tok).layer_norm_eps) == (130, 1e-7)
 
 
 def test_seq_len_is_checked_against_the_published_positions():

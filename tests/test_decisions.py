@@ -85,11 +85,10 @@ def test_param_count_matches_the_real_model():
 
     from tpu_ray.doctor.estimates import Sizing, param_count
     from tpu_ray.prepare.tokenizer import TokenizerInfo
-    from tests.helpers import model_spec
     from tpu_ray.train.model import hf_config
 
     cfg = RunConfig.from_dict({"model": {"preset": "tiny"}, "shard": {"seq_len": 64}})
-    model = TFAutoModelForMaskedLM.from_config(hf_config(model_spec(cfg), TokenizerInfo("0" * 64, 800, 0, 2, 1, 3, 4)))
+    model = TFAutoModelForMaskedLM.from_config(hf_config(cfg.model_spec, TokenizerInfo("0" * 64, 800, 0, 2, 1, 3, 4)))
     model(model.dummy_inputs)
     sz = Sizing(cfg.model, cfg.train, cfg.shard.seq_len, cfg.max_positions())
     assert param_count(sz, 800) == pytest.approx(model.count_params(), rel=0.01)

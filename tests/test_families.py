@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import model_spec, tiny_config
+from tests.helpers import tiny_config
 from tpu_ray.errors import UserError
 
 
@@ -39,7 +39,7 @@ def test_a_tokenizer_with_the_old_mixed_set_still_describes_and_configures(tiny_
     for model_type in ("roberta", "bert"):
         cfg = tiny_config(tmp_path, tmp_path / "x.txt", **{"model.model_type": model_type,
                                                            "tokenizer.path": tiny_tokenizer_dir})
-        assert hf_config(model_spec(cfg), info).pad_token_id == 1
+        assert hf_config(cfg.model_spec, info).pad_token_id == 1
 
 
 @pytest.mark.parametrize("value, why", [("tapas", "table structure"), ("layoutlm", "bounding boxes"),

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, init_spec, model_spec, tiny_config
+from tests.helpers import REPO, tiny_config
 from tests.test_train import _records
 from tpu_ray.errors import UserError
 
@@ -92,14 +92,14 @@ def _first_batch_loss(cfg, model_dir: str | None) -> float:
     files = [p for p, _ in shard_files(cfg.shards_dir, "train")]
     batch = next(iter(train_dataset(files, cfg.shard.seq_len, cfg.train.batch_size, mask_spec(cfg.train, cfg.paths, tok), cfg.seed,
                                     cfg.train.shuffle_buffer)))
-    config = {k: v for k, v in json.loads(hf_config(model_spec(cfg), tok).to_json_string()).items() if k != "_name_or_path"}
+    config = {k: v for k, v in json.loads(hf_config(cfg.model_spec, tok).to_json_string()).items() if k != "_name_or_path"}
     key = model_dir or f"fresh, seed {cfg.seed}: {json.dumps(config, sort_keys=True)}"
     if key not in _MODELS:
         if model_dir:
             _MODELS[key] = TFAutoModelForMaskedLM.from_pretrained(model_dir, use_safetensors=False)
         else:
             tf.keras.utils.set_random_seed(cfg.seed)
-            _MODELS[key] = TFAutoModelForMaskedLM.from_config(hf_config(model_spec(cfg), tok))
+            _MODELS[key] = TFAutoModelForMaskedLM.from_config(hf_config(cfg.model_spec, tok))
     model = _MODELS[key]
     loss_sum, _, count = masked_sums(batch["mlm_labels"], mlm_logits(model, batch, training=False))
     return float(loss_sum / count)
@@ -321,10 +321,10 @@ def test_truncated_weights(tf_dir, source, tmp_path, weights):
     data = (bad / weights).read_bytes()
     (bad / weights).write_bytes(data[: len(data) // 2])
     cfg = tiny_config(tmp_path / "r", tmp_path / "unused.txt", **{"model.init_from": str(bad)})
-    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(init_spec(cfg)))
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg.init_spec))
     model(model.dummy_inputs)
     with pytest.raises(UserError) as err:
-        load_weights(model, init_spec(cfg))
+        load_weights(model, cfg.init_spec)
     msg = str(err.value)
     assert "\n" not in msg and weights in msg and "truncated" in msg, msg
 
@@ -340,9 +340,9 @@ def test_safetensors_weights_load_equal_to_tf_model_h5(tf_dir, source, tmp_path)
     (st / "tf_model.h5").unlink()
     shutil.copy(source / "model" / "model.safetensors", st / "model.safetensors")
     cfg = tiny_config(tmp_path / "r", tmp_path / "unused.txt", **{"model.init_from": str(st)})
-    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(init_spec(cfg)))
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg.init_spec))
     model(model.dummy_inputs)
-    load_weights(model, init_spec(cfg))
+    load_weights(model, cfg.init_spec)
     ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
     def unscoped(name: str) -> str:  # without the model instance's own scope (tf_roberta_for_masked_lm_N/)
         return name.split("/", 1)[1]
@@ -367,9 +367,9 @@ def test_a_gs_model_directory_is_staged_and_loads(gcs_emulator, tf_dir, tmp_path
     src = resolve(root)
     assert src.kind == "hf" and Path(src.local, "tf_model.h5").read_bytes() == (tf_dir / "tf_model.h5").read_bytes()
     cfg = tiny_config(tmp_path / "r", tmp_path / "unused.txt", **{"model.init_from": root})
-    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(init_spec(cfg)))
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg.init_spec))
     model(model.dummy_inputs)
-    assert load_weights(model, init_spec(cfg)).endswith("tf_model.h5")
+    assert load_weights(model, cfg.init_spec).endswith("tf_model.h5")
     ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
 
@@ -398,9 +398,9 @@ def test_after_the_first_stage_the_source_is_never_read_again(tf_dir, source, tm
     p = Pipeline(cfg)  # as the next stage, a resume, a TPU host or a recovery attempt builds it
     assert p.cfg.model.hidden_size == 64 and p.cfg.model.init_sha256
     shutil.rmtree(src)
-    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(init_spec(p.cfg)))
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(p.cfg.init_spec))
     model(model.dummy_inputs)
-    assert load_weights(model, init_spec(p.cfg)) == str(tmp_path / "run" / "init" / "tf_model.h5")
+    assert load_weights(model, p.cfg.init_spec) == str(tmp_path / "run" / "init" / "tf_model.h5")
     ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
 
@@ -475,12 +475,12 @@ def test_a_gs_run_directory_holds_its_copy_and_every_host_reads_it(gcs_emulator,
     assert storage.exists(storage.join(run, "init", "source.json"))
     shutil.rmtree(src)
     host_cfg = Pipeline(cfg).cfg  # what run_training hands every host
-    got = source_for(init_spec(host_cfg))
+    got = source_for(host_cfg.init_spec)
     assert got.kind == "copy" and got.where == storage.join(run, "init")
     assert got.local.startswith(str(tmp_path / "host-cache")) and host_cfg.model.init_sha256 in got.local
-    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(init_spec(host_cfg)))
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(host_cfg.init_spec))
     model(model.dummy_inputs)
-    assert load_weights(model, init_spec(host_cfg)).endswith("tf_model.h5")
+    assert load_weights(model, host_cfg.init_spec).endswith("tf_model.h5")
     ref = TFAutoModelForMaskedLM.from_pretrained(str(tf_dir), use_safetensors=False)
     assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, ref.weights))
 

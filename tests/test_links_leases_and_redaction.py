@@ -150,7 +150,7 @@ def test_a_planted_init_record_writes_nothing_outside_the_cache(gcs_emulator, tm
 def test_a_model_directory_link_to_a_file_outside_is_refused_not_copied(tmp_path):
     """A cloned model repository shipping `vocab.txt -> ~/.netrc` put that file into RUN/init and
     from there into RUN/model (which the card says to publish)."""
-    from tests.helpers import init_spec, tiny_config
+    from tests.helpers import tiny_config
     from tpu_ray.train.init_from import own_copy
 
     netrc = tmp_path / "netrc"
@@ -164,13 +164,13 @@ def test_a_model_directory_link_to_a_file_outside_is_refused_not_copied(tmp_path
     (model / "special_tokens_map.json").symlink_to("tokenizer.json")  # a link inside the directory is fine
     cfg = tiny_config(tmp_path / "run", tmp_path / "corpus.txt", **{"model.init_from": str(model)})
     with pytest.raises(UserError, match=r"model: vocab\.txt is a link to .*netrc, outside the model directory") as e:
-        own_copy(init_spec(cfg))
+        own_copy(cfg.init_spec)
     assert "\n" not in str(e.value)
     leaked = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and b"s3cr3t" in p.read_bytes()]
     assert not leaked
     (model / "vocab.txt").unlink()
     (model / "vocab.txt").write_text("[PAD]\n")
-    own_copy(init_spec(cfg))
+    own_copy(cfg.init_spec)
     assert (tmp_path / "run" / "init" / "special_tokens_map.json").read_text() == "{}"
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, init_spec, model_spec
+from tests.helpers import REPO
 from tests.test_train import checkpoint_weights
 from tpu_ray.families import EXCLUDED, FAMILIES, family, training_order
 
@@ -257,8 +257,8 @@ def test_continued_from_its_h5_export_starts_from_its_weights(scratch_runs, tmp_
     assert p.cfg.model.model_type == model_type and p.cfg.model.hidden_size == 32
     p.tokenizer()  # the run's own copy of the checkpoint (RUN/init) and its tokenizer
     cfg = p.cfg
-    s = build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), select(cfg.train), tokenizer_info(cfg.tokenizer_dir))
-    assert load_weights(s.model, init_spec(cfg)).endswith("tf_model.h5")
+    s = build(cfg.train, cfg.paths, cfg.seed, cfg.model_spec, select(cfg.train), tokenizer_info(cfg.tokenizer_dir))
+    assert load_weights(s.model, cfg.init_spec).endswith("tf_model.h5")
     with checkpoint_store(s) as ckpts:
         assert ckpts.save(0, final=True)
     # The optimizer starts fresh, so its slots differ by design: the model weights are compared.
@@ -303,9 +303,9 @@ def test_continued_from_a_pytorch_written_safetensors_loads_every_weight(scratch
     tok_dir, shards, run1, _ = scratch_runs(model_type)
     src, how = pytorch_written(torch_side, run1 / "model", tmp_path / "pt", model_type)
     cfg = type_config(tmp_path / "cont", model_type, tok_dir, shards, **{"model.init_from": str(src)})
-    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(init_spec(cfg)))
+    model = TFAutoModelForMaskedLM.from_config(checkpoint_hf_config(cfg.init_spec))
     model(model.dummy_inputs)
-    assert load_weights(model, init_spec(cfg)).endswith("model.safetensors")
+    assert load_weights(model, cfg.init_spec).endswith("model.safetensors")
     written, got = load_file(str(src / "model.safetensors")), pytorch_state_dict(model)
     tied = dict(family(model_type).pt_tied)
     print(f"{model_type} ({how}): {len(written)} tensors written, filled from their tie: {sorted(tied)}")

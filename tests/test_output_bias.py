@@ -96,7 +96,7 @@ def test_initializer_range_scales_a_fresh_models_weights(tmp_path, tiny_tokenize
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
 
-    from tests.helpers import model_spec, tiny_config
+    from tests.helpers import tiny_config
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.model import hf_config
 
@@ -105,7 +105,7 @@ def test_initializer_range_scales_a_fresh_models_weights(tmp_path, tiny_tokenize
     for scale in (None, 0.1):
         cfg = tiny_config(tmp_path / "run", tmp_path / "c.txt", **{"model.initializer_range": scale})
         tf.keras.utils.set_random_seed(0)
-        model = TFAutoModelForMaskedLM.from_config(hf_config(model_spec(cfg), tok))
+        model = TFAutoModelForMaskedLM.from_config(hf_config(cfg.model_spec, tok))
         model(model.dummy_inputs)
         weights = {w.name: w.numpy() for w in model.weights}
         word = next(v for k, v in weights.items() if "word_embeddings" in k)

@@ -127,7 +127,7 @@ def test_a_phase_at_another_length_starts_with_text_the_first_did_not_read(tmp_p
 
 @pytest.mark.quick
 def test_each_phase_keeps_its_own_flops_per_token_by_its_index(tiny_tokenizer_dir, tmp_path):
-    from tests.helpers import model_spec, tiny_config
+    from tests.helpers import tiny_config
     from tpu_ray.prepare.tokenizer import tokenizer_info
     from tpu_ray.train.loop_hooks import PhaseFlops
     from tpu_ray.train.model import hf_config, train_flops_per_token
@@ -136,7 +136,7 @@ def test_each_phase_keeps_its_own_flops_per_token_by_its_index(tiny_tokenizer_di
     cfg = tiny_config(tmp_path, tmp_path, **{"tokenizer.path": tiny_tokenizer_dir, "train.phases": [
         {"steps": 2, "seq_len": 32}, {"steps": 2, "seq_len": 64}, {"steps": 2, "seq_len": 16}]})
     tok = tokenizer_info(tiny_tokenizer_dir)
-    model_config = hf_config(model_spec(cfg), tok)
+    model_config = hf_config(cfg.model_spec, tok)
     flops = PhaseFlops(cfg.model, cfg.train, cfg.shard.seq_len, tok.vocab_size, model_config)
     seen = [(flops.of(span), train_flops_per_token(cfg.model, cfg.train, cfg.shard.seq_len, tok.vocab_size,
                                                    model_config, span)) for span in spans(cfg.train, cfg.shard.seq_len)]

@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 
-from tests.helpers import model_spec
 from tests.test_train import _cfg, _records, checkpoint_weights, max_abs_difference, shards_dir  # noqa: F401
 
 
@@ -102,7 +101,7 @@ def test_mixed_bfloat16_trains_the_tiny_model_on_cpu(tmp_path, shards_dir, tiny_
 
         info = select(cfg.train)
         assert tf_keras.mixed_precision.global_policy().name == "mixed_bfloat16"
-        s = build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), info, tokenizer_info(tiny_tokenizer_dir))
+        s = build(cfg.train, cfg.paths, cfg.seed, cfg.model_spec, info, tokenizer_info(tiny_tokenizer_dir))
         assert {w.dtype for w in s.model.weights} == {tf.float32}
         ids = tf.fill([2, 64], 7)
         batch = {"input_ids": ids, "attention_mask": tf.ones_like(ids), "mlm_positions": tf.fill([2, 4], 3),
@@ -137,7 +136,7 @@ def test_float16_loss_scaling_takes_the_unscaled_float32_step(tmp_path, shards_d
     for precision, kind in (("float32", "cpu"), ("mixed_float16", "gpu")):
         tf_keras.mixed_precision.set_global_policy(precision)
         try:
-            s = build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), StrategyInfo(tf.distribute.get_strategy(), kind, 1, "cpu", precision, False, 1), tok)
+            s = build(cfg.train, cfg.paths, cfg.seed, cfg.model_spec, StrategyInfo(tf.distribute.get_strategy(), kind, 1, "cpu", precision, False, 1), tok)
             grads = [tf.convert_to_tensor(g).numpy() for g in make_replica_grads(s)(batch, count)[0]]
             sums = make_train_step(s)[0](batch).numpy()
             adam = getattr(s.optimizer, "inner_optimizer", s.optimizer)
@@ -182,7 +181,7 @@ def test_the_trainers_step_compiled_with_xla_equals_the_uncompiled_step(tmp_path
     def weights_after(precision: str, jit: bool, spe: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         tf_keras.mixed_precision.set_global_policy(precision)
         try:
-            s = build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), StrategyInfo(tf.distribute.get_strategy(), "cpu", 1, "cpu", precision, jit, spe), tok)
+            s = build(cfg.train, cfg.paths, cfg.seed, cfg.model_spec, StrategyInfo(tf.distribute.get_strategy(), "cpu", 1, "cpu", precision, jit, spe), tok)
             before = [w.numpy() for w in s.model.trainable_weights]
             step, steps = make_train_step(s)
             batches = iter(train_dataset(files, cfg.shard.seq_len, 16, mask_spec(cfg.train, cfg.paths, tok), cfg.seed, 64))

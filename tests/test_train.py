@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, model_spec, tiny_config
+from tests.helpers import REPO, tiny_config
 from tpu_ray.prepare.tfrecord import serialize_examples, write_records
 
 SEQ_LEN = 64
@@ -717,7 +717,7 @@ def test_the_seed_fixes_the_initial_weights(tmp_path, shards_dir, tiny_tokenizer
     info = StrategyInfo(strategy=tf.distribute.get_strategy(), kind="cpu", replicas=1, device="cpu",
                         mixed_precision="float32", jit_compile=False, steps_per_execution=1)
     cfgs = [_cfg(tmp_path, shards_dir, tiny_tokenizer_dir, seed=seed) for seed in (1, 1, 2)]
-    digests = [weights_digest(build(c.train, c.paths, c.seed, model_spec(c), info, tok).model) for c in cfgs]
+    digests = [weights_digest(build(c.train, c.paths, c.seed, c.model_spec, info, tok).model) for c in cfgs]
     assert digests[0] == digests[1] != digests[2]
 
 
@@ -785,12 +785,12 @@ def test_train_step_is_the_keras_fit_step(tmp_path, shards_dir, tiny_tokenizer_d
     batches = [next(it) for _ in range(4)]
     info = select(cfg.train)
 
-    ours = build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), info, tok)
+    ours = build(cfg.train, cfg.paths, cfg.seed, cfg.model_spec, info, tok)
     step, _ = make_train_step(ours)
     for batch in batches:
         step(batch)
 
-    keras = build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), info, tok)  # the same seed: the same initial weights
+    keras = build(cfg.train, cfg.paths, cfg.seed, cfg.model_spec, info, tok)  # the same seed: the same initial weights
     keras.model.compile(optimizer=keras.optimizer)
     for batch in batches:
         keras.model.train_on_batch({k: batch[k] for k in ("input_ids", "attention_mask", "labels")})
@@ -800,7 +800,7 @@ def test_train_step_is_the_keras_fit_step(tmp_path, shards_dir, tiny_tokenizer_d
                    for x, y in zip(a.model.trainable_variables, b.model.trainable_variables))
 
     assert int(ours.optimizer.iterations) == int(keras.optimizer.iterations) == 4
-    assert largest_difference(ours, build(cfg.train, cfg.paths, cfg.seed, model_spec(cfg), info, tok)) > 1e-3  # the steps did change the weights
+    assert largest_difference(ours, build(cfg.train, cfg.paths, cfg.seed, cfg.model_spec, info, tok)) > 1e-3  # the steps did change the weights
     difference = largest_difference(ours, keras)
     assert difference < 1e-5, difference
 

@@ -555,6 +555,33 @@ class RunPaths:
         return self.shards_dir if seq_len == self.seq_len else storage.join(self.shards_dir, f"seq-{seq_len}")
 
 
+@dataclass(frozen=True)
+class InitSpec:
+    """What resolving `model.init_from` reads of a run, built once by whoever assembles the run:
+    the model section (the source, its pinned hash, the type and sizes a config may name), the
+    tokenizer section (tokenizer.path, the tokens an extension adds), the run's locations (RUN/init,
+    its tokenizer directory; shard.seq_len against the checkpoint's positions) and
+    train.branch_from (a branch reads its stable run's copy of the same source)."""
+
+    model: ModelConfig
+    tokenizer: TokenizerConfig
+    paths: RunPaths
+    branch_from: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the model's transformers config is made from: the model section; the position
+    embeddings the run gives a fresh model (RunConfig.max_positions) and the run's shard length
+    (Longformer's attention window); where the run's tokenizer is (its extension record; named when
+    refused); with model.init_from, the checkpoint's resolution (init_from.InitSpec)."""
+
+    model: ModelConfig
+    max_positions: int
+    seq_len: int
+    tokenizer_dir: str
+    init: InitSpec | None = None
+
 class RunConfig(_Section):
     name: str = "run"  # the run's name (default directory runs/<name>)
     seed: int = Field(0, ge=0, lt=2**32)  # numpy's and TF's seed range
@@ -687,6 +714,16 @@ class RunConfig(_Section):
     def paths(self) -> RunPaths:
         """Where this run's files are, for the stages that only read or write them."""
         return RunPaths(self.run_dir, self.tokenizer_dir, self.shards_dir, self.shard.seq_len)
+
+    @property
+    def init_spec(self) -> InitSpec:
+        """What resolving model.init_from reads of this run (train/init_from.py)."""
+        return InitSpec(self.model, self.tokenizer, self.paths, self.train.branch_from)
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """What this run's model is built from (train/model.py hf_config)."""
+        return ModelSpec(self.model, self.max_positions(), self.shard.seq_len, self.tokenizer_dir, self.init_spec)
 
     # --- loading and overriding -------------------------------------------------------------
     @classmethod

@@ -97,20 +97,19 @@ def run_tokenizer(cfg: RunConfig, force: bool = False):
     if cfg.model.init_from and not cfg.tokenizer.path:  # the checkpoint's own tokenizer, validated and copied
         from functools import partial
 
-        from tpu_ray.train.init_from import InitSpec, copy_tokenizer
+        from tpu_ray.train.init_from import copy_tokenizer
 
         def plan_sample():  # the corpus sample a vocabulary extension learns from: planned only for one
             planned = plan_sources(cfg.corpus, cfg.shard, cfg.run_dir)
             return partial(tokenizer_text, planned, cfg.tokenizer.train_bytes, cfg.corpus.max_line_bytes, cfg.seed)
 
-        init = InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)
-        return copy_tokenizer(init, plan_sample, force=force)
+        return copy_tokenizer(cfg.init_spec, plan_sample, force=force)
     if cfg.tokenizer.path or (not force and storage.exists(rundir.path(cfg.tokenizer_dir, rundir.TOKENIZER_FILE))):
         info = tokenizer_info(cfg.tokenizer_dir)
         if cfg.model.init_from:  # a tokenizer given beside a checkpoint must still fit its embedding
-            from tpu_ray.train.init_from import InitSpec, check_tokenizer
+            from tpu_ray.train.init_from import check_tokenizer
 
-            check_tokenizer(InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from), info,
+            check_tokenizer(cfg.init_spec, info,
                             cfg.tokenizer_dir, directory=cfg.tokenizer_dir)
         log.info("tokenizer: using %s (vocab %d, sha256 %s)", cfg.tokenizer_dir, info.vocab_size, info.sha256[:12])
         return info
@@ -199,9 +198,9 @@ class Pipeline:
         IterableDataset, ray.data.Dataset, an iterable of strings), or a dict {source name: either}
         for `corpus.sources`; data in memory is written once into RUN/corpus/ (prepare/given.py)."""
         if cfg.model.init_from:  # the checkpoint's architecture and sizes are the model's
-            from tpu_ray.train.init_from import InitSpec, checkpoint_fields
+            from tpu_ray.train.init_from import checkpoint_fields
 
-            cfg = cfg.override(checkpoint_fields(InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)))
+            cfg = cfg.override(checkpoint_fields(cfg.init_spec))
         self._given: list = []
         self._downstream: list = []  # eval.downstream, checked (downstream/during.py)
         if corpus is not None:
@@ -414,10 +413,9 @@ def _same_dir(a: str, b: str) -> bool:
 def _own_init_copy(cfg: RunConfig) -> RunConfig:
     """RUN/init made (or kept), its source and hash recorded in summary.json; the returned config
     carries model.init_sha256, so config.yaml records it too."""
-    from tpu_ray.train.init_from import InitSpec, init_dir, own_copy
+    from tpu_ray.train.init_from import init_dir, own_copy
 
-    cfg = cfg.override({"model.init_sha256": own_copy(InitSpec(cfg.model, cfg.tokenizer, cfg.paths,
-                                                               cfg.train.branch_from))})
+    cfg = cfg.override({"model.init_sha256": own_copy(cfg.init_spec)})
     _Recorder(cfg.run_dir, None).update(init_from={"source": cfg.model.init_from, "sha256": cfg.model.init_sha256,
                                                    "copy": init_dir(cfg.run_dir)})
     return cfg

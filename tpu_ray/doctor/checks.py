@@ -312,16 +312,14 @@ class Doctor:
 
     def check_vocab(self) -> None:
         """Tokenizer vs model config vs shards: vocab size, special ids, pad id."""
-        from tpu_ray.train.init_from import InitSpec
-        from tpu_ray.train.model import ModelSpec, hf_config
+        from tpu_ray.train.model import hf_config
 
         cfg, tok, shards = self.cfg, self.tok, self.shards
         if tok is None:
             self.add("vocab", WARN, "no tokenizer to compare with the model config (see tokenizer)")
             return
         try:
-            hf = hf_config(ModelSpec(cfg.model, cfg.max_positions(), cfg.shard.seq_len, cfg.tokenizer_dir,
-                                     InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)), tok)
+            hf = hf_config(cfg.model_spec, tok)
         except UserError as exc:  # e.g. a RoBERTa tokenizer whose pad id is not 1
             self.add("vocab", FAIL, str(exc), "retrain the tokenizer with tpu-ray tokenizer --force")
             return
@@ -629,13 +627,9 @@ class Doctor:
             batches = iter(self.dataset(files, batch))
             self.add_xla(xla_probe(step_factory, batches), f"full train step at {shape}{note} on {source}")
             return
-        from tpu_ray.train.init_from import InitSpec
-        from tpu_ray.train.model import ModelSpec
 
         p = probe_cfg
-        init = InitSpec(p.model, p.tokenizer, p.paths, p.train.branch_from)
-        spec = BuildSpec(p.train, p.paths, p.seed,
-                         ModelSpec(p.model, p.max_positions(), p.shard.seq_len, p.tokenizer_dir, init))
+        spec = BuildSpec(p.train, p.paths, p.seed, p.model_spec)
         self.check_target_program(spec, tok, batch, files, f"{note} on {source}")
 
     def check_target_program(self, spec: BuildSpec, tok, batch: int, files: list[str], note: str) -> None:
@@ -804,9 +798,9 @@ def run_doctor(cfg: RunConfig | Callable[[], RunConfig], target: str | None = No
         cfg = cfg() if callable(cfg) and not isinstance(cfg, RunConfig) else cfg
         rundir.refuse_misplaced_files(cfg.output_dir, cfg.shard.dir, cfg.tokenizer.path)
         if cfg.model.init_from:  # the checkpoint's architecture and sizes, as the run will use them
-            from tpu_ray.train.init_from import InitSpec, checkpoint_fields
+            from tpu_ray.train.init_from import checkpoint_fields
 
-            cfg = cfg.override(checkpoint_fields(InitSpec(cfg.model, cfg.tokenizer, cfg.paths, cfg.train.branch_from)))
+            cfg = cfg.override(checkpoint_fields(cfg.init_spec))
         if cfg.train.branch_from:  # the stable run's shards and tokenizer, as the branch will read them
             from tpu_ray.train.branch import stable_data, stable_run_dir
 

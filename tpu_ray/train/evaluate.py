@@ -19,9 +19,7 @@ def evaluate_run(cfg: RunConfig) -> dict:
     from tpu_ray.prepare.shard_set import ShardSet
     from tpu_ray.train.strategy import keeps_global_policy, select
     from tpu_ray.prepare.tokenizer import tokenizer_info
-    from tpu_ray.train.init_from import InitSpec
     from tpu_ray.train.loop import build, checkpoint_store, evaluator, mask_spec
-    from tpu_ray.train.model import ModelSpec
 
     paths = cfg.paths
     with keeps_global_policy():  # the caller's process keeps its precision
@@ -31,8 +29,7 @@ def evaluate_run(cfg: RunConfig) -> dict:
         shards.require_made_with(tok, paths.seq_len, paths.tokenizer_dir)
         shards.verify(splits=("validation",))  # what eval reads, as training checks it before it starts
         info = select(cfg.train)
-        model_spec = ModelSpec(cfg.model, cfg.max_positions(), paths.seq_len, paths.tokenizer_dir,
-                               InitSpec(cfg.model, cfg.tokenizer, paths, cfg.train.branch_from))
+        model_spec = cfg.model_spec
         s = build(cfg.train, paths, cfg.seed, model_spec, info, tok)
         with checkpoint_store(s, write=False) as ckpts:
             if not ckpts.present:

@@ -39,7 +39,7 @@ from typing import Any
 
 from tpu_ray import rundir, storage
 from tpu_ray.confine import confined
-from tpu_ray.config import ModelConfig, RunConfig, RunPaths, TokenizerConfig
+from tpu_ray.config import InitSpec, ModelConfig, RunConfig, RunPaths, TokenizerConfig  # noqa: F401 - InitSpec: its callers' name for it
 from tpu_ray.errors import DamagedRunDir, UserError, first_line
 from tpu_ray.families import FAMILIES, family
 from tpu_ray.confine import is_confined
@@ -54,20 +54,6 @@ SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "inter
                "max_position_embeddings")
 FIX_COPY = "remove the run's init/ folder and run again with model.init_from in place to copy it again"
 FIX = "give model.init_from a Hugging Face model directory (config.json, weights, tokenizer) or a tpu-ray run"
-
-
-@dataclass(frozen=True)
-class InitSpec:
-    """What resolving `model.init_from` reads of a run, built once by whoever assembles the run:
-    the model section (the source, its pinned hash, the type and sizes a config may name), the
-    tokenizer section (tokenizer.path, the tokens an extension adds), the run's locations (RUN/init,
-    its tokenizer directory; shard.seq_len against the checkpoint's positions) and
-    train.branch_from (a branch reads its stable run's copy of the same source)."""
-
-    model: ModelConfig
-    tokenizer: TokenizerConfig
-    paths: RunPaths
-    branch_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -443,8 +429,7 @@ def source_hf_config(src: Source):
         if run_cfg.model.init_from:  # that run's own copy of its checkpoint (or its source, before one)
             from tpu_ray.prepare.vocabulary import read_record
 
-            config = source_hf_config(source_for(InitSpec(run_cfg.model, run_cfg.tokenizer, run_cfg.paths,
-                                                          run_cfg.train.branch_from)))
+            config = source_hf_config(source_for(run_cfg.init_spec))
             if (record := read_record(run_cfg.tokenizer_dir)) is not None:  # its vocabulary grew
                 config.vocab_size = record["vocab_size"]
             return config

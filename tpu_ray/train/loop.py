@@ -298,7 +298,7 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
     t, paths = cfg.train, cfg.paths
     tok = tokenizer_info(paths.tokenizer_dir)
     shards = open_shards(paths, tok, extra_lengths(t.phases, paths.seq_len))
-    init = InitSpec(cfg.model, cfg.tokenizer, paths, t.branch_from)
+    init = cfg.init_spec
     # tf.data's DataLossError names no file: naming_corrupt_files names the shard.
     with keeps_global_policy(), shards.naming_corrupt_files(), ExitStack() as cleanup:
         info = select(t)
@@ -317,7 +317,7 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
             storage.makedirs(paths.run_dir)
             metrics = MetricsWriter.for_run(cfg)  # with the progress line, Ray's gauges, the trackers
             cleanup.callback(metrics.close)
-        model_spec = ModelSpec(cfg.model, cfg.max_positions(), paths.seq_len, paths.tokenizer_dir, init)
+        model_spec = cfg.model_spec
         s = build(t, paths, cfg.seed, model_spec, info, tok)
         ckpts = cleanup.enter_context(checkpoint_store(s, write=chief))
         # Each span's masking (its length and rate) is resolved once here, where the tokenizer is known.

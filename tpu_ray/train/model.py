@@ -9,34 +9,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpu_ray import accelerators
-from tpu_ray.config import ModelConfig, TrainConfig
+from tpu_ray.config import ModelConfig, ModelSpec, TrainConfig
 from tpu_ray.prepare.tokenizer import TokenizerInfo
 from tpu_ray.families import family
-from tpu_ray.train.init_from import InitSpec, check_tokenizer, checkpoint_hf_config
+from tpu_ray.train.init_from import check_tokenizer, checkpoint_hf_config
 from tpu_ray.train.model_config import check_pad_id, scratch_hf_config
 
 if TYPE_CHECKING:
     from tpu_ray.train.phases import Span
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What the model's transformers config is made from: the model section; the position
-    embeddings the run gives a fresh model (RunConfig.max_positions) and the run's shard length
-    (Longformer's attention window); where the run's tokenizer is (its extension record; named when
-    refused); with model.init_from, the checkpoint's resolution (init_from.InitSpec)."""
-
-    model: ModelConfig
-    max_positions: int
-    seq_len: int
-    tokenizer_dir: str
-    init: InitSpec | None = None
 
 
 def hf_config(spec: ModelSpec, tok: TokenizerInfo):
