@@ -161,7 +161,8 @@ def test_wandb_offline_files_hold_the_config_and_every_record(tracked_run):
                 config.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in update})
             elif which == "artifact":
                 artifacts.add(rec.artifact.type)
-    assert config["train.steps"] == "20"
+    assert config["train.steps"] == 20 and config["train.learning_rate"] == 1e-3  # numbers, as W&B sorts them
+    assert config["tracking.wandb.project"] == "tpu-ray-test" and config["model.init_from"] is None
     assert sorted(s for s, _ in history["train/loss"]) == [5, 10, 15, 20]
     assert sorted(s for s, _ in history["eval/perplexity"]) == sorted(r["step"] for r in _records(tracked_run, "eval"))
     assert any(k.startswith("downstream/") for k in history), sorted(history)

@@ -70,19 +70,26 @@ def metric_items(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def flat_config(config: dict[str, Any]) -> dict[str, str]:
-    """A run's config (as dumped to JSON) as dotted parameters (`train.learning_rate`), values as text."""
-    out: dict[str, str] = {}
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config (as dumped to JSON) as dotted parameters (`train.learning_rate`), each value as
+    JSON gives it: W&B keeps numbers as numbers (its run table sorts and filters by them); MLflow
+    takes text (`as_text`)."""
+    out: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
         if isinstance(value, dict) and value:
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
         else:
-            out[prefix] = str(value)[:6000]  # MLflow's limit on a parameter's value
+            out[prefix] = value
 
     walk("", redact_obj(config))
     return out
+
+
+def as_text(params: dict[str, Any]) -> dict[str, str]:
+    """flat_config's values as MLflow's parameters: text, at most MLflow's 6,000 characters."""
+    return {k: str(v)[:6000] for k, v in params.items()}
 
 
 class Tracker:
@@ -94,7 +101,7 @@ class Tracker:
     name = "tracker"
     kinds = KINDS
 
-    def __init__(self, run_dir: str, run_name: str, params: dict[str, str], stage: str):
+    def __init__(self, run_dir: str, run_name: str, params: dict[str, Any], stage: str):
         self.run_dir, self.run_name, self.params, self.stage = run_dir, run_name, params, stage
         self._queue: queue.Queue = queue.Queue()
         self._events: list[dict[str, Any]] = []

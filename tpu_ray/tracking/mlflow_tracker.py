@@ -9,7 +9,7 @@ from typing import Any
 
 from tpu_ray.redact import redact
 from tpu_ray.config import MlflowTracking
-from tpu_ray.tracking.base import Tracker
+from tpu_ray.tracking.base import Tracker, as_text
 from tpu_ray.tracking.state import read_state, update_state
 
 BATCH = 1000  # MLflow's limit on metrics per log_batch call
@@ -18,7 +18,7 @@ BATCH = 1000  # MLflow's limit on metrics per log_batch call
 class MlflowTracker(Tracker):
     name = "mlflow"
 
-    def __init__(self, run_dir: str, settings: MlflowTracking, run_name: str, params: dict[str, str], stage: str):
+    def __init__(self, run_dir: str, settings: MlflowTracking, run_name: str, params: dict[str, Any], stage: str):
         # MLflow retries a failed request 7 times with doubling waits (minutes): the thread would hold
         # records that long before it can say so. Two quick retries, unless the user chose otherwise.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -59,7 +59,7 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=params[i:i + 100])
 
     def _flat(self) -> dict[str, str]:
-        return self.params
+        return as_text(self.params)
 
     def _send(self, batch: list[tuple[int, dict[str, float]]]) -> None:
         from mlflow.entities import Metric

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from tpu_ray.config import RunConfig
 from tpu_ray.saved_config import read_saved_config
@@ -20,7 +21,7 @@ def trackers(cfg: RunConfig, run_dir: str, stage: str = "train") -> list[Tracker
     out: list[Tracker] = []
     t = cfg.tracking
 
-    def params() -> dict[str, str]:
+    def params() -> dict[str, Any]:
         return flat_config(cfg.model_dump(mode="json"))
     if t.mlflow.uri:
         try:

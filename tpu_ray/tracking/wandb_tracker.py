@@ -18,7 +18,7 @@ from tpu_ray.tracking.state import read_state, update_state
 class WandbTracker(Tracker):
     name = "wandb"
 
-    def __init__(self, run_dir: str, settings: WandbTracking, run_name: str, params: dict[str, str], stage: str):
+    def __init__(self, run_dir: str, settings: WandbTracking, run_name: str, params: dict[str, Any], stage: str):
         self.settings = settings
         self.run: Any = None
         self._owns = False
