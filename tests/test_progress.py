@@ -98,3 +98,15 @@ def test_a_failed_or_stalled_or_damaged_run_says_so(tmp_path, capsys):
                             "time": 5.0}) + "\n")
     assert "failed: OOM on host 3" in status_line(str(tmp_path)) and "ETA" not in status_line(str(tmp_path))
     assert main(["metrics", str(tmp_path), "--follow"]) == 1
+
+
+@pytest.mark.quick
+def test_a_run_with_nothing_to_evaluate_is_not_told_evaluations_are_left():
+    cfg = RunConfig().override({"train.steps": 100, "train.eval_every": 50, "train.batch_size": 16})
+    p = Progress(Plan.of(cfg.train, cfg.shard.seq_len))
+    p.update({"kind": "event", "event": "train_start", "step": 0, "evaluates": False})
+    p.update(_train(10, 2.0, 1.0, 16, 128))
+    assert p.fields()["evaluations_left"] == 0 and "evaluation" not in p.line()
+    p.update({"kind": "event", "event": "train_start", "step": 10, "evaluates": True})  # resumed with validation
+    p.update(_train(20, 3.0, 1.0, 16, 128))
+    assert p.fields()["evaluations_left"] == 2 and "2 evaluations not yet timed" in p.line()

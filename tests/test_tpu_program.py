@@ -94,7 +94,7 @@ def test_mixed_bfloat16_trains_the_tiny_model_on_cpu(tmp_path, shards_dir, tiny_
         assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
         assert math.isfinite(summary["eval_loss"])
         start = [e for e in _records(tmp_path / "run", "event") if e["event"] == "train_start"][-1]
-        assert start["precision"] == "mixed_bfloat16"
+        assert start["precision"] == "mixed_bfloat16" and start["evaluates"] is True  # it has validation samples
         # The caller's process (the Python API's, a notebook's) gets its own policy back: else the
         # next model built there comes out in bfloat16.
         assert tf_keras.mixed_precision.global_policy().name == "float32"

@@ -68,6 +68,7 @@ class Progress:
     last_train: dict[str, Any] | None = None
     eval_seconds: list[float] = field(default_factory=list)
     evaluated: bool = False  # this run evaluates (an eval record was seen)
+    evaluates: bool = True  # False: the training said it has nothing to evaluate (train_start's `evaluates`)
     ended: bool = False
     failed: str | None = None  # the training stage failed: its error
     last_time: float | None = None  # when the latest record was written
@@ -91,6 +92,7 @@ class Progress:
             step = record.get("step")
             self.step = step if isinstance(step, int) and not isinstance(step, bool) else 0
             self.last_train, self.ended, self.failed = None, False, None
+            self.evaluates = record.get("evaluates") is not False  # an older run's records: assumed to evaluate
         elif kind == "event" and record.get("event") == "stage_failed" and record.get("stage") == "train":
             self.failed = str(record.get("error") or "the training stage failed")
         elif kind == "event" and record.get("event") == "train_end":
@@ -109,7 +111,7 @@ class Progress:
             elif self.step < start:
                 seconds += left * tokens / float(r["tokens_per_s"])
             start = end
-        if self.eval_seconds:
+        if self.eval_seconds and self.evaluates:
             seconds += self.plan.evaluations_after(self.step) * sum(self.eval_seconds) / len(self.eval_seconds)
         return seconds
 
@@ -118,7 +120,7 @@ class Progress:
         return {"step": self.step, "total": self.plan.total, "samples_per_s": _number(r.get("samples_per_s")),
                 "tokens_per_s": _number(r.get("tokens_per_s")), "mfu": _number(r.get("mfu")), "loss": _number(r.get("loss")),
                 "eta_s": 0.0 if self.ended else self.eta_s(),
-                "evaluations_left": 0 if self.ended else self.plan.evaluations_after(self.step)}
+                "evaluations_left": 0 if self.ended or not self.evaluates else self.plan.evaluations_after(self.step)}
 
     def line(self) -> str:
         f = self.fields()

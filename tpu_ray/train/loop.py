@@ -423,7 +423,8 @@ def _start_training(info: StrategyInfo, metrics: MetricsWriter, hooks: Hooks, st
     metrics.event("train_start", stage="train", step=start, strategy=type(info.strategy).__name__,
                   device_kind=info.kind, replicas=info.replicas, global_batch=global_batch,
                   per_replica_batch=global_batch // info.replicas, precision=info.mixed_precision,
-                  jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution, **extra)
+                  jit_compile=info.jit_compile, steps_per_execution=info.steps_per_execution,
+                  evaluates="eval" in hooks, **extra)  # no validation samples: no evaluations to wait for
     if start == 0 and evaluate_start and "eval" in hooks:
         hooks.force("eval", 0)
     if start == 0 and Snapshot.name in hooks:  # eval.downstream scores the starting model too: the curve's baseline
