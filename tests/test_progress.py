@@ -110,3 +110,16 @@ def test_a_run_with_nothing_to_evaluate_is_not_told_evaluations_are_left():
     p.update({"kind": "event", "event": "train_start", "step": 10, "evaluates": True})  # resumed with validation
     p.update(_train(20, 3.0, 1.0, 16, 128))
     assert p.fields()["evaluations_left"] == 2 and "2 evaluations not yet timed" in p.line()
+
+
+@pytest.mark.quick
+def test_an_evaluation_the_trainer_timed_counts_even_off_the_log_grid():
+    # log_every 30, eval_every 50: no train record at step 50, so only the eval record's own time tells
+    cfg = RunConfig().override({"train.steps": 100, "train.eval_every": 50, "train.log_every": 30,
+                                "train.batch_size": 16, "shard.seq_len": 64})
+    p = Progress(Plan.of(cfg.train, cfg.shard.seq_len))
+    p.update(_train(30, 1000.0, 0.5, 16, 64))
+    p.update({"kind": "eval", "step": 50, "time": 1014.0, "eval_time_s": 4.0})
+    p.update(_train(60, 1020.0, 0.5, 16, 64))
+    assert p.eta_s() == pytest.approx(40 * 0.5 + 1 * 4.0)
+    assert "(with 1 evaluation)" in p.line()

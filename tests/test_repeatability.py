@@ -27,7 +27,7 @@ import pytest
 from tests.helpers import REPO, tiny_config
 
 # Wall-clock fields: they differ between any two runs and are not part of the promise.
-CLOCK = {"time", "step_time_s", "samples_per_s", "tokens_per_s", "mfu", "input_wait_s"}
+CLOCK = {"time", "step_time_s", "samples_per_s", "tokens_per_s", "mfu", "input_wait_s", "eval_time_s"}
 # Dropout 0 and a constant rate after the warm-up: the stopped run can end at step 10 and be continued
 # to 20 under the schedule a straight 20-step run has (train.extend_schedule changes only the length).
 OVER = {"tokenizer.kind": "bpe", "train.steps": 20, "train.log_every": 2, "train.eval_every": 10,

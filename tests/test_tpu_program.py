@@ -95,6 +95,8 @@ def test_mixed_bfloat16_trains_the_tiny_model_on_cpu(tmp_path, shards_dir, tiny_
         assert math.isfinite(summary["eval_loss"])
         start = [e for e in _records(tmp_path / "run", "event") if e["event"] == "train_start"][-1]
         assert start["precision"] == "mixed_bfloat16" and start["evaluates"] is True  # it has validation samples
+        for e in _records(tmp_path / "run", "eval"):  # timed by the trainer, within the run's own clock
+            assert 0 < e["eval_time_s"] <= e["time"] - start["time"], e
         # The caller's process (the Python API's, a notebook's) gets its own policy back: else the
         # next model built there comes out in bfloat16.
         assert tf_keras.mixed_precision.global_policy().name == "float32"

@@ -86,7 +86,9 @@ class Progress:
         elif kind == "eval":
             self.evaluated = True
             t = self.last_train
-            if t is not None and t.get("step") == record.get("step") and record.get("time") and t.get("time"):
+            if _number(record.get("eval_time_s")) is not None:  # the trainer timed it (any log_every)
+                self.eval_seconds.append(float(record["eval_time_s"]))
+            elif t is not None and t.get("step") == record.get("step") and record.get("time") and t.get("time"):
                 self.eval_seconds.append(float(record["time"]) - float(t["time"]))
         elif kind == "event" and record.get("event") == "train_start":
             step = record.get("step")

@@ -42,12 +42,14 @@ class Evaluation:
         return {"step": self.step, **self.pooled, "sources": self.sources}
 
     def record(self, metrics: Any, source_kind: str = SOURCE_KIND, pooled_kind: str = POOLED_KIND,
-               **extra: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Write each source's record, then the pooled one (`extra`: fields every record carries);
-        returns (the pooled record, the sources' records) as written."""
+               eval_time_s: float | None = None, **extra: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Write each source's record, then the pooled one (`extra`: fields every record carries;
+        `eval_time_s`: how long the evaluation took, on the pooled record); returns (the pooled
+        record, the sources' records) as written."""
         per_source = [metrics.write(source_kind, step=self.step, source=name, **fields, **extra)
                       for name, fields in self.sources.items()]
-        return metrics.write(pooled_kind, step=self.step, **self.pooled, **extra), per_source
+        timed = {} if eval_time_s is None else {"eval_time_s": eval_time_s}
+        return metrics.write(pooled_kind, step=self.step, **self.pooled, **timed, **extra), per_source
 
 
 class EvalSums(NamedTuple):

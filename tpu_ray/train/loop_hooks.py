@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -138,7 +139,9 @@ class Evaluate(Hook):
         self.last: dict[str, Any] | None = None
 
     def run(self, step: int, last: bool = False) -> None:
-        self.last, per_source = self.evaluate(step).record(self.metrics)
+        began = time.monotonic()  # the progress line's ETA counts evaluations at this duration
+        evaluation = self.evaluate(step)
+        self.last, per_source = evaluation.record(self.metrics, eval_time_s=round(time.monotonic() - began, 3))
         for record in per_source if len(per_source) > 1 else []:  # one source: its line repeats the pooled one
             log.log(self.level, eval_line(record))
         log.log(self.level, eval_line(self.last))
