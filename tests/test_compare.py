@@ -262,3 +262,25 @@ def _drawn(df, runs, tmp_path) -> dict:
     finally:
         matplotlib.figure.Figure.savefig = real
     return figs
+
+
+def _started(run: str, **fields) -> str:
+    """`run` with a train_start event carrying what its training resolved (precision, ...)."""
+    path = Path(run) / "metrics.jsonl"
+    start = {"kind": "event", "event": "train_start", "stage": "train", "step": 0, "time": 0.5, **fields}
+    path.write_text(json.dumps(start) + "\n" + path.read_text())
+    return run
+
+
+def test_auto_and_the_setting_it_chose_are_one_setting_but_an_extended_schedule_shows(tmp_path):
+    from tpu_ray import compare
+
+    ran = {"precision": "float32", "steps_per_execution": 4, "jit_compile": False}
+    auto = _started(_run(tmp_path / "auto", BASE, "s"), **ran)
+    explicit = _started(_run(tmp_path / "explicit", BASE + "  mixed_precision: float32\n  steps_per_execution: 4\n"
+                             "  jit_compile: false\n", "s"), **ran)
+    assert compare([auto, explicit]).attrs["differing"] == []
+    other = _started(_run(tmp_path / "bf16", BASE, "s"), **{**ran, "precision": "mixed_bfloat16"})
+    assert compare([auto, other]).attrs["differing"] == ["train.mixed_precision"]
+    extended = _started(_run(tmp_path / "extended", BASE + "  extend_schedule: true\n", "s"), **ran)
+    assert compare([auto, extended]).attrs["differing"] == ["train.extend_schedule"]  # its curve bent at the resume

@@ -58,16 +58,20 @@ _NO_EFFECT = {
     *(f"train.{k}" for k in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
                              "checkpoint_every_minutes", "strategy", "tpu_name", "peak_flops", "placement",
                              "tpu_topology", "tpu_wait_timeout_s", "num_gpus", "workers_network_closed",
-                             "extend_schedule", "accept_new_data_order", "max_failures", "resume_wait_minutes"))}
+                             "max_failures", "resume_wait_minutes"))}
+# Settings "auto" (or None) resolves when training starts: the train_start event's field says what ran.
+_RESOLVED_AT_START = {"train.mixed_precision": "precision", "train.steps_per_execution": "steps_per_execution",
+                      "train.jit_compile": "jit_compile"}
 
 
-def run_config(run: str) -> dict[str, Any]:
+def run_config(run: str, metrics: pd.DataFrame | None = None) -> dict[str, Any]:
     """The run's saved config as dotted keys, each at the value the run used (resolved): a preset's
     sizes, the model type's published values, the warm-up and decay in steps; fields that change no
     figure and fields the run does not use (a schedule's unused knobs, a fresh model's initialisation
     for a continued one) left out; the corpus as one value per source. A corpus given in memory
     (written into the run directory) appears as `given:<kind>:<content sha256[:12]>`, so two runs on
-    the same data agree."""
+    the same data agree. Given the run's `metrics`, mixed precision, steps per execution and XLA are
+    what its latest training started with: "auto" and the value it chose are one setting."""
     from tpu_ray.saved_config import read_saved_config
 
     cfg = read_saved_config(run)
@@ -90,7 +94,25 @@ def run_config(run: str) -> dict[str, Any]:
         else:
             flat[key] = value
     flat.update(_corpus(run, cfg.corpus))
+    flat.update(_resolved_at_start(metrics))
     return flat
+
+
+def _resolved_at_start(metrics: pd.DataFrame | None) -> dict[str, Any]:
+    """The settings the latest train_start event resolved ("auto" -> what ran); {} without one."""
+    if metrics is None or metrics.empty or "event" not in metrics.columns:
+        return {}
+    starts = metrics[(metrics["kind"] == "event") & (metrics["event"] == "train_start")]
+    if starts.empty:
+        return {}
+    last = starts.iloc[-1]
+    out = {}
+    for key, field in _RESOLVED_AT_START.items():
+        value = last.get(field)
+        if value is not None and not (isinstance(value, float) and value != value):  # NaN: the column, not this record
+            value = value.item() if hasattr(value, "item") else value
+            out[key] = int(value) if isinstance(value, float) and value.is_integer() else value  # a column with gaps
+    return out
 
 
 def _resolved_schedule(t: Any) -> dict[str, Any]:
@@ -244,7 +266,7 @@ def compare(runs: Sequence[str]) -> pd.DataFrame:
     frames, configs, identities, starts, sets = [], [], [], [], []
     for run in runs:
         df = load_metrics(run, missing_ok=False)
-        configs.append(run_config(run))
+        configs.append(run_config(run, df))
         identities.append(_eval_identity(df, _load_summary(run)))
         starts.append(start_step(run, df))
         sets.append(eval_sets(df))
