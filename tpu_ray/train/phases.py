@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_ray.config import TrainConfig
-from tpu_ray.prepare.lengths import extra_lengths, subdir  # noqa: F401 (read from here too)
+from tpu_ray.prepare.lengths import extra_lengths  # noqa: F401 (read from here too)
 from tpu_ray.errors import UserError
 
 
