@@ -284,3 +284,19 @@ def test_auto_and_the_setting_it_chose_are_one_setting_but_an_extended_schedule_
     assert compare([auto, other]).attrs["differing"] == ["train.mixed_precision"]
     extended = _started(_run(tmp_path / "extended", BASE + "  extend_schedule: true\n", "s"), **ran)
     assert compare([auto, extended]).attrs["differing"] == ["train.extend_schedule"]  # its curve bent at the resume
+
+
+def test_what_ran_on_a_tpu_a_resumed_change_and_an_unstarted_run_are_told_apart_rightly(tmp_path):
+    from tpu_ray import compare
+
+    ran = {"precision": "mixed_bfloat16", "steps_per_execution": 64, "device_kind": "tpu"}
+    unset = _started(_run(tmp_path / "unset", BASE, "s"), **ran)  # a TPU records jit_compile as null
+    given = _started(_run(tmp_path / "given", BASE + "  jit_compile: true\n", "s"), **ran)
+    assert compare([unset, given]).attrs["differing"] == []
+    resumed = _started(_started(_run(tmp_path / "resumed", BASE, "s"), **{**ran, "precision": "float32"}), **ran)
+    fp32 = _started(_run(tmp_path / "fp32", BASE, "s"), **{**ran, "precision": "float32"})
+    df = compare([resumed, fp32])  # bfloat16 first, float32 after the resume: not a float32 run throughout
+    assert df.attrs["differing"] == ["train.mixed_precision"]
+    assert set(df["train.mixed_precision"]) == {"mixed_bfloat16 -> float32", "float32"}
+    never = _run(tmp_path / "never", BASE, "s")  # no train_start: unknown, not different
+    assert compare([never, fp32]).attrs["differing"] == []

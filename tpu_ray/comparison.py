@@ -94,24 +94,41 @@ def run_config(run: str, metrics: pd.DataFrame | None = None) -> dict[str, Any]:
         else:
             flat[key] = value
     flat.update(_corpus(run, cfg.corpus))
-    flat.update(_resolved_at_start(metrics))
+    for key, value in _resolved_at_start(metrics).items():
+        if value is None:  # no training started: what would have run is unknown, never a difference
+            flat.pop(key, None)
+        else:
+            flat[key] = value
     return flat
 
 
 def _resolved_at_start(metrics: pd.DataFrame | None) -> dict[str, Any]:
-    """The settings the latest train_start event resolved ("auto" -> what ran); {} without one."""
-    if metrics is None or metrics.empty or "event" not in metrics.columns:
+    """The settings the run's train_start events resolved ("auto" -> what ran), in order: a run
+    resumed under other settings shows "mixed_bfloat16 -> float32". A key is None (unknown: never a
+    difference) where no training started. On a TPU, XLA is implicit (its train_start records
+    jit_compile as null): True."""
+    if metrics is None:
         return {}
+    if metrics.empty or "event" not in metrics.columns:
+        return dict.fromkeys(_RESOLVED_AT_START)
     starts = metrics[(metrics["kind"] == "event") & (metrics["event"] == "train_start")]
-    if starts.empty:
-        return {}
-    last = starts.iloc[-1]
-    out = {}
+    if "time" in starts.columns:
+        starts = starts[starts["time"].notna()]  # a damaged time places a start nowhere
+    out: dict[str, Any] = dict.fromkeys(_RESOLVED_AT_START)
     for key, field in _RESOLVED_AT_START.items():
-        value = last.get(field)
-        if value is not None and not (isinstance(value, float) and value != value):  # NaN: the column, not this record
+        seen = []
+        for _, row in starts.iterrows():
+            value = row.get(field)
+            if key == "train.jit_compile" and row.get("device_kind") == "tpu":
+                value = True
+            if value is None or (isinstance(value, float) and value != value):  # NaN: the column, not this record
+                continue
             value = value.item() if hasattr(value, "item") else value
-            out[key] = int(value) if isinstance(value, float) and value.is_integer() else value  # a column with gaps
+            value = int(value) if isinstance(value, float) and value.is_integer() else value  # a column with gaps
+            if not seen or seen[-1] != value:
+                seen.append(value)
+        if seen:
+            out[key] = seen[0] if len(seen) == 1 else " -> ".join(map(str, seen))
     return out
 
 

@@ -255,7 +255,8 @@ BASE_COLUMNS = ["kind", "step", "time"]
 KIND_COLUMNS = {
     "train": ["elapsed_s", "loss", "accuracy", "learning_rate", "step_time_s", "samples_per_s",
               "tokens_per_s", "mfu", "train_traces", "input_wait_s", "seq_len"],
-    "eval": ["eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens", "eval_set", "eval_mask_prob"],
+    "eval": ["eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens", "eval_set", "eval_mask_prob",
+             "eval_time_s"],
     "eval_source": ["source", "eval_loss", "eval_accuracy", "perplexity", "bits_per_byte", "eval_tokens",
                     "eval_samples", "eval_set", "eval_mask_prob"],
     # `tpu-ray eval` (pooled, and per source with `source`): apart from the training curve
