@@ -282,7 +282,9 @@ def test_auto_and_the_setting_it_chose_are_one_setting_but_an_extended_schedule_
     assert compare([auto, explicit]).attrs["differing"] == []
     other = _started(_run(tmp_path / "bf16", BASE, "s"), **{**ran, "precision": "mixed_bfloat16"})
     assert compare([auto, other]).attrs["differing"] == ["train.mixed_precision"]
-    extended = _started(_run(tmp_path / "extended", BASE + "  extend_schedule: true\n", "s"), **ran)
+    never_resumed = _started(_run(tmp_path / "set", BASE + "  extend_schedule: true\n", "s"), **ran)
+    assert compare([auto, never_resumed]).attrs["differing"] == []  # it acts only at a resume
+    extended = _started(_started(_run(tmp_path / "extended", BASE + "  extend_schedule: true\n", "s"), **ran), **ran)
     assert compare([auto, extended]).attrs["differing"] == ["train.extend_schedule"]  # its curve bent at the resume
 
 

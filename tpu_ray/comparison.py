@@ -58,10 +58,13 @@ _NO_EFFECT = {
     *(f"train.{k}" for k in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
                              "checkpoint_every_minutes", "strategy", "tpu_name", "peak_flops", "placement",
                              "tpu_topology", "tpu_wait_timeout_s", "num_gpus", "workers_network_closed",
-                             "max_failures", "resume_wait_minutes"))}
+                             "max_failures", "resume_wait_minutes", "steps_per_execution"))}
 # Settings "auto" (or None) resolves when training starts: the train_start event's field says what ran.
-_RESOLVED_AT_START = {"train.mixed_precision": "precision", "train.steps_per_execution": "steps_per_execution",
-                      "train.jit_compile": "jit_compile"}
+# (steps_per_execution is not among them: an execution never crosses a log, eval or checkpoint step,
+# so it changes no figure, tests/test_tpu_program.py.)
+_RESOLVED_AT_START = {"train.mixed_precision": "precision", "train.jit_compile": "jit_compile"}
+# Settings that act only when a run resumes: False for a run that never did (one train_start).
+_AT_RESUME = ("train.extend_schedule", "train.accept_new_data_order")
 
 
 def run_config(run: str, metrics: pd.DataFrame | None = None) -> dict[str, Any]:
@@ -94,12 +97,21 @@ def run_config(run: str, metrics: pd.DataFrame | None = None) -> dict[str, Any]:
         else:
             flat[key] = value
     flat.update(_corpus(run, cfg.corpus))
+    if metrics is not None and _starts(metrics) <= 1:
+        flat.update(dict.fromkeys(_AT_RESUME, False))  # never resumed: as if unset
     for key, value in _resolved_at_start(metrics).items():
         if value is None:  # no training started: what would have run is unknown, never a difference
             flat.pop(key, None)
         else:
             flat[key] = value
     return flat
+
+
+def _starts(metrics: pd.DataFrame) -> int:
+    """How many times the run's training started (its first start and each resume)."""
+    if metrics.empty or "event" not in metrics.columns:
+        return 0
+    return int(((metrics["kind"] == "event") & (metrics["event"] == "train_start")).sum())
 
 
 def _resolved_at_start(metrics: pd.DataFrame | None) -> dict[str, Any]:
