@@ -582,6 +582,21 @@ class ModelSpec:
     tokenizer_dir: str
     init: InitSpec | None = None
 
+@dataclass(frozen=True)
+class BranchSpec:
+    """What a branch reads of its run, built by the caller that assembles the run: the sections that
+    must be the stable run's (the model, how the shards are cut, the seed, the train fields that decide
+    the batches and masks, the mixture's weights), the train section whose schedule is the branch's
+    own, and the shards and tokenizer it names (shard.dir, tokenizer.path; None: the stable run's)."""
+
+    train: TrainConfig
+    model: ModelConfig
+    shard: ShardConfig
+    corpus: CorpusConfig
+    seed: int
+    tokenizer_path: str | None
+
+
 class RunConfig(_Section):
     name: str = "run"  # the run's name (default directory runs/<name>)
     seed: int = Field(0, ge=0, lt=2**32)  # numpy's and TF's seed range
@@ -719,6 +734,11 @@ class RunConfig(_Section):
     def init_spec(self) -> InitSpec:
         """What resolving model.init_from reads of this run (train/init_from.py)."""
         return InitSpec(self.model, self.tokenizer, self.paths, self.train.branch_from)
+
+    @property
+    def branch_spec(self) -> BranchSpec:
+        """What a branch (train.branch_from) reads of this run (train/branch.py)."""
+        return BranchSpec(self.train, self.model, self.shard, self.corpus, self.seed, self.tokenizer.path)
 
     @property
     def model_spec(self) -> ModelSpec:

@@ -469,12 +469,12 @@ class Doctor:
 
     def check_branch(self) -> None:
         """train.branch_from: the checkpoint it names, and whether this config may continue it."""
-        from tpu_ray.train.branch import BranchSpec, resolve
+        from tpu_ray.train.branch import resolve
         from tpu_ray.train.curves import describe
 
         try:
             c = self.cfg
-            branch = resolve(BranchSpec(c.train, c.model, c.shard, c.corpus, c.seed, c.tokenizer.path))
+            branch = resolve(c.branch_spec)
         except UserError as exc:
             self.add("branch", FAIL, str(exc))
             return

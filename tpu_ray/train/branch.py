@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_ray import rundir, storage
-from tpu_ray.config import SCHEDULE_FIELDS, CorpusConfig, ModelConfig, RunConfig, ShardConfig, TrainConfig
+from tpu_ray.config import SCHEDULE_FIELDS, BranchSpec, RunConfig, TrainConfig
 from tpu_ray.errors import UserError
 from tpu_ray.train import curves
 from tpu_ray.train.phases import phase_spans, span_at, spans, trained_difference
@@ -42,21 +42,6 @@ _CKPT = re.compile(r"^ckpt-(\d+)$")
 # Train fields that decide which batch and which masks a step sees, beside the fingerprint's.
 _DATA_ORDER = ("shuffle_buffer",)
 RTOL = 1e-6  # how close the branch's rates at the branch step must be to the stable run's
-
-
-@dataclass(frozen=True)
-class BranchSpec:
-    """What a branch reads of its run, built by the caller that assembles the run: the sections that
-    must be the stable run's (the model, how the shards are cut, the seed, the train fields that decide
-    the batches and masks, the mixture's weights), the train section whose schedule is the branch's
-    own, and the shards and tokenizer it names (shard.dir, tokenizer.path; None: the stable run's)."""
-
-    train: TrainConfig
-    model: ModelConfig
-    shard: ShardConfig
-    corpus: CorpusConfig
-    seed: int
-    tokenizer_path: str | None
 
 
 @dataclass(frozen=True)
@@ -128,7 +113,7 @@ def settled(cfg: RunConfig) -> RunConfig:
     from tpu_ray.saved_config import read_saved_config
 
     if latest_checkpoint(cfg.run_dir) is None:
-        spec = BranchSpec(cfg.train, cfg.model, cfg.shard, cfg.corpus, cfg.seed, cfg.tokenizer.path)
+        spec = cfg.branch_spec
         over = resolve(spec).overrides
         return cfg.override(over) if over else cfg
     saved = read_saved_config(cfg.run_dir)
@@ -286,7 +271,7 @@ def _check_compatible(spec: BranchSpec, data: dict[str, str], run_dir: str, wher
         raise UserError(f"train.branch_from={where}: {run_dir} has no {rundir.CONFIG_FILE}; branch from a tpu-ray "
                         f"run directory")
     fix = f"branch with the stable run's config (its {rundir.CONFIG_FILE}), changing only the schedule"
-    stable = BranchSpec(source.train, source.model, source.shard, source.corpus, source.seed, source.tokenizer.path)
+    stable = source.branch_spec
     saved, mine = _comparable(stable), _comparable(spec)
     if spec.model.init_sha256 is None:  # a continued branch before its own copy: its hash is compared then
         saved["model"]["init_sha256"] = None

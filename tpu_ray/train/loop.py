@@ -331,9 +331,9 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
         run_mask = mask_spec(t, paths, tok)  # the run's own: the evaluation's, and the never-masked ids
         branch = None
         if t.branch_from and not ckpts.present:  # a fresh branch: the stable run's checkpoint it starts from
-            from tpu_ray.train.branch import BranchSpec, resolve
+            from tpu_ray.train.branch import resolve
 
-            found = resolve(BranchSpec(t, cfg.model, cfg.shard, cfg.corpus, cfg.seed, cfg.tokenizer.path))
+            found = resolve(cfg.branch_spec)
             branch = BranchPoint(found.checkpoint, found.run_dir)
         bias = (OutputBias(cfg.corpus, cfg.seed, paths.seq_len, run_mask.never_masked)
                 if cfg.model.output_bias == "unigram" else None)
