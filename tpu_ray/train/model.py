@@ -30,16 +30,17 @@ def hf_config(spec: ModelSpec, tok: TokenizerInfo):
     With `model.init_from` the checkpoint's own config.json is the config (dropout aside); else
     the family's published defaults and the section's sizes (train/model_config.py)."""
     m = spec.model
+    fam = family(m.model_type)
     if not m.init_from:
         return scratch_hf_config(m, tok, spec.max_positions, spec.seq_len, spec.tokenizer_dir)
     if spec.init is None:
         raise ValueError("ModelSpec.init: model.init_from is set, but no InitSpec says where it resolves")
-    check_pad_id(m.model_type, tok, spec.tokenizer_dir)
+    check_pad_id(fam, tok, spec.tokenizer_dir)
     config = checkpoint_hf_config(spec.init)
     if tok.vocab_size > config.vocab_size:  # an extended vocabulary: exactly its recorded growth
         check_tokenizer(spec.init, tok, spec.tokenizer_dir, directory=spec.tokenizer_dir)
         config.vocab_size = tok.vocab_size
-    for name in family(m.model_type).dropout_fields:
+    for name in fam.dropout_fields:
         setattr(config, name, m.dropout)
     return config
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from tpu_ray.config import ModelConfig
 from tpu_ray.errors import UserError
 from tpu_ray.prepare.tokenizer import TokenizerInfo
-from tpu_ray.families import family
+from tpu_ray.families import Family, family
 
 
 def scratch_hf_config(model: ModelConfig, tok: TokenizerInfo, max_positions: int, seq_len: int, tokenizer_dir: str):
@@ -20,7 +20,7 @@ def scratch_hf_config(model: ModelConfig, tok: TokenizerInfo, max_positions: int
     from transformers import AutoConfig
 
     fam = family(model.model_type)
-    check_pad_id(model.model_type, tok, tokenizer_dir)
+    check_pad_id(fam, tok, tokenizer_dir)
     dropout = {name: model.dropout for name in fam.dropout_fields}
     sizes: dict[str, object] = {}
     for key, value in model.sizes().items():
@@ -28,7 +28,7 @@ def scratch_hf_config(model: ModelConfig, tok: TokenizerInfo, max_positions: int
         if name is not None:
             sizes[name] = value
     extra = {k: v for k in ("layer_norm_eps", "type_vocab_size") if (v := model.published(k)) is not None}
-    extra.update(scratch_config(fam.model_type, model, seq_len))
+    extra.update(scratch_config(fam, model, seq_len))
     if model.initializer_range is not None:
         extra["initializer_range"] = model.initializer_range
     if fam.model_type in ("xlm", "flaubert"):  # XLM names its special ids itself
@@ -43,9 +43,10 @@ def scratch_hf_config(model: ModelConfig, tok: TokenizerInfo, max_positions: int
     )
 
 
-def scratch_config(model_type: str, model: ModelConfig, seq_len: int) -> dict[str, object]:
+def scratch_config(fam: Family, model: ModelConfig, seq_len: int) -> dict[str, object]:
     """Per-type config values a from-scratch model needs beyond sizes (why: each type's own
     sizing rules, e.g. Longformer's attention window must divide the sequence, `seq_len`)."""
+    model_type = fam.model_type
     s = model.sizes()
     h, layers = s["hidden_size"], s["num_hidden_layers"]
     if model_type == "longformer":
@@ -62,11 +63,11 @@ def scratch_config(model_type: str, model: ModelConfig, seq_len: int) -> dict[st
     return {}
 
 
-def check_pad_id(model_type: str, tok: TokenizerInfo, tokenizer_dir: str) -> None:
+def check_pad_id(fam: Family, tok: TokenizerInfo, tokenizer_dir: str) -> None:
     """Refuse a tokenizer (in `tokenizer_dir`) whose pad id is not the one the family's TF model
     hard-codes (RoBERTa: 1): its position ids would treat the token with that id as padding and real
     pads as text."""
-    required = family(model_type).required_pad_id
+    model_type, required = fam.model_type, fam.required_pad_id
     if required is not None and tok.pad_id != required:
         raise UserError(f"{tokenizer_dir}: pad token {tok.tokens.pad} has id {tok.pad_id}, but TF "
                         f"{model_type} treats id {required} as padding; retrain the tokenizer with "
