@@ -360,7 +360,9 @@ def test_prepare_then_train_jobs_through_the_python_api(ray_head, job_corpus, tm
                  "output_dir": str(tmp_path / "run")})
     prepare = submit(cfg, address=ray_head.address, working_dir=str(REPO), stage="prepare")
     assert prepare.run_dir == str(tmp_path / "run")
-    assert not (REPO / STAGING_DIR).exists()  # the staged config left with the upload
+    # The staged config left with the upload (this submission's own file: another test's submission
+    # may be staging its config in the same directory right now).
+    assert not (REPO / STAGING_DIR / f"{prepare.submission_id}.yaml").exists()
     assert prepare.wait(timeout=JOB_TIMEOUT_S) == "SUCCEEDED", prepare.logs()[-3000:]
     assert (tmp_path / "run" / "shards" / "manifest.json").is_file()
     assert not (tmp_path / "run" / "model").exists()
