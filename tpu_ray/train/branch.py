@@ -98,7 +98,12 @@ def resolve(spec: BranchSpec) -> Branch:
     settled_train = _with(spec.train, filled)
     if why := continuity_refusal(stable.train, settled_train, step):
         raise UserError(f"train.branch_from={where}: {why}")
-    return Branch(run_dir, checkpoint, step, settled_train, {**data, **{f"train.{k}": v for k, v in filled.items()}})
+    # A run named by its directory is pinned to the checkpoint checked here: the stable run goes on
+    # training, and a later start (the trainer's, after a wait for a slice) must branch from this one,
+    # whose step the filled defaults were made for, not from whatever is latest by then.
+    pin = {"train.branch_from": checkpoint} if checkpoint.rstrip("/") != where else {}
+    return Branch(run_dir, checkpoint, step, settled_train,
+                  {**data, **{f"train.{k}": v for k, v in filled.items()}, **pin})
 
 
 def settled(cfg: RunConfig) -> RunConfig:
@@ -117,14 +122,26 @@ def settled(cfg: RunConfig) -> RunConfig:
         over = resolve(spec).overrides
         return cfg.override(over) if over else cfg
     saved = read_saved_config(cfg.run_dir)
-    if saved is None or saved.train.branch_from != cfg.train.branch_from:
+    if saved is None or not _same_branch_point(saved.train.branch_from, cfg.train.branch_from):
         return cfg
     t, s = cfg.train, saved.train
     over = {f"train.{k}": getattr(s, k) for k in ("warmup_steps", "decay_steps")
             if getattr(t, k) is None and getattr(s, k) is not None and (k != "decay_steps" or t.schedule == "wsd")}
+    if s.branch_from != t.branch_from:  # the run named again: the checkpoint its first start pinned
+        over["train.branch_from"] = s.branch_from
     over.update({k: v for k, v, given in (("shard.dir", saved.shard.dir, cfg.shard.dir),
                                           ("tokenizer.path", saved.tokenizer.path, cfg.tokenizer.path)) if v and not given})
     return cfg.override(over) if over else cfg
+
+
+def _same_branch_point(saved: str | None, given: str | None) -> bool:
+    """Whether `given` (this start's train.branch_from) names what the first start branched from:
+    the same value, or the stable run whose checkpoint `saved` is (that start pinned it, `resolve`)."""
+    if saved is None or given is None:
+        return saved == given
+    saved, given = str(saved).rstrip("/"), str(given).rstrip("/")
+    return saved == given or (not _CKPT.match(given.rsplit("/", 1)[-1]) and _CKPT.match(saved.rsplit("/", 1)[-1])
+                              is not None and stable_run_dir(saved) == given)
 
 
 def stable_data(shard_dir: str | None, tokenizer_path: str | None, run_dir: str) -> dict[str, str]:
