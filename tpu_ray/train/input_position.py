@@ -320,6 +320,11 @@ class PositionTracker:
         """The record order's seed (the run's)."""
         return self._seed
 
+    @property
+    def bound(self) -> bool:
+        """Whether this process has built the span's input (`bind`): its pipelines are known."""
+        return self._bound
+
     def stream_start(self, source: str, pipeline: int, pipelines: int) -> tuple[StreamStart, dict[str, list]]:
         """Where this stream of `source` starts on that pipeline (a phase continues the text read so
         far, train/phase_data.py), and per file the row ranges its first epoch leaves out."""

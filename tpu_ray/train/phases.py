@@ -20,10 +20,14 @@ counts), a weight stage taking effect at its global step (Mixture.between). Ever
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tpu_ray.config import TrainConfig
 from tpu_ray.prepare.lengths import extra_lengths  # noqa: F401 (read from here too)
 from tpu_ray.errors import UserError
+
+if TYPE_CHECKING:  # TensorFlow's module: the annotation only
+    from tpu_ray.train.input_position import PositionTracker
 
 
 @dataclass(frozen=True)
@@ -109,23 +113,22 @@ class PhasePositions:
     the phase and where its stream started. At a phase's end (a checkpoint there) it is the next
     phase's start: what a resume at that step reads next."""
 
-    def __init__(self, all_spans: list[Span], trackers: list):
+    def __init__(self, all_spans: list[Span], trackers: list[PositionTracker]):
         self.spans, self.trackers = all_spans, trackers
 
     def _hosts(self, index: int) -> tuple[int, int]:
         """(pipeline, pipelines) of phase `index`'s tracker, or of a phase before it when not read yet."""
         for tracker in [self.trackers[index], *reversed(self.trackers[:index])]:
-            if getattr(tracker, "_bound", True):
+            if tracker.bound:
                 return tracker.pipeline, tracker.pipelines
         return 0, 1
 
     def stream(self, index: int) -> dict[str, int] | None:
         """Where phase `index`'s stream (its first source's, this process's first pipeline) starts."""
         tracker = self.trackers[index]
-        if getattr(tracker, "phase_data", None) is None:
+        if tracker.phase_data is None:
             return None
-        source = tracker.mixture.names[0] if hasattr(tracker, "mixture") else "corpus"
-        return tracker.stream_start(source, *self._hosts(index))[0].describe()
+        return tracker.stream_start(tracker.sources[0], *self._hosts(index))[0].describe()
 
     def at(self, step: int):
         from dataclasses import replace
@@ -133,7 +136,7 @@ class PhasePositions:
         span = span_at(self.spans, step)
         tracker = self.trackers[span.index]
         position = tracker.at(step - span.start)
-        if not getattr(tracker, "_bound", True) and span.index:  # not read yet: the phase before's hosts
+        if not tracker.bound and span.index:  # not read yet: the phase before's hosts
             position = replace(position, pipelines=self.trackers[span.index - 1].pipelines)
         return replace(position, step=step, phase=span.index, stream=self.stream(span.index))
 
@@ -148,7 +151,7 @@ class PhasePositions:
 
     def phase_source_samples(self, step: int) -> list[dict[str, int]]:
         """Each phase's draws per source in the first `step` steps (a phase not reached: zeros)."""
-        pipelines = next((t.pipelines for t in self.trackers if t._bound), 1)  # one strategy for every phase
+        pipelines = next((t.pipelines for t in self.trackers if t.bound), 1)  # one strategy for every phase
         return [t.source_samples(min(max(step - sp.start, 0), sp.steps), pipelines)
                 for sp, t in zip(self.spans, self.trackers)]
 

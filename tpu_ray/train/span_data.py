@@ -49,7 +49,7 @@ class SpanData:
 
     def text_read(self, index: int) -> float:
         """The share of the training text the phases before span `index` read (phase_start's text_read)."""
-        bound = next((t for t in self.trackers if t._bound), self.trackers[index])
+        bound = next((t for t in self.trackers if t.bound), self.trackers[index])
         return self.phase_data.text_read(bound.pipelines)[index]
 
 
