@@ -100,3 +100,11 @@ def stable_run_and_branch(tmp_path, corpus):
     branch = stable.override({"output_dir": str(tmp_path / "branch"), "train.branch_from": str(tmp_path / "stable"),
                               "train.schedule": "wsd"})
     return stable, branch
+
+
+def train_cfg(**train):
+    """A default RunConfig with these train.* settings, validated as a run's is (for the pure
+    decisions that read only the train section: placement, strategy)."""
+    from tpu_ray.config import RunConfig
+
+    return RunConfig.from_dict({"train": train})

@@ -358,7 +358,7 @@ def test_gcs_lock_create_if_absent_names_the_holder_and_takes_over_a_dead_one(gc
         assert json.loads(storage.read_text(f"{run}/.lock"))["token"] == first.info["token"]
     assert not storage.exists(f"{run}/.lock")  # released
     # A holder killed without releasing: the next run takes over once its lease ran out (never by
-    # host and pid; tests/test_locks_and_run_files.py moves the clock for the lease).
+    # host and pid; tests/test_runlock.py moves the clock for the lease).
     code = (f"from tpu_ray.runlock import RunLock; import os; RunLock({run!r}, 'tpu-ray dead').acquire(); "
             "os._exit(0)")
     subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)

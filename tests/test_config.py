@@ -80,3 +80,22 @@ def test_removed_eval_pad_multiple_still_loads_and_is_gone():
 
     cfg = RunConfig.from_dict({"train": {"eval_pad_multiple": 64, "steps": 5}})
     assert cfg.train.steps == 5 and "eval_pad_multiple" not in cfg.to_yaml()
+
+
+def test_multiworker_training_is_refused_until_its_open_ports_are_declared_firewalled(tmp_path, capsys):
+    """train.workers>1 started TensorFlow gRPC servers listening on 0.0.0.0 without authentication
+    (TensorFlow 2.21 binds every interface whatever TF_CONFIG names: `ss -ltn` shows `*:PORT`)."""
+    from tests.helpers import tiny_config
+    from tpu_ray.cli import main
+
+    with pytest.raises(UserError, match=r"train\.workers=2: .*gRPC ports on every interface .*no authentication"
+                                        r".*train\.workers_network_closed=true") as err:
+        tiny_config(tmp_path / "run", tmp_path / "c.txt", **{"train.workers": 2})
+    assert "\n" not in str(err.value)
+    assert tiny_config(tmp_path / "run", tmp_path / "c.txt",
+                       **{"train.workers": 2, "train.workers_network_closed": True}).train.workers == 2
+    (tmp_path / "c.txt").write_text("some text\n")
+    code = main(["shard", "--corpus", str(tmp_path / "c.txt"), "--output-dir", str(tmp_path / "run"),
+                 "train.workers=2", "ray.address=local"])
+    assert code == 2 and "train.workers_network_closed=true" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before anything ran

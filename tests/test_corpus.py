@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tpu_ray.config import CorpusConfig, ShardConfig
+from tpu_ray.config import CorpusConfig, RunConfig, ShardConfig
 from tpu_ray.prepare.corpus import iter_train_text, plan_units, read_unit_text
 from tpu_ray.errors import UserError
 
@@ -120,3 +120,24 @@ def test_the_tokenizer_sample_covers_every_file_deterministically_by_seed(tmp_pa
     assert files_in(0, budget) == sample and files_in(1, budget) != sample
     whole = files_in(0, 10 * budget)
     assert whole == sorted(whole, key=lambda f: int(f[4:])) and len(set(whole)) == 10
+
+
+def test_a_json_array_file_is_refused_naming_its_shape(tmp_path):
+    """Before, a .json file holding one JSON array got "not a JSON line" for each of its lines
+    and the advice to skip them all."""
+    import json
+
+    from tpu_ray.config import CorpusConfig, ShardConfig
+    from tpu_ray.prepare.corpus import plan_units, read_unit_text
+    from tpu_ray.prepare.preflight import preflight_corpus
+
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([{"text": f"record {i}"} for i in range(50)], indent=2))
+    cfg = RunConfig.from_dict({"corpus": {"source": str(path)}, "output_dir": str(tmp_path / "run")})
+    for check in (lambda: preflight_corpus(cfg.corpus),
+                  lambda: [read_unit_text(u, "all") for u in plan_units(CorpusConfig(source=str(path)),
+                                                                         ShardConfig(), str(tmp_path / "r"))]):
+        with pytest.raises(UserError) as err:
+            check()
+        message = str(err.value)
+        assert "one JSON array" in message and "jq -c" in message and "not a JSON line (" not in message, message

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -438,3 +440,15 @@ def test_the_own_text_example_uses_nothing_outside_the_repository():
     for cmd in COMMANDS:
         if cmd.doc == "README.md":
             assert not any(w.startswith("../") or "/shared/" in w for w in cmd.words), cmd
+
+
+def test_docs_and_help_suggest_no_shared_tmp_output_dir():
+    """`--output-dir /tmp/quickstart` on a shared machine is a directory anyone can create first."""
+    pattern = re.compile(r"/tmp/[A-Za-z0-9_.-]+")
+    files = [REPO / "README.md", REPO / "tpu_ray" / "cli.py", *sorted((REPO / "docs").glob("*.md")),
+             *sorted((REPO / "jobs").rglob("*.py")), *sorted((REPO / "jobs").rglob("*.yaml"))]
+    found = [f"{p.relative_to(REPO)}: {m}" for p in files for m in pattern.findall(p.read_text())]
+    assert not found, found
+    out = subprocess.run([sys.executable, "-m", "tpu_ray.cli", "--help"], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0 and "runs/quickstart" in out.stdout and "/tmp/" not in out.stdout

@@ -130,3 +130,18 @@ def test_runs_on_network_filesystems_write_a_file_per_writer(path, kind, unsafe)
 
     assert filesystem_type(path, MOUNTS) == kind
     assert appends_unsafe(path, MOUNTS) is unsafe
+
+
+def test_metrics_link_is_refused_not_followed(tmp_path):
+    from tpu_ray import storage
+    from tpu_ray.train.metrics import MetricsWriter
+
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(victim)
+    writer = MetricsWriter(str(run), tensorboard=False)
+    with pytest.raises(storage.StorageError, match="metrics.jsonl: is a symbolic link"):
+        writer.event("stage_start", stage="x")
+    assert victim.read_text() == "mine\n"

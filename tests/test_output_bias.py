@@ -157,3 +157,28 @@ def test_a_three_source_mixture_of_100_files_starts_at_its_weighted_frequencies(
     log_p, counted = token_log_frequencies(sources, 8, vocab, never, max_tokens=8 * (total // 2))
     assert np.max(np.abs(log_p - expected(lambda r: r[: math.ceil(len(r) * (total // 2) / total)]))) < 1e-5
     assert counted.files == 100 and counted.records < counted.of_records
+
+
+@pytest.mark.quick
+def test_counting_token_frequencies_raises_no_warning_a_user_cannot_act_on(tmp_path):
+    """Every run with model.output_bias=unigram (the quickstart's) printed TensorFlow's UserWarning
+    "The `deterministic` argument has no effect unless ... num_parallel_calls"."""
+    import warnings
+
+    import numpy as np
+
+    from tpu_ray.prepare.tfrecord import serialize_examples, write_records
+    from tpu_ray.train.output_bias import token_log_frequencies
+
+    rows = np.arange(2 * 3 * 8).reshape(2, 3, 8) % 20 + 5
+    files = []
+    for i, part in enumerate(rows):
+        path = tmp_path / f"train-{i:05d}-3.tfrecord"
+        with open(path, "wb") as f:
+            write_records(f, serialize_examples(part.astype(np.int64)))
+        files.append(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _log_p, counted = token_log_frequencies({"corpus": (1.0, [(f, 3) for f in files])}, 8, 32,
+                                                never_counted=[0, 1, 2])
+    assert counted.tokens == rows.size  # every id here is maskable: all counted

@@ -390,3 +390,48 @@ def test_concurrent_metrics_writers_on_gs_lose_no_record(gcs_emulator):
     assert sorted(zip(ticks["writer"], ticks["i"])) == [(w, i) for w in range(4) for i in range(12)]
     assert df[df["kind"] == "train"]["step"].tolist() == [1]
     assert not storage.exists(f"{run}/metrics.jsonl")  # nobody rewrites a shared object
+
+
+@pytest.mark.quick
+def test_a_branchs_summary_says_where_it_branched(tmp_path):
+    """A decay branched off a stable run at step 200 said "300 (resumed at 200)": it never ran
+    steps 0-200 itself and was never resumed. Records written by the trainer's own writer."""
+    import json
+
+    from tpu_ray.metrics_stream import MetricsWriter
+    from tpu_ray.report import text_summary
+
+    def summary_of(run, resumed_at=None):
+        run.mkdir()
+        writer = MetricsWriter(str(run))
+        writer.event("branch", stage="train", step=200, checkpoint="stable/checkpoints/ckpt-200", source="stable")
+        for step in (250, 300):
+            writer.write("train", step=step, loss=3.0, accuracy=0.3)
+        writer.close()
+        (run / "summary.json").write_text(json.dumps({"steps": 300, "resumed_from": resumed_at or 200}))
+        return next(line for line in text_summary(str(run)).splitlines() if line.strip("│ ").startswith("steps "))
+
+    line = summary_of(tmp_path / "branch")
+    assert "300 (branched from step 200)" in line and "resumed" not in line, line
+    line = summary_of(tmp_path / "resumed-branch", resumed_at=250)
+    assert "300 (branched from step 200, resumed at 250)" in line, line
+
+
+@pytest.mark.quick
+def test_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
+    from tpu_ray.report import write_report
+    from tpu_ray.train.metrics import MetricsWriter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    writer = MetricsWriter(str(run), tensorboard=False)
+    for step in (1, 2):
+        writer.write("train", step=step, loss=5.0 / step, lr=1e-3, samples_per_s=10.0, tokens_per_s=100.0)
+    victim = tmp_path / "victim.html"
+    victim.write_text("mine\n")
+    (run / "report.html").symlink_to(victim)
+    (run / "loss.png").symlink_to(victim)
+    write_report(str(run))
+    assert victim.read_text() == "mine\n"
+    assert not (run / "report.html").is_symlink() and "<html" in (run / "report.html").read_text()
+    assert not (run / "loss.png").is_symlink()

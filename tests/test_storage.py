@@ -279,3 +279,44 @@ def test_atomic_writes_respect_the_umask(tmp_path, umask, mode):
         os.umask(old)
     for name in ("config.yaml", "shard.tfrecord", "manifest.json"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
+
+
+@pytest.mark.quick
+def test_gcs_conditional_writes_answer_412_as_one_clear_result(gcs_emulator):
+    """The store's 412 (the object changed since it was read) is a False/None, not a StorageError
+    from deep inside gcsfs; the lock turns it into its own one line."""
+    from tpu_ray import storage
+
+    path = f"{gcs_emulator.make_bucket()}/obj"
+    assert storage.create_if_absent(path, b"a") is True
+    assert storage.create_if_absent(path, b"b") is False  # 412 on ifGenerationMatch=0
+    gen = storage.generation(path)
+    new = storage.replace_if_generation(path, b"c", gen)
+    assert new and new != gen and storage.read_bytes(path) == b"c"
+    assert storage.replace_if_generation(path, b"d", gen) is None  # stale generation: 412
+    assert storage.remove_if_generation(path, gen) is False and storage.read_bytes(path) == b"c"
+    assert storage.remove_if_generation(path, new) is True and not storage.exists(path)
+
+
+@pytest.mark.quick
+def test_gcsfs_floor_is_checked_in_one_line_and_matches_pyproject():
+    """gcsfs 2024.6-2024.10 have no pipe_file(mode=...): every gs:// lock failed with a TypeError."""
+    import importlib.metadata as md
+
+    from tpu_ray import storage
+
+    problem = storage.gcsfs_problem("2024.10.0", "2024.10.0")
+    assert problem and problem.startswith("gcsfs 2024.10.0 is installed, but gs:// locks need gcsfs>=2024.12.0")
+    assert "\n" not in problem and "pip install -U 'gcsfs>=2024.12.0'" in problem
+    assert "fsspec 2024.6.1 is installed" in storage.gcsfs_problem("2024.12.0", "2024.6.1")
+    assert "gcsfs is not installed" in storage.gcsfs_problem(None, "2024.12.0")
+    assert storage.gcsfs_problem("2024.12.0", "2024.12.0") is None
+    assert storage.gcsfs_problem("2025.1.0rc1", "2025.1.0") is None
+    assert storage.gcsfs_problem(md.version("gcsfs"), md.version("fsspec")) is None  # this install works
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'"gcsfs>={storage.GCSFS_FLOOR}"' in pyproject and f'"fsspec>={storage.GCSFS_FLOOR}"' in pyproject
+    # The floor's release has the argument the lock passes (the installed one, at least).
+    import inspect
+
+    from gcsfs.core import GCSFileSystem
+    assert "mode" in inspect.signature(GCSFileSystem._pipe_file).parameters

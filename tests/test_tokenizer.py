@@ -280,3 +280,16 @@ def test_canonical_unigram_finds_the_unscored_characters_whatever_the_last_bits(
     vocab = json.loads(one)["model"]["vocab"]
     assert [p for p, _ in vocab[:5]] == [p for p, _ in special]  # special tokens keep ids 0..4
     assert vocab[5] == ["ab", -5.0]
+
+
+def test_tokenizer_retrain_replaces_the_directory_whole(tmp_path, small_corpus):
+    from tpu_ray.config import TokenizerConfig
+    from tpu_ray.prepare.tokenizer import save_tokenizer, train_tokenizer
+
+    out = tmp_path / "run" / "tokenizer"
+    out.mkdir(parents=True)
+    (out / "vocab.txt").write_text("from an older tokenizer\n")  # not written by this one
+    lines = [s for s in small_corpus.read_text().splitlines()[:2000] if s.strip()]
+    save_tokenizer(train_tokenizer([lines], TokenizerConfig(vocab_size=300)), str(out), 64)
+    assert not (out / "vocab.txt").exists() and (out / "tokenizer.json").exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tokenizer"]

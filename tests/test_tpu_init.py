@@ -144,3 +144,13 @@ def test_the_strategy_names_the_tpu_generation_from_the_accelerator_type(monkeyp
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v4-8")
     device = _tpu_generation()
     assert device == "TPU v4" and peak_flops(device, None) == 275e12
+
+
+@pytest.mark.quick
+def test_a_slice_name_that_stops_resolving_is_lost_capacity_only_when_ray_reserved_it():
+    from tpu_ray.errors import FailureKind
+    from tpu_ray.train.tpu_init import classify_tpu_error
+
+    gone = ValueError("Could not lookup TPU metadata from name 'slice-b'")
+    assert classify_tpu_error(gone, "slice-b", 0, reserved=True).kind is FailureKind.LOST_CAPACITY
+    assert classify_tpu_error(gone, "slice-b", 0, reserved=False).kind is FailureKind.BAD_INPUT

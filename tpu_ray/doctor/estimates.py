@@ -1,5 +1,5 @@
 """doctor's estimates: pure arithmetic on a run's shape (parameters, memory per replica, the CPU
-probe's batch) and the number formats the report prints. Unit-tested directly (tests/test_decisions.py)."""
+probe's batch) and the number formats the report prints. Unit-tested directly (tests/test_estimates.py)."""
 
 from __future__ import annotations
 
