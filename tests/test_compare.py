@@ -243,6 +243,82 @@ def test_a_continuation_scoring_its_parents_set_is_comparable_on_it(continued, c
     assert "model.hidden_size" not in out
 
 
+@pytest.fixture(scope="module")
+def third_generation(continued, tmp_path_factory) -> list[str]:
+    """Two runs continued from the continued run B (which went on from the quickstart A's export at
+    step 500 and trained 500 steps of its own): C from B's export, stamped as the trainer stamps it
+    (run_record: B's start), and D from B's run directory, copied by the real first stage (own_copy:
+    its last checkpoint ckpt-500 and, as the copy's config.json, B's model config, which still
+    carries A's export provenance). Both follow global step 1000, not B's local 500."""
+    import shutil
+
+    from tests.helpers import REPO
+    from tpu_ray.config import RunConfig
+    from tpu_ray.saved_config import read_saved_config
+    from tpu_ray.train.export import stamp_provenance
+    from tpu_ray.train.export_safetensors import run_record
+    from tpu_ray.train.init_from import checkpoint_fields, own_copy
+
+    parent, child = map(Path, continued)
+    tmp_path = tmp_path_factory.mktemp("third")
+    if not (child / "model").exists():
+        shutil.copytree(parent / "model", child / "model")  # B's export: A's files (no weights are read here)
+        record = run_record(read_saved_config(str(child)))
+        stamp_provenance(str(child / "model"), record.config_sha256, 500, record.start_step)
+        shutil.copytree(REPO / "tests" / "data" / "kept_tokenizer", child / "tokenizer")  # B's: its checkpoint's
+        ckpts = child / "checkpoints"
+        ckpts.mkdir()
+        for name in ("ckpt-500.index", "ckpt-500.data-00000-of-00001"):
+            (ckpts / name).write_bytes(b"")  # the names own_copy picks by; no weights are loaded here
+        (ckpts / "checkpoint").write_text('model_checkpoint_path: "ckpt-500"\nall_model_checkpoint_paths: "ckpt-500"\n')
+    out = []
+    for name, source in (("from_export", child / "model"), ("from_run", child)):
+        cfg = RunConfig.from_yaml(str(REPO / "jobs" / "configs" / "continue_with_replay.yaml")).override(
+            {"model.init_from": str(source), "output_dir": str(tmp_path / name)})
+        cfg = cfg.override({"model.init_sha256": own_copy(cfg.init_spec)})
+        cfg = cfg.override(checkpoint_fields(cfg.init_spec))
+        out.append(_scored(tmp_path / name, cfg, "set-C", {"domain": "set-D", "general": "set-P", "domain_test": "set-T"}))
+    return [str(parent), str(child), *out]
+
+
+def test_a_continuation_of_a_continuation_is_drawn_after_both(third_generation, tmp_path):
+    """C (from B's export) and D (from B's checkpoint ckpt-500) start at A's 500 + B's 500: B's
+    export records global step 1000 beside its own step 500, and D's copy names B's checkpoint,
+    whose run started at 500 (D's copy's config.json says 500 too: A's export's, left in B's config)."""
+    from tpu_ray.comparison import compare
+
+    parent, child, from_export, from_run = third_generation
+    provenance = json.loads((Path(child) / "model" / "config.json").read_text())["tpu_ray_export"]
+    assert (provenance["step"], provenance["global_step"]) == (500, 1000)
+    copy = Path(from_run) / "init"
+    assert 'model_checkpoint_path: "ckpt-500"' in (copy / "checkpoints" / "checkpoint").read_text()
+    assert json.loads((copy / "config.json").read_text())["tpu_ray_export"]["step"] == 500  # A's, not B's start
+    df = compare(third_generation)
+    assert df.attrs["start_step"] == {parent: 0, child: 500, from_export: 1000, from_run: 1000}
+    figs = _drawn(df, third_generation, tmp_path)
+    lines = {line.get_label(): line.get_xdata() for line in figs["compare_loss.png"].axes[0].get_lines()}
+    for name in ("from_export", "from_run"):
+        assert (min(lines[f"{name} (from step 1,000) train"]), max(lines[f"{name} (from step 1,000) train"])) == (1010, 1500)
+
+
+@pytest.mark.parametrize("made, start", [
+    ({"step": 500, "global_step": "900"}, 500), ({"step": 500, "global_step": True}, 500),
+    ({"step": 500, "global_step": -900}, 500), ({"step": 500, "global_step": 200}, 500),  # below its own step
+    ({"step": 500, "global_step": 900.0}, 500), ({"step": True}, 0), ({"step": -500}, 0), ({"step": "500"}, 0),
+    ("500", 0), ({"step": 500, "global_step": 900}, 900)])
+def test_a_hostile_provenance_places_nothing(tmp_path, made, start):
+    """A continued run's copy of a config.json whose provenance is not a count (a string, a bool, a
+    negative or fractional number, a global step below the local one) is ignored, never drawn by."""
+    from tpu_ray import compare
+
+    run = _run(tmp_path / "continued", BASE, "s")
+    (tmp_path / "continued" / "init").mkdir()
+    (tmp_path / "continued" / "init" / "config.json").write_text(json.dumps({"model_type": "roberta",
+                                                                            "tpu_ray_export": made}))
+    drawn = compare([run]).attrs["start_step"][run]
+    assert drawn == start and type(drawn) is int  # True == 1: a bool is not a step
+
+
 def _drawn(df, runs, tmp_path) -> dict:
     """{file name: the matplotlib Figure} plot_compare saved, kept as it was drawn (its lines readable)."""
     import matplotlib.figure

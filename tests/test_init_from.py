@@ -174,6 +174,7 @@ def test_continue_from_a_tensorflow_save_pretrained_directory_then_resume_withou
     card = (run / "model" / "README.md").read_text()
     assert "- recipe: peak learning rate" in card and "weights from model.init_from" in card, card[:800]
     assert f"- tokenizer: unigram, vocabulary {vocab}" in card and "hidden 64, 2 layers" in card, card[:800]
+    assert f"(continued from {src} at its global step 30)" in card, card[:800]  # the source run's 30 steps
     code, checks = doctor(tiny_config(run, small_corpus, **{"model.init_from": str(src), **left_in}))
     assert checks["vocab"][0] == "PASS" and checks["positions"][0] == "PASS", checks
     assert "FAIL" not in {status for status, _ in checks.values()}, checks
@@ -192,6 +193,11 @@ def test_continue_from_a_tensorflow_save_pretrained_directory_then_resume_withou
     without = Pipeline(tiny_config(twin, small_corpus, **more)).train(resume=True)
     assert with_source["resumed_from"] == without["resumed_from"] == 2 and without["steps"] == 4
     assert _losses(str(twin), range(3, 5)) == pytest.approx(_losses(str(run), range(3, 5)), rel=1e-6)
+    # The export says where its steps stand: the source model was saved at the source run's step 30
+    # (its export's provenance, which save_pretrained kept), read from the copy once the source is gone.
+    for made in (run, twin):
+        stamp = json.loads((made / "model" / "config.json").read_text())["tpu_ray_export"]
+        assert (stamp["step"], stamp["global_step"]) == (4, 30 + 4), stamp
 
 
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
@@ -214,6 +220,8 @@ def test_continue_from_a_run_directory_and_resume_the_continued_run(source, tmp_
     more = cfg.override({"train.steps": 4, "train.extend_schedule": True})
     summary = Pipeline(more).train(resume=True)
     assert summary["resumed_from"] == 2 and summary["steps"] == 4
+    stamp = json.loads((Path(cfg.run_dir) / "model" / "config.json").read_text())["tpu_ray_export"]
+    assert (stamp["step"], stamp["global_step"]) == (4, 30 + 4), stamp  # after the source run's 30 steps (ckpt-30)
     inits = [r for r in _records(Path(cfg.run_dir), "event") if r["event"] == "init_from"]
     assert len(inits) == 1  # the resume restored its own checkpoint
 

@@ -28,6 +28,7 @@ from tpu_ray import storage
 from tpu_ray.errors import UserError
 from tpu_ray.plots import dots, finish, new_figure, thousands
 from tpu_ray.report import _CSS, _check_run_dir, _fmt, _load_summary, load_metrics
+from tpu_ray.resume import global_start
 from tpu_ray.tables import by_step, column_values, last_value, median_value
 
 if TYPE_CHECKING:
@@ -243,30 +244,22 @@ def eval_sets(df: pd.DataFrame) -> dict[str, str]:
 
 
 def start_step(run: str, df: pd.DataFrame) -> int:
-    """The global step a continued run (model.init_from) starts at: its checkpoint's own step (a
-    tpu-ray export records it in config.json, a run's checkpoint is named by it), so its curves are
-    drawn after its parent's, not from 0. 0 for a fresh run, a branch (its steps are already the
-    stable run's), or a checkpoint of no known step (a published model)."""
-    import json
+    """The global step a continued run (model.init_from) starts at, so its curves are drawn after
+    its parent's, not from 0: resume.global_start (what its own copy of the checkpoint says: an
+    export's global step, a run's checkpoint ckpt-N after that run's own start), the one reading
+    the trainer stamps into its exports too; for a run with no copy, the checkpoint its init_from
+    event names. 0 for a fresh run, a branch (its steps are already the stable run's), or a
+    checkpoint of no known step (a published model)."""
     import re
 
-    from tpu_ray import rundir
-    from tpu_ray.train.export import PROVENANCE_KEY
-
-    init = rundir.path(run, rundir.INIT_DIR)
-    try:
-        provenance = json.loads(storage.read_text(storage.join(init, "config.json"))).get(PROVENANCE_KEY) or {}
-        if isinstance(provenance.get("step"), int):
-            return provenance["step"]
-    except (OSError, ValueError, AttributeError):
-        pass
-    state = storage.join(init, rundir.CHECKPOINTS_DIR, rundir.CHECKPOINT_STATE_FILE)
-    named = [storage.read_text(state)] if storage.exists(state) else []
-    if len(df) and "event" in df.columns:  # else the weights the init_from event names
+    start = global_start(run)
+    if start is not None:
+        return start
+    named = []
+    if len(df) and "event" in df.columns:  # the weights the init_from event names
         named += [str(w) for w in df[(df["kind"] == "event") & (df["event"] == "init_from")].get("weights", [])]
     for text in named:  # the checkpoint's own name only (a path's directories may hold "ckpt-N" too)
-        latest = re.search(r'model_checkpoint_path:\s*"([^"]+)"', text)
-        name = (latest.group(1) if latest else text.strip()).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        name = text.strip().replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
         if found := re.fullmatch(r"ckpt-(\d+)(?:\.index)?", name):
             return int(found.group(1))
     return 0

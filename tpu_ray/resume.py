@@ -4,11 +4,15 @@ The trainer refuses a run directory with checkpoints unless `--resume`, but only
 TensorFlow have started (seconds). These checks read TF's `checkpoint` state file as text, so a
 command can refuse at once, and an interrupted command can say where the last checkpoint is.
 It reads the run directory only (no config, no training code): the trainer and the stages above
-it all ask it, so it sits with `rundir` at the foundations.
+it all ask it, so it sits with `rundir` at the foundations. So does `global_start`, where a continued
+run's steps stand on the chain of runs before it: the trainer stamps it into each export and
+`tpu-ray compare` draws by it, one reading for both.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 
@@ -55,3 +59,75 @@ def interrupted_message(run_dir: str, argv: list[str]) -> str:
     at = f" (step {step})" if step is not None else ""
     return (f"tpu-ray: interrupted; last checkpoint {path}{at}. Continue with:\n"
             f"  tpu-ray {shlex.join(args)}")
+
+
+_LONGEST_CHAIN = 64  # runs continued from runs: past this many, a chain is taken to be a loop
+
+
+def global_start(run_dir: str) -> int | None:
+    """The global step `run_dir`'s step 0 stands at: a continued run (model.init_from) goes on from
+    its checkpoint, so its local step s is global step start + s. Read from the run's own copy of
+    its source (RUN/init, train/init_from.py), never from the source itself, which may have moved:
+    an export's provenance (`export_global_step`); a run's checkpoint ckpt-N: N plus that run's own
+    start, followed up the chain while the run is there to read (0 for one that is gone: a lower
+    bound). 0 for a source of no known step (a published model); None for a run with no copy (a
+    fresh run, or a continued one before its first stage copied its source)."""
+    return _start(run_dir, frozenset())
+
+
+def _start(run_dir: str, seen: frozenset[str]) -> int | None:
+    key = run_dir.rstrip("/") if storage.is_remote(run_dir) else os.path.realpath(run_dir)
+    init = rundir.path(run_dir, rundir.INIT_DIR)
+    if key in seen or len(seen) >= _LONGEST_CHAIN or not _exists(init):
+        return None
+    found = latest_checkpoint(init)  # a run's checkpoint, copied as RUN/init/checkpoints/ckpt-N
+    if found and found[1] is not None:
+        parent = _source_run(init)
+        return found[1] + ((_start(parent, seen | {key}) or 0) if parent else 0)
+    # A run's checkpoint comes first: its copy's config.json (the run's model config) can carry a
+    # provenance an earlier export left in it, which is that export's step, not this checkpoint's.
+    step = export_global_step(init)
+    return 0 if step is None else step
+
+
+def export_global_step(model_dir: str) -> int | None:
+    """The global step an export (RUN/model, a snapshot, or a copy of one) was made at, from its
+    config.json provenance: `global_step`, else `step` (an export made before global steps were
+    recorded, or a run that was never continued). A value that is not a count (a string, a bool,
+    a negative number) or a global step below the local one is ignored: it places nothing. None for
+    a model of no known step (a published one)."""
+    try:
+        data = json.loads(storage.read_text(storage.join(model_dir, "config.json")))
+    except (OSError, storage.StorageError, UnicodeDecodeError, ValueError):
+        return None
+    made = data.get(rundir.PROVENANCE_KEY) if isinstance(data, dict) else None
+    if not isinstance(made, dict):
+        return None
+    step, whole = _count(made.get("step")), _count(made.get("global_step"))
+    return whole if whole is not None and (step is None or whole >= step) else step
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None  # type(): True is an int, not a count
+
+
+def _source_run(init: str) -> str | None:
+    """The run directory a run's copy came from (RUN/init/source.json, kind "run"), if it is still
+    a run directory; None for a copy of a model directory, a damaged record, or a run that is gone."""
+    try:
+        record = json.loads(storage.read_text(rundir.path(init, rundir.INIT_RECORD_FILE)))
+    except (OSError, storage.StorageError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("kind") != "run":
+        return None
+    where = record.get("resolved") or record.get("source")
+    if not isinstance(where, str) or not where:
+        return None
+    return where if _exists(rundir.path(where, rundir.CONFIG_FILE)) else None
+
+
+def _exists(path: str) -> bool:
+    try:
+        return storage.exists(path)
+    except (OSError, storage.StorageError):
+        return False

@@ -35,6 +35,7 @@ RAY_TRAIN_DIR = "ray_train"
 INIT_DIR = "init"  # a continued run's own copy of its model.init_from (train/init_from.py)
 INIT_RECORD_FILE = "source.json"  # written last: the copy is complete once it exists
 DOWNSTREAM_DIR = "downstream"  # eval.downstream's snapshots: step-<N>/model (config.json written last)
+PROVENANCE_KEY = "tpu_ray_export"  # in an export's config.json (train/export.py): what and when it was made from
 
 
 def snapshot_dir(run_dir: str, step: int) -> str:

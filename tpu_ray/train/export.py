@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tpu_ray import storage
+from tpu_ray import rundir, storage
 from tpu_ray.config import MASK
 from tpu_ray.errors import UserError, first_line
 from tpu_ray.redact import redact_obj
 
 
-PROVENANCE_KEY = "tpu_ray_export"  # in the export's config.json: what it was made from
+PROVENANCE_KEY = rundir.PROVENANCE_KEY  # in the export's config.json: what it was made from
 
 
 def config_digest(fingerprint: dict[str, Any]) -> str:
@@ -21,15 +21,18 @@ def config_digest(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(redact_obj(fingerprint), sort_keys=True).encode()).hexdigest()
 
 
-def stamp_provenance(model_dir: str, config_sha256: str, step: int) -> None:
-    """Record in the local export's config.json the config (its `config_digest`) and step it was made from."""
+def stamp_provenance(model_dir: str, config_sha256: str, step: int, start: int | None = 0) -> None:
+    """Record in the local export's config.json the config (its `config_digest`) and step it was made from:
+    `step` the run's own, `global_step` that plus `start`, the global step the run started at (a continued
+    run's, resume.global_start; None: unknown, and no global step is recorded)."""
     import json
     import os
 
     path = os.path.join(model_dir, "config.json")
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
-    data[PROVENANCE_KEY] = {"config_sha256": config_sha256, "step": step}
+    data[PROVENANCE_KEY] = {"config_sha256": config_sha256, "step": step,
+                            **({"global_step": start + step} if start is not None else {})}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -39,8 +42,6 @@ def refuse_replacing_export(config_sha256: str, run_dir: str, force: bool) -> No
     """Refuse, before training, to replace `run_dir`'s model made from another config (another
     `config_digest`) or another checkpoint chain (no checkpoint left to continue) unless `force` (--force)."""
     import json
-
-    from tpu_ray import rundir
 
     model = rundir.path(run_dir, rundir.MODEL_DIR)
     try:

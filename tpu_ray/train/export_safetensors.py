@@ -25,6 +25,7 @@ from tpu_ray import storage
 from tpu_ray.config import CorpusConfig, RunConfig
 from tpu_ray.families import FAMILIES
 from tpu_ray.redact import redact
+from tpu_ray.resume import global_start
 from tpu_ray.train.export import config_digest
 from tpu_ray.train.repeatability import guarantee
 
@@ -100,16 +101,21 @@ class RunRecord:
     recipe: str
     config_yaml: str
     config_sha256: str
+    start_step: int | None = 0  # the global step its step 0 stands at (resume.global_start); None: unknown
 
 
 def run_record(cfg: RunConfig) -> RunRecord:
     """The export's record of run `cfg` (see RunRecord): it records the whole config, so it reads it."""
     from tpu_ray.train.recipe import recipe_text
 
+    # A continued run's steps go on from its checkpoint's (a branch's copy is its stable run's: the same start).
+    start = global_start(cfg.run_dir) if cfg.model.init_from else 0
     origin = f"continued from {cfg.model.init_from}" if cfg.model.init_from else f"preset `{cfg.model.preset}`"
+    origin += f" at its global step {start}" if start else ""
     return RunRecord(cfg.name, cfg.run_dir, cfg.tokenizer_dir, corpus_line(cfg.corpus), cfg.tokenizer.kind,
                      cfg.model.sizes(), origin, cfg.shard.seq_len, cfg.train.batch_size, cfg.train.learning_rate,
-                     cfg.seed, recipe_text(cfg.train, cfg.model), cfg.to_yaml().rstrip("\n"), config_digest(cfg.fingerprint()))
+                     cfg.seed, recipe_text(cfg.train, cfg.model), cfg.to_yaml().rstrip("\n"), config_digest(cfg.fingerprint()),
+                     start)
 
 
 def model_card(run: RunRecord, step: int, vocab_size: int, model_type: str, last_eval: dict[str, Any] | None = None,

@@ -617,6 +617,6 @@ def export(s: TrainSetup, record: RunRecord, last_eval: dict[str, Any] | None = 
         for name in sorted(storage.listdir(s.tokenizer_dir)):
             base = name.rsplit("/", 1)[-1]
             (Path(tmp) / base).write_bytes(storage.read_bytes(storage.join(s.tokenizer_dir, base)))
-        stamp_provenance(tmp, record.config_sha256, int(s.step_var.numpy()))
+        stamp_provenance(tmp, record.config_sha256, int(s.step_var.numpy()), record.start_step)
         storage.commit_dir(tmp, out, last="config.json")  # written beside, renamed into place whole
     return out
