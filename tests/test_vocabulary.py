@@ -135,32 +135,45 @@ def _extended_cfg(tmp: Path, corpus: Path, source: Path, **over):
                                                "train.warmup_steps": 1, **over})
 
 
+@pytest.fixture(scope="module")
+def extended_run(source, tmp_path_factory, small_corpus):
+    """(config, resumed training's summary) of a run extended by 30 learned tokens and a file of 2,
+    trained 2 steps, then resumed to 4 (train.extend_schedule). Read only: what the run test checks,
+    and the stable run a branch continues (one training for both)."""
+    from tpu_ray.pipeline import Pipeline
+
+    tmp = tmp_path_factory.mktemp("extended-run")
+    words = tmp / "words.txt"
+    words.write_text("hemoglobin\n\nphotosynthesis\n")
+    cfg = _extended_cfg(tmp, small_corpus, source, **{"tokenizer.extend_tokens": 30,
+                                                      "tokenizer.add_tokens_file": str(words)})
+    p = Pipeline(cfg)
+    p.run()
+    # resume: the grown model is the run's own; its checkpoint restores, init_from is not read again
+    resumed = Pipeline(cfg.override({"train.steps": 4, "train.extend_schedule": True})).train(resume=True)
+    return p.cfg, resumed
+
+
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
-def test_an_extended_run_uses_reports_exports_and_resumes(source, tmp_path, small_corpus):
+def test_an_extended_run_uses_reports_exports_and_resumes(extended_run):
     from tokenizers import Tokenizer
 
     from tests.helpers import manifest_json, shard_files
     from tests.test_train import _records
-    from tpu_ray.pipeline import Pipeline
     from tpu_ray.train.export import fill_mask
 
-    words = tmp_path / "words.txt"
-    words.write_text("hemoglobin\n\nphotosynthesis\n")
-    cfg = _extended_cfg(tmp_path, small_corpus, source, **{"tokenizer.extend_tokens": 30,
-                                                           "tokenizer.add_tokens_file": str(words)})
-    p = Pipeline(cfg)
-    p.run()
-    run = Path(p.cfg.run_dir)
+    cfg, resumed = extended_run
+    run = Path(cfg.run_dir)
     summary = json.loads((run / "summary.json").read_text())["tokenizer"]
     assert summary["base_vocab_size"] == 800 and summary["vocab_size"] == 832 and summary["added_tokens"] == 32
     assert summary["added_tokens_origin"] == {"file": 2, "learned": 30}
     assert summary["tokens_per_word_after"] < summary["tokens_per_word_before"]
     # the shards were cut with the extended tokenizer, and use its new ids
-    assert manifest_json(p.cfg.shards_dir)["tokenizer_sha256"] == summary["sha256"]
+    assert manifest_json(cfg.shards_dir)["tokenizer_sha256"] == summary["sha256"]
     import tensorflow as tf
 
     feature = {"input_ids": tf.io.FixedLenFeature([64], tf.int64)}
-    files = [f for f, _ in shard_files(p.cfg.shards_dir, "train")]
+    files = [f for f, _ in shard_files(cfg.shards_dir, "train")]
     ids = [int(i) for rec in tf.data.TFRecordDataset(files).take(200)
            for i in tf.io.parse_single_example(rec, feature)["input_ids"].numpy()]
     assert sum(i >= 800 for i in ids) > 0.05 * len(ids)
@@ -173,11 +186,38 @@ def test_an_extended_run_uses_reports_exports_and_resumes(source, tmp_path, smal
     assert ids[1] == 800 and ids[3] == 801  # each a word of its own, as a word after a space is spelled
     preds = fill_mask(str(run / "model"), "The [MASK] of the river.", top_k=832)
     assert {"hemoglobin", "photosynthesis"} <= {p["token_str"].strip() for p in preds}  # new tokens are answers
-    # resume: the grown model is the run's own; its checkpoint restores, init_from is not read again
-    more = cfg.override({"train.steps": 4, "train.extend_schedule": True})
-    resumed = Pipeline(more).train(resume=True)
+    # resumed (extended_run): the grown model is the run's own; its checkpoint restores, init_from is not read again
     assert resumed["resumed_from"] == 2 and resumed["steps"] == 4
     assert len([r for r in _records(run, "event") if r["event"] == "init_from"]) == 1
+
+
+@pytest.mark.slow  # extended_run's training (shared with the test above), then ~10 s of its own
+def test_a_branch_of_an_extended_run_continues_it_on_its_tokenizer_and_resumes(extended_run, tmp_path):
+    """extended_run's own config.yaml with train.branch_from (its extension kept, as a copied config
+    has it), branched at step 2: it reads the stable run's tokenizer (nothing learned or added again),
+    continues the stable run's steps 3-4 exactly, records what it read, resumes, and leaves the stable
+    run as it was (its copy of model.init_from included, which a branch once moved away)."""
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.saved_config import read_saved_config
+
+    cfg, resumed = extended_run
+    stable = Path(cfg.run_dir)
+    files = lambda: {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in stable.rglob("*") if p.is_file()}  # noqa: E731
+    before = files()
+    branch = read_saved_config(str(stable)).override({"output_dir": str(tmp_path / "branch"),
+                                                      "train.branch_from": str(stable / "checkpoints" / "ckpt-2")})
+    assert branch.tokenizer.extend_tokens == 30 and branch.train.steps == 4
+    summary = Pipeline(branch).train()
+    assert summary["resumed_from"] == 2 and summary["steps"] == 4
+    # the same tokens, weights, optimizer state and data position: the stable run's step 4, exactly
+    for key in ("final_loss", "eval_loss"):
+        assert summary[key] == pytest.approx(resumed[key], rel=1e-5), key
+    saved = read_saved_config(str(tmp_path / "branch"))
+    assert (saved.tokenizer.path, saved.tokenizer.extend_tokens, saved.tokenizer.add_tokens_file) == \
+        (str(stable / "tokenizer"), None, None)
+    assert not (tmp_path / "branch" / "tokenizer").exists()
+    assert Pipeline(branch).train(resume=True)["resumed_from"] == 4  # its own checkpoint, the copied config again
+    assert files() == before
 
 
 def test_the_check_accepts_exactly_the_recorded_growth(source, tmp_path, small_corpus):
@@ -273,3 +313,106 @@ def test_a_changed_tokens_file_is_refused_not_silently_reused(source, tmp_path, 
     with pytest.raises(UserError, match=r"add_tokens_file=.*the file has changed since") as err:
         Pipeline(cfg).tokenizer()
     assert "\n" not in str(err.value)
+
+
+# --- a branch of an extended run (train.branch_from) ----------------------------------------------
+def _branchable(run: Path, step: int = 4) -> None:
+    """`run` as a branch finds it before loading anything: its shards/ and a committed ckpt-N's name (no
+    weights: every check here comes before a restore)."""
+    (run / "shards").mkdir(exist_ok=True)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+    (run / "checkpoints" / f"ckpt-{step}.index").write_bytes(b"")
+
+
+def _stable(source: Path, tmp: Path, corpus: Path, **over) -> Path:
+    """A continued run at a constant rate as a branch finds it: its config.yaml and tokenizer (the
+    tokenizer stage's, extending the vocabulary as `over` asks)."""
+    from tpu_ray.pipeline import Pipeline
+
+    cfg = _extended_cfg(tmp, corpus, source, **{"train.schedule": "constant", "train.steps": 12, **over})
+    Pipeline(cfg).tokenizer()
+    _branchable(tmp / "ext")
+    return tmp / "ext"
+
+
+def _copied_branch(stable: Path, out: Path, **over):
+    """The stable run's own config.yaml with train.branch_from added, as a user copies it (its extension kept)."""
+    from tpu_ray.saved_config import read_saved_config
+
+    return read_saved_config(str(stable)).override({"output_dir": str(out), "train.branch_from": str(stable),
+                                                    "train.schedule": "wsd", **over})
+
+
+@pytest.fixture(scope="module")
+def extended_stable(source, tmp_path_factory, small_corpus) -> tuple[Path, Path]:
+    """(a run extended by tokenizer.extend_tokens=10 and a file of two words, as a branch finds it; the file)."""
+    tmp = tmp_path_factory.mktemp("extended-stable")
+    words = tmp / "words.txt"
+    words.write_text("hemoglobin\nphotosynthesis\n")
+    return _stable(source, tmp, small_corpus, **{"tokenizer.extend_tokens": 10,
+                                                 "tokenizer.add_tokens_file": str(words)}), words
+
+
+def test_a_branch_naming_the_stable_runs_extension_reads_its_tokenizer_as_it_is(extended_stable, tmp_path):
+    """The stable run's config copied with train.branch_from was refused ("tokenizer.extend_tokens and
+    tokenizer.path both"): the branch reads the stable run's extended tokenizer (learns and adds nothing
+    again), its config says so, and its resumed start does too."""
+    from tpu_ray.pipeline import Pipeline
+    from tpu_ray.saved_config import save_config
+
+    stable, words = extended_stable
+    branch = _copied_branch(stable, tmp_path / "branch")
+    assert (branch.tokenizer.extend_tokens, branch.tokenizer.add_tokens_file) == (10, str(words))
+    got = Pipeline(branch).cfg
+    assert (got.tokenizer_dir, got.tokenizer.extend_tokens, got.tokenizer.add_tokens_file) == \
+        (str(stable / "tokenizer"), None, None)
+    assert Pipeline(branch.override({"tokenizer.extend_tokens": None, "tokenizer.add_tokens_file": None})).cfg == got
+    # resumed (its own config.yaml and checkpoints): the same tokenizer, the extension still checked
+    save_config(got, False, {})
+    (tmp_path / "branch" / "checkpoints").mkdir()
+    (tmp_path / "branch" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-6"\n')
+    assert Pipeline(branch).cfg.tokenizer == got.tokenizer
+    with pytest.raises(UserError, match=r"^tokenizer.extend_tokens=20: not the extension of the stable run"):
+        Pipeline(branch.override({"tokenizer.extend_tokens": 20}))
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("count", "tokenizer.extend_tokens=20: not the extension of the stable run this branch continues ({stable}: "
+              "tokenizer.extend_tokens=10 tokenizer.add_tokens_file={words}, in {stable}/tokenizer/"
+              "vocabulary_extension.json); a branch reads that tokenizer as it is: set tokenizer.extend_tokens=10"),
+    ("file", "tokenizer.add_tokens_file={other}: not the extension of the stable run this branch continues"),
+    ("no file", "tokenizer.add_tokens_file=null: not the extension of the stable run this branch continues"),
+    ("content", "tokenizer.add_tokens_file={words}: holds other tokens than when the stable run's tokenizer was "
+                "extended from it"),
+    ("not extended", "tokenizer.extend_tokens=10: the stable run this branch continues ({stable}) did not extend "
+                     "its vocabulary"),
+])
+def test_a_branch_naming_another_extension_exits_2_in_one_line_before_anything(
+        extended_stable, source, small_corpus, tmp_path, case, needle, capfd):
+    """Another count, another file, the file's other content, or an extension of a run that made none:
+    one line naming the field and what differs, exit 2, before any stage or cluster (the CLI in this process)."""
+    from tpu_ray.cli import main
+
+    stable, words = extended_stable
+    other = tmp_path / "other.txt"
+    other.write_text("hemoglobin\nchlorophyll\n")
+    over = {"count": {"tokenizer.extend_tokens": 20}, "file": {"tokenizer.add_tokens_file": str(other)},
+            "no file": {"tokenizer.add_tokens_file": None}}.get(case, {})
+    if case == "not extended":
+        stable = _stable(source, tmp_path / "plain", small_corpus)
+        over = {"tokenizer.extend_tokens": 10}
+    (tmp_path / "branch.yaml").write_text(_copied_branch(stable, tmp_path / "branch", **over).to_yaml())
+    kept = words.read_text()
+    if case == "content":
+        words.write_text(kept + "chlorophyll\n")
+    capfd.readouterr()
+    try:
+        code = main(["train", "--config", str(tmp_path / "branch.yaml"), "ray.address=local"])
+    finally:
+        words.write_text(kept)
+    stderr = capfd.readouterr().err
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1, stderr
+    assert needle.format(stable=stable, words=words, other=other) in lines[0], lines[0]
+    assert "tokenizer.extend_tokens" in lines[0] and not (tmp_path / "branch").exists()

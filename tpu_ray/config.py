@@ -587,7 +587,8 @@ class BranchSpec:
     """What a branch reads of its run, built by the caller that assembles the run: the sections that
     must be the stable run's (the model, how the shards are cut, the seed, the train fields that decide
     the batches and masks, the mixture's weights), the train section whose schedule is the branch's
-    own, and the shards and tokenizer it names (shard.dir, tokenizer.path; None: the stable run's)."""
+    own, and the shards and tokenizer it names (shard.dir, tokenizer.path; None: the stable run's), with
+    the vocabulary extension it names (tokenizer.extend_tokens, add_tokens_file: the stable run's or none)."""
 
     train: TrainConfig
     model: ModelConfig
@@ -595,6 +596,7 @@ class BranchSpec:
     corpus: CorpusConfig
     seed: int
     tokenizer_path: str | None
+    extension: tuple[int | None, str | None] = (None, None)
 
 
 class RunConfig(_Section):
@@ -738,7 +740,8 @@ class RunConfig(_Section):
     @property
     def branch_spec(self) -> BranchSpec:
         """What a branch (train.branch_from) reads of this run (train/branch.py)."""
-        return BranchSpec(self.train, self.model, self.shard, self.corpus, self.seed, self.tokenizer.path)
+        return BranchSpec(self.train, self.model, self.shard, self.corpus, self.seed, self.tokenizer.path,
+                          (self.tokenizer.extend_tokens, self.tokenizer.add_tokens_file))
 
     @property
     def model_spec(self) -> ModelSpec:

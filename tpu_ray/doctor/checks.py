@@ -804,7 +804,8 @@ def run_doctor(cfg: RunConfig | Callable[[], RunConfig], target: str | None = No
         if cfg.train.branch_from:  # the stable run's shards and tokenizer, as the branch will read them
             from tpu_ray.train.branch import stable_data, stable_run_dir
 
-            if over := stable_data(cfg.shard.dir, cfg.tokenizer.path, stable_run_dir(cfg.train.branch_from)):
+            if over := stable_data(cfg.shard.dir, cfg.tokenizer.path, stable_run_dir(cfg.train.branch_from),
+                                   cfg.branch_spec.extension):
                 cfg = cfg.override(over)
     except UserError as exc:
         print(f"{FAIL}  {'config':<15} {exc}", file=out, flush=True)

@@ -89,7 +89,7 @@ def resolve(spec: BranchSpec) -> Branch:
     this run reads (`spec`): one line naming what differs, or how to point at the stable run's data."""
     where = str(spec.train.branch_from).rstrip("/")
     run_dir, checkpoint, step = locate(where)
-    data = stable_data(spec.shard.dir, spec.tokenizer_path, run_dir)
+    data = stable_data(spec.shard.dir, spec.tokenizer_path, run_dir, spec.extension)
     stable = _check_compatible(spec, data, run_dir, where, step)
     if step >= spec.train.steps:
         raise UserError(f"train.branch_from={where}: its checkpoint is at step {step}, not before train.steps="
@@ -131,6 +131,9 @@ def settled(cfg: RunConfig) -> RunConfig:
         over["train.branch_from"] = s.branch_from
     over.update({k: v for k, v, given in (("shard.dir", saved.shard.dir, cfg.shard.dir),
                                           ("tokenizer.path", saved.tokenizer.path, cfg.tokenizer.path)) if v and not given})
+    if "tokenizer.path" in over:  # the tokenizer its first start read: an extension named must be that one's
+        over.update(inherited_vocabulary(over["tokenizer.path"], (cfg.tokenizer.extend_tokens,
+                                         cfg.tokenizer.add_tokens_file), stable_run_dir(s.branch_from)))
     return cfg.override(over) if over else cfg
 
 
@@ -144,10 +147,13 @@ def _same_branch_point(saved: str | None, given: str | None) -> bool:
                               is not None and stable_run_dir(saved) == given)
 
 
-def stable_data(shard_dir: str | None, tokenizer_path: str | None, run_dir: str) -> dict[str, str]:
+def stable_data(shard_dir: str | None, tokenizer_path: str | None, run_dir: str,
+                extension: tuple[int | None, str | None] = (None, None)) -> dict[str, str | None]:
     """The overrides that read the stable run's shards and tokenizer where this run names none
     (shard.dir, tokenizer.path unset): the only ones a branch may continue on, so typing them is no
-    choice. Overrides, not a config: the caller that assembles the run applies them."""
+    choice. The tokenizer is read as it is: the vocabulary extension this run names (`extension`:
+    tokenizer.extend_tokens, add_tokens_file) is checked against it and cleared (`inherited_vocabulary`).
+    Overrides, not a config: the caller that assembles the run applies them."""
     from tpu_ray.saved_config import read_saved_config
 
     if shard_dir and tokenizer_path:
@@ -155,9 +161,62 @@ def stable_data(shard_dir: str | None, tokenizer_path: str | None, run_dir: str)
     source = read_saved_config(run_dir)
     if source is None:  # refused by _check_compatible, naming the missing config
         return {}
-    return {k: _where_it_is(run_dir, named, default) for k, named, default, given in (
+    over: dict[str, str | None] = {k: _where_it_is(run_dir, named, default) for k, named, default, given in (
         ("shard.dir", source.shard.dir, rundir.SHARDS_DIR, shard_dir),
         ("tokenizer.path", source.tokenizer.path, rundir.TOKENIZER_DIR, tokenizer_path)) if not given}
+    if "tokenizer.path" in over:
+        over.update(inherited_vocabulary(str(over["tokenizer.path"]), extension, run_dir))
+    return over
+
+
+def inherited_vocabulary(tokenizer_dir: str, extension: tuple[int | None, str | None],
+                         run_dir: str) -> dict[str, None]:
+    """The overrides that clear the vocabulary extension a branch names (`extension`: tokenizer.extend_tokens,
+    add_tokens_file, as in a config copied from the stable run's) once it is the one the stable run's
+    tokenizer (`tokenizer_dir`, which the branch reads) was made with, by its vocabulary_extension.json;
+    else one line naming what differs. Why cleared: the branch must not learn or add tokens again (its
+    checkpoint's embedding has the extended rows), and its config.yaml then records what it reads
+    (tokenizer.path; config.py refuses an extension beside a tokenizer.path). Why checked: clearing an
+    extension that is not the stable run's would train the branch on a vocabulary its config does not ask for."""
+    count, tokens_file = extension
+    if count is None and tokens_file is None:
+        return {}
+    from tpu_ray.prepare.vocabulary import EXTENSION_FILE, read_record, tokens_file_changed
+
+    record = read_record(tokenizer_dir)
+    out = "leave tokenizer.extend_tokens and tokenizer.add_tokens_file out"
+    if record is None:
+        field, value = ("extend_tokens", count) if count is not None else ("add_tokens_file", tokens_file)
+        raise UserError(f"tokenizer.{field}={value}: the stable run this branch continues ({run_dir}) did not "
+                        f"extend its vocabulary (its tokenizer {tokenizer_dir} has no {EXTENSION_FILE}); a branch reads "
+                        f"that tokenizer as it is: {out}")
+    theirs = {"extend_tokens": record.get("extend_tokens"), "add_tokens_file": record.get("add_tokens_file")}
+    named = " ".join(f"tokenizer.{k}={_typed(v)}" for k, v in theirs.items())
+    where = f"{run_dir}: {named}, in {storage.join(tokenizer_dir, EXTENSION_FILE)}"
+    for field, mine, same in (("extend_tokens", count, count == theirs["extend_tokens"]),
+                              ("add_tokens_file", tokens_file, _same_file(tokens_file, theirs["add_tokens_file"]))):
+        if not same:
+            fix = f"remove tokenizer.{field}" if theirs[field] is None else f"set tokenizer.{field}={theirs[field]}"
+            raise UserError(f"tokenizer.{field}={_typed(mine)}: not the extension of the stable run this branch continues "
+                            f"({where}); a branch reads that tokenizer as it is: {fix}, or {out}")
+    if tokens_file_changed(record, tokens_file):
+        raise UserError(f"tokenizer.add_tokens_file={tokens_file}: holds other tokens than when the stable run's "
+                        f"tokenizer was extended from it (sha256 {record['add_tokens_sha256'][:12]}, {where}); a "
+                        f"branch reads that tokenizer as it is: restore the file, or {out}")
+    return {"tokenizer.extend_tokens": None, "tokenizer.add_tokens_file": None}
+
+
+def _typed(value: object) -> str:
+    """A setting's value as an override gives it (`null`, not Python's None)."""
+    return "null" if value is None else str(value)
+
+
+def _same_file(mine: str | None, theirs: str | None) -> bool:
+    """The same tokens file: the same name, or two local names of one file."""
+    if mine is None or theirs is None or mine == theirs:
+        return mine == theirs
+    local = not storage.is_remote(mine) and not storage.is_remote(theirs)
+    return local and os.path.realpath(mine) == os.path.realpath(theirs)
 
 
 def _where_it_is(run_dir: str, named: str | None, default: str) -> str:

@@ -319,8 +319,18 @@ def _copy_of_stable(own_run_dir: str, run_dir: str, record: dict[str, Any]) -> s
     where = init_dir(own_run_dir)
     if storage.exists(where):
         storage.remove(where, recursive=True)
-    for rel in sorted(record["files"]):
-        storage.atomic_copy_file(os.path.join(src.local, rel), storage.join(where, rel))
+    local_run = not storage.is_remote(own_run_dir)
+    if local_run:
+        storage.makedirs(own_run_dir)
+    staging = tempfile.mkdtemp(prefix=".init-staging-", dir=own_run_dir if local_run else None)
+    try:  # each file copied first: committing moves a local file, and the stable run keeps its copy
+        for rel in sorted(record["files"]):
+            staged = os.path.join(staging, rel)
+            os.makedirs(os.path.dirname(staged), exist_ok=True)
+            shutil.copyfile(os.path.join(src.local, rel), staged)
+            storage.atomic_copy_file(staged, storage.join(where, rel))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     mine = {**record, "copied": time.time(), "via": src.where}
     storage.atomic_write_text(rundir.path(where, rundir.INIT_RECORD_FILE), json.dumps(mine, indent=1) + "\n")
     log.info("init_from: copied the stable run's copy %s (sha256 %s) -> %s", src.where, record["sha256"][:12], where)
