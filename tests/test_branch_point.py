@@ -7,6 +7,8 @@ only (no weights: everything here is decided before a restore)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests import test_schedules
 from tests.test_schedules import _fake_stable, _run_cfg
 
@@ -57,3 +59,76 @@ def test_a_branch_named_by_its_checkpoint_or_elsewhere_is_not_taken_for_the_pinn
     assert not _same_branch_point(pinned, f"{run}/checkpoints/ckpt-8")  # another checkpoint: the user's
     assert not _same_branch_point(pinned, str(tmp_path / "other"))
     assert not _same_branch_point(pinned, None) and not _same_branch_point(None, run)
+
+
+def _pinned_branch(tmp_path, shards_dir, tok):
+    """A stable run at ckpt-4, a wsd branch naming the run, and that branch's first start (pinned, saved)."""
+    from tpu_ray.saved_config import save_config
+    from tpu_ray.train.branch import settled
+
+    _fake_stable(tmp_path, shards_dir, tok, step=4)
+    branch = _run_cfg(tmp_path / "branch", shards_dir, tok,
+                      **{"train.schedule": "wsd", "train.branch_from": str(tmp_path / "stable")})
+    first = settled(branch)
+    save_config(first, False, {})
+    return branch, first
+
+
+def test_a_restart_before_training_keeps_the_pin_while_it_is_there_then_takes_the_latest(tmp_path, shards_dir,
+                                                                                         tiny_tokenizer_dir):
+    from tpu_ray.train.branch import settled
+
+    branch, first = _pinned_branch(tmp_path, shards_dir, tiny_tokenizer_dir)
+    stable = tmp_path / "stable"
+    _commit(stable, 8)
+    again = settled(branch)  # crashed before its first checkpoint, started again as the user wrote it
+    assert again.train.branch_from == first.train.branch_from and again.train.decay_steps == 8
+    (stable / "checkpoints" / "ckpt-4.index").unlink()  # the stable run pruned it
+    latest = settled(branch)
+    assert latest.train.branch_from == str(stable / "checkpoints" / "ckpt-8") and latest.train.decay_steps == 4
+
+
+def test_a_trained_branch_naming_another_branch_point_is_refused_in_one_line(tmp_path, shards_dir,
+                                                                           tiny_tokenizer_dir, monkeypatch):
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.branch import settled
+
+    branch, first = _pinned_branch(tmp_path, shards_dir, tiny_tokenizer_dir)
+    _commit(tmp_path / "stable", 8)
+    (tmp_path / "branch" / "checkpoints").mkdir()
+    _commit(tmp_path / "branch", 6)
+    other = branch.override({"train.branch_from": str(tmp_path / "stable" / "checkpoints" / "ckpt-8")})
+    with pytest.raises(UserError) as refused:
+        settled(other)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"train.branch_from={tmp_path / 'stable' / 'checkpoints' / 'ckpt-8'}:")
+    assert f"started from {first.train.branch_from}" in line and "new --output-dir" in line
+    # The run named by a relative path from its parent directory is the same branch point.
+    monkeypatch.chdir(tmp_path)
+    assert settled(branch.override({"train.branch_from": "stable/"})).train.branch_from == first.train.branch_from
+
+
+def test_a_pinned_checkpoint_gone_before_the_trainer_starts_says_how_to_take_the_latest(tmp_path, shards_dir,
+                                                                                       tiny_tokenizer_dir):
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.branch import settled
+
+    _, first = _pinned_branch(tmp_path, shards_dir, tiny_tokenizer_dir)
+    _commit(tmp_path / "stable", 8)
+    (tmp_path / "stable" / "checkpoints" / "ckpt-4.index").unlink()
+    with pytest.raises(UserError, match=r"no such checkpoint .*start it again, before it has trained, to take the "
+                                        r"latest"):
+        settled(first)  # the trainer's settle of the config the pipeline pinned
+
+
+def test_doctor_reports_the_pinned_checkpoint_not_the_stable_runs_latest(tmp_path, shards_dir, tiny_tokenizer_dir):
+    import io
+
+    from tpu_ray.doctor.checks import PASS, run_doctor
+
+    branch, first = _pinned_branch(tmp_path, shards_dir, tiny_tokenizer_dir)
+    _commit(tmp_path / "stable", 8)
+    out = io.StringIO()
+    run_doctor(branch, target="cpu", out=out, xla=False)
+    (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "branch"]
+    assert row.startswith(PASS) and f"from {first.train.branch_from} at step 4" in row, row

@@ -469,11 +469,11 @@ class Doctor:
 
     def check_branch(self) -> None:
         """train.branch_from: the checkpoint it names, and whether this config may continue it."""
-        from tpu_ray.train.branch import resolve
+        from tpu_ray.train.branch import kept_branch_point, resolve
         from tpu_ray.train.curves import describe
 
         try:
-            c = self.cfg
+            c = kept_branch_point(self.cfg)  # the checkpoint a started branch was pinned to, as the trainer takes it
             branch = resolve(c.branch_spec)
         except UserError as exc:
             self.add("branch", FAIL, str(exc))

@@ -72,8 +72,10 @@ def locate(branch_from: str) -> tuple[str, str, int]:
         run_dir = stable_run_dir(where)
         checkpoint, step = where, int(found.group(1))
         if not storage.exists(checkpoint + ".index"):
-            raise UserError(f"train.branch_from={where}: no such checkpoint ({checkpoint}.index is missing); "
-                            f"name one the run keeps (train.keep_checkpoints), or the run for its last one")
+            raise UserError(f"train.branch_from={where}: no such checkpoint ({checkpoint}.index is missing: the "
+                            f"stable run keeps its last train.keep_checkpoints); name one it keeps, or the run "
+                            f"itself for its latest (a branch that named the run is pinned to the checkpoint it "
+                            f"found: start it again, before it has trained, to take the latest)")
         return run_dir, checkpoint, step
     from tpu_ray.resume import latest_checkpoint
 
@@ -101,7 +103,7 @@ def resolve(spec: BranchSpec) -> Branch:
     # A run named by its directory is pinned to the checkpoint checked here: the stable run goes on
     # training, and a later start (the trainer's, after a wait for a slice) must branch from this one,
     # whose step the filled defaults were made for, not from whatever is latest by then.
-    pin = {"train.branch_from": checkpoint} if checkpoint.rstrip("/") != where else {}
+    pin = {"train.branch_from": _absolute(checkpoint)} if checkpoint.rstrip("/") != where else {}
     return Branch(run_dir, checkpoint, step, settled_train,
                   {**data, **{f"train.{k}": v for k, v in filled.items()}, **pin})
 
@@ -117,6 +119,7 @@ def settled(cfg: RunConfig) -> RunConfig:
     from tpu_ray.resume import latest_checkpoint
     from tpu_ray.saved_config import read_saved_config
 
+    cfg = kept_branch_point(cfg)
     if latest_checkpoint(cfg.run_dir) is None:
         spec = cfg.branch_spec
         over = resolve(spec).overrides
@@ -127,8 +130,6 @@ def settled(cfg: RunConfig) -> RunConfig:
     t, s = cfg.train, saved.train
     over = {f"train.{k}": getattr(s, k) for k in ("warmup_steps", "decay_steps")
             if getattr(t, k) is None and getattr(s, k) is not None and (k != "decay_steps" or t.schedule == "wsd")}
-    if s.branch_from != t.branch_from:  # the run named again: the checkpoint its first start pinned
-        over["train.branch_from"] = s.branch_from
     over.update({k: v for k, v, given in (("shard.dir", saved.shard.dir, cfg.shard.dir),
                                           ("tokenizer.path", saved.tokenizer.path, cfg.tokenizer.path)) if v and not given})
     if "tokenizer.path" in over:  # the tokenizer its first start read: an extension named must be that one's
@@ -137,12 +138,46 @@ def settled(cfg: RunConfig) -> RunConfig:
     return cfg.override(over) if over else cfg
 
 
+def kept_branch_point(cfg: RunConfig) -> RunConfig:
+    """`cfg` with the branch point its run's first start pinned (its config.yaml's train.branch_from)
+    where this start names the same stable run again: always once the branch has trained; before,
+    while that checkpoint is still there (else the stable run's latest is resolved anew). A branch
+    that has trained and now names another branch point is refused while the saved one's run is
+    there: its weights came from the saved one, which its config.yaml, model card and `compare` must
+    keep naming. Doctor asks it too."""
+    from tpu_ray.resume import latest_checkpoint
+    from tpu_ray.saved_config import read_saved_config
+
+    given = cfg.train.branch_from
+    if not given:
+        return cfg
+    found = read_saved_config(cfg.run_dir)
+    saved = found.train.branch_from if found is not None else None
+    trained = latest_checkpoint(cfg.run_dir) is not None
+    if saved is None or saved == given:
+        return cfg
+    if _same_branch_point(saved, given):
+        if trained or storage.exists(str(saved).rstrip("/") + ".index"):
+            return cfg.override({"train.branch_from": saved})
+        return cfg
+    if trained and storage.exists(rundir.path(stable_run_dir(saved), rundir.CONFIG_FILE)):  # (a moved run: as given)
+        raise UserError(f"train.branch_from={given}: this branch ({cfg.run_dir}) started from {saved} (its "
+                        f"{rundir.CONFIG_FILE}); resume it naming that checkpoint or its run, or branch into a new "
+                        f"--output-dir")
+    return cfg  # not trained yet: the branch point given now replaces the saved one
+
+
+def _absolute(path: str) -> str:
+    """A local path made absolute (a later start may run in another working directory); a URL as it is."""
+    return path if storage.is_remote(path) else os.path.abspath(path)
+
+
 def _same_branch_point(saved: str | None, given: str | None) -> bool:
     """Whether `given` (this start's train.branch_from) names what the first start branched from:
     the same value, or the stable run whose checkpoint `saved` is (that start pinned it, `resolve`)."""
     if saved is None or given is None:
         return saved == given
-    saved, given = str(saved).rstrip("/"), str(given).rstrip("/")
+    saved, given = _absolute(str(saved).rstrip("/")), _absolute(str(given).rstrip("/"))
     return saved == given or (not _CKPT.match(given.rsplit("/", 1)[-1]) and _CKPT.match(saved.rsplit("/", 1)[-1])
                               is not None and stable_run_dir(saved) == given)
 
