@@ -285,16 +285,15 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
 
     The trainer's one reader of the whole config: it resolves the run, once, into what each stage
     takes (the plan, the sections, the run's paths and seed, the specs of the model, the start and
-    the export's record), builds the objects they work on, and hands `_train_loop` the rest."""
+    the export's record), builds the objects they work on, and hands `_train_loop` the rest. A
+    branch's config comes settled by whoever assembled the run (train/branch.settled: its defaults,
+    its pinned checkpoint, the stable run's data; Pipeline does it before any stage); a fresh
+    branch's checkpoint is checked against it again here, just before the restore (branch.resolve)."""
     from tpu_ray.train.mixture import mixture_of
     from tpu_ray.train.phases import extra_lengths
     from tpu_ray.train.span_data import shard_sets, span_data
 
     t_start = time.monotonic()
-    if cfg.train.branch_from:  # a branch's source is checked first (its shards are the ones to read), its defaults filled
-        from tpu_ray.train.branch import settled
-
-        cfg = settled(cfg)
     t, paths = cfg.train, cfg.paths
     tok = tokenizer_info(paths.tokenizer_dir)
     shards = open_shards(paths, tok, extra_lengths(t.phases, paths.seq_len))
