@@ -305,7 +305,8 @@ def test_a_continuation_of_a_continuation_is_drawn_after_both(third_generation, 
     ({"step": 500, "global_step": "900"}, 500), ({"step": 500, "global_step": True}, 500),
     ({"step": 500, "global_step": -900}, 500), ({"step": 500, "global_step": 200}, 500),  # below its own step
     ({"step": 500, "global_step": 900.0}, 500), ({"step": True}, 0), ({"step": -500}, 0), ({"step": "500"}, 0),
-    ("500", 0), ({"step": 500, "global_step": 900}, 900)])
+    ("500", 0), ({"step": 500, "global_step": 900}, 900),
+    ({"step": 500, "global_step": 2**63}, 500), ({"step": 10**30}, 0)])  # past any run: wraps int64 in pandas
 def test_a_hostile_provenance_places_nothing(tmp_path, made, start):
     """A continued run's copy of a config.json whose provenance is not a count (a string, a bool, a
     negative or fractional number, a global step below the local one) is ignored, never drawn by."""
@@ -317,6 +318,26 @@ def test_a_hostile_provenance_places_nothing(tmp_path, made, start):
                                                                             "tpu_ray_export": made}))
     drawn = compare([run]).attrs["start_step"][run]
     assert drawn == start and type(drawn) is int  # True == 1: a bool is not a step
+
+
+def test_a_copy_keeps_the_global_start_it_was_made_at_when_its_parent_run_is_gone(third_generation, tmp_path):
+    """D's copy of B's checkpoint recorded its start (1000) while B was there to read: a copy of D
+    whose source run is gone (moved, deleted) still starts there, not at ckpt-500 alone."""
+    import shutil
+
+    from tpu_ray.resume import global_start
+
+    from_run = Path(third_generation[3])
+    record = json.loads((from_run / "init" / "source.json").read_text())
+    assert record["global_start"] == 1000
+    moved = tmp_path / "moved"
+    shutil.copytree(from_run, moved)
+    (moved / "init" / "source.json").write_text(json.dumps({**record, "resolved": str(tmp_path / "gone"),
+                                                            "source": str(tmp_path / "gone")}))
+    assert global_start(str(moved)) == 1000
+    del record["global_start"]  # a copy made before the start was recorded: its checkpoint alone, a lower bound
+    (moved / "init" / "source.json").write_text(json.dumps({**record, "resolved": str(tmp_path / "gone")}))
+    assert global_start(str(moved)) == 500
 
 
 def _drawn(df, runs, tmp_path) -> dict:

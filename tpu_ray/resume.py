@@ -67,12 +67,26 @@ _LONGEST_CHAIN = 64  # runs continued from runs: past this many, a chain is take
 def global_start(run_dir: str) -> int | None:
     """The global step `run_dir`'s step 0 stands at: a continued run (model.init_from) goes on from
     its checkpoint, so its local step s is global step start + s. Read from the run's own copy of
-    its source (RUN/init, train/init_from.py), never from the source itself, which may have moved:
-    an export's provenance (`export_global_step`); a run's checkpoint ckpt-N: N plus that run's own
-    start, followed up the chain while the run is there to read (0 for one that is gone: a lower
+    its source (RUN/init, train/init_from.py), never from the source itself, which may have moved
+    since: the start its copy recorded when it was made (source.json's `global_start`, `copy_start`
+    while the source was there to read); for a copy made before that was recorded, what the copy
+    holds (`copy_start`, its parent run followed while it is there: 0 for one that is gone, a lower
     bound). 0 for a source of no known step (a published model); None for a run with no copy (a
     fresh run, or a continued one before its first stage copied its source)."""
     return _start(run_dir, frozenset())
+
+
+def copy_start(init: str, parent: str | None, seen: frozenset[str] = frozenset()) -> int:
+    """The global step a copy of a source (`init`: RUN/init, or a copy being made) starts at: a
+    run's checkpoint ckpt-N is N plus that run's own start (`parent`: the run it came from, None
+    when not a run or gone); an export's provenance (`export_global_step`); else 0."""
+    found = latest_checkpoint(init)  # a run's checkpoint, copied as RUN/init/checkpoints/ckpt-N
+    if found and found[1] is not None:
+        return found[1] + ((_start(parent, seen) or 0) if parent else 0)
+    # A run's checkpoint comes first: its copy's config.json (the run's model config) can carry a
+    # provenance an earlier export left in it, which is that export's step, not this checkpoint's.
+    step = export_global_step(init)
+    return 0 if step is None else step
 
 
 def _start(run_dir: str, seen: frozenset[str]) -> int | None:
@@ -80,14 +94,11 @@ def _start(run_dir: str, seen: frozenset[str]) -> int | None:
     init = rundir.path(run_dir, rundir.INIT_DIR)
     if key in seen or len(seen) >= _LONGEST_CHAIN or not _exists(init):
         return None
-    found = latest_checkpoint(init)  # a run's checkpoint, copied as RUN/init/checkpoints/ckpt-N
-    if found and found[1] is not None:
-        parent = _source_run(init)
-        return found[1] + ((_start(parent, seen | {key}) or 0) if parent else 0)
-    # A run's checkpoint comes first: its copy's config.json (the run's model config) can carry a
-    # provenance an earlier export left in it, which is that export's step, not this checkpoint's.
-    step = export_global_step(init)
-    return 0 if step is None else step
+    record = _init_record(init)
+    recorded = _count(record.get("global_start")) if record is not None else None
+    if recorded is not None:
+        return recorded
+    return copy_start(init, _source_run(record), seen | {key})
 
 
 def export_global_step(model_dir: str) -> int | None:
@@ -98,7 +109,7 @@ def export_global_step(model_dir: str) -> int | None:
     a model of no known step (a published one)."""
     try:
         data = json.loads(storage.read_text(storage.join(model_dir, "config.json")))
-    except (OSError, storage.StorageError, UnicodeDecodeError, ValueError):
+    except (OSError, storage.StorageError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     made = data.get(rundir.PROVENANCE_KEY) if isinstance(data, dict) else None
     if not isinstance(made, dict):
@@ -107,18 +118,27 @@ def export_global_step(model_dir: str) -> int | None:
     return whole if whole is not None and (step is None or whole >= step) else step
 
 
+_MOST_STEPS = 2**53  # past any run's steps (and where a float stops counting exactly): a hostile value
+
+
 def _count(value: object) -> int | None:
-    return value if type(value) is int and value >= 0 else None  # type(): True is an int, not a count
+    """A step count, or None for anything else (type(): True is an int, not a count)."""
+    return value if type(value) is int and 0 <= value < _MOST_STEPS else None
 
 
-def _source_run(init: str) -> str | None:
-    """The run directory a run's copy came from (RUN/init/source.json, kind "run"), if it is still
-    a run directory; None for a copy of a model directory, a damaged record, or a run that is gone."""
+def _init_record(init: str) -> dict | None:
+    """RUN/init/source.json, or None (absent or damaged)."""
     try:
         record = json.loads(storage.read_text(rundir.path(init, rundir.INIT_RECORD_FILE)))
-    except (OSError, storage.StorageError, UnicodeDecodeError, ValueError):
+    except (OSError, storage.StorageError, UnicodeDecodeError, ValueError, RecursionError):
         return None
-    if not isinstance(record, dict) or record.get("kind") != "run":
+    return record if isinstance(record, dict) else None
+
+
+def _source_run(record: dict | None) -> str | None:
+    """The run directory a run's copy came from (its source.json `record`, kind "run"), if it is
+    still a run directory; None for a copy of a model directory, a damaged record, or a run that is gone."""
+    if record is None or record.get("kind") != "run":
         return None
     where = record.get("resolved") or record.get("source")
     if not isinstance(where, str) or not where:

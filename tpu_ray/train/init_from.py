@@ -41,6 +41,7 @@ from tpu_ray import rundir, storage
 from tpu_ray.confine import confined
 from tpu_ray.config import InitSpec, ModelConfig, RunConfig, RunPaths, TokenizerConfig  # noqa: F401 - InitSpec: its callers' name for it
 from tpu_ray.errors import DamagedRunDir, UserError, first_line
+from tpu_ray.resume import copy_start
 from tpu_ray.families import FAMILIES, family
 from tpu_ray.confine import is_confined
 
@@ -302,8 +303,11 @@ def own_copy(spec: InitSpec) -> str:
             storage.remove(where, recursive=True)
         for rel in sorted(files):
             storage.atomic_copy_file(os.path.join(staging, rel), storage.join(where, rel))
+        # Where the copy's steps stand globally, recorded while its source is there to read (a parent
+        # run moved or gone later would otherwise count from its checkpoint alone).
+        start = copy_start(where, src.local if src.kind == "run" else None)
         record = {"source": spec.model.init_from, "kind": src.kind, "resolved": src.local, "sha256": digest,
-                  "files": files, "copied": time.time()}
+                  "files": files, "copied": time.time(), "global_start": start}
         storage.atomic_write_text(rundir.path(where, rundir.INIT_RECORD_FILE), json.dumps(record, indent=1) + "\n")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
