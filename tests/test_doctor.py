@@ -76,7 +76,9 @@ def run(tmp_path, small_corpus, tiny_tokenizer_dir):
 
 @pytest.mark.slow  # about 1-2 minutes on 2 cores: the slow set (CI runs it too)
 def test_clean_tiny_run_passes_with_xla(run):
-    code, checks = doctor(run, "v4-8", xla=True)
+    # One encoder layer: what is asserted is the program's shape (replicas, precision, the loop, the
+    # per-replica batch), which the layer count does not change; XLA's compile grows with the layers.
+    code, checks = doctor(run.override({"model.num_hidden_layers": 1}), "v4-8", xla=True)
     assert code == 0, checks
     assert not [c for c, (s, _) in checks.items() if s == FAIL]
     for name in ("config", "tokenizer", "positions", "vocab", "manifest/tok", "data reach", "shards",

@@ -196,26 +196,8 @@ def test_a_dict_without_sources_in_the_config_names_the_sources(tmp_path, docs):
     assert cfg.corpus.sources["b"].source.endswith("corpus/b/*.parquet")
 
 
-@pytest.mark.slow
-@pytest.mark.own_process  # a 2-node cluster of its own (tests/own_process.py)
-def test_a_local_run_dir_on_two_nodes_is_refused(tmp_path, docs):  # noqa: F811
-    """Ray Data writes each block on the node that holds it: a node-local run directory would get
-    the corpus scattered over the nodes. Refused in one line before anything is written."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
-        with pytest.raises(UserError, match=r"^output_dir='.*': an in-memory corpus written into the run "
-                                            r"directory on a 2-node Ray cluster needs a directory every node"):
-            _written(tmp_path, ray.data.from_items([{"text": d} for d in docs[:10]]))
-        assert not (tmp_path / "run" / "corpus").exists()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+# A node-local run directory for an in-memory corpus on a 2-node cluster is refused: on the 2-node
+# cluster tests/test_shards.py's TestOnTwoNodes already starts (one cluster, not one per test).
 
 
 @pytest.mark.parametrize("kind", ["pandas.DataFrame", "ray.data.Dataset"])

@@ -87,7 +87,7 @@ def test_message_lost_capacity():
 
 
 def test_message_superseded(tmp_path):
-    """(No capacity's message: tests/test_tpu_slice.py, the missing worker ids of a real reservation.)"""
+    """(No capacity's message: tests/test_train.py's TestTpuLikeSlices, the missing worker ids of a real reservation.)"""
     from tpu_ray.train.generation import Generation
 
     old, new = Generation(str(tmp_path)), Generation(str(tmp_path))

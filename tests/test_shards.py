@@ -380,7 +380,7 @@ def ray_two_nodes():
 @pytest.mark.slow  # over the 20 s budget on its own (docs/testing.md)
 @pytest.mark.own_process  # its 2-node cluster in a process of its own (tests/own_process.py)
 class TestOnTwoNodes:
-    """Sharding on one 2-node cluster, shared by both tests (a cluster costs seconds to start)."""
+    """Sharding on one 2-node cluster, shared by the three tests (a cluster costs seconds to start)."""
 
     def test_two_nodes_write_the_same_bytes_as_one(self, tmp_path, reference_run, mid_corpus, tiny_tokenizer_dir,
                                                    ray_two_nodes):
@@ -401,6 +401,24 @@ class TestOnTwoNodes:
             make_shards(shard_job(cfg), actors=2)
         assert "\n" not in str(err.value)
         assert not Path(cfg.shards_dir).exists()
+
+    def test_a_local_run_dir_for_an_in_memory_corpus_on_two_nodes_is_refused(self, tmp_path, small_corpus,
+                                                                            ray_two_nodes):
+        """Ray Data writes each block on the node that holds it: a node-local run directory would get
+        the corpus scattered over the nodes (prepare/given.py). Refused in one line before anything is
+        written. (Here for the 2-node cluster this class starts anyway; it had one of its own.)"""
+        import ray
+
+        from tpu_ray.pipeline import given_corpus
+        from tpu_ray.prepare.given import write_given
+
+        texts = [s for s in small_corpus.read_text().splitlines() if s.strip()][:10]
+        cfg, given = given_corpus(tiny_config(tmp_path / "run", tmp_path / "unused"),
+                                  ray.data.from_items([{"text": t} for t in texts]))
+        with pytest.raises(UserError, match=r"^output_dir='.*': an in-memory corpus written into the run "
+                                            r"directory on a 2-node Ray cluster needs a directory every node"):
+            write_given(cfg.corpus, cfg.run_dir, cfg.ray.shared_filesystem, given)
+        assert not (tmp_path / "run" / "corpus").exists()
 
 
 @pytest.mark.quick

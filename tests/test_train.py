@@ -371,10 +371,11 @@ def test_eight_cpu_replicas_take_the_same_step_as_one_device(tmp_path):
     assert r["moved"] > 0 and r["weight_err"] <= 0.01 * r["moved"], r
 
 
-def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int):
-    """A Ray node shaped like a TPU VM host as Ray 2.60 detects it: resources and labels."""
+def _tpu_host(cluster, pod_type: str, slice_name: str, worker: int, cpus: int = 1):
+    """A Ray node shaped like a TPU VM host as Ray 2.60 detects it: resources and labels (`cpus` 0:
+    a host only reserved, never run on)."""
     resources = {"TPU": 4, slice_name: 1, **({f"TPU-{pod_type}-head": 1} if worker == 0 else {})}
-    return cluster.add_node(num_cpus=1, resources=resources, labels={
+    return cluster.add_node(num_cpus=cpus, resources=resources, labels={
         "ray.io/tpu-slice-name": slice_name, "ray.io/tpu-worker-id": str(worker), "ray.io/tpu-pod-type": pod_type,
         "ray.io/accelerator-type": "TPU-" + pod_type.split("-")[0].upper()})
 
@@ -431,7 +432,7 @@ class TestTpuLikeSlices:
                               **common, **{"train.tpu_topology": "v4-8"}))
         assert placement_group_table() == groups_before  # refused before reserving anything
         common["ray.shared_filesystem"] = True  # every node of this test cluster is this machine
-        # (A one-host v4-8 slice, its node and its environment: the run of the next test, which trains there.)
+        # (A one-host v4-8 slice, its node and its environment: the run of the class's last test, which trains there.)
         # Two hosts, the slice named in the config: train.tpu_name picks the slice Ray reserves, and
         # TensorFlow's TPU_NAME is the reserved slice's name, one client, no libtpu.
         big = launch(_cfg(tmp_path / "b", shards_dir, tiny_tokenizer_dir,
@@ -454,13 +455,76 @@ class TestTpuLikeSlices:
                               on_unit_done=lambda n, pool: seen.update(ray.get([a.node_id.remote() for a in pool])))
         assert summary.units >= 3 and seen == {head.node_id}
 
+    def test_worker_1_joining_after_worker_0_is_reserved_and_tpu_name_picks_the_slice(self, tpu_like_cluster):
+        """Two more v4-16 slices' worker 0 are up; train.tpu_name=slice-e must reserve slice-e (not
+        whichever head Ray picks). Worker 1 of slice-e joins only after worker 0's head resource is
+        placed: the reservation still ends with both hosts (the pod type says 2) and the multi-host
+        environment naming slice-e. Slice-d never gets its worker 1: the refusal names the missing
+        worker id. Reservation only, no training (on this class's cluster: it had one of its own)."""
+        import threading
+
+        from ray.util.placement_group import placement_group_table
+
+        from tpu_ray.cluster.placement import reserve_tpu_slice
+        from tpu_ray.errors import FailureKind, UserError
+
+        cluster = tpu_like_cluster.cluster
+        slice_d = _tpu_host(cluster, "v4-16", "slice-d", 0, cpus=0)  # first: a bare pick could land here
+        slice_e0 = _tpu_host(cluster, "v4-16", "slice-e", 0, cpus=0)
+        added = [slice_d, slice_e0]
+        try:
+            outcome: dict = {}
+
+            def reserve() -> None:
+                try:
+                    outcome["reservation"] = reserve_tpu_slice("TPU-v4-16-head", 300, tpu_name="slice-e")
+                except BaseException as exc:  # reported by the assertions below
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=reserve, daemon=True)  # never holds the worker open
+            thread.start()
+
+            def head_placed_on() -> set[str]:
+                return {node for pg in placement_group_table().values() if pg["state"] == "CREATED"
+                        for b, node in pg["bundles_to_node_id"].items() if "TPU-v4-16-head" in pg["bundles"][b]}
+
+            deadline = time.monotonic() + 300
+            while not head_placed_on() and thread.is_alive():
+                assert time.monotonic() < deadline, placement_group_table()
+                time.sleep(0.2)
+            assert head_placed_on() == {slice_e0.node_id}, (head_placed_on(), outcome)
+            assert "reservation" not in outcome  # still waiting for the host that is not there yet
+            slice_e1 = _tpu_host(cluster, "v4-16", "slice-e", 1, cpus=0)
+            added.append(slice_e1)
+            thread.join(timeout=300)
+            assert "error" not in outcome, outcome
+            reservation = outcome["reservation"]
+            reserved = reservation.slice
+            assert reserved.name == "slice-e" and reserved.pod_type == "v4-16"
+            assert reserved.hosts == (slice_e0.node_id, slice_e1.node_id)  # worker 0 first, both reserved
+            env = reserved.client_env()
+            assert (env["TPU_NAME"], env["TPU_LOAD_LIBRARY"]) == ("slice-e", "0")
+            reservation.release()
+
+            with pytest.raises(UserError) as refused:
+                reserve_tpu_slice("TPU-v4-16-head", 5, tpu_name="slice-d")
+            assert refused.value.kind is FailureKind.NO_CAPACITY
+            line = str(refused.value)
+            assert "TPU slice slice-d (v4-16, 2 hosts): worker id(s) 1 not in the Ray cluster" in line, line
+            assert "\n" not in line
+            assert slice_d.node_id  # its head was reserved and given back: nothing is left held
+            assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
+        finally:
+            for node in added:  # the class's cluster as the next test expects it
+                cluster.remove_node(node)
+
     def test_losing_the_training_slice_resumes_on_the_other_one_by_itself(self, tpu_like_cluster, tmp_path, shards_dir,
                                                                           tiny_tokenizer_dir):
         """Two single-host v4-8-like slices: after the run's first committed checkpoint the node that
         trains is removed; the run reserves the other slice, resumes from that checkpoint, ends at the
         final step, and the metrics show one node_lost and the step it resumed from. Each attempt runs
         on its one-host slice's worker 0 with TensorFlow's PJRT environment, reserving that host only,
-        and releases it afterwards (this run is also the previous test's one-host v4-8 case)."""
+        and releases it afterwards (this run is also the first test's one-host v4-8 case)."""
         import threading
 
         from ray.util.placement_group import placement_group_table
