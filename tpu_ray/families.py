@@ -91,6 +91,9 @@ class Family:
     # Why the PyTorch-layout export computes differently from the TF model ("" when it does not):
     # the export still writes it (init_from reads it back exactly) but says so in its log and card.
     pytorch_differs: str = ""
+    # Why this type's TF code needs autograph (Python control flow on tensors inside transformers),
+    # "" when it does not: the trainer then calls the model unconverted (train/loop.mlm_logits).
+    autograph: str = ""
 
     @property
     def pad_role_id(self) -> int:
@@ -121,7 +124,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _roberta_like("longformer", published=dict(_ROBERTA_PUBLISHED, max_position_embeddings=4098),
                   note="attention_window is set to the sequence length from scratch",
                   float32_only="TF Longformer's global attention does tf.where(mask, -10000.0, scores) on "
-                               "half-precision scores, a TypeError inside transformers 4.57"),
+                               "half-precision scores, a TypeError inside transformers 4.57",
+                  autograph="TF Longformer's attention branches in Python on tensors (is_global_attn)"),
     _roberta_like("mpnet", tokens=MPNET_TOKENS, published=dict(max_position_embeddings=514, layer_norm_eps=1e-5),
                   dropout_fields=("hidden_dropout_prob", "attention_probs_dropout_prob")),
     _bert_like("bert", ("mlm",)),

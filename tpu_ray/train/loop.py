@@ -55,7 +55,7 @@ from tpu_ray.prepare.shard_set import ShardSet
 from tpu_ray.train.strategy import StrategyInfo, keeps_global_policy, select
 from tpu_ray.prepare.tokenizer import TokenizerInfo, tokenizer_info
 from tpu_ray.train.words import continuation_table, sampled_word_bound
-from tpu_ray.families import mixed_precision_refusal
+from tpu_ray.families import family, mixed_precision_refusal
 
 log = logging.getLogger(__name__)
 
@@ -257,10 +257,17 @@ def mlm_logits(model: Any, batch: dict[str, tf.Tensor], training: bool) -> tf.Te
     Runs the transformers model's encoder and its own MLM head, but projects only the gathered
     masked positions onto the vocabulary (the full model call would project every position).
     Same layers, same weights: the exported model is the ordinary TF*ForMaskedLM.
+
+    Called unconverted by autograph (tf.autograph.experimental.do_not_convert), unless the family
+    needs it (Family.autograph): transformers' TF models branch on Python values, not tensors, so
+    converting their code to graph control flow only costs time, at every trace (one per span and
+    per step function; benchmarks/trace_time.py measures it).
     """
     from tpu_ray.train.heads import gathered_logits
 
-    return gathered_logits(model, batch, training)
+    if family(model.config.model_type).autograph:
+        return gathered_logits(model, batch, training)
+    return tf.autograph.experimental.do_not_convert(gathered_logits)(model, batch, training)
 
 
 def open_shards(paths: RunPaths, tok: TokenizerInfo, lengths: tuple[int, ...] = ()) -> ShardSet:
