@@ -132,3 +132,32 @@ def test_doctor_reports_the_pinned_checkpoint_not_the_stable_runs_latest(tmp_pat
     run_doctor(branch, target="cpu", out=out, xla=False)
     (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "branch"]
     assert row.startswith(PASS) and f"from {first.train.branch_from} at step 4" in row, row
+
+
+def test_the_trainer_refuses_a_branch_config_nobody_settled(tmp_path, shards_dir, tiny_tokenizer_dir):
+    """loop.train given a branch config as the user wrote it (not through the Pipeline, which settles
+    it): refused in one line naming what settling fills, never trained under the unfilled schedule."""
+    from tpu_ray.errors import UserError
+    from tpu_ray.train.loop import train
+
+    _fake_stable(tmp_path, shards_dir, tiny_tokenizer_dir, step=4)
+    branch = _run_cfg(tmp_path / "branch", shards_dir, tiny_tokenizer_dir,
+                      **{"train.schedule": "wsd", "train.branch_from": str(tmp_path / "stable")})
+    with pytest.raises(UserError, match=r"not settled as a branch \(train.branch_from, train.decay_steps "
+                                        r"unfilled\); train it through tpu_ray.Pipeline"):
+        train(branch)
+    assert not list((tmp_path / "branch").glob("checkpoints/ckpt-*"))
+
+
+def test_doctor_shows_the_branchs_schedule_as_settled(tmp_path, shards_dir, tiny_tokenizer_dir):
+    """Doctor's schedule row is the branch's filled schedule (the decay over the 8 steps from its branch
+    step 4), the one the trainer runs, not the config's unfilled one (a decay over the last 2 steps)."""
+    import io
+
+    from tpu_ray.doctor.checks import run_doctor
+
+    branch, first = _pinned_branch(tmp_path, shards_dir, tiny_tokenizer_dir)
+    out = io.StringIO()
+    run_doctor(branch, target="cpu", out=out, xla=False)
+    (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "schedule"]
+    assert "constant to step 4, 1-sqrt decay over 8 steps" in row, row

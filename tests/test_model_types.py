@@ -421,3 +421,23 @@ def test_an_extended_vocabulary_grows_the_model(scratch_runs, torch_side, lines,
         return
     print(f"{model_type}: {len(new)} tokens, {grown} weights grown, max|dlogits|={out['max_abs_diff']:.2e}")
     assert out["max_abs_diff"] < 1e-4, out["max_abs_diff"]
+
+
+def test_a_published_deberta_with_relative_attention_traces_through_the_trainers_logits():
+    """Every published DeBERTa v1 checkpoint sets relative_attention (c2p|p2c), whose TF code
+    branches in Python on tf.rank: the trainer's logits (train/loop.mlm_logits) must let autograph
+    convert it (Family.autograph), or the first trace raises OperatorNotAllowedInGraphError.
+    A from-scratch DeBERTa (relative_attention off) never reaches that code."""
+    import tensorflow as tf
+    from transformers import DebertaConfig, TFDebertaForMaskedLM
+
+    from tpu_ray.train.loop import mlm_logits
+
+    config = DebertaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, max_position_embeddings=16, relative_attention=True,
+                           pos_att_type=["c2p", "p2c"], type_vocab_size=0)
+    model = TFDebertaForMaskedLM(config)
+    ids = tf.constant([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+    batch = {"input_ids": ids, "attention_mask": tf.ones_like(ids), "mlm_positions": tf.constant([[1, 3], [0, 5]])}
+    logits = tf.function(lambda b: mlm_logits(model, b, training=True))(batch)
+    assert logits.shape == (2, 2, 40) and bool(tf.reduce_all(tf.math.is_finite(logits)))

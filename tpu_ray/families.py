@@ -139,7 +139,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _bert_like("roformer", ("mlm",), published=dict(max_position_embeddings=1536, layer_norm_eps=1e-12,
                                                     type_vocab_size=2)),
     _bert_like("deberta", ("mlm",), published=dict(max_position_embeddings=512, layer_norm_eps=1e-7,
-                                                   type_vocab_size=0)),
+                                                   type_vocab_size=0),
+               autograph="TF DeBERTa's relative attention (every published checkpoint's) branches in Python on "
+                         "tf.rank (torch_gather)"),
     _bert_like("deberta-v2", ("mlm",), published=dict(max_position_embeddings=512, layer_norm_eps=1e-7,
                                                       type_vocab_size=0)),
     _bert_like("distilbert", ("vocab_transform", "act", "vocab_layer_norm", "vocab_projector"),

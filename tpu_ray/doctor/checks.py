@@ -801,12 +801,15 @@ def run_doctor(cfg: RunConfig | Callable[[], RunConfig], target: str | None = No
             from tpu_ray.train.init_from import checkpoint_fields
 
             cfg = cfg.override(checkpoint_fields(cfg.init_spec))
-        if cfg.train.branch_from:  # the stable run's shards and tokenizer, as the branch will read them
-            from tpu_ray.train.branch import stable_data, stable_run_dir
+        if cfg.train.branch_from:  # the branch as the run will be: its defaults, its checkpoint, the stable run's data
+            from tpu_ray.train.branch import settled, stable_data, stable_run_dir
 
-            if over := stable_data(cfg.shard.dir, cfg.tokenizer.path, stable_run_dir(cfg.train.branch_from),
-                                   cfg.branch_spec.extension):
-                cfg = cfg.override(over)
+            try:
+                cfg = settled(cfg)
+            except UserError:  # check_branch gives it as its FAIL row; the rest is checked on the stable run's data
+                if over := stable_data(cfg.shard.dir, cfg.tokenizer.path, stable_run_dir(cfg.train.branch_from),
+                                       cfg.branch_spec.extension):
+                    cfg = cfg.override(over)
     except UserError as exc:
         print(f"{FAIL}  {'config':<15} {exc}", file=out, flush=True)
         print(f"{'':6}{'':<15} fix: correct the config (the message names the field)", file=out, flush=True)

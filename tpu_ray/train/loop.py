@@ -340,6 +340,10 @@ def train(cfg: RunConfig, resume: bool = False, metrics: MetricsWriter | None = 
             from tpu_ray.train.branch import resolve
 
             found = resolve(cfg.branch_spec)
+            if found.overrides:  # settling fills exactly these: unsettled, the run would not be the branch checked
+                raise UserError(f"train.branch_from={t.branch_from}: this config is not settled as a branch "
+                                f"({', '.join(sorted(found.overrides))} unfilled); train it through tpu_ray.Pipeline, "
+                                f"or pass it through tpu_ray.train.branch.settled first")
             branch = BranchPoint(found.checkpoint, found.run_dir)
         bias = (OutputBias(cfg.corpus, cfg.seed, paths.seq_len, run_mask.never_masked)
                 if cfg.model.output_bias == "unigram" else None)
