@@ -161,3 +161,22 @@ def test_doctor_shows_the_branchs_schedule_as_settled(tmp_path, shards_dir, tiny
     run_doctor(branch, target="cpu", out=out, xla=False)
     (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "schedule"]
     assert "constant to step 4, 1-sqrt decay over 8 steps" in row, row
+
+
+def test_doctor_on_a_resumed_branch_whose_pinned_checkpoint_was_pruned_passes(tmp_path, shards_dir,
+                                                                              tiny_tokenizer_dir):
+    """A branch with checkpoints of its own resumes them and never reads the stable run's again:
+    doctor says so, rather than failing on the pinned checkpoint the stable run has since pruned."""
+    import io
+
+    from tpu_ray.doctor.checks import PASS, run_doctor
+
+    branch, first = _pinned_branch(tmp_path, shards_dir, tiny_tokenizer_dir)
+    _commit(tmp_path / "stable", 8)
+    (tmp_path / "stable" / "checkpoints" / "ckpt-4.index").unlink()
+    (tmp_path / "branch" / "checkpoints").mkdir()
+    _commit(tmp_path / "branch", 6)
+    out = io.StringIO()
+    run_doctor(branch, target="cpu", out=out, xla=False)
+    (row,) = [r for r in out.getvalue().splitlines() if r[6:21].strip() == "branch"]
+    assert row.startswith(PASS) and "resumes its own checkpoint" in row and first.train.branch_from in row, row
