@@ -469,18 +469,15 @@ class Doctor:
 
     def check_branch(self) -> None:
         """train.branch_from: the checkpoint it names, and whether this config may continue it."""
-        import re
-
         from tpu_ray.resume import latest_checkpoint
-        from tpu_ray.train.branch import kept_branch_point, resolve
+        from tpu_ray.train.branch import kept_branch_point, pinned_step, resolve
         from tpu_ray.train.curves import describe
 
         try:
             c = kept_branch_point(self.cfg)  # the checkpoint a started branch was pinned to, as the trainer takes it
             own = latest_checkpoint(c.run_dir)
             if own is not None:  # resumed from its own checkpoints: the stable run's is not read again (it may be pruned)
-                pinned = re.search(r"ckpt-(\d+)$", str(c.train.branch_from).rstrip("/"))
-                self.branch_step = int(pinned.group(1)) if pinned else 0
+                self.branch_step = pinned_step(c.train.branch_from) or 0
                 self.add("branch", PASS, f"resumes its own checkpoint {own[0]} (branched from {c.train.branch_from})")
                 return
             branch = resolve(c.branch_spec)

@@ -119,12 +119,12 @@ def settled(cfg: RunConfig) -> RunConfig:
     from tpu_ray.resume import latest_checkpoint
     from tpu_ray.saved_config import read_saved_config
 
-    cfg = kept_branch_point(cfg)
-    if latest_checkpoint(cfg.run_dir) is None:
+    saved, trained = read_saved_config(cfg.run_dir), latest_checkpoint(cfg.run_dir) is not None
+    cfg = _kept(cfg, saved.train.branch_from if saved is not None else None, trained)
+    if not trained:
         spec = cfg.branch_spec
         over = resolve(spec).overrides
         return cfg.override(over) if over else cfg
-    saved = read_saved_config(cfg.run_dir)
     if saved is None or not _same_branch_point(saved.train.branch_from, cfg.train.branch_from):
         return cfg
     t, s = cfg.train, saved.train
@@ -148,12 +148,17 @@ def kept_branch_point(cfg: RunConfig) -> RunConfig:
     from tpu_ray.resume import latest_checkpoint
     from tpu_ray.saved_config import read_saved_config
 
-    given = cfg.train.branch_from
-    if not given:
+    if not cfg.train.branch_from:
         return cfg
     found = read_saved_config(cfg.run_dir)
-    saved = found.train.branch_from if found is not None else None
-    trained = latest_checkpoint(cfg.run_dir) is not None
+    return _kept(cfg, found.train.branch_from if found is not None else None,
+                 latest_checkpoint(cfg.run_dir) is not None)
+
+
+def _kept(cfg: RunConfig, saved: str | None, trained: bool) -> RunConfig:
+    """kept_branch_point, given what the run directory holds: `saved`, its config.yaml's
+    train.branch_from; `trained`, whether it has a checkpoint of its own."""
+    given = cfg.train.branch_from
     if saved is None or saved == given:
         return cfg
     if _same_branch_point(saved, given):
@@ -167,6 +172,12 @@ def kept_branch_point(cfg: RunConfig) -> RunConfig:
     return cfg  # not trained yet: the branch point given now replaces the saved one
 
 
+def pinned_step(branch_from: str) -> int | None:
+    """The step of the checkpoint `train.branch_from` names (RUN/checkpoints/ckpt-N), or None for a run."""
+    found = _CKPT.match(str(branch_from).rstrip("/").rsplit("/", 1)[-1])
+    return int(found.group(1)) if found else None
+
+
 def _absolute(path: str) -> str:
     """A local path made absolute (a later start may run in another working directory); a URL as it is."""
     return path if storage.is_remote(path) else os.path.abspath(path)
@@ -178,8 +189,8 @@ def _same_branch_point(saved: str | None, given: str | None) -> bool:
     if saved is None or given is None:
         return saved == given
     saved, given = _absolute(str(saved).rstrip("/")), _absolute(str(given).rstrip("/"))
-    return saved == given or (not _CKPT.match(given.rsplit("/", 1)[-1]) and _CKPT.match(saved.rsplit("/", 1)[-1])
-                              is not None and stable_run_dir(saved) == given)
+    return saved == given or (pinned_step(given) is None and pinned_step(saved) is not None
+                              and stable_run_dir(saved) == given)
 
 
 def stable_data(shard_dir: str | None, tokenizer_path: str | None, run_dir: str,
